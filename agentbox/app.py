@@ -1,0 +1,72 @@
+"""Assemble the ASGI app: store, dispatcher, receiver and API, started by the lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agentbox.agents import AgentRegistry
+from agentbox.config import Settings
+from agentbox.dispatcher import Dispatcher
+from agentbox.logs import get_logger
+from agentbox.receiver import Receiver, error_response
+from agentbox.store.sqlite import SqliteStore
+from agentbox.web import RunsApi
+
+log = get_logger("app")
+
+
+def create_app(
+    settings: Settings, admin_token: str, clock: Callable[[], float] = time.time
+) -> Starlette:
+    registry = AgentRegistry.from_bindings(settings.agents)
+    store = SqliteStore(settings.database_path)
+    dispatcher = Dispatcher(store, registry, settings, clock)
+    receiver = Receiver(settings, store, registry, dispatcher.wake, clock)
+    api = RunsApi(store, dispatcher, admin_token)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await store.open()
+        await dispatcher.start()
+        log.info("agentbox is ready", extra={"database": str(settings.database_path)})
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+            await store.close()
+            log.info("agentbox stopped")
+
+    app = Starlette(
+        routes=[
+            Route("/webhooks/events", receiver.handle, methods=["POST"]),
+            Route("/runs", api.list_runs, methods=["GET"]),
+            Route("/runs/{run_id}", api.get_run, methods=["GET"]),
+            Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
+            Route("/healthz", api.healthz, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.state.store, app.state.dispatcher = store, dispatcher
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(exc.status_code, codes.get(exc.status_code, "http_error"),
+                          str(exc.detail), headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
+    return error_response(500, "internal_error", "agentbox failed to handle this request; "
+                          "the error is in its log.")

@@ -1,0 +1,299 @@
+"""Settings: a TOML file, overridden by AGENTBOX_* environment variables, overridden by flags.
+
+Every knob is a named default below, validated at start: a zero, negative or
+malformed value refuses to start with a message that names the setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import platformdirs
+
+APP_NAME = "agentbox"
+ENV_PREFIX = "AGENTBOX_"
+CONFIG_FILE_NAME = "agentbox.toml"
+WEBHOOK_SECRET_FILE = "webhook_secret"
+ADMIN_TOKEN_FILE = "admin_token"
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_SIGNATURE_MAX_AGE_SECONDS = 300.0
+DEFAULT_IDEMPOTENCY_TTL_SECONDS = 604_800.0  # 7 days
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_PENDING = 100_000
+DEFAULT_WORKER_CONCURRENCY = 16
+DEFAULT_RUN_TIMEOUT_SECONDS = 300.0
+DEFAULT_LEASE_SECONDS = 60.0
+DEFAULT_RETRY_BASE_SECONDS = 2.0
+DEFAULT_RETRY_MAX_SECONDS = 300.0
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
+DEFAULT_MAINTENANCE_INTERVAL_SECONDS = 60.0
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message names it and says what to change."""
+
+
+def default_config_dir() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME))
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+@dataclass(frozen=True)
+class AgentBinding:
+    event_type: str
+    target: str  # "module:function"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    data_dir: Path = field(default_factory=default_data_dir)
+    config_dir: Path = field(default_factory=default_config_dir)
+    webhook_secret: tuple[str, ...] = field(default=(), repr=False)
+    signature_max_age_seconds: float = DEFAULT_SIGNATURE_MAX_AGE_SECONDS
+    idempotency_ttl_seconds: float = DEFAULT_IDEMPOTENCY_TTL_SECONDS
+    max_retries: int = DEFAULT_MAX_RETRIES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_pending: int = DEFAULT_MAX_PENDING
+    worker_concurrency: int = DEFAULT_WORKER_CONCURRENCY
+    run_timeout_seconds: float = DEFAULT_RUN_TIMEOUT_SECONDS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
+    retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    maintenance_interval_seconds: float = DEFAULT_MAINTENANCE_INTERVAL_SECONDS
+    callback_allowed: tuple[str, ...] = ()
+    agents: tuple[AgentBinding, ...] = ()
+    log_level: str = "info"
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_dir / "agentbox.sqlite3"
+
+
+# How each setting is read from text (env var or TOML string); None = not settable there.
+_POSITIVE_FLOATS = {
+    "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
+    "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
+    "maintenance_interval_seconds",
+}
+_POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency"}
+_LISTS = {"webhook_secret", "callback_allowed"}
+_PATHS = {"data_dir", "config_dir"}
+_STRINGS = {"host", "log_level"}
+_SETTABLE = _POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _PATHS | _STRINGS | {"agents"}
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def load_settings(
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge TOML < environment < overrides (flags), validate, and return Settings."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[str, Any]] = {}  # name -> (where it came from, value)
+    explicit = config_file or (Path(environ[env_name("config")]) if environ.get(
+        env_name("config")) else None)
+    path = explicit or default_config_dir() / CONFIG_FILE_NAME
+    for name, value in _read_toml(path, required=explicit is not None).items():
+        raw[name] = (f"{name} in {path}", value)
+    for name in _SETTABLE:
+        if env_name(name) in environ:
+            raw[name] = (env_name(name), environ[env_name(name)])
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            raw[name] = (f"--{name.replace('_', '-')}", value)
+    values = {name: _coerce(name, where, value) for name, (where, value) in raw.items()}
+    values.setdefault("config_dir", path.parent)
+    settings = Settings(**values)
+    _check_consistency(settings)
+    return settings
+
+
+def _read_toml(path: Path, required: bool) -> dict[str, Any]:
+    if not path.exists():
+        if required:
+            raise ConfigError(f"config file {path} does not exist")
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    unknown = sorted(set(data) - _SETTABLE)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    return data
+
+
+def _coerce(name: str, where: str, value: Any) -> Any:
+    try:
+        if name in _POSITIVE_FLOATS:
+            return _positive(float(_scalar(value)), where)
+        if name in _POSITIVE_INTS:
+            number = _scalar(value)
+            if isinstance(number, float) or (isinstance(number, str) and not number.strip()
+                                              .lstrip("+").isdigit()):
+                raise ValueError
+            return _positive(int(number), where)
+        if name in _LISTS:
+            return _string_list(value)
+        if name in _PATHS:
+            return Path(str(value)).expanduser()
+        if name == "agents":
+            return parse_agents(value, where)
+        if name == "log_level":
+            if str(value).lower() not in _LOG_LEVELS:
+                raise ValueError
+            return str(value).lower()
+        return str(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{where}: {_describe(value)} is not a valid value") from None
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError
+    return value
+
+
+def _positive(number: float, where: str) -> Any:
+    if number != number or number <= 0 or number == float("inf"):  # NaN, <= 0, inf
+        raise ConfigError(f"{where} must be a positive number (got {number})")
+    return number
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBinding, ...]:
+    """`event.type=module:function` pairs, comma separated (or a TOML table of lists)."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for event_type, targets in value.items():
+            for target in [targets] if isinstance(targets, str) else targets:
+                pairs.append((str(event_type), str(target)))
+    else:
+        for item in _string_list(value):
+            event_type, sep, target = item.partition("=")
+            pairs.append((event_type.strip(), target.strip()) if sep else ("", item))
+    bindings = []
+    for event_type, target in pairs:
+        module, colon, function = target.partition(":")
+        if not event_type or not colon or not module or not function:
+            raise ConfigError(
+                f"{where}: {_describe(f'{event_type}={target}')} is not "
+                "event.type=module:function"
+            )
+        bindings.append(AgentBinding(event_type, target))
+    return tuple(bindings)
+
+
+def _check_consistency(settings: Settings) -> None:
+    if settings.port > 65535:
+        raise ConfigError(f"{env_name('port')} / --port must be at most 65535")
+    if settings.retry_base_seconds > settings.retry_max_seconds:
+        raise ConfigError(
+            f"{env_name('retry_base_seconds')} must not exceed {env_name('retry_max_seconds')}"
+        )
+    for origin in settings.callback_allowed:
+        check_allowed_origin(origin)
+
+
+def check_allowed_origin(origin: str) -> str:
+    """Normalise one AGENTBOX_CALLBACK_ALLOWED origin, or refuse it."""
+    where = env_name("callback_allowed")
+    parts = urlsplit(origin)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(f"{where}: {origin!r} is not an origin such as https://studio.example")
+    if parts.username or parts.password or parts.path not in ("", "/") or parts.query:
+        raise ConfigError(f"{where}: {origin!r} must be a bare origin (scheme://host[:port])")
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise ConfigError(f"{where}: {origin!r}: plain http is allowed only for loopback hosts")
+    return origin_of(origin)
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    default = 443 if parts.scheme == "https" else 80
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{parts.port or default}"
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
+    """Use the configured secret(s), else the one kept in the config dir, else make one.
+
+    Returns the settings with the secret filled in and, when a secret file was
+    used or created, its path (so the caller can say where it is, never what).
+    """
+    if settings.webhook_secret:
+        return settings, None
+    path = settings.config_dir / WEBHOOK_SECRET_FILE
+    return _replace(settings, webhook_secret=(secret_from_file(path),)), path
+
+
+def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
+    """AGENTBOX_ADMIN_TOKEN, else the token kept in the config dir (made on first use)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(env_name("admin_token")) or secret_from_file(
+        settings.config_dir / ADMIN_TOKEN_FILE)
+
+
+def secret_from_file(path: Path) -> str:
+    """Read a secret kept in `path`, creating it (mode 0600) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first: use theirs
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+    secret = path.read_text(encoding="utf-8").strip()
+    if not secret:
+        raise ConfigError(f"{path} is empty; delete it to generate a new one")
+    return secret
+
+
+def _replace(settings: Settings, **changes: Any) -> Settings:
+    values = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    values.update(changes)
+    return Settings(**values)

@@ -1,0 +1,266 @@
+"""The dispatcher: claims due runs with a lease, runs their agents, records outcomes.
+
+It is woken in-process when a run is committed (no polling delay when idle)
+and otherwise sleeps until the next retry time or lease end. Retries are
+scheduled in the store (a next-attempt time), never by sleeping in a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from agentbox.agents import (
+    AgentContext,
+    AgentRegistry,
+    InvalidAgentOutput,
+    PermanentAgentError,
+    RetryableAgentError,
+)
+from agentbox.config import Settings
+from agentbox.events import InvalidEvent, parse_event
+from agentbox.logs import get_logger
+from agentbox.runs import RunStatus, backoff_seconds
+from agentbox.store import ClaimedRun, Outcome, StorageUnavailable, Store, Transition
+
+log = get_logger("runs")
+MAX_IDLE_WAIT_SECONDS = 5.0
+MAX_ERROR_MESSAGE_CHARS = 500
+PRUNE_BATCH = 1000
+
+Listener = Callable[[Transition], None]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.clock = clock
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.listeners: list[Listener] = []
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._inflight: dict[str, tuple[asyncio.Task[None], AgentContext]] = {}
+        self._loops: list[asyncio.Task[None]] = []
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self, recover_all_leases: bool = True) -> None:
+        if recover_all_leases:
+            # Runs this store's previous life left processing are claimable now,
+            # not after their lease would have run out.
+            released = await self.store.release_leases("*", self.clock())
+            if released:
+                log.info("recovering runs left processing by a previous process",
+                         extra={"runs": released})
+        self._loops = [
+            asyncio.create_task(self._claim_loop(), name="agentbox-claim"),
+            asyncio.create_task(self._heartbeat_loop(), name="agentbox-heartbeat"),
+            asyncio.create_task(self._maintenance_loop(), name="agentbox-maintenance"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop taking work, let running agents finish within the grace period,
+        and leave the rest to lease recovery."""
+        self._stop.set()
+        self._wake.set()
+        running = [task for task, _ in self._inflight.values()]
+        if running:
+            log.info("waiting for running agents", extra={"runs": len(running)})
+            _, pending = await asyncio.wait(running, timeout=self.settings.shutdown_grace_seconds)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        try:
+            await self.store.release_leases(self.owner, self.clock())
+        except StorageUnavailable:
+            pass  # the leases run out by themselves
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # -- claiming -------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            self._wake.clear()
+            free = s.worker_concurrency - len(self._inflight)
+            if free > 0:
+                try:
+                    result = await self.store.claim(
+                        self.owner, free, self.clock(), s.lease_seconds, s.max_retries + 1
+                    )
+                except StorageUnavailable:
+                    await self._sleep(1.0)
+                    continue
+                for transition in result.transitions:
+                    self._announce(transition)
+                for claimed in result.claimed:
+                    self._spawn(claimed)
+                if len(result.claimed) == free:
+                    continue  # there may be more due: claim again once slots free up
+            await self._sleep(await self._idle_wait())
+
+    async def _idle_wait(self) -> float:
+        try:
+            due = await self.store.next_due_at()
+        except StorageUnavailable:
+            return 1.0
+        if due is None:
+            return MAX_IDLE_WAIT_SECONDS
+        return min(MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    def _spawn(self, claimed: ClaimedRun) -> None:
+        ctx = AgentContext(
+            run_id=claimed.run_id,
+            attempt=claimed.attempt,
+            agent=claimed.agent,
+            log=logging.LoggerAdapter(get_logger("agent"), {"run_id": claimed.run_id,
+                                                            "agent": claimed.agent}),
+        )
+        task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
+        self._inflight[claimed.run_id] = (task, ctx)
+        task.add_done_callback(lambda _: self._finished(claimed.run_id))
+
+    def _finished(self, run_id: str) -> None:
+        self._inflight.pop(run_id, None)
+        self._wake.set()
+
+    # -- running one attempt ----------------------------------------------------------
+
+    async def _execute(self, claimed: ClaimedRun, ctx: AgentContext) -> None:
+        started = time.monotonic()
+        outcome = await self._attempt(claimed, ctx)
+        duration_ms = (time.monotonic() - started) * 1000
+        transition = await self._record(claimed, outcome)
+        if transition is not None:
+            self._announce(transition, duration_ms=round(duration_ms, 3))
+
+    async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
+        spec = self.registry.get(claimed.agent)
+        if spec is None:
+            return Outcome(RunStatus.FAILED_PERMANENT, error_code="agent_not_configured",
+                           error_message=f"no agent {claimed.agent} is configured; "
+                                         "configure it and replay the run")
+        try:
+            event = parse_event(claimed.event_body)
+        except InvalidEvent as exc:
+            return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event",
+                           error_message=_clip(str(exc)))
+        try:
+            value = await asyncio.wait_for(spec.function(event, ctx),
+                                           self.settings.run_timeout_seconds)
+            return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value))
+        except PermanentAgentError as exc:
+            return Outcome(RunStatus.FAILED_PERMANENT, error_code=exc.code,
+                           error_message=_clip(str(exc)))
+        except InvalidAgentOutput as exc:
+            return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_agent_output",
+                           error_message=_clip(str(exc)))
+        except TimeoutError:
+            return self._retry(claimed, "timeout", f"the agent ran longer than "
+                               f"{self.settings.run_timeout_seconds:g} s")
+        except RetryableAgentError as exc:
+            return self._retry(claimed, exc.code, str(exc))
+        except Exception as exc:  # an agent's bug or a dependency's failure: retry
+            ctx.log.warning("agent raised", exc_info=True)
+            return self._retry(claimed, "agent_exception", f"{type(exc).__name__}: {exc}")
+
+    def _retry(self, claimed: ClaimedRun, code: str, message: str) -> Outcome:
+        s = self.settings
+        if claimed.round_attempt > s.max_retries:
+            return Outcome(RunStatus.DEAD_LETTERED, error_code=code, error_message=_clip(message))
+        delay = backoff_seconds(claimed.round_attempt, s.retry_base_seconds, s.retry_max_seconds)
+        return Outcome(RunStatus.FAILED_RETRYABLE, error_code=code, error_message=_clip(message),
+                       next_attempt_at=self.clock() + delay)
+
+    async def _record(self, claimed: ClaimedRun, outcome: Outcome) -> Transition | None:
+        """Write the outcome, retrying while the storage is unavailable: the outcome
+        only exists in memory until then."""
+        delay = 0.1
+        while True:
+            try:
+                return await self.store.finish(
+                    claimed.run_id, self.owner, claimed.attempt, outcome, self.clock())
+            except StorageUnavailable:
+                if self._stop.is_set():
+                    return None  # lease recovery will run the attempt again
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _announce(self, transition: Transition, **timings: Any) -> None:
+        log.info("run state changed", extra={
+            "event_id": transition.event_id, "run_id": transition.run_id,
+            "event_type": transition.event_type, "source": transition.source,
+            "agent": transition.agent, "status": transition.status,
+            "attempt": transition.attempt, "error_code": transition.error_code, **timings,
+        })
+        for listener in self.listeners:
+            listener(transition)
+
+    # -- background upkeep ------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.lease_seconds / 3
+        while not self._stop.is_set():
+            await asyncio.sleep(interval)
+            if self._inflight:
+                try:
+                    await self.store.extend_leases(
+                        self.owner, list(self._inflight),
+                        self.clock() + self.settings.lease_seconds)
+                except StorageUnavailable:
+                    pass  # try again next beat; a lost lease makes finish a no-op
+
+    async def _maintenance_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pruned = await self.prune()
+                if pruned:
+                    log.info("pruned expired idempotency keys", extra={"keys": pruned})
+            except StorageUnavailable:
+                pass
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.settings.maintenance_interval_seconds)
+            except TimeoutError:
+                pass
+
+    async def prune(self) -> int:
+        total = 0
+        while True:
+            pruned = await self.store.prune_idempotency_keys(self.clock(), PRUNE_BATCH)
+            total += pruned
+            if pruned < PRUNE_BATCH:
+                return total
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_MESSAGE_CHARS else (
+        message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…")

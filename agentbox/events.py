@@ -1,0 +1,141 @@
+"""The versioned event contract: the envelope and the payload model of each event type.
+
+Validation is strict: unknown fields, wrong JSON types, naive timestamps, an
+unknown `schema_version` or `event_type`, and an `idempotency_key` other than
+``source:event_type:event_id`` are refused with field-level errors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+SCHEMA_VERSION = "v1"
+MAX_HOPS_FIELD = 1000
+
+# Identifiers are joined with ":" into the idempotency key, so the parts that
+# precede event_id may not contain it. No whitespace or control characters:
+# they end up in logs and on pages.
+_TOKEN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._:\-~/+=@]*$"
+
+Token = Annotated[str, Field(min_length=1, max_length=128, pattern=_TOKEN)]
+Identifier = Annotated[str, Field(min_length=1, max_length=256, pattern=_ID)]
+Text = Annotated[str, Field(min_length=1, max_length=2048)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SessionExported(Strict):
+    """A DAW finished rendering a mix; `mix_url` is a local path or file:// URL."""
+
+    project_id: Identifier
+    mix_url: Text
+    profile: Token | None = None
+    session_name: Annotated[str, Field(max_length=256)] | None = None
+
+
+class MixReviewRequested(Strict):
+    """Somebody asks for a (new) review of a rendered mix."""
+
+    project_id: Identifier
+    mix_url: Text
+    profile: Token | None = None
+    requested_by: Annotated[str, Field(max_length=256)] | None = None
+    note: Annotated[str, Field(max_length=4096)] | None = None
+
+
+PAYLOAD_MODELS: dict[str, type[BaseModel]] = {
+    "session.exported": SessionExported,
+    "mix.review_requested": MixReviewRequested,
+}
+
+
+def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None:
+    """Add an event type: its payloads are validated by `payload_model`."""
+    PAYLOAD_MODELS[event_type] = payload_model
+
+
+class Envelope(Strict):
+    schema_version: Literal["v1"]
+    event_id: Identifier
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=600)]
+    event_type: Token
+    source: Token
+    timestamp: AwareDatetime
+    callback_url: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    correlation_id: Identifier | None = None
+    causation_id: Identifier | None = None
+    hop: Annotated[int, Field(ge=0, le=MAX_HOPS_FIELD)] = 0
+    payload: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _key_matches_ids(self) -> Envelope:
+        expected = f"{self.source}:{self.event_type}:{self.event_id}"
+        if self.idempotency_key != expected:
+            raise ValueError(f"idempotency_key must be source:event_type:event_id ({expected!r})")
+        return self
+
+
+class Event:
+    """A validated event: the envelope plus its typed payload."""
+
+    __slots__ = ("envelope", "payload")
+
+    def __init__(self, envelope: Envelope, payload: BaseModel) -> None:
+        self.envelope = envelope
+        self.payload = payload
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.envelope, name)
+
+    def __repr__(self) -> str:
+        return f"Event({self.envelope.event_type} {self.envelope.event_id})"
+
+
+class InvalidEvent(Exception):
+    """Field-level errors, each {loc, msg, type}, ready for the 422 body."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+def parse_event(body: bytes) -> Event:
+    """Validate a raw request body into an Event, or raise InvalidEvent."""
+    try:
+        envelope = Envelope.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidEvent(_field_errors(exc)) from None
+    model = PAYLOAD_MODELS.get(envelope.event_type)
+    if model is None:
+        known = ", ".join(sorted(PAYLOAD_MODELS))
+        raise InvalidEvent(
+            [{"loc": ["event_type"], "msg": f"unknown event type; known: {known}",
+              "type": "unknown_event_type"}]
+        )
+    try:
+        # Round-trip through JSON so that strict mode judges JSON types, not Python ones.
+        payload = model.model_validate_json(json.dumps(envelope.payload))
+    except ValidationError as exc:
+        raise InvalidEvent(_field_errors(exc, prefix=("payload",))) from None
+    return Event(envelope, payload)
+
+
+def _field_errors(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    # `input` and `ctx` can echo the sender's data back; keep location, message and kind.
+    return [
+        {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]

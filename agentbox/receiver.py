@@ -1,0 +1,171 @@
+"""`POST /webhooks/events`: verify, validate, check the callback, admit, store, answer.
+
+The order matters: the body's size is checked before it is read whole, the
+signature before the body is parsed (unauthenticated senders learn nothing of
+the contract), and the 202 is sent only after the store's commit is durable.
+No agent work and no outbound calls happen here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from agentbox.agents import AgentRegistry
+from agentbox.config import Settings, is_loopback_host, origin_of
+from agentbox.events import Event, InvalidEvent, parse_event
+from agentbox.signing import SignatureError, Verifier
+from agentbox.store import AdmissionRefused, IngestResult, StorageUnavailable, Store
+
+ADMISSION_RETRY_AFTER_SECONDS = 5
+STORAGE_RETRY_AFTER_SECONDS = 30
+
+
+class Rejected(Exception):
+    """A refusal with its exact status code and wire error_code."""
+
+    def __init__(
+        self, status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.errors, self.headers = errors, headers
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.code, self.message, self.errors, self.headers)
+
+
+def error_response(
+    status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"status": "rejected", "error_code": code, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Receiver:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        registry: AgentRegistry,
+        on_commit: Callable[[], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+        self.on_commit = on_commit
+        self.clock = clock
+        self.verifier = Verifier(settings.webhook_secret, settings.signature_max_age_seconds)
+        self.allowed_origins = frozenset(origin_of(o) for o in settings.callback_allowed)
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self._receive(request)
+        except Rejected as rejected:
+            return rejected.response()
+
+    async def _receive(self, request: Request) -> Response:
+        body = await self._read_body(request)
+        try:
+            self.verifier.verify(request.headers, body, self.clock())
+        except SignatureError as exc:
+            raise Rejected(401, exc.code, exc.message) from None
+        try:
+            event = parse_event(body)
+        except InvalidEvent as exc:
+            raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
+                           "see errors.", exc.errors) from None
+        self._check_callback(event.envelope.callback_url)
+        result = await self._store(event, body)
+        return _accepted(result)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise Rejected(400, "client_disconnected", "The body ended early.") from None
+        return b"".join(chunks)
+
+    def _check_callback(self, url: str | None) -> None:
+        if url is None:
+            return
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
+                           "see errors.", [{"loc": ["callback_url"], "type": "url_invalid",
+                                            "msg": "must be an absolute http(s) URL"}])
+        if parts.username is not None or parts.password is not None:
+            raise Rejected(403, "callback_not_allowed",
+                           "callback_url must not carry credentials.")
+        try:
+            origin = origin_of(url)
+        except ValueError:  # e.g. a port out of range
+            origin = ""
+        if origin not in self.allowed_origins:
+            hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname)
+                    else " Callbacks use https (plain http only for a listed loopback origin).")
+            raise Rejected(403, "callback_not_allowed",
+                           "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)
+
+    async def _store(self, event: Event, body: bytes) -> IngestResult:
+        agents = [spec.name for spec in self.registry.for_event_type(event.envelope.event_type)]
+        if not agents:
+            raise Rejected(422, "no_agent", f"No agent is configured for "
+                           f"{event.envelope.event_type}; see AGENTBOX_AGENTS.")
+        s = self.settings
+        try:
+            result = await self.store.ingest(event, body, agents, self.clock(),
+                                             s.idempotency_ttl_seconds, s.max_pending)
+        except AdmissionRefused:
+            raise Rejected(
+                429, "too_many_pending",
+                f"{s.max_pending} runs are waiting (AGENTBOX_MAX_PENDING); retry later.",
+                headers={"Retry-After": str(ADMISSION_RETRY_AFTER_SECONDS)}) from None
+        except StorageUnavailable:
+            raise Rejected(
+                503, "storage_unavailable",
+                "The event store cannot take writes right now; retry later. Nothing was stored.",
+                headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+        if not result.duplicate:
+            self.on_commit()
+        return result
+
+
+def _too_large(limit: int) -> Rejected:
+    return Rejected(413, "body_too_large",
+                    f"The body is larger than {limit} bytes (AGENTBOX_MAX_BODY_BYTES).")
+
+
+def _accepted(result: IngestResult) -> JSONResponse:
+    first = result.runs[0]
+    body = {
+        "status": first.status,
+        "run_id": first.run_id,
+        "duplicate": result.duplicate,
+        "status_url": f"/runs/{first.run_id}",
+        "runs": [
+            {"run_id": r.run_id, "agent": r.agent, "status": r.status,
+             "status_url": f"/runs/{r.run_id}"}
+            for r in result.runs
+        ],
+    }
+    return JSONResponse(body, status_code=200 if result.duplicate else 202)

@@ -1,0 +1,137 @@
+"""Webhook signatures: agentbox's hex HMAC scheme and Standard Webhooks.
+
+agentbox scheme: ``X-Webhook-Signature = hex(HMAC-SHA256(secret, ts + "." + body))``.
+Standard Webhooks: ``webhook-signature = "v1," + base64(HMAC-SHA256(key, id + "." + ts + "." +
+body))``, where a ``whsec_`` secret's key is its base64-decoded tail. Several
+signatures (space separated) and several secrets (rotation) may be in play.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Mapping, Sequence
+
+HEX_TIMESTAMP_HEADER = "x-webhook-timestamp"
+HEX_SIGNATURE_HEADER = "x-webhook-signature"
+SW_ID_HEADER = "webhook-id"
+SW_TIMESTAMP_HEADER = "webhook-timestamp"
+SW_SIGNATURE_HEADER = "webhook-signature"
+MAX_SIGNATURE_HEADER_CHARS = 4096
+
+
+class SignatureError(Exception):
+    """Why a request's signature was refused; `code` is the wire error_code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def secret_keys(secret: str) -> tuple[bytes, ...]:
+    """The HMAC keys one configured secret stands for.
+
+    A ``whsec_`` secret is base64 (Standard Webhooks); its raw text is accepted
+    as well so that a sender using the plain hex scheme with it also verifies.
+    """
+    raw = secret.encode()
+    if secret.startswith("whsec_"):
+        try:
+            return (base64.b64decode(secret[6:], validate=True), raw)
+        except (binascii.Error, ValueError):
+            return (raw,)
+    return (raw,)
+
+
+def hex_signature(key: bytes, timestamp: str, body: bytes) -> str:
+    return hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def standard_signature(key: bytes, msg_id: str, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def sign_headers(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
+    """Headers for agentbox's own scheme (used by `agentbox send`, tests, the benchmark)."""
+    ts = str(timestamp)
+    return {
+        "X-Webhook-Timestamp": ts,
+        "X-Webhook-Signature": hex_signature(secret_keys(secret)[0], ts, body),
+    }
+
+
+class Verifier:
+    """Checks a request's signature headers against every active secret."""
+
+    def __init__(self, secrets: Sequence[str], max_age_seconds: float) -> None:
+        self._keys = tuple(k for s in secrets for k in secret_keys(s))
+        self.max_age_seconds = max_age_seconds
+
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
+        """Raise SignatureError unless some secret signed this exact body recently."""
+        if headers.get(HEX_SIGNATURE_HEADER) is not None:
+            self._verify_hex(headers, body, now)
+        elif headers.get(SW_SIGNATURE_HEADER) is not None:
+            self._verify_standard(headers, body, now)
+        else:
+            raise SignatureError(
+                "signature_missing",
+                "Sign the request: send X-Webhook-Timestamp and X-Webhook-Signature "
+                "(or the Standard Webhooks headers).",
+            )
+
+    def _verify_hex(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
+        timestamp = self._fresh_timestamp(headers.get(HEX_TIMESTAMP_HEADER), now)
+        given = headers[HEX_SIGNATURE_HEADER].strip().lower()
+        if len(given) > MAX_SIGNATURE_HEADER_CHARS:
+            raise _invalid()
+        given_bytes = given.encode("ascii", "replace")
+        for key in self._keys:
+            expected = hex_signature(key, timestamp, body).encode()
+            if hmac.compare_digest(expected, given_bytes):
+                return
+        raise _invalid()
+
+    def _verify_standard(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
+        msg_id = headers.get(SW_ID_HEADER)
+        if not msg_id:
+            raise SignatureError("signature_missing", "Standard Webhooks requests need webhook-id.")
+        timestamp = self._fresh_timestamp(headers.get(SW_TIMESTAMP_HEADER), now)
+        header = headers[SW_SIGNATURE_HEADER]
+        if len(header) > MAX_SIGNATURE_HEADER_CHARS:
+            raise _invalid()
+        given = [s.encode("ascii", "replace") for s in header.split() if s.startswith("v1,")]
+        for key in self._keys:
+            expected = standard_signature(key, msg_id, timestamp, body).encode()
+            # Compare against every candidate so timing does not reveal which matched.
+            if any(hmac.compare_digest(expected, g) for g in given):
+                return
+        raise _invalid()
+
+    def _fresh_timestamp(self, value: str | None, now: float) -> str:
+        if value is None:
+            raise SignatureError("signature_missing", "The signature timestamp header is missing.")
+        value = value.strip()
+        if not value.isascii() or not value.isdigit() or len(value) > 12:
+            raise SignatureError(
+                "timestamp_invalid", "The signature timestamp must be integer Unix seconds."
+            )
+        if abs(now - int(value)) > self.max_age_seconds:
+            raise SignatureError(
+                "signature_expired",
+                f"The signature timestamp is more than {self.max_age_seconds:g} s away from "
+                "the server's clock; sign with the current time.",
+            )
+        return value
+
+
+def _invalid() -> SignatureError:
+    return SignatureError(
+        "signature_invalid",
+        "The signature does not match the body with any active secret; sign the exact "
+        "raw bytes you send.",
+    )

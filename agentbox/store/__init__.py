@@ -1,0 +1,180 @@
+"""The storage interface. Nothing above the store writes SQL.
+
+Every engine (SQLite now, PostgreSQL for several instances) implements `Store`
+with the same guarantees, checked by one conformance suite:
+
+- `ingest` writes the event, its idempotency claim and its run(s) in one
+  transaction and returns only once that transaction is durable.
+- A run changes state only along `runs.TRANSITIONS`; a terminal run is never
+  claimed again.
+- `finish` only lands for the current lease holder and attempt, so an outcome
+  reported after the lease was lost (and the run reclaimed) is dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentbox.events import Event
+
+
+class StoreError(Exception):
+    """Base class of the store's refusals."""
+
+
+class StorageUnavailable(StoreError):
+    """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
+
+
+class AdmissionRefused(StoreError):
+    """Too many runs are not yet terminal: answer 429 with Retry-After."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(f"{pending} runs are waiting (limit {limit})")
+        self.pending, self.limit = pending, limit
+
+
+class RunNotFound(StoreError):
+    pass
+
+
+class NotReplayable(StoreError):
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id} is {status}; only dead_lettered or failed_permanent "
+                         "runs can be replayed")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RunRef:
+    run_id: str
+    agent: str
+    status: str
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    runs: Sequence[RunRef]
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    run_id: str
+    agent: str
+    attempt: int  # counts every attempt of the run, across replays
+    round_attempt: int  # counts attempts since the last replay: the retry budget's measure
+    event_body: bytes
+    accepted_at: float
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A state change that happened, for the log line and for waiters."""
+
+    run_id: str
+    status: str
+    attempt: int
+    event_id: str
+    event_type: str
+    source: str
+    agent: str
+    error_code: str | None = None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claimed: list[ClaimedRun] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an attempt ended with; `status` is the target state the dispatcher chose."""
+
+    status: str
+    result: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    next_attempt_at: float | None = None
+
+
+class Store(abc.ABC):
+    """Durable events, idempotency claims, runs and their attempt history."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create or migrate the schema and start the writer."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish queued writes and release the database."""
+
+    @abc.abstractmethod
+    async def ingest(
+        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
+        max_pending: int,
+    ) -> IngestResult:
+        """Claim the idempotency key and store event + runs atomically and durably.
+
+        A key already claimed and not expired returns the first runs with
+        `duplicate=True` and writes nothing. Raises AdmissionRefused when
+        `max_pending` runs are not yet terminal.
+        """
+
+    @abc.abstractmethod
+    async def claim(
+        self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
+    ) -> ClaimResult:
+        """Take up to `limit` runs that are due, leasing them to `owner`.
+
+        Due: accepted, failed_retryable whose next attempt time has come, or
+        processing whose lease expired. An expired run that already used
+        `max_attempts` is dead-lettered (`lease_expired`) instead of claimed.
+        """
+
+    @abc.abstractmethod
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        """Record an attempt's outcome; None if `owner` no longer holds that attempt."""
+
+    @abc.abstractmethod
+    async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
+        """Keep long-running attempts leased."""
+
+    @abc.abstractmethod
+    async def release_leases(self, owner: str, now: float) -> int:
+        """Expire every lease `owner` holds (shutdown, or start-up of the same store)."""
+
+    @abc.abstractmethod
+    async def replay(self, run_id: str, now: float) -> Transition:
+        """Send a dead-lettered or permanently failed run back to accepted (same run_id)."""
+
+    @abc.abstractmethod
+    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
+        """Delete claims whose TTL ended; a later delivery of that key is a new run."""
+
+    @abc.abstractmethod
+    async def next_due_at(self) -> float | None:
+        """The earliest time some run becomes claimable (retry time or lease end)."""
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The canonical state of one run, as the API shows it."""
+
+    @abc.abstractmethod
+    async def list_runs(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+        """The newest runs, optionally of one status."""
+
+    @abc.abstractmethod
+    async def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        """The attempt history of one run, oldest first."""
+
+    @abc.abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """Runs by status and the oldest waiting run's acceptance time."""

@@ -1,0 +1,611 @@
+"""SQLite engine: one WAL file, one writer thread with group commit, separate readers.
+
+Every write is an operation queued to the writer. The writer takes everything
+queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` (each operation inside its
+own savepoint, so one refusal does not undo its neighbours) and answers all of
+them after the commit's fsync (`synchronous=FULL`). Many requests thus share
+one fsync, and a 202 is only ever sent for data that is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import sqlite3
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from agentbox.events import Event
+from agentbox.runs import TERMINAL, RunStatus, check_transition
+from agentbox.store import (
+    AdmissionRefused,
+    ClaimedRun,
+    ClaimResult,
+    IngestResult,
+    NotReplayable,
+    Outcome,
+    RunNotFound,
+    RunRef,
+    StorageUnavailable,
+    Store,
+    Transition,
+)
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    pk              INTEGER PRIMARY KEY,
+    event_id        TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    event_type      TEXT NOT NULL,
+    source          TEXT NOT NULL,
+    correlation_id  TEXT,
+    causation_id    TEXT,
+    hop             INTEGER NOT NULL DEFAULT 0,
+    callback_url    TEXT,
+    received_at     REAL NOT NULL,
+    body            BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_event_id ON events (event_id);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key        TEXT PRIMARY KEY,
+    event_pk   INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expiry ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id           TEXT PRIMARY KEY,
+    event_pk         INTEGER NOT NULL REFERENCES events (pk),
+    ordinal          INTEGER NOT NULL,
+    agent            TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_expires_at REAL,
+    next_attempt_at  REAL,
+    accepted_at      REAL NOT NULL,
+    started_at       REAL,
+    updated_at       REAL NOT NULL,
+    completed_at     REAL,
+    result           TEXT,
+    error_code       TEXT,
+    error_message    TEXT,
+    replays          INTEGER NOT NULL DEFAULT 0,
+    attempt_base     INTEGER NOT NULL DEFAULT 0  -- attempt count at the last replay
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_event ON runs (event_pk, ordinal);
+CREATE INDEX IF NOT EXISTS runs_ready ON runs (next_attempt_at)
+    WHERE status IN ('accepted', 'failed_retryable');
+CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at)
+    WHERE status = 'processing';
+CREATE INDEX IF NOT EXISTS runs_recent ON runs (accepted_at);
+CREATE INDEX IF NOT EXISTS runs_status_recent ON runs (status, accepted_at);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id        TEXT NOT NULL,
+    attempt       INTEGER NOT NULL,
+    owner         TEXT NOT NULL,
+    started_at    REAL NOT NULL,
+    finished_at   REAL,
+    outcome       TEXT,
+    error_code    TEXT,
+    error_message TEXT,
+    PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS run_history (
+    run_id  TEXT NOT NULL,
+    at      REAL NOT NULL,
+    status  TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    note    TEXT
+);
+CREATE INDEX IF NOT EXISTS run_history_run ON run_history (run_id, at);
+"""
+
+ACTIVE = ("accepted", "processing", "failed_retryable")
+
+SQL_FIND_KEY = "SELECT event_pk, expires_at FROM idempotency_keys WHERE key = ?"
+SQL_RUNS_OF_EVENT = "SELECT run_id, agent, status FROM runs WHERE event_pk = ? ORDER BY ordinal"
+SQL_INSERT_EVENT = """
+INSERT INTO events (event_id, idempotency_key, event_type, source, correlation_id,
+                    causation_id, hop, callback_url, received_at, body)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+SQL_UPSERT_KEY = """
+INSERT INTO idempotency_keys (key, event_pk, expires_at) VALUES (?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET event_pk = excluded.event_pk, expires_at = excluded.expires_at
+"""
+SQL_INSERT_RUN = """
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
+                  updated_at)
+VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
+"""
+SQL_INSERT_HISTORY = "INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?,?,?,?,?)"
+SQL_COUNT_ACTIVE = (
+    "SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')"
+)
+SQL_DUE_WAITING = """
+SELECT run_id FROM runs
+WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= ?
+ORDER BY next_attempt_at LIMIT ?
+"""
+SQL_DUE_EXPIRED = """
+SELECT run_id FROM runs
+WHERE status = 'processing' AND lease_expires_at <= ?
+ORDER BY lease_expires_at LIMIT ?
+"""
+SQL_RUN_FOR_CLAIM = """
+SELECT r.run_id, r.agent, r.status, r.attempt, r.accepted_at, r.attempt_base,
+       e.body, e.event_id, e.event_type, e.source
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
+"""
+SQL_CLAIM = """
+UPDATE runs SET status = 'processing', attempt = ?, lease_owner = ?, lease_expires_at = ?,
+       next_attempt_at = NULL, started_at = coalesce(started_at, ?), updated_at = ?
+WHERE run_id = ?
+"""
+SQL_INSERT_ATTEMPT = """
+INSERT OR REPLACE INTO attempts (run_id, attempt, owner, started_at) VALUES (?, ?, ?, ?)
+"""
+SQL_FINISH_ATTEMPT = """
+UPDATE attempts SET finished_at = ?, outcome = ?, error_code = ?, error_message = ?
+WHERE run_id = ? AND attempt = ? AND finished_at IS NULL
+"""
+SQL_FINISH_RUN = """
+UPDATE runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,
+       updated_at = ?, completed_at = ?, result = ?, error_code = ?, error_message = ?
+WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
+"""
+SQL_RUN_EVENT_FIELDS = """
+SELECT e.event_id, e.event_type, e.source, r.agent, r.started_at
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
+"""
+SQL_EXTEND_LEASE = """
+UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
+"""
+SQL_RELEASE_LEASES = """
+UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
+"""
+SQL_RELEASE_ALL_LEASES = "UPDATE runs SET lease_expires_at = ? WHERE status = 'processing'"
+SQL_REPLAY = """
+UPDATE runs SET status = 'accepted', next_attempt_at = ?, updated_at = ?, completed_at = NULL,
+       error_code = NULL, error_message = NULL, result = NULL, replays = replays + 1,
+       attempt_base = attempt
+WHERE run_id = ?
+"""
+SQL_PRUNE_KEYS = """
+DELETE FROM idempotency_keys WHERE key IN (
+    SELECT key FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)
+"""
+SQL_NEXT_WAITING = """
+SELECT min(next_attempt_at) FROM runs WHERE status IN ('accepted', 'failed_retryable')
+"""
+SQL_NEXT_LEASE_END = "SELECT min(lease_expires_at) FROM runs WHERE status = 'processing'"
+RUN_COLUMNS = """
+r.run_id, r.status, r.agent, r.attempt, r.accepted_at, r.started_at, r.updated_at,
+r.completed_at, r.result, r.error_code, r.error_message, r.next_attempt_at, r.replays,
+e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+e.idempotency_key
+"""
+SQL_GET_RUN = f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk WHERE run_id = ?"
+SQL_LIST_RUNS = (
+    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
+    "ORDER BY r.accepted_at DESC LIMIT ?"
+)
+SQL_LIST_RUNS_BY_STATUS = (
+    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
+    "WHERE r.status = ? ORDER BY r.accepted_at DESC LIMIT ?"
+)
+SQL_ATTEMPTS = """
+SELECT attempt, owner, started_at, finished_at, outcome, error_code, error_message
+FROM attempts WHERE run_id = ? ORDER BY attempt
+"""
+SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY rowid"
+SQL_STATUS_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
+SQL_OLDEST_WAITING = """
+SELECT min(accepted_at) FROM runs WHERE status IN ('accepted', 'failed_retryable')
+"""
+
+
+def new_run_id() -> str:
+    return "run_" + uuid.uuid4().hex
+
+
+def iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+class _Batch:
+    """Writer-thread state visible to the operations of one transaction."""
+
+    def __init__(self, active: int) -> None:
+        self.active = active  # runs not yet terminal, for admission control
+
+
+Operation = Callable[[sqlite3.Connection, _Batch], T]
+
+
+class SqliteStore(Store):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
+        self._conn: sqlite3.Connection | None = None  # writer's; used only on its thread
+        self._reader: sqlite3.Connection | None = None  # event loop's
+        self._queue: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
+        self._wake = asyncio.Event()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._active = 0
+        self.healthy = True
+        self.last_error: str | None = None
+        self._lock_file: IO[bytes] | None = None
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_exclusively(self.path.with_suffix(".lock"))
+        loop = asyncio.get_running_loop()
+        try:
+            self._active = await loop.run_in_executor(self._executor, self._open_writer)
+            self._reader = _connect(self.path)
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
+        self._writer_task = asyncio.create_task(self._write_loop(), name="agentbox-writer")
+
+    async def close(self) -> None:
+        if self._writer_task is not None:
+            while self._queue:
+                await asyncio.sleep(0.01)
+            self._writer_task.cancel()
+            await asyncio.gather(self._writer_task, return_exceptions=True)
+            self._writer_task = None
+        if self._conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+            self._conn = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._executor.shutdown(wait=True)
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing the descriptor drops the lock
+            self._lock_file = None
+
+    def _open_writer(self) -> int:
+        conn = _connect(self.path)
+        conn.executescript(SCHEMA)
+        self._conn = conn
+        active: int = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]
+        return active
+
+    # -- the writer -----------------------------------------------------------------
+
+    async def _write(self, op: Operation[T]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, future))
+        self._wake.set()
+        return await future
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._queue = self._queue, []
+            if not batch:
+                continue
+            results = await loop.run_in_executor(self._executor, self._commit, batch)
+            for (_, future), (ok, value) in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+    def _commit(
+        self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]
+    ) -> list[tuple[bool, Any]]:
+        conn = self._conn
+        assert conn is not None
+        state = _Batch(self._active)
+        results: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, _ in batch:
+                results.append(self._run_op(conn, state, op))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            self.healthy, self.last_error = False, _storage_reason(exc)
+            error = StorageUnavailable(self.last_error)
+            return [(False, error)] * len(batch)
+        self.healthy, self.last_error = True, None
+        self._active = state.active
+        return results
+
+    @staticmethod
+    def _run_op(conn: sqlite3.Connection, state: _Batch, op: Operation[Any]) -> tuple[bool, Any]:
+        active_before = state.active
+        conn.execute("SAVEPOINT op")
+        try:
+            value = op(conn, state)
+        except sqlite3.Error:
+            raise  # the whole transaction is suspect: fail the batch
+        except Exception as exc:  # a refusal or a bug: undo this operation only
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            state.active = active_before
+            return False, exc
+        conn.execute("RELEASE op")
+        return True, value
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def ingest(
+        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
+        max_pending: int,
+    ) -> IngestResult:
+        env = event.envelope
+
+        def op(conn: sqlite3.Connection, state: _Batch) -> IngestResult:
+            found = conn.execute(SQL_FIND_KEY, (env.idempotency_key,)).fetchone()
+            if found is not None and found[1] > now:
+                rows = conn.execute(SQL_RUNS_OF_EVENT, (found[0],)).fetchall()
+                return IngestResult([RunRef(*row) for row in rows], duplicate=True)
+            if state.active + len(agents) > max_pending:
+                raise AdmissionRefused(state.active, max_pending)
+            event_pk = conn.execute(
+                SQL_INSERT_EVENT,
+                (env.event_id, env.idempotency_key, env.event_type, env.source,
+                 env.correlation_id, env.causation_id, env.hop, env.callback_url, now, body),
+            ).lastrowid
+            conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, now + ttl))
+            refs = []
+            for ordinal, agent in enumerate(agents):
+                run_id = new_run_id()
+                conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
+                conn.execute(SQL_INSERT_HISTORY, (run_id, now, "accepted", 0, None))
+                refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
+            state.active += len(agents)
+            return IngestResult(refs, duplicate=False)
+
+        return await self._write(op)
+
+    async def claim(
+        self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
+    ) -> ClaimResult:
+        def op(conn: sqlite3.Connection, state: _Batch) -> ClaimResult:
+            result = ClaimResult()
+            ids = [r[0] for r in conn.execute(SQL_DUE_EXPIRED, (now, limit))]
+            ids += [r[0] for r in conn.execute(SQL_DUE_WAITING, (now, limit - len(ids)))]
+            for run_id in ids[:limit]:
+                row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
+                (_, agent, status, attempt, accepted_at, attempt_base, body,
+                 event_id, event_type, source) = row
+                if status == "processing" and attempt - attempt_base >= max_attempts:
+                    result.transitions.append(_dead_letter_expired(conn, state, row, now))
+                    continue
+                check_transition(run_id, status, RunStatus.PROCESSING)
+                attempt += 1
+                conn.execute(SQL_CLAIM, (attempt, owner, now + lease_seconds, now, now, run_id))
+                if status == "processing":  # the previous holder's attempt never finished
+                    conn.execute(SQL_FINISH_ATTEMPT, (now, "lease_expired", "lease_expired",
+                                                      None, run_id, attempt - 1))
+                conn.execute(SQL_INSERT_ATTEMPT, (run_id, attempt, owner, now))
+                conn.execute(SQL_INSERT_HISTORY, (run_id, now, "processing", attempt, None))
+                result.claimed.append(
+                    ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body, accepted_at))
+                result.transitions.append(
+                    Transition(run_id, "processing", attempt, event_id, event_type, source, agent)
+                )
+            return result
+
+        return await self._write(op)
+
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        target = RunStatus(outcome.status)
+        check_transition(run_id, RunStatus.PROCESSING, target)
+        result_json = None if outcome.result is None else json.dumps(
+            outcome.result, separators=(",", ":"), sort_keys=True)
+
+        def op(conn: sqlite3.Connection, state: _Batch) -> Transition | None:
+            completed_at = now if target.terminal else None
+            cursor = conn.execute(
+                SQL_FINISH_RUN,
+                (target.value, outcome.next_attempt_at, now, completed_at, result_json,
+                 outcome.error_code, outcome.error_message, run_id, owner, attempt),
+            )
+            if cursor.rowcount == 0:
+                return None  # lease lost: another holder owns this run now
+            conn.execute(SQL_FINISH_ATTEMPT, (now, target.value, outcome.error_code,
+                                              outcome.error_message, run_id, attempt))
+            conn.execute(SQL_INSERT_HISTORY, (run_id, now, target.value, attempt,
+                                              outcome.error_code))
+            if target.terminal:
+                state.active -= 1
+            event_id, event_type, source, agent, started_at = conn.execute(
+                SQL_RUN_EVENT_FIELDS, (run_id,)).fetchone()
+            return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
+                              outcome.error_code)
+
+        return await self._write(op)
+
+    async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
+        def op(conn: sqlite3.Connection, state: _Batch) -> None:
+            conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner) for run_id in run_ids])
+
+        await self._write(op)
+
+    async def release_leases(self, owner: str, now: float) -> int:
+        def op(conn: sqlite3.Connection, state: _Batch) -> int:
+            # One process owns a SQLite file (the server holds a lock on the data
+            # directory), so at start-up every lease belongs to a previous life.
+            if owner == "*":
+                return conn.execute(SQL_RELEASE_ALL_LEASES, (now,)).rowcount
+            return conn.execute(SQL_RELEASE_LEASES, (now, owner)).rowcount
+
+        return await self._write(op)
+
+    async def replay(self, run_id: str, now: float) -> Transition:
+        def op(conn: sqlite3.Connection, state: _Batch) -> Transition:
+            row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            _, agent, status, attempt, _, _, _, event_id, event_type, source = row
+            if status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT):
+                raise NotReplayable(run_id, status)
+            check_transition(run_id, status, RunStatus.ACCEPTED)
+            conn.execute(SQL_REPLAY, (now, now, run_id))
+            conn.execute(SQL_INSERT_HISTORY, (run_id, now, "accepted", attempt, "replayed"))
+            state.active += 1
+            return Transition(run_id, "accepted", attempt, event_id, event_type, source, agent,
+                              "replayed")
+
+        return await self._write(op)
+
+    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
+        def op(conn: sqlite3.Connection, state: _Batch) -> int:
+            return conn.execute(SQL_PRUNE_KEYS, (now, limit)).rowcount
+
+        return await self._write(op)
+
+    # -- reads (own connection; WAL readers never wait for the writer) -----------------
+
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise StorageUnavailable("the store is closed")
+        return self._reader
+
+    async def next_due_at(self) -> float | None:
+        conn = self._read()
+        times = [conn.execute(SQL_NEXT_WAITING).fetchone()[0],
+                 conn.execute(SQL_NEXT_LEASE_END).fetchone()[0]]
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    async def get_run(self, run_id: str) -> dict[str, Any] | None:
+        row = self._read().execute(SQL_GET_RUN, (run_id,)).fetchone()
+        return None if row is None else _run_view(row)
+
+    async def list_runs(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+        conn = self._read()
+        if status is None:
+            rows = conn.execute(SQL_LIST_RUNS, (limit,)).fetchall()
+        else:
+            rows = conn.execute(SQL_LIST_RUNS_BY_STATUS, (status, limit)).fetchall()
+        return [_run_view(row) for row in rows]
+
+    async def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self._read().execute(SQL_ATTEMPTS, (run_id,)).fetchall()
+        return [
+            {"attempt": a, "worker": o, "started_at": iso(s), "finished_at": iso(f),
+             "outcome": out, "error_code": code, "error_message": msg,
+             "duration_ms": None if f is None else round((f - s) * 1000, 3)}
+            for a, o, s, f, out, code, msg in rows
+        ]
+
+    async def history(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self._read().execute(SQL_HISTORY, (run_id,)).fetchall()
+        return [{"at": iso(at), "status": s, "attempt": a, "note": n} for at, s, a, n in rows]
+
+    async def stats(self) -> dict[str, Any]:
+        conn = self._read()
+        counts = {s.value: 0 for s in RunStatus}
+        counts.update(dict(conn.execute(SQL_STATUS_COUNTS).fetchall()))
+        oldest = conn.execute(SQL_OLDEST_WAITING).fetchone()[0]
+        return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
+                "active": sum(counts[s] for s in ACTIVE)}
+
+
+def _lock_exclusively(path: Path) -> IO[bytes]:
+    """One process serves a SQLite store: a second one would break lease recovery,
+    which treats every lease found at start-up as left by a dead process."""
+    lock_file = open(path, "ab")  # noqa: SIM115 - held open for the store's lifetime
+    try:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.close()
+        raise StorageUnavailable(
+            f"another agentbox process is already serving {path.parent}; stop it or use "
+            "another --data-dir") from None
+    return lock_file
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # already rolled back by SQLite itself
+
+
+def _storage_reason(exc: sqlite3.Error) -> str:
+    # sqlite messages name the condition (disk full, readonly, I/O error), never data.
+    return f"storage unavailable: {exc}"
+
+
+def _dead_letter_expired(
+    conn: sqlite3.Connection, state: _Batch, row: tuple[Any, ...], now: float
+) -> Transition:
+    run_id, agent, status, attempt, _, _, _, event_id, event_type, source = row
+    check_transition(run_id, status, RunStatus.DEAD_LETTERED)
+    message = f"the worker running attempt {attempt} stopped before finishing it"
+    conn.execute(
+        "UPDATE runs SET status = 'dead_lettered', lease_owner = NULL, lease_expires_at = NULL,"
+        " updated_at = ?, completed_at = ?, error_code = 'lease_expired', error_message = ?"
+        " WHERE run_id = ?",
+        (now, now, message, run_id),
+    )
+    conn.execute(SQL_FINISH_ATTEMPT, (now, "lease_expired", "lease_expired", None, run_id, attempt))
+    conn.execute(SQL_INSERT_HISTORY, (run_id, now, "dead_lettered", attempt, "lease_expired"))
+    state.active -= 1
+    return Transition(run_id, "dead_lettered", attempt, event_id, event_type, source, agent,
+                      "lease_expired")
+
+
+def _run_view(row: tuple[Any, ...]) -> dict[str, Any]:
+    (run_id, status, agent, attempt, accepted_at, started_at, updated_at, completed_at, result,
+     error_code, error_message, next_attempt_at, replays, event_id, event_type, source,
+     correlation_id, causation_id, hop, idempotency_key) = row
+    return {
+        "run_id": run_id,
+        "status": status,
+        "event_id": event_id,
+        "event_type": event_type,
+        "source": source,
+        "agent": agent,
+        "idempotency_key": idempotency_key,
+        "accepted_at": iso(accepted_at),
+        "started_at": iso(started_at),
+        "updated_at": iso(updated_at),
+        "completed_at": iso(completed_at),
+        "attempt": attempt,
+        "retry_count": max(attempt - 1, 0),
+        "next_attempt_at": iso(next_attempt_at),
+        "result": None if result is None else json.loads(result),
+        "error_code": error_code,
+        "error_message": error_message,
+        "replays": replays,
+        "correlation_id": correlation_id,
+        "causation_id": causation_id,
+        "hop": hop,
+        "terminal": RunStatus(status) in TERMINAL,
+    }

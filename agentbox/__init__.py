@@ -1,0 +1,17 @@
+"""agentbox: a local appliance for event-driven AI agents.
+
+The agent API lives here::
+
+    from agentbox import AgentContext, Event, PermanentAgentError, RetryableAgentError
+"""
+
+from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.events import Event, register_event_type
+
+__all__ = [
+    "AgentContext",
+    "Event",
+    "PermanentAgentError",
+    "RetryableAgentError",
+    "register_event_type",
+]

@@ -1,0 +1,3 @@
+from agentbox.cli import main
+
+main()

@@ -1,0 +1,174 @@
+"""Shared fixtures: a real `agentbox serve` subprocess on 127.0.0.1 and a signing client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentbox.signing import sign_headers
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "integration-test-secret"
+TEST_AGENT = "tests.support.agents:scripted"
+STARTUP_SECONDS = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.02) -> Any:
+    """Poll `condition` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def make_event(event_id: str | None = None, project_id: str = "ok", source: str = "studio",
+               event_type: str = "session.exported", **extra: Any) -> dict[str, Any]:
+    event_id = event_id or uuid.uuid4().hex
+    event = {
+        "schema_version": "v1",
+        "event_id": event_id,
+        "idempotency_key": f"{source}:{event_type}:{event_id}",
+        "event_type": event_type,
+        "source": source,
+        "timestamp": "2026-07-27T15:42:00Z",
+        "payload": {"project_id": project_id, "mix_url": "/tmp/mix.wav"},
+    }
+    event.update(extra)
+    return event
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+class Server:
+    """A real agentbox process. Data and config live in `home`, which survives restarts."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.journal = home / "journal.jsonl"
+        self.log_path = home / "server.log"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")},
+            "PYTHONPATH": str(ROOT),
+            "XDG_CONFIG_HOME": str(home / "config"),
+            "AGENTBOX_DATA_DIR": str(home / "data"),
+            "AGENTBOX_WEBHOOK_SECRET": SECRET,
+            "AGENTBOX_AGENTS": f"session.exported={TEST_AGENT}",
+            "AGENTBOX_RETRY_BASE_SECONDS": "0.05",
+            "AGENTBOX_RETRY_MAX_SECONDS": "0.2",
+            "AGENTBOX_TEST_JOURNAL": str(self.journal),
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def start(self) -> Server:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)],
+            env=self.env, stdout=log, stderr=log, cwd=self.home,
+        )
+        log.close()
+        wait_until(self._ready, STARTUP_SECONDS, f"agentbox on {self.url} to start")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"agentbox exited with {self.process.returncode}:\n"
+                                 + self.log_path.read_text())
+        try:
+            return self.client.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+    def post(self, event: dict[str, Any] | bytes, secret: str = SECRET,
+             timestamp: int | None = None, headers: dict[str, str] | None = None
+             ) -> httpx.Response:
+        body = event if isinstance(event, bytes) else encode(event)
+        signed = sign_headers(secret, body, int(time.time()) if timestamp is None else timestamp)
+        return self.client.post("/webhooks/events", content=body, headers={
+            "Content-Type": "application/json", **signed, **(headers or {})})
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def wait_terminal(self, run_id: str, timeout: float = 20) -> dict[str, Any]:
+        def terminal() -> dict[str, Any] | None:
+            run = self.run(run_id)
+            return run if run["status"] in ("succeeded", "failed_permanent",
+                                            "dead_lettered") else None
+        result: dict[str, Any] = wait_until(terminal, timeout, f"run {run_id} to finish")
+        return result
+
+    def journal_lines(self) -> list[dict[str, Any]]:
+        if not self.journal.exists():
+            return []
+        lines = self.journal.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.client.close()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def make(env: dict[str, str] | None = None, home: Path | None = None) -> Server:
+        server = Server(home or tmp_path, env)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def server(server_factory: Callable[..., Server]) -> Server:
+    return server_factory().start()

@@ -1,0 +1,85 @@
+"""Agents for the end-to-end tests, loaded by a real `agentbox serve` subprocess
+through AGENTBOX_AGENTS. Their behaviour is chosen by the event's project_id, so
+one server can host every scenario:
+
+    ok              succeed at once
+    fail-N          raise RetryableAgentError on attempts 1..N, then succeed
+    always-fail     raise RetryableAgentError every time
+    permanent       raise PermanentAgentError
+    bad-output      return something that is not a JSON object
+    sleep-S         sleep S seconds, then succeed
+    slow-return-S   succeed, but the result takes S seconds to serialise: a window
+                    between the agent's return and the state write
+
+Every start and every return is appended (fsynced) to the file named by
+AGENTBOX_TEST_JOURNAL, so tests can tell which attempts ran and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from pydantic import BaseModel, field_serializer
+
+from agentbox import AgentContext, Event, PermanentAgentError, RetryableAgentError
+
+
+def journal(kind: str, ctx: AgentContext) -> None:
+    path = os.environ.get("AGENTBOX_TEST_JOURNAL")
+    if not path:
+        return
+    line = json.dumps({"kind": kind, "run_id": ctx.run_id, "attempt": ctx.attempt,
+                       "pid": os.getpid(), "t": time.time()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SlowResult(BaseModel):
+    project_id: str
+    delay: float
+
+    @field_serializer("delay")
+    def _stall(self, delay: float) -> float:
+        time.sleep(delay)  # blocks the loop on purpose: the crash window after return
+        return delay
+
+
+async def scripted(event: Event, ctx: AgentContext) -> Any:
+    project = event.payload.project_id
+    journal("start", ctx)
+    try:
+        if project.startswith("fail-") and ctx.attempt <= int(project.removeprefix("fail-")):
+            raise RetryableAgentError(f"scripted failure on attempt {ctx.attempt}")
+        if project == "always-fail":
+            raise RetryableAgentError("scripted failure, every time")
+        if project == "permanent":
+            raise PermanentAgentError("scripted permanent failure", code="scripted_permanent")
+        if project == "bad-output":
+            return ["not", "an", "object"]
+        if project.startswith("sleep-"):
+            await asyncio.sleep(float(project.removeprefix("sleep-")))
+        if project.startswith("slow-return-"):
+            journal("return", ctx)
+            return SlowResult(project_id=project, delay=float(project.removeprefix("slow-return-")))
+        journal("return", ctx)
+        return {"project_id": project, "attempt": ctx.attempt}
+    except BaseException:
+        journal("raise", ctx)
+        raise
+
+
+async def second(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """A second subscriber, for fan-out tests."""
+    return {"agent": "second", "project_id": event.payload.project_id}
+
+
+def not_async(event: Event, ctx: AgentContext) -> None:
+    """Misconfiguration bait: agents must be async."""

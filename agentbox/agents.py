@@ -106,14 +106,14 @@ def load_agent(target: str) -> AgentSpec:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is a configuration error
         raise ConfigError(f"{where}: cannot import {module_name!r}: {exc}") from None
-    function = module
+    function: Any = module
     for part in attr.split("."):
-        function = getattr(function, part, None)  # type: ignore[assignment]
+        function = getattr(function, part, None)
         if function is None:
             raise ConfigError(f"{where}: {module_name!r} has no {attr!r}")
     if not inspect.iscoroutinefunction(function):
         raise ConfigError(f"{where}: {target} must be an async function (async def)")
-    return AgentSpec(target, function, _result_model(function))  # type: ignore[arg-type]
+    return AgentSpec(target, function, _result_model(function))
 
 
 def _result_model(function: Callable[..., Any]) -> type[BaseModel] | None:

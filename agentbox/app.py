@@ -63,7 +63,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed"}
     return error_response(exc.status_code, codes.get(exc.status_code, "http_error"),
-                          str(exc.detail), headers=exc.headers)
+                          str(exc.detail), headers=dict(exc.headers or {}))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

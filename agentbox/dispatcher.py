@@ -8,6 +8,7 @@ scheduled in the store (a next-attempt time), never by sleeping in a worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -87,10 +88,8 @@ class Dispatcher:
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
-        try:
+        with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
             await self.store.release_leases(self.owner, self.clock())
-        except StorageUnavailable:
-            pass  # the leases run out by themselves
 
     def wake(self) -> None:
         self._wake.set()
@@ -132,10 +131,8 @@ class Dispatcher:
         return min(MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
 
     async def _sleep(self, seconds: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
 
     def _spawn(self, claimed: ClaimedRun) -> None:
         ctx = AgentContext(
@@ -231,26 +228,22 @@ class Dispatcher:
         interval = self.settings.lease_seconds / 3
         while not self._stop.is_set():
             await asyncio.sleep(interval)
-            if self._inflight:
-                try:
-                    await self.store.extend_leases(
-                        self.owner, list(self._inflight),
-                        self.clock() + self.settings.lease_seconds)
-                except StorageUnavailable:
-                    pass  # try again next beat; a lost lease makes finish a no-op
+            if not self._inflight:
+                continue
+            # On failure, try again next beat; a lease lost meanwhile makes finish a no-op.
+            with contextlib.suppress(StorageUnavailable):
+                await self.store.extend_leases(self.owner, list(self._inflight),
+                                               self.clock() + self.settings.lease_seconds)
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(StorageUnavailable):
                 pruned = await self.prune()
                 if pruned:
                     log.info("pruned expired idempotency keys", extra={"keys": pruned})
-            except StorageUnavailable:
-                pass
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.settings.maintenance_interval_seconds)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(),
+                                       self.settings.maintenance_interval_seconds)
 
     async def prune(self) -> int:
         total = 0

@@ -208,7 +208,8 @@ def test_admission_limit_answers_429_with_retry_after(server_factory) -> None:  
 
 
 def test_several_agents_for_one_event_type(server_factory) -> None:  # type: ignore[no-untyped-def]
-    agents = "session.exported=tests.support.agents:scripted,session.exported=tests.support.agents:second"
+    agents = ("session.exported=tests.support.agents:scripted,"
+              "session.exported=tests.support.agents:second")
     server = server_factory({"AGENTBOX_AGENTS": agents}).start()
     body = server.post(make_event(project_id="ok")).json()
     assert len(body["runs"]) == 2 and body["run_id"] == body["runs"][0]["run_id"]
@@ -221,6 +222,7 @@ def test_several_agents_for_one_event_type(server_factory) -> None:  # type: ign
 def test_bad_configuration_refuses_to_start(tmp_path: Path) -> None:
     import subprocess
     import sys
+
     from tests.conftest import ROOT
     for name, value in [("AGENTBOX_LEASE_SECONDS", "0"), ("AGENTBOX_MAX_RETRIES", "-1"),
                         ("AGENTBOX_RETRY_BASE_SECONDS", "soon"),

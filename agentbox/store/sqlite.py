@@ -10,6 +10,7 @@ one fsync, and a 202 is only ever sent for data that is on disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import sqlite3
@@ -125,7 +126,9 @@ INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, acc
                   updated_at)
 VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
 """
-SQL_INSERT_HISTORY = "INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?,?,?,?,?)"
+SQL_INSERT_HISTORY = """
+INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?, ?, ?, ?, ?)
+"""
 SQL_COUNT_ACTIVE = (
     "SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')"
 )
@@ -162,11 +165,12 @@ UPDATE runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL, next_at
 WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
 """
 SQL_RUN_EVENT_FIELDS = """
-SELECT e.event_id, e.event_type, e.source, r.agent, r.started_at
+SELECT e.event_id, e.event_type, e.source, r.agent
 FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
 """
 SQL_EXTEND_LEASE = """
-UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
+UPDATE runs SET lease_expires_at = ?
+WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
 """
 SQL_RELEASE_LEASES = """
 UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
@@ -192,7 +196,9 @@ r.completed_at, r.result, r.error_code, r.error_message, r.next_attempt_at, r.re
 e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
 e.idempotency_key
 """
-SQL_GET_RUN = f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk WHERE run_id = ?"
+SQL_GET_RUN = (
+    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk WHERE run_id = ?"
+)
 SQL_LIST_RUNS = (
     f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
     "ORDER BY r.accepted_at DESC LIMIT ?"
@@ -434,7 +440,7 @@ class SqliteStore(Store):
                                               outcome.error_code))
             if target.terminal:
                 state.active -= 1
-            event_id, event_type, source, agent, started_at = conn.execute(
+            event_id, event_type, source, agent = conn.execute(
                 SQL_RUN_EVENT_FIELDS, (run_id,)).fetchone()
             return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
                               outcome.error_code)
@@ -551,10 +557,8 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
-    try:
+    with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
         conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # already rolled back by SQLite itself
 
 
 def _storage_reason(exc: sqlite3.Error) -> str:

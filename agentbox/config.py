@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from agentbox.signing import secret_keys
+
 APP_NAME = "agentbox"
 ENV_PREFIX = "AGENTBOX_"
 CONFIG_FILE_NAME = "agentbox.toml"
@@ -94,6 +96,7 @@ _POSITIVE_FLOATS = {
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency"}
 _LISTS = {"webhook_secret", "callback_allowed"}
+_SECRETS = {"webhook_secret"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
 _STRINGS = {"host", "log_level"}
 _SETTABLE = _POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _PATHS | _STRINGS | {"agents"}
@@ -167,7 +170,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return str(value).lower()
         return str(value)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{where}: {_describe(value)} is not a valid value") from None
+        shown = "this value" if name in _SECRETS else _describe(value)
+        raise ConfigError(f"{where}: {shown} is not a valid value") from None
 
 
 def _scalar(value: Any) -> Any:
@@ -183,8 +187,13 @@ def _positive(number: float, where: str) -> Any:
 
 
 def _string_list(value: Any) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(str(item).strip() for item in items if str(item).strip())
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        items = value
+    else:
+        raise ValueError("expected a string or a list of strings")
+    return tuple(item.strip() for item in items if item.strip())
 
 
 def _describe(value: Any) -> str:
@@ -224,15 +233,25 @@ def _check_consistency(settings: Settings) -> None:
         )
     for origin in settings.callback_allowed:
         check_allowed_origin(origin)
+    for secret in settings.webhook_secret:
+        if not all(secret_keys(secret)):
+            raise ConfigError(f"{env_name('webhook_secret')}: a secret is empty")
 
 
 def check_allowed_origin(origin: str) -> str:
     """Normalise one AGENTBOX_CALLBACK_ALLOWED origin, or refuse it."""
     where = env_name("callback_allowed")
     parts = urlsplit(origin)
+    if parts.username is not None or parts.password is not None:
+        # Not echoed: the text holds a credential.
+        raise ConfigError(f"{where}: an origin carries credentials; list bare origins only")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a port
+    except ValueError:
+        raise ConfigError(f"{where}: {origin!r} has an invalid port") from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(f"{where}: {origin!r} is not an origin such as https://studio.example")
-    if parts.username or parts.password or parts.path not in ("", "/") or parts.query:
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(f"{where}: {origin!r} must be a bare origin (scheme://host[:port])")
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
         raise ConfigError(f"{where}: {origin!r}: plain http is allowed only for loopback hosts")

@@ -16,7 +16,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    model_validator,
 )
 
 SCHEMA_VERSION = "v1"
@@ -80,13 +79,6 @@ class Envelope(Strict):
     hop: Annotated[int, Field(ge=0, le=MAX_HOPS_FIELD)] = 0
     payload: dict[str, Any]
 
-    @model_validator(mode="after")
-    def _key_matches_ids(self) -> Envelope:
-        expected = f"{self.source}:{self.event_type}:{self.event_id}"
-        if self.idempotency_key != expected:
-            raise ValueError(f"idempotency_key must be source:event_type:event_id ({expected!r})")
-        return self
-
 
 class Event:
     """A validated event: the envelope plus its typed payload."""
@@ -118,6 +110,11 @@ def parse_event(body: bytes) -> Event:
         envelope = Envelope.model_validate_json(body)
     except ValidationError as exc:
         raise InvalidEvent(_field_errors(exc)) from None
+    if envelope.idempotency_key != (
+        f"{envelope.source}:{envelope.event_type}:{envelope.event_id}"
+    ):
+        raise InvalidEvent([{"loc": ["idempotency_key"], "type": "idempotency_key_mismatch",
+                             "msg": "must equal source:event_type:event_id"}])
     model = PAYLOAD_MODELS.get(envelope.event_type)
     if model is None:
         known = ", ".join(sorted(PAYLOAD_MODELS))

@@ -47,7 +47,11 @@ class InvalidTransition(RuntimeError):
 
 
 def check_transition(run_id: str, current: str, target: RunStatus) -> None:
-    if (RunStatus(current), target) not in TRANSITIONS:
+    try:
+        allowed = (RunStatus(current), target) in TRANSITIONS
+    except ValueError:  # a status that is not a RunStatus at all
+        allowed = False
+    if not allowed:
         raise InvalidTransition(run_id, current, target)
 
 
@@ -59,6 +63,9 @@ def backoff_seconds(
     Jitter spreads retries of runs that failed together, so a recovering
     dependency is not hit by all of them at the same instant.
     """
-    exponential = base * 2.0 ** (retry_number - 1)
-    jitter = (rng or random).uniform(0.8, 1.2)
-    return float(min(cap, exponential * jitter))
+    rng = rng or random.Random()
+    # The exponent is bounded so a huge retry number cannot overflow a float.
+    exponential = base * 2.0 ** min(retry_number - 1, 64)
+    if exponential * 1.2 >= cap:
+        return cap * rng.uniform(0.8, 1.0)  # jitter below the cap, never above it
+    return exponential * rng.uniform(0.8, 1.2)

@@ -73,6 +73,7 @@ class Verifier:
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
         """Raise SignatureError unless some secret signed this exact body recently."""
+        headers = {name.lower(): value for name, value in headers.items()}
         if headers.get(HEX_SIGNATURE_HEADER) is not None:
             self._verify_hex(headers, body, now)
         elif headers.get(SW_SIGNATURE_HEADER) is not None:

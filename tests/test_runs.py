@@ -107,7 +107,9 @@ def test_unknown_current_status_raises():
 
 def _bounds(n: int, base: float, cap: float) -> tuple[float, float]:
     exponential = base * 2.0 ** (n - 1)
-    return min(cap, 0.8 * exponential), min(cap, 1.2 * exponential)
+    if 1.2 * exponential >= cap:  # at the cap the jitter stays below it
+        return 0.8 * cap, cap
+    return 0.8 * exponential, 1.2 * exponential
 
 
 @pytest.mark.parametrize(
@@ -119,9 +121,10 @@ def test_backoff_nominal_values(n, expected):
         assert 0.8 * expected <= value <= 1.2 * expected
 
 
-def test_backoff_is_capped():
-    for seed in range(50):
-        assert backoff_seconds(20, 2.0, 300.0, random.Random(seed)) == 300.0
+def test_backoff_is_capped_and_still_jittered():
+    values = {backoff_seconds(20, 2.0, 300.0, random.Random(seed)) for seed in range(50)}
+    assert all(240.0 <= v <= 300.0 for v in values)
+    assert len(values) > 25  # runs that failed together do not all retry together
 
 
 def test_backoff_without_rng_uses_module_random():
@@ -158,11 +161,7 @@ def test_backoff_property_within_jitter_band_and_cap(n, base, extra, seed):
     assert low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: 2.0 ** (retry_number - 1) raises OverflowError for retry_number > 1024",
-)
 @pytest.mark.parametrize("n", [1025, 5000])
 def test_backoff_huge_retry_number_is_capped(n):
     # AGENTBOX_MAX_RETRIES has no upper bound, so the dispatcher can ask for this.
-    assert backoff_seconds(n, 2.0, 300.0, random.Random(0)) == 300.0
+    assert 240.0 <= backoff_seconds(n, 2.0, 300.0, random.Random(0)) <= 300.0

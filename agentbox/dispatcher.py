@@ -119,13 +119,11 @@ class Dispatcher:
                     self._spawn(claimed)
                 if len(result.claimed) == free:
                     continue  # there may be more due: claim again once slots free up
-            await self._sleep(await self._idle_wait())
+                await self._sleep(self._until(result.next_due_at))
+            else:
+                await self._sleep(MAX_IDLE_WAIT_SECONDS)  # a finishing run wakes us
 
-    async def _idle_wait(self) -> float:
-        try:
-            due = await self.store.next_due_at()
-        except StorageUnavailable:
-            return 1.0
+    def _until(self, due: float | None) -> float:
         if due is None:
             return MAX_IDLE_WAIT_SECONDS
         return min(MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
@@ -172,8 +170,8 @@ class Dispatcher:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event",
                            error_message=_clip(str(exc)))
         try:
-            value = await asyncio.wait_for(spec.function(event, ctx),
-                                           self.settings.run_timeout_seconds)
+            async with asyncio.timeout(self.settings.run_timeout_seconds):
+                value = await spec.function(event, ctx)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value))
         except PermanentAgentError as exc:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code=exc.code,

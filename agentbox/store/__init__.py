@@ -69,6 +69,9 @@ class ClaimedRun:
     round_attempt: int  # counts attempts since the last replay: the retry budget's measure
     event_body: bytes
     accepted_at: float
+    event_id: str = ""
+    event_type: str = ""
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,12 @@ class Transition:
     duration_ms: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClaimResult:
     claimed: list[ClaimedRun] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
+    # When fewer runs than asked for were due: the earliest time one will be.
+    next_due_at: float | None = None
 
 
 @dataclass(frozen=True)

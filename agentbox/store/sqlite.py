@@ -14,7 +14,8 @@ import contextlib
 import fcntl
 import json
 import sqlite3
-import uuid
+import secrets
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -78,6 +79,7 @@ CREATE TABLE IF NOT EXISTS runs (
     error_code       TEXT,
     error_message    TEXT,
     replays          INTEGER NOT NULL DEFAULT 0,
+    attempt_started_at REAL,
     attempt_base     INTEGER NOT NULL DEFAULT 0  -- attempt count at the last replay
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_event ON runs (event_pk, ordinal);
@@ -85,8 +87,7 @@ CREATE INDEX IF NOT EXISTS runs_ready ON runs (next_attempt_at)
     WHERE status IN ('accepted', 'failed_retryable');
 CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at)
     WHERE status = 'processing';
-CREATE INDEX IF NOT EXISTS runs_recent ON runs (accepted_at);
-CREATE INDEX IF NOT EXISTS runs_status_recent ON runs (status, accepted_at);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status, run_id);
 CREATE TABLE IF NOT EXISTS attempts (
     run_id        TEXT NOT NULL,
     attempt       INTEGER NOT NULL,
@@ -98,6 +99,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     error_message TEXT,
     PRIMARY KEY (run_id, attempt)
 ) WITHOUT ROWID;
+-- Notable changes that the runs and attempts rows do not show by themselves (replays).
 CREATE TABLE IF NOT EXISTS run_history (
     run_id  TEXT NOT NULL,
     at      REAL NOT NULL,
@@ -109,6 +111,8 @@ CREATE INDEX IF NOT EXISTS run_history_run ON run_history (run_id, at);
 """
 
 ACTIVE = ("accepted", "processing", "failed_retryable")
+CHECKPOINT_INTERVAL_SECONDS = 1.0
+WRITER_CACHE_KIB = 32 * 1024
 
 SQL_FIND_KEY = "SELECT event_pk, expires_at FROM idempotency_keys WHERE key = ?"
 SQL_RUNS_OF_EVENT = "SELECT run_id, agent, status FROM runs WHERE event_pk = ? ORDER BY ordinal"
@@ -138,36 +142,45 @@ WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= ?
 ORDER BY next_attempt_at LIMIT ?
 """
 SQL_DUE_EXPIRED = """
-SELECT run_id FROM runs
+SELECT run_id FROM runs INDEXED BY runs_leased
 WHERE status = 'processing' AND lease_expires_at <= ?
 ORDER BY lease_expires_at LIMIT ?
 """
 SQL_RUN_FOR_CLAIM = """
 SELECT r.run_id, r.agent, r.status, r.attempt, r.accepted_at, r.attempt_base,
-       e.body, e.event_id, e.event_type, e.source
+       e.body, e.event_id, e.event_type, e.source, r.lease_owner, r.attempt_started_at
 FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
 """
-SQL_CLAIM = """
+SQL_CLAIM_EXPIRED = """
 UPDATE runs SET status = 'processing', attempt = ?, lease_owner = ?, lease_expires_at = ?,
-       next_attempt_at = NULL, started_at = coalesce(started_at, ?), updated_at = ?
+       attempt_started_at = ?, updated_at = ?
 WHERE run_id = ?
 """
-SQL_INSERT_ATTEMPT = """
-INSERT OR REPLACE INTO attempts (run_id, attempt, owner, started_at) VALUES (?, ?, ?, ?)
+# One statement claims a whole batch of waiting runs (the hot path).
+SQL_CLAIM_WAITING = """
+UPDATE runs SET status = 'processing', attempt = attempt + 1, lease_owner = :owner,
+       lease_expires_at = :lease_until, next_attempt_at = NULL,
+       started_at = coalesce(started_at, :now), attempt_started_at = :now, updated_at = :now
+WHERE run_id IN (
+    SELECT run_id FROM runs INDEXED BY runs_ready
+    WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= :now
+    ORDER BY next_attempt_at LIMIT :limit)
+RETURNING run_id, agent, attempt, attempt_base, accepted_at, event_pk
 """
-SQL_FINISH_ATTEMPT = """
-UPDATE attempts SET finished_at = ?, outcome = ?, error_code = ?, error_message = ?
-WHERE run_id = ? AND attempt = ? AND finished_at IS NULL
+CLAIMED_FROM = ("accepted", "failed_retryable")  # the states SQL_CLAIM_WAITING takes
+SQL_EVENTS_BY_PK = "SELECT pk, body, event_id, event_type, source FROM events WHERE pk IN ({})"
+SQL_RECORD_ATTEMPT = """
+INSERT OR REPLACE INTO attempts
+    (run_id, attempt, owner, started_at, finished_at, outcome, error_code, error_message)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 SQL_FINISH_RUN = """
 UPDATE runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,
        updated_at = ?, completed_at = ?, result = ?, error_code = ?, error_message = ?
 WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
+RETURNING event_pk, attempt_started_at, agent
 """
-SQL_RUN_EVENT_FIELDS = """
-SELECT e.event_id, e.event_type, e.source, r.agent
-FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
-"""
+SQL_EVENT_FIELDS = "SELECT event_id, event_type, source FROM events WHERE pk = ?"
 SQL_EXTEND_LEASE = """
 UPDATE runs SET lease_expires_at = ?
 WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
@@ -186,10 +199,15 @@ SQL_PRUNE_KEYS = """
 DELETE FROM idempotency_keys WHERE key IN (
     SELECT key FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)
 """
+# ORDER BY ... LIMIT 1 walks the partial indexes; min() would not use them.
 SQL_NEXT_WAITING = """
-SELECT min(next_attempt_at) FROM runs WHERE status IN ('accepted', 'failed_retryable')
+SELECT next_attempt_at FROM runs INDEXED BY runs_ready WHERE status IN ('accepted', 'failed_retryable')
+ORDER BY next_attempt_at LIMIT 1
 """
-SQL_NEXT_LEASE_END = "SELECT min(lease_expires_at) FROM runs WHERE status = 'processing'"
+SQL_NEXT_LEASE_END = """
+SELECT lease_expires_at FROM runs INDEXED BY runs_leased WHERE status = 'processing'
+ORDER BY lease_expires_at LIMIT 1
+"""
 RUN_COLUMNS = """
 r.run_id, r.status, r.agent, r.attempt, r.accepted_at, r.started_at, r.updated_at,
 r.completed_at, r.result, r.error_code, r.error_message, r.next_attempt_at, r.replays,
@@ -201,15 +219,19 @@ SQL_GET_RUN = (
 )
 SQL_LIST_RUNS = (
     f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
-    "ORDER BY r.accepted_at DESC LIMIT ?"
+    "ORDER BY r.run_id DESC LIMIT ?"
 )
 SQL_LIST_RUNS_BY_STATUS = (
     f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
-    "WHERE r.status = ? ORDER BY r.accepted_at DESC LIMIT ?"
+    "WHERE r.status = ? ORDER BY r.run_id DESC LIMIT ?"
 )
 SQL_ATTEMPTS = """
 SELECT attempt, owner, started_at, finished_at, outcome, error_code, error_message
 FROM attempts WHERE run_id = ? ORDER BY attempt
+"""
+SQL_RUNNING_ATTEMPT = """
+SELECT attempt, lease_owner, attempt_started_at FROM runs
+WHERE run_id = ? AND status = 'processing'
 """
 SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY rowid"
 SQL_STATUS_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
@@ -219,7 +241,13 @@ SELECT min(accepted_at) FROM runs WHERE status IN ('accepted', 'failed_retryable
 
 
 def new_run_id() -> str:
-    return "run_" + uuid.uuid4().hex
+    """Time-ordered (like UUIDv7): 48 bits of milliseconds, then 80 random bits.
+
+    New runs land at the end of the primary key's B-tree, so an insert dirties
+    few pages however many runs the store holds, and newest-first listing
+    needs no index of its own.
+    """
+    return f"run_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -249,6 +277,9 @@ class SqliteStore(Store):
         self._queue: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
         self._wake = asyncio.Event()
         self._writer_task: asyncio.Task[None] | None = None
+        self._checkpointer = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="agentbox-checkpoint")
+        self._checkpoint_task: asyncio.Task[None] | None = None
         self._active = 0
         self.healthy = True
         self.last_error: str | None = None
@@ -266,8 +297,14 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
         self._writer_task = asyncio.create_task(self._write_loop(), name="agentbox-writer")
+        self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(),
+                                                    name="agentbox-checkpoint")
 
     async def close(self) -> None:
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+            self._checkpoint_task = None
         if self._writer_task is not None:
             while self._queue:
                 await asyncio.sleep(0.01)
@@ -281,16 +318,38 @@ class SqliteStore(Store):
             self._reader.close()
             self._reader = None
         self._executor.shutdown(wait=True)
+        self._checkpointer.shutdown(wait=True)
         if self._lock_file is not None:
             self._lock_file.close()  # closing the descriptor drops the lock
             self._lock_file = None
 
     def _open_writer(self) -> int:
         conn = _connect(self.path)
+        # Checkpoints run on their own thread (below), not inside a commit that
+        # requests are waiting for.
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         conn.executescript(SCHEMA)
         self._conn = conn
         active: int = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]
         return active
+
+    async def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database file once a second, off the writer's path.
+
+        PASSIVE never blocks the writer or readers; once every frame is copied,
+        the writer starts the WAL over from its beginning, so it stays small.
+        """
+        loop = asyncio.get_running_loop()
+        conn = await loop.run_in_executor(self._checkpointer, _connect, self.path)
+        try:
+            while True:
+                await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)
+                with contextlib.suppress(sqlite3.Error):  # busy or failing: next time
+                    await loop.run_in_executor(
+                        self._checkpointer, conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            await asyncio.shield(loop.run_in_executor(self._checkpointer, conn.close))
 
     # -- the writer -----------------------------------------------------------------
 
@@ -379,7 +438,6 @@ class SqliteStore(Store):
             for ordinal, agent in enumerate(agents):
                 run_id = new_run_id()
                 conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
-                conn.execute(SQL_INSERT_HISTORY, (run_id, now, "accepted", 0, None))
                 refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
             state.active += len(agents)
             return IngestResult(refs, duplicate=False)
@@ -391,28 +449,15 @@ class SqliteStore(Store):
     ) -> ClaimResult:
         def op(conn: sqlite3.Connection, state: _Batch) -> ClaimResult:
             result = ClaimResult()
-            ids = [r[0] for r in conn.execute(SQL_DUE_EXPIRED, (now, limit))]
-            ids += [r[0] for r in conn.execute(SQL_DUE_WAITING, (now, limit - len(ids)))]
-            for run_id in ids[:limit]:
+            for (run_id,) in conn.execute(SQL_DUE_EXPIRED, (now, limit)).fetchall():
                 row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
-                (_, agent, status, attempt, accepted_at, attempt_base, body,
-                 event_id, event_type, source) = row
-                if status == "processing" and attempt - attempt_base >= max_attempts:
-                    result.transitions.append(_dead_letter_expired(conn, state, row, now))
-                    continue
-                check_transition(run_id, status, RunStatus.PROCESSING)
-                attempt += 1
-                conn.execute(SQL_CLAIM, (attempt, owner, now + lease_seconds, now, now, run_id))
-                if status == "processing":  # the previous holder's attempt never finished
-                    conn.execute(SQL_FINISH_ATTEMPT, (now, "lease_expired", "lease_expired",
-                                                      None, run_id, attempt - 1))
-                conn.execute(SQL_INSERT_ATTEMPT, (run_id, attempt, owner, now))
-                conn.execute(SQL_INSERT_HISTORY, (run_id, now, "processing", attempt, None))
-                result.claimed.append(
-                    ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body, accepted_at))
-                result.transitions.append(
-                    Transition(run_id, "processing", attempt, event_id, event_type, source, agent)
-                )
+                result.transitions.append(_reclaim_expired(
+                    conn, state, row, owner, now, lease_seconds, max_attempts, result.claimed))
+            free = limit - len(result.claimed)
+            if free > 0:
+                _claim_waiting(conn, owner, now, lease_seconds, free, result)
+            if len(result.claimed) < limit:
+                result.next_due_at = _next_due(conn)
             return result
 
         return await self._write(op)
@@ -427,21 +472,20 @@ class SqliteStore(Store):
 
         def op(conn: sqlite3.Connection, state: _Batch) -> Transition | None:
             completed_at = now if target.terminal else None
-            cursor = conn.execute(
+            landed = conn.execute(
                 SQL_FINISH_RUN,
                 (target.value, outcome.next_attempt_at, now, completed_at, result_json,
                  outcome.error_code, outcome.error_message, run_id, owner, attempt),
-            )
-            if cursor.rowcount == 0:
+            ).fetchone()
+            if landed is None:
                 return None  # lease lost: another holder owns this run now
-            conn.execute(SQL_FINISH_ATTEMPT, (now, target.value, outcome.error_code,
-                                              outcome.error_message, run_id, attempt))
-            conn.execute(SQL_INSERT_HISTORY, (run_id, now, target.value, attempt,
-                                              outcome.error_code))
+            event_pk, attempt_started_at, agent = landed
+            conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, owner, attempt_started_at, now,
+                                              target.value, outcome.error_code,
+                                              outcome.error_message))
             if target.terminal:
                 state.active -= 1
-            event_id, event_type, source, agent = conn.execute(
-                SQL_RUN_EVENT_FIELDS, (run_id,)).fetchone()
+            event_id, event_type, source = conn.execute(SQL_EVENT_FIELDS, (event_pk,)).fetchone()
             return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
                               outcome.error_code)
 
@@ -468,7 +512,7 @@ class SqliteStore(Store):
             row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
-            _, agent, status, attempt, _, _, _, event_id, event_type, source = row
+            _, agent, status, attempt, _, _, _, event_id, event_type, source, _, _ = row
             if status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT):
                 raise NotReplayable(run_id, status)
             check_transition(run_id, status, RunStatus.ACCEPTED)
@@ -494,11 +538,7 @@ class SqliteStore(Store):
         return self._reader
 
     async def next_due_at(self) -> float | None:
-        conn = self._read()
-        times = [conn.execute(SQL_NEXT_WAITING).fetchone()[0],
-                 conn.execute(SQL_NEXT_LEASE_END).fetchone()[0]]
-        due = [t for t in times if t is not None]
-        return min(due) if due else None
+        return _next_due(self._read())
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
         row = self._read().execute(SQL_GET_RUN, (run_id,)).fetchone()
@@ -512,18 +552,39 @@ class SqliteStore(Store):
             rows = conn.execute(SQL_LIST_RUNS_BY_STATUS, (status, limit)).fetchall()
         return [_run_view(row) for row in rows]
 
+    def _attempt_rows(self, run_id: str) -> list[tuple[Any, ...]]:
+        conn = self._read()
+        rows = conn.execute(SQL_ATTEMPTS, (run_id,)).fetchall()
+        running = conn.execute(SQL_RUNNING_ATTEMPT, (run_id,)).fetchone()
+        if running is not None and running[0] not in {row[0] for row in rows}:
+            rows.append((*running, None, None, None, None))
+        return rows
+
     async def attempts(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self._read().execute(SQL_ATTEMPTS, (run_id,)).fetchall()
         return [
             {"attempt": a, "worker": o, "started_at": iso(s), "finished_at": iso(f),
              "outcome": out, "error_code": code, "error_message": msg,
              "duration_ms": None if f is None else round((f - s) * 1000, 3)}
-            for a, o, s, f, out, code, msg in rows
+            for a, o, s, f, out, code, msg in self._attempt_rows(run_id)
         ]
 
     async def history(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self._read().execute(SQL_HISTORY, (run_id,)).fetchall()
-        return [{"at": iso(at), "status": s, "attempt": a, "note": n} for at, s, a, n in rows]
+        """Every state change, oldest first: derived from the run and its attempts,
+        plus the replays recorded on their own."""
+        conn = self._read()
+        run = conn.execute("SELECT accepted_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if run is None:
+            return []
+        changes: list[tuple[float, str, int, str | None]] = [(run[0], "accepted", 0, None)]
+        for number, _, started, finished, outcome, code, _ in self._attempt_rows(run_id):
+            changes.append((started, "processing", number, None))
+            if finished is not None:
+                # A lost lease is no state of its own: the run stayed processing.
+                status = "processing" if outcome == "lease_expired" else outcome
+                changes.append((finished, status, number, code))
+        changes += conn.execute(SQL_HISTORY, (run_id,)).fetchall()
+        changes.sort(key=lambda change: change[0])
+        return [{"at": iso(at), "status": s, "attempt": a, "note": n} for at, s, a, n in changes]
 
     async def stats(self) -> dict[str, Any]:
         conn = self._read()
@@ -566,23 +627,58 @@ def _storage_reason(exc: sqlite3.Error) -> str:
     return f"storage unavailable: {exc}"
 
 
-def _dead_letter_expired(
-    conn: sqlite3.Connection, state: _Batch, row: tuple[Any, ...], now: float
+def _claim_waiting(conn: sqlite3.Connection, owner: str, now: float, lease_seconds: float,
+                   limit: int, result: ClaimResult) -> None:
+    rows = conn.execute(SQL_CLAIM_WAITING, {"owner": owner, "lease_until": now + lease_seconds,
+                                            "now": now, "limit": limit}).fetchall()
+    if not rows:
+        return
+    pks = sorted({row[5] for row in rows})
+    events = {pk: rest for pk, *rest in conn.execute(
+        SQL_EVENTS_BY_PK.format(",".join("?" * len(pks))), pks)}
+    for run_id, agent, attempt, attempt_base, accepted_at, event_pk in rows:
+        body, event_id, event_type, source = events[event_pk]
+        result.claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body,
+                                         accepted_at, event_id, event_type, source))
+        result.transitions.append(
+            Transition(run_id, "processing", attempt, event_id, event_type, source, agent))
+
+
+def _reclaim_expired(
+    conn: sqlite3.Connection, state: _Batch, row: tuple[Any, ...], owner: str, now: float,
+    lease_seconds: float, max_attempts: int, claimed: list[ClaimedRun],
 ) -> Transition:
-    run_id, agent, status, attempt, _, _, _, event_id, event_type, source = row
-    check_transition(run_id, status, RunStatus.DEAD_LETTERED)
-    message = f"the worker running attempt {attempt} stopped before finishing it"
-    conn.execute(
-        "UPDATE runs SET status = 'dead_lettered', lease_owner = NULL, lease_expires_at = NULL,"
-        " updated_at = ?, completed_at = ?, error_code = 'lease_expired', error_message = ?"
-        " WHERE run_id = ?",
-        (now, now, message, run_id),
-    )
-    conn.execute(SQL_FINISH_ATTEMPT, (now, "lease_expired", "lease_expired", None, run_id, attempt))
-    conn.execute(SQL_INSERT_HISTORY, (run_id, now, "dead_lettered", attempt, "lease_expired"))
-    state.active -= 1
-    return Transition(run_id, "dead_lettered", attempt, event_id, event_type, source, agent,
-                      "lease_expired")
+    """A run whose holder died: record the lost attempt, then claim it again or,
+    with its attempts spent, dead-letter it."""
+    (run_id, agent, status, attempt, accepted_at, attempt_base, body, event_id, event_type,
+     source, old_owner, attempt_started_at) = row
+    conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, old_owner or "", attempt_started_at or now,
+                                      now, "lease_expired", "lease_expired", None))
+    if attempt - attempt_base >= max_attempts:
+        check_transition(run_id, status, RunStatus.DEAD_LETTERED)
+        message = f"the worker running attempt {attempt} stopped before finishing it"
+        conn.execute(
+            "UPDATE runs SET status = 'dead_lettered', lease_owner = NULL,"
+            " lease_expires_at = NULL, updated_at = ?, completed_at = ?,"
+            " error_code = 'lease_expired', error_message = ? WHERE run_id = ?",
+            (now, now, message, run_id),
+        )
+        state.active -= 1
+        return Transition(run_id, "dead_lettered", attempt, event_id, event_type, source, agent,
+                          "lease_expired")
+    check_transition(run_id, status, RunStatus.PROCESSING)
+    attempt += 1
+    conn.execute(SQL_CLAIM_EXPIRED, (attempt, owner, now + lease_seconds, now, now, run_id))
+    claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body, accepted_at,
+                              event_id, event_type, source))
+    return Transition(run_id, "processing", attempt, event_id, event_type, source, agent)
+
+
+def _next_due(conn: sqlite3.Connection) -> float | None:
+    times = [row[0] for sql in (SQL_NEXT_WAITING, SQL_NEXT_LEASE_END)
+             for row in conn.execute(sql)]
+    due = [t for t in times if t is not None]
+    return min(due) if due else None
 
 
 def _run_view(row: tuple[Any, ...]) -> dict[str, Any]:

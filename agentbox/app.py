@@ -29,7 +29,7 @@ def create_app(
     registry = AgentRegistry.from_bindings(settings.agents)
     store = SqliteStore(settings.database_path)
     dispatcher = Dispatcher(store, registry, settings, clock)
-    receiver = Receiver(settings, store, registry, dispatcher.wake, clock)
+    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock)
     api = RunsApi(store, dispatcher, admin_token)
 
     @asynccontextmanager

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentbox.agents import (
@@ -25,7 +25,7 @@ from agentbox.agents import (
     RetryableAgentError,
 )
 from agentbox.config import Settings
-from agentbox.events import InvalidEvent, parse_event
+from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
 from agentbox.runs import RunStatus, backoff_seconds
 from agentbox.store import ClaimedRun, Outcome, StorageUnavailable, Store, Transition
@@ -34,6 +34,7 @@ log = get_logger("runs")
 MAX_IDLE_WAIT_SECONDS = 5.0
 MAX_ERROR_MESSAGE_CHARS = 500
 PRUNE_BATCH = 1000
+EVENT_CACHE_SIZE = 10_000  # beyond it (a backlog), claimed runs parse their stored body
 
 Listener = Callable[[Transition], None]
 
@@ -56,6 +57,7 @@ class Dispatcher:
         self._stop = asyncio.Event()
         self._inflight: dict[str, tuple[asyncio.Task[None], AgentContext]] = {}
         self._loops: list[asyncio.Task[None]] = []
+        self._events: dict[str, Event] = {}  # run_id -> event, for runs not yet claimed
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -92,6 +94,14 @@ class Dispatcher:
             await self.store.release_leases(self.owner, self.clock())
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def accepted(self, event: Event, run_ids: Sequence[str]) -> None:
+        """The receiver committed runs for `event`: keep the validated event for them
+        (so the common case parses each body once) and claim at once."""
+        if len(self._events) < EVENT_CACHE_SIZE:
+            for run_id in run_ids:
+                self._events[run_id] = event
         self._wake.set()
 
     @property
@@ -165,7 +175,7 @@ class Dispatcher:
                            error_message=f"no agent {claimed.agent} is configured; "
                                          "configure it and replay the run")
         try:
-            event = parse_event(claimed.event_body)
+            event = self._events.pop(claimed.run_id, None) or parse_event(claimed.event_body)
         except InvalidEvent as exc:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event",
                            error_message=_clip(str(exc)))

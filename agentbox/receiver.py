@@ -9,7 +9,7 @@ No agent work and no outbound calls happen here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,7 +57,7 @@ class Receiver:
         settings: Settings,
         store: Store,
         registry: AgentRegistry,
-        on_commit: Callable[[], None],
+        on_commit: Callable[[Event, Sequence[str]], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -146,7 +146,7 @@ class Receiver:
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
         if not result.duplicate:
-            self.on_commit()
+            self.on_commit(event, [run.run_id for run in result.runs])
         return result
 
 

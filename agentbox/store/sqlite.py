@@ -277,6 +277,7 @@ class SqliteStore(Store):
         self._queue: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
         self._wake = asyncio.Event()
         self._writer_task: asyncio.Task[None] | None = None
+        self._closing = False
         self._checkpointer = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="agentbox-checkpoint")
         self._checkpoint_task: asyncio.Task[None] | None = None
@@ -306,10 +307,9 @@ class SqliteStore(Store):
             await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             self._checkpoint_task = None
         if self._writer_task is not None:
-            while self._queue:
-                await asyncio.sleep(0.01)
-            self._writer_task.cancel()
-            await asyncio.gather(self._writer_task, return_exceptions=True)
+            self._closing = True  # the writer commits what is queued, then returns
+            self._wake.set()
+            await self._writer_task
             self._writer_task = None
         if self._conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
@@ -354,6 +354,8 @@ class SqliteStore(Store):
     # -- the writer -----------------------------------------------------------------
 
     async def _write(self, op: Operation[T]) -> T:
+        if self._closing:
+            raise StorageUnavailable("the store is closing")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append((op, future))
         self._wake.set()
@@ -361,13 +363,13 @@ class SqliteStore(Store):
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not (self._closing and not self._queue):
             await self._wake.wait()
             self._wake.clear()
             batch, self._queue = self._queue, []
             if not batch:
                 continue
-            results = await loop.run_in_executor(self._executor, self._commit, batch)
+            results = await self._commit(loop, batch)
             for (_, future), (ok, value) in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -376,9 +378,17 @@ class SqliteStore(Store):
                 else:
                     future.set_exception(value)
 
-    def _commit(
-        self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]
+    async def _commit(
+        self, loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[Operation[Any], asyncio.Future[Any]]],
     ) -> list[tuple[bool, Any]]:
+        """Run the batch's operations here, then COMMIT (the fsync) on the writer thread.
+
+        The operations are short CPU work: run on the event loop they need no
+        hand-over of the GIL per statement. Only the commit waits for the disk,
+        and the loop goes on serving requests meanwhile; no other write starts
+        until it is done.
+        """
         conn = self._conn
         assert conn is not None
         state = _Batch(self._active)
@@ -387,7 +397,7 @@ class SqliteStore(Store):
             conn.execute("BEGIN IMMEDIATE")
             for op, _ in batch:
                 results.append(self._run_op(conn, state, op))
-            conn.execute("COMMIT")
+            await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
         except sqlite3.Error as exc:
             _rollback(conn)
             self.healthy, self.last_error = False, _storage_reason(exc)

@@ -213,6 +213,26 @@ def show(run_id: str, url: str) -> None:
 
 
 @main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+def verify(data_dir: Path | None, config_file: Path | None) -> None:
+    """Check the store's integrity (read-only; safe while the server runs)."""
+    from agentbox.store import StorageUnavailable
+    from agentbox.store.sqlite import verify_database
+
+    settings = _settings(config_file, data_dir=data_dir)
+    try:
+        problems = verify_database(settings.database_path)
+    except StorageUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        sys.exit(1)
+    click.echo(f"{settings.database_path}: ok")
+
+
+@main.command()
 @click.argument("run_ids", nargs=-1, required=True)
 @click.option("--url", default=DEFAULT_URL, show_default=True)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import fcntl
 import json
-import sqlite3
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from agentbox.events import Event
-from agentbox.runs import TERMINAL, RunStatus, check_transition
+from agentbox.runs import TERMINAL, InvalidTransition, RunStatus, check_transition
 from agentbox.store import (
     AdmissionRefused,
     ClaimedRun,
@@ -201,7 +201,8 @@ DELETE FROM idempotency_keys WHERE key IN (
 """
 # ORDER BY ... LIMIT 1 walks the partial indexes; min() would not use them.
 SQL_NEXT_WAITING = """
-SELECT next_attempt_at FROM runs INDEXED BY runs_ready WHERE status IN ('accepted', 'failed_retryable')
+SELECT next_attempt_at FROM runs INDEXED BY runs_ready
+WHERE status IN ('accepted', 'failed_retryable')
 ORDER BY next_attempt_at LIMIT 1
 """
 SQL_NEXT_LEASE_END = """
@@ -476,7 +477,12 @@ class SqliteStore(Store):
         self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
     ) -> Transition | None:
         target = RunStatus(outcome.status)
+        if target is RunStatus.PROCESSING:  # only a lease reclaim stays processing
+            raise InvalidTransition(run_id, RunStatus.PROCESSING, target)
         check_transition(run_id, RunStatus.PROCESSING, target)
+        # A retry with no time given is due at once, never stranded without one.
+        next_attempt_at = (outcome.next_attempt_at or now
+                           if target is RunStatus.FAILED_RETRYABLE else None)
         result_json = None if outcome.result is None else json.dumps(
             outcome.result, separators=(",", ":"), sort_keys=True)
 
@@ -484,7 +490,7 @@ class SqliteStore(Store):
             completed_at = now if target.terminal else None
             landed = conn.execute(
                 SQL_FINISH_RUN,
-                (target.value, outcome.next_attempt_at, now, completed_at, result_json,
+                (target.value, next_attempt_at, now, completed_at, result_json,
                  outcome.error_code, outcome.error_message, run_id, owner, attempt),
             ).fetchone()
             if landed is None:
@@ -719,3 +725,53 @@ def _run_view(row: tuple[Any, ...]) -> dict[str, Any]:
         "hop": hop,
         "terminal": RunStatus(status) in TERMINAL,
     }
+
+
+# Integrity checks: each query returns offending rows; the text says what is wrong.
+INTEGRITY_CHECKS = (
+    ("events without any run",
+     "SELECT e.event_id FROM events e WHERE NOT EXISTS "
+     "(SELECT 1 FROM runs r WHERE r.event_pk = e.pk) LIMIT 20"),
+    ("runs whose event is missing",
+     "SELECT r.run_id FROM runs r WHERE NOT EXISTS "
+     "(SELECT 1 FROM events e WHERE e.pk = r.event_pk) LIMIT 20"),
+    ("idempotency keys pointing to no event",
+     "SELECT k.key FROM idempotency_keys k WHERE NOT EXISTS "
+     "(SELECT 1 FROM events e WHERE e.pk = k.event_pk) LIMIT 20"),
+    ("runs in an unknown state",
+     "SELECT run_id FROM runs WHERE status NOT IN ("
+     + ", ".join(f"'{s.value}'" for s in RunStatus) + ") LIMIT 20"),
+    ("processing runs without a lease",
+     "SELECT run_id FROM runs WHERE status = 'processing' AND "
+     "(lease_owner IS NULL OR lease_expires_at IS NULL) LIMIT 20"),
+    ("waiting runs without a next attempt time",
+     "SELECT run_id FROM runs WHERE status IN ('accepted', 'failed_retryable') AND "
+     "next_attempt_at IS NULL LIMIT 20"),
+    ("terminal runs without a completion time",
+     "SELECT run_id FROM runs WHERE status IN ('succeeded', 'failed_permanent', "
+     "'dead_lettered') AND completed_at IS NULL LIMIT 20"),
+    ("attempts numbered beyond their run's attempt count",
+     "SELECT a.run_id FROM attempts a JOIN runs r ON r.run_id = a.run_id "
+     "WHERE a.attempt > r.attempt LIMIT 20"),
+)
+
+
+def verify_database(path: Path) -> list[str]:
+    """Check a store's invariants without writing (safe beside a running server).
+
+    Event, claim and runs are written in one transaction, so none of these can
+    happen in normal operation; a finding means damage or a bug worth a report.
+    """
+    if not path.exists():
+        raise StorageUnavailable(f"no database at {path}")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        problems = [f"sqlite integrity_check: {row[0]}"
+                    for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+        for what, sql in INTEGRITY_CHECKS:
+            found = [str(row[0]) for row in conn.execute(sql)]
+            if found:
+                problems.append(f"{what}: {', '.join(found)}")
+        return problems
+    finally:
+        conn.close()

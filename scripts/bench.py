@@ -147,13 +147,13 @@ def run_wrk(url: str, events: Path, connections: int, duration: float,
             pace_ms: float = 0.0) -> dict[str, Any]:
     threads = 1 if connections == 1 else 2
     env = {**os.environ, **({"BENCH_PACE": "1"} if pace_ms else {})}
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
-           "-s", str(LUA), url, "--", str(events), str(threads), str(pace_ms)]
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
+           "--timeout", "10s", "-s", str(LUA), url, "--", str(events), str(threads),
+           str(pace_ms)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"wrk failed: {done.stderr or done.stdout}")
-    output = done.stdout
-    line = next(l for l in output.splitlines() if l.startswith("BENCH_JSON "))
+    line = next(text for text in done.stdout.splitlines() if text.startswith("BENCH_JSON "))
     result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     seconds = result["duration_us"] / 1e6
     result["per_second"] = result["statuses"].get("202", 0) / seconds

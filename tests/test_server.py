@@ -267,3 +267,34 @@ def test_sigterm_lets_a_running_agent_finish(server: Server) -> None:
     run = server.wait_terminal(run_id, timeout=1)  # already terminal: no lease to wait for
     assert run["status"] == "succeeded" and run["retry_count"] == 0
     assert len([j for j in server.journal_lines() if j["kind"] == "start"]) == 1
+
+
+def test_redelivery_after_the_ttl_is_a_new_run(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory({"AGENTBOX_IDEMPOTENCY_TTL_SECONDS": "0.5",
+                             "AGENTBOX_MAINTENANCE_INTERVAL_SECONDS": "0.2"}).start()
+    event = make_event(project_id="ok")
+    first = server.post(event).json()["run_id"]
+    assert server.post(event).status_code == 200
+    time.sleep(0.6)  # the TTL itself is what is being tested: let it pass
+    second = server.post(event)
+    assert second.status_code == 202 and second.json()["run_id"] != first
+
+
+def test_one_json_log_line_per_state_change(server: Server) -> None:
+    run_id = server.post(make_event(project_id="fail-1")).json()["run_id"]
+    server.wait_terminal(run_id)
+
+    def changes() -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+                 if line.startswith("{")]
+        return [line for line in lines if line.get("run_id") == run_id
+                and line.get("msg") == "run state changed"]
+
+    found = wait_until(lambda: len(changes()) == 4 and changes(), 5, "four log lines")
+    assert [(c["status"], c["attempt"]) for c in found] == [
+        ("processing", 1), ("failed_retryable", 1), ("processing", 2), ("succeeded", 2)]
+    for line in found:
+        for field in ("event_id", "event_type", "source", "agent", "ts"):
+            assert line[field], field
+    assert "duration_ms" in found[1] and "duration_ms" in found[3]
+    assert SECRET not in server.log_path.read_text()

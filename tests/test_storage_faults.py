@@ -1,0 +1,65 @@
+"""The storage refusing writes: 503, nothing half-written, and recovery by itself.
+
+The fault is real: SQLite's max_page_count makes the real database file "full"
+(SQLITE_FULL), exactly what a full disk gives, without filling a disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentbox.app import create_app
+from agentbox.config import load_settings
+from agentbox.signing import sign_headers
+from agentbox.store.sqlite import SqliteStore
+from tests.conftest import SECRET, encode, make_event
+
+
+async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Response:
+    body = encode(event)
+    return await client.post("/webhooks/events", content=body,
+                             headers=sign_headers(SECRET, body, int(time.time())))
+
+
+def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
+    settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
+                                      "AGENTBOX_WEBHOOK_SECRET": SECRET},
+                             overrides={"config_dir": tmp_path / "config"})
+    app = create_app(settings, admin_token="t")
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=transport, base_url="http://agentbox") as client:
+            store: SqliteStore = app.state.store
+            assert (await post(client, make_event())).status_code == 202
+            conn = store._conn  # the real writer connection: make its file "full"
+            assert conn is not None
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+            accepted = []
+            for _ in range(1000):  # the pages left fill up within a few events
+                big = make_event()
+                big["payload"]["mix_url"] = "/" + "m" * 2000
+                refused = await post(client, big)
+                if refused.status_code != 202:
+                    break
+                accepted.append(refused.json()["run_id"])
+            assert refused.status_code == 503
+            assert refused.json()["error_code"] == "storage_unavailable"
+            assert int(refused.headers["Retry-After"]) > 0
+            health = await client.get("/healthz")
+            assert health.status_code == 503 and "full" in health.json()["reason"]
+            runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
+            assert big["event_id"] not in {r["event_id"] for r in runs}
+            assert set(accepted) <= {r["run_id"] for r in runs}
+            conn.execute("PRAGMA max_page_count = 1073741823")
+            assert (await post(client, big)).status_code == 202
+            assert (await client.get("/healthz")).status_code == 200
+
+    asyncio.run(scenario())

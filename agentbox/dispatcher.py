@@ -80,6 +80,8 @@ class Dispatcher:
         and leave the rest to lease recovery."""
         self._stop.set()
         self._wake.set()
+        for _, ctx in self._inflight.values():
+            ctx.cancelled.set()  # agents that watch it can wrap up within the grace
         running = [task for task, _ in self._inflight.values()]
         if running:
             log.info("waiting for running agents", extra={"runs": len(running)})
@@ -123,6 +125,10 @@ class Dispatcher:
                 except StorageUnavailable:
                     await self._sleep(1.0)
                     continue
+                except Exception:  # a bug: say so loudly, but keep dispatching
+                    log.exception("claiming runs failed")
+                    await self._sleep(1.0)
+                    continue
                 for transition in result.transitions:
                     self._announce(transition)
                 for claimed in result.claimed:
@@ -164,7 +170,11 @@ class Dispatcher:
         started = time.monotonic()
         outcome = await self._attempt(claimed, ctx)
         duration_ms = (time.monotonic() - started) * 1000
-        transition = await self._record(claimed, outcome)
+        try:
+            transition = await self._record(claimed, outcome)
+        except Exception:  # a bug; the lease runs out and the run is attempted again
+            log.exception("recording an outcome failed", extra={"run_id": claimed.run_id})
+            return
         if transition is not None:
             self._announce(transition, duration_ms=round(duration_ms, 3))
 
@@ -245,10 +255,15 @@ class Dispatcher:
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(StorageUnavailable):
+            try:
                 pruned = await self.prune()
-                if pruned:
-                    log.info("pruned expired idempotency keys", extra={"keys": pruned})
+            except StorageUnavailable:
+                pruned = 0
+            except Exception:  # a bug: report it and try again next round
+                log.exception("maintenance failed")
+                pruned = 0
+            if pruned:
+                log.info("pruned expired idempotency keys", extra={"keys": pruned})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(),
                                        self.settings.maintenance_interval_seconds)

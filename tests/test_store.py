@@ -1,0 +1,1121 @@
+"""The storage conformance suite: every `Store` engine must pass these tests.
+
+Each engine is a small harness class in `ENGINES` (a way to make a store on a
+fresh database, and a raw look at the lease columns for the invariants). The
+`engine` fixture is parametrized by its keys, so adding PostgreSQL is one class
+and one entry. Stores always run on a real database; time is a fake `now`
+that the tests move by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import random
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from agentbox.events import parse_event
+from agentbox.runs import TERMINAL, InvalidTransition, RunStatus
+from agentbox.store import (
+    AdmissionRefused,
+    ClaimedRun,
+    ClaimResult,
+    IngestResult,
+    NotReplayable,
+    Outcome,
+    RunNotFound,
+    StorageUnavailable,
+    Store,
+)
+from agentbox.store.sqlite import SqliteStore
+
+T = TypeVar("T")
+
+T0 = 1_785_000_000.0  # the fake clock's start (2026-07-25); tests add seconds to it
+TTL = 100.0
+LEASE = 10.0
+MAX_ATTEMPTS = 3
+MAX_PENDING = 1000
+STATUSES = {s.value for s in RunStatus}
+
+
+# -- engines ---------------------------------------------------------------------------
+
+
+class Engine(Protocol):
+    """What the suite needs from an engine besides the `Store` itself."""
+
+    single_process: bool  # True: a second store on the same database must be refused
+
+    def new_store(self) -> Store:
+        """A new, unopened store on this engine's database (the same one every call)."""
+
+    def leases(self) -> dict[str, tuple[str, str | None, float | None]]:
+        """run_id -> (status, lease owner, lease end), read straight from the database."""
+
+    def dispose(self) -> None:
+        """Drop the database (after every store is closed)."""
+
+
+class SqliteEngine:
+    """A SQLite file in a fresh directory."""
+
+    single_process = True  # the data directory is locked by the process that serves it
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "agentbox.db"
+
+    def new_store(self) -> Store:
+        return SqliteStore(self.path)
+
+    def leases(self) -> dict[str, tuple[str, str | None, float | None]]:
+        uri = f"file:{self.path}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            rows = conn.execute(
+                "SELECT run_id, status, lease_owner, lease_expires_at FROM runs").fetchall()
+        return {run_id: (status, owner, until) for run_id, status, owner, until in rows}
+
+    def dispose(self) -> None:
+        pass
+
+
+# A PostgreSQL engine adds a class like SqliteEngine (new schema per instance) here.
+ENGINES: dict[str, Callable[[Path], Engine]] = {"sqlite": SqliteEngine}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    harness = ENGINES[request.param](tmp_path)
+    yield harness
+    harness.dispose()
+
+
+@pytest.fixture
+def aio() -> Iterator[Callable[[Awaitable[T]], T]]:
+    """Run a coroutine on the test's one event loop (the store's writer lives on it)."""
+    with asyncio.Runner() as runner:
+        yield runner.run  # type: ignore[misc]
+
+
+@pytest.fixture
+def make_store(engine: Engine, aio: Callable[..., Any]) -> Iterator[Callable[[], Store]]:
+    """Open a new store on the test's database; every store is closed at teardown."""
+    opened: list[Store] = []
+
+    def make() -> Store:
+        store = engine.new_store()
+        aio(store.open())
+        opened.append(store)
+        return store
+
+    yield make
+    for store in reversed(opened):
+        aio(store.close())
+
+
+@pytest.fixture
+def store(make_store: Callable[[], Store]) -> Store:
+    return make_store()
+
+
+def async_test(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an `async def` test on the `aio` loop, which the test must request."""
+
+    @functools.wraps(test)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        kwargs["aio"](test(*args, **kwargs))
+
+    return wrapper
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def event_body(event_id: str, mix_url: str = "/tmp/m.wav") -> bytes:
+    return json.dumps({
+        "schema_version": "v1",
+        "event_id": event_id,
+        "idempotency_key": f"studio:session.exported:{event_id}",
+        "event_type": "session.exported",
+        "source": "studio",
+        "timestamp": "2026-07-27T15:42:00Z",
+        "payload": {"project_id": "p", "mix_url": mix_url},
+    }).encode()
+
+
+async def ingest(
+    store: Store, event_id: str, *, agents: Sequence[str] = ("mix_review",), now: float = T0,
+    ttl: float = TTL, max_pending: int = MAX_PENDING, mix_url: str = "/tmp/m.wav",
+) -> IngestResult:
+    body = event_body(event_id, mix_url)
+    return await store.ingest(parse_event(body), body, list(agents), now, ttl, max_pending)
+
+
+async def claim(
+    store: Store, owner: str = "w1", *, now: float = T0, limit: int = 10,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> ClaimResult:
+    return await store.claim(owner, limit, now, LEASE, max_attempts)
+
+
+async def claim_one(store: Store, owner: str = "w1", *, now: float = T0,
+                    max_attempts: int = MAX_ATTEMPTS) -> ClaimedRun:
+    result = await claim(store, owner, now=now, limit=1, max_attempts=max_attempts)
+    assert len(result.claimed) == 1, result
+    return result.claimed[0]
+
+
+async def ingest_and_claim(store: Store, event_id: str, owner: str = "w1",
+                           now: float = T0) -> ClaimedRun:
+    run_id = (await ingest(store, event_id, now=now)).runs[0].run_id
+    claimed = await claim_one(store, owner, now=now)
+    assert claimed.run_id == run_id
+    return claimed
+
+
+async def status_of(store: Store, run_id: str) -> str:
+    view = await store.get_run(run_id)
+    assert view is not None
+    return str(view["status"])
+
+
+def at(text: str | None) -> float | None:
+    """An API timestamp back to seconds, so engines may format it their own way."""
+    return None if text is None else datetime.fromisoformat(text).timestamp()
+
+
+def ms(seconds: float) -> Any:
+    return pytest.approx(seconds, abs=1e-3)
+
+
+SUCCEEDED = Outcome(RunStatus.SUCCEEDED, result={"ok": True})
+PERMANENT = Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event", error_message="no")
+DEAD = Outcome(RunStatus.DEAD_LETTERED, error_code="timeout", error_message="budget spent")
+
+
+def retryable(next_attempt_at: float) -> Outcome:
+    return Outcome(RunStatus.FAILED_RETRYABLE, error_code="timeout", error_message="slow",
+                   next_attempt_at=next_attempt_at)
+
+
+# -- ingest and idempotency ----------------------------------------------------------------
+
+
+@async_test
+async def test_ingest_writes_event_and_run(store: Store, aio: Any) -> None:
+    result = await ingest(store, "e1")
+    assert not result.duplicate
+    [ref] = result.runs
+    assert (ref.agent, ref.status) == ("mix_review", "accepted")
+    view = await store.get_run(ref.run_id)
+    assert view is not None
+    assert (view["run_id"], view["status"], view["agent"]) == (ref.run_id, "accepted", "mix_review")
+    assert (view["event_id"], view["event_type"], view["source"]) == (
+        "e1", "session.exported", "studio")
+    assert at(view["accepted_at"]) == ms(T0)
+    assert at(view["updated_at"]) == ms(T0)
+    assert (view["started_at"], view["completed_at"], view["result"], view["error_code"]) == (
+        None, None, None, None)
+    assert view["retry_count"] == 0
+    assert [v["run_id"] for v in await store.list_runs(None, 10)] == [ref.run_id]
+    claimed = await claim_one(store, now=T0)
+    assert claimed.event_body == event_body("e1")  # the raw body, byte for byte
+    assert claimed.accepted_at == ms(T0)
+
+
+@async_test
+async def test_duplicate_within_ttl_returns_first_runs_and_writes_nothing(
+    store: Store, aio: Any
+) -> None:
+    first = await ingest(store, "e1")
+    stats_before = await store.stats()
+    again = await ingest(store, "e1", now=T0 + TTL - 1, mix_url="/tmp/other.wav")
+    assert again.duplicate
+    assert [r.run_id for r in again.runs] == [r.run_id for r in first.runs]
+    assert await store.stats() == stats_before
+    assert len(await store.list_runs(None, 10)) == 1
+    claimed = await claim_one(store, now=T0 + TTL - 1)
+    assert claimed.event_body == event_body("e1")  # the first body, not the duplicate's
+    # A duplicate reports the first run's current status.
+    third = await ingest(store, "e1", now=T0 + TTL - 0.5)
+    assert third.duplicate
+    assert [(r.run_id, r.status) for r in third.runs] == [(claimed.run_id, "processing")]
+
+
+@async_test
+async def test_same_key_after_ttl_makes_a_new_run(store: Store, aio: Any) -> None:
+    first = await ingest(store, "e1")
+    # A duplicate does not extend the key's life: the TTL counts from the first acceptance.
+    assert (await ingest(store, "e1", now=T0 + TTL - 1)).duplicate
+    later = await ingest(store, "e1", now=T0 + TTL + 1)
+    assert not later.duplicate
+    assert later.runs[0].run_id != first.runs[0].run_id
+    assert {v["run_id"] for v in await store.list_runs(None, 10)} == {
+        first.runs[0].run_id, later.runs[0].run_id}
+    # The new claim has its own TTL and answers duplicates with the new run.
+    again = await ingest(store, "e1", now=T0 + TTL + 50)
+    assert again.duplicate and again.runs[0].run_id == later.runs[0].run_id
+
+
+@async_test
+async def test_prune_removes_only_expired_keys(store: Store, aio: Any) -> None:
+    await ingest(store, "old", now=T0)
+    young = await ingest(store, "young", now=T0 + 1.5)  # expires 0.5 s after the prune
+    now = T0 + TTL + 1
+    assert await store.prune_idempotency_keys(now, 100) == 1
+    assert await store.prune_idempotency_keys(now, 100) == 0
+    kept = await ingest(store, "young", now=now)
+    assert kept.duplicate and kept.runs[0].run_id == young.runs[0].run_id
+    assert not (await ingest(store, "old", now=now)).duplicate
+    assert len(await store.list_runs(None, 10)) == 3  # pruning keys never deletes runs
+
+
+@async_test
+async def test_prune_respects_its_limit(store: Store, aio: Any) -> None:
+    for i in range(5):
+        await ingest(store, f"e{i}", now=T0)
+    assert await store.prune_idempotency_keys(T0 + TTL + 1, 2) == 2
+    assert await store.prune_idempotency_keys(T0 + TTL + 1, 2) == 2
+    assert await store.prune_idempotency_keys(T0 + TTL + 1, 2) == 1
+
+
+@pytest.mark.parametrize("offset", [-0.5, 0.0, 0.5])
+@async_test
+async def test_prune_and_ingest_agree_on_expiry(store: Store, aio: Any, offset: float) -> None:
+    await ingest(store, "pruned")
+    await ingest(store, "kept")
+    now = T0 + TTL + offset
+    pruned = await store.prune_idempotency_keys(now, 100)
+    assert pruned in (0, 2)
+    # Pruned exactly when a new delivery of the key would be a new run.
+    assert (await ingest(store, "pruned", now=now)).duplicate is (pruned == 0)
+    assert (await ingest(store, "kept", now=now)).duplicate is (pruned == 0)
+
+
+@async_test
+async def test_several_agents_get_one_run_each_in_order(store: Store, aio: Any) -> None:
+    agents = ["mix_review", "loudness", "archive"]
+    result = await ingest(store, "e1", agents=agents)
+    assert [r.agent for r in result.runs] == agents
+    assert len({r.run_id for r in result.runs}) == 3
+    again = await ingest(store, "e1", agents=["other"], now=T0 + 1)
+    assert again.duplicate
+    assert [(r.run_id, r.agent) for r in again.runs] == [(r.run_id, r.agent) for r in result.runs]
+    for ref in result.runs:
+        view = await store.get_run(ref.run_id)
+        assert view is not None and view["agent"] == ref.agent and view["event_id"] == "e1"
+    claimed = (await claim(store, now=T0 + 1)).claimed
+    assert sorted(c.agent for c in claimed) == sorted(agents)
+    assert (await store.stats())["runs"]["processing"] == 3
+
+
+@async_test
+async def test_concurrent_ingests_give_one_run_per_key(store: Store, aio: Any) -> None:
+    keys = [f"k{i}" for i in range(20)]
+    deliveries = keys * 10
+    random.Random(7).shuffle(deliveries)
+    results = await asyncio.gather(*(ingest(store, key) for key in deliveries))
+    by_key: dict[str, set[str]] = {}
+    firsts: dict[str, int] = {}
+    for key, result in zip(deliveries, results, strict=True):
+        by_key.setdefault(key, set()).update(r.run_id for r in result.runs)
+        firsts[key] = firsts.get(key, 0) + (not result.duplicate)
+    assert all(len(ids) == 1 for ids in by_key.values())
+    assert firsts == dict.fromkeys(keys, 1)
+    all_ids = set().union(*by_key.values())
+    assert {v["run_id"] for v in await store.list_runs(None, 1000)} == all_ids
+    for run_id in all_ids:
+        assert await status_of(store, run_id) == "accepted"
+    stats = await store.stats()
+    assert stats["runs"]["accepted"] == 20 and stats["active"] == 20
+
+
+@async_test
+async def test_concurrent_ingests_respect_admission(store: Store, aio: Any) -> None:
+    deliveries = [f"k{i}" for i in range(20)] * 10
+    random.Random(3).shuffle(deliveries)
+    results = await asyncio.gather(
+        *(ingest(store, key, max_pending=10) for key in deliveries), return_exceptions=True)
+    admitted = {key for key, r in zip(deliveries, results, strict=True)
+                if isinstance(r, IngestResult)}
+    refused = {key for key, r in zip(deliveries, results, strict=True)
+               if isinstance(r, AdmissionRefused)}
+    assert all(isinstance(r, IngestResult | AdmissionRefused) for r in results)
+    assert len(admitted) == 10 and admitted.isdisjoint(refused)
+    assert len(await store.list_runs(None, 1000)) == 10
+
+
+# -- admission -----------------------------------------------------------------------------
+
+
+@async_test
+async def test_admission_refuses_when_full_and_writes_nothing(store: Store, aio: Any) -> None:
+    first = await ingest(store, "e1", max_pending=2)
+    await ingest(store, "e2", max_pending=2)
+    with pytest.raises(AdmissionRefused) as refused:
+        await ingest(store, "e3", max_pending=2)
+    assert (refused.value.pending, refused.value.limit) == (2, 2)
+    assert len(await store.list_runs(None, 10)) == 2
+    # A known duplicate is still answered while full.
+    again = await ingest(store, "e1", max_pending=2)
+    assert again.duplicate and again.runs[0].run_id == first.runs[0].run_id
+    # The refused key was not claimed: once there is room it is a new run.
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "e3", max_pending=2)
+    assert not (await ingest(store, "e3", max_pending=3)).duplicate
+
+
+@async_test
+async def test_admission_counts_every_agent_of_the_event(store: Store, aio: Any) -> None:
+    await ingest(store, "e1", max_pending=2)
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "e2", agents=["a", "b"], max_pending=2)
+    assert len(await store.list_runs(None, 10)) == 1
+    assert len((await ingest(store, "e3", agents=["a"], max_pending=2)).runs) == 1
+
+
+@async_test
+async def test_terminal_runs_free_capacity(store: Store, aio: Any) -> None:
+    a = await ingest_and_claim(store, "a")
+    b = await ingest_and_claim(store, "b")
+    c = await ingest_and_claim(store, "c")
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "d", max_pending=3, now=T0 + 1)
+    # failed_retryable is still pending: no room.
+    await store.finish(a.run_id, "w1", 1, retryable(T0 + 60), T0 + 1)
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "d", max_pending=3, now=T0 + 1)
+    await store.finish(b.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    assert not (await ingest(store, "d", max_pending=3, now=T0 + 1)).duplicate
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "e", max_pending=3, now=T0 + 1)
+    # A lease that expires with its budget spent dead-letters the run and frees its place.
+    await claim(store, now=T0 + LEASE, max_attempts=1)
+    assert await status_of(store, c.run_id) == "dead_lettered"
+    assert not (await ingest(store, "e", max_pending=3, now=T0 + LEASE)).duplicate
+
+
+def test_admission_count_survives_reopen(make_store: Callable[[], Store], aio: Any) -> None:
+    store = make_store()
+    first = aio(ingest_and_claim(store, "e1"))
+    aio(ingest(store, "e2", max_pending=2))
+    aio(store.close())
+    reopened = make_store()
+    with pytest.raises(AdmissionRefused):
+        aio(ingest(reopened, "e3", max_pending=2))
+    aio(reopened.finish(first.run_id, "w1", 1, SUCCEEDED, T0 + 1))
+    assert not aio(ingest(reopened, "e3", max_pending=2, now=T0 + 1)).duplicate
+
+
+@async_test
+async def test_replay_takes_capacity_again(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    await store.finish(run.run_id, "w1", 1, PERMANENT, T0 + 1)
+    await ingest(store, "e2", max_pending=2, now=T0 + 1)
+    await store.replay(run.run_id, T0 + 2)
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "e3", max_pending=2, now=T0 + 2)
+
+
+# -- claim -------------------------------------------------------------------------------
+
+
+@async_test
+async def test_claim_takes_accepted_runs_up_to_limit(store: Store, aio: Any) -> None:
+    ids = set()
+    for i in range(3):
+        ids.add((await ingest(store, f"e{i}")).runs[0].run_id)
+    result = await claim(store, "w1", now=T0 + 1, limit=2)
+    assert len(result.claimed) == 2
+    for c in result.claimed:
+        assert (c.attempt, c.round_attempt, c.agent) == (1, 1, "mix_review")
+        view = await store.get_run(c.run_id)
+        assert view is not None and view["status"] == "processing"
+        assert at(view["started_at"]) == ms(T0 + 1)
+        assert view["retry_count"] == 0
+    assert [t.status for t in result.transitions] == ["processing", "processing"]
+    [rest] = ids - {c.run_id for c in result.claimed}
+    assert await status_of(store, rest) == "accepted"
+    third = await claim(store, "w2", now=T0 + 1)
+    assert [c.run_id for c in third.claimed] == [rest]
+    assert (await claim(store, "w3", now=T0 + 2)).claimed == []
+
+
+@async_test
+async def test_claim_before_acceptance_time_takes_nothing(store: Store, aio: Any) -> None:
+    assert (await claim(store, now=T0)).next_due_at is None  # nothing at all to do
+    await ingest(store, "e1", now=T0)
+    assert (await claim(store, now=T0 - 1)).claimed == []
+    assert await store.next_due_at() == ms(T0)
+
+
+@async_test
+async def test_retryable_run_waits_for_its_next_attempt_time(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    await store.finish(run.run_id, "w1", 1, retryable(T0 + 30), T0 + 1)
+    early = await claim(store, now=T0 + 29.9)
+    assert early.claimed == [] and early.next_due_at == ms(T0 + 30)
+    assert await store.next_due_at() == ms(T0 + 30)
+    again = await claim_one(store, "w2", now=T0 + 30)
+    assert (again.run_id, again.attempt, again.round_attempt) == (run.run_id, 2, 2)
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    assert view["retry_count"] == 1 and at(view["started_at"]) == ms(T0)
+
+
+@async_test
+async def test_expired_lease_is_reclaimed_with_next_attempt(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1", "w1")
+    assert await store.next_due_at() == ms(T0 + LEASE)
+    assert (await claim(store, "w2", now=T0 + LEASE - 0.1)).claimed == []
+    again = await claim_one(store, "w2", now=T0 + LEASE)
+    assert (again.run_id, again.attempt, again.round_attempt) == (run.run_id, 2, 2)
+    attempts = await store.attempts(run.run_id)
+    assert [(a["attempt"], a["worker"], a["outcome"]) for a in attempts] == [
+        (1, "w1", "lease_expired"), (2, "w2", None)]
+    assert at(attempts[0]["finished_at"]) == ms(T0 + LEASE)
+
+
+@async_test
+async def test_expired_lease_with_spent_budget_is_dead_lettered(
+    engine: Engine, store: Store, aio: Any
+) -> None:
+    run = await ingest_and_claim(store, "e1")
+    await claim_one(store, "w2", now=T0 + LEASE, max_attempts=2)
+    result = await claim(store, "w3", now=T0 + 2 * LEASE, max_attempts=2)
+    assert result.claimed == []
+    [transition] = result.transitions
+    assert (transition.run_id, transition.status, transition.error_code, transition.attempt) == (
+        run.run_id, "dead_lettered", "lease_expired", 2)
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    assert (view["status"], view["error_code"]) == ("dead_lettered", "lease_expired")
+    assert at(view["completed_at"]) == ms(T0 + 2 * LEASE)
+    assert engine.leases()[run.run_id] == ("dead_lettered", None, None)  # the lease is gone
+    assert (await store.stats())["active"] == 0
+    assert (await claim(store, now=T0 + 100 * LEASE)).transitions == []
+
+
+@async_test
+async def test_terminal_runs_are_never_claimed(store: Store, aio: Any) -> None:
+    for event_id, outcome in (("s", SUCCEEDED), ("p", PERMANENT), ("d", DEAD)):
+        run = await ingest_and_claim(store, event_id)
+        await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert await store.next_due_at() is None
+    result = await claim(store, now=T0 + 10_000)
+    assert (result.claimed, result.transitions) == ([], [])
+
+
+# -- finish ------------------------------------------------------------------------------
+
+
+@async_test
+async def test_finish_succeeded_stores_the_result(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    result = {"lufs": -14.2, "notes": ["ok", "übersteuert"], "nested": {"peak": None, "n": 3}}
+    transition = await store.finish(
+        run.run_id, "w1", 1, Outcome(RunStatus.SUCCEEDED, result=result), T0 + 2)
+    assert transition is not None
+    assert (transition.run_id, transition.status, transition.attempt, transition.agent) == (
+        run.run_id, "succeeded", 1, "mix_review")
+    assert (transition.event_id, transition.event_type, transition.source) == (
+        "e1", "session.exported", "studio")
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    assert (view["status"], view["result"], view["error_code"]) == ("succeeded", result, None)
+    assert at(view["completed_at"]) == ms(T0 + 2) and at(view["updated_at"]) == ms(T0 + 2)
+
+
+@async_test
+async def test_finish_by_a_lost_lease_changes_nothing(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1", "w1")
+    await claim_one(store, "w2", now=T0 + LEASE)  # w1's lease expired; w2 took attempt 2
+    before = await store.get_run(run.run_id)
+    assert await store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + LEASE + 1) is None
+    assert await store.finish(run.run_id, "w1", 2, SUCCEEDED, T0 + LEASE + 1) is None
+    assert await store.finish(run.run_id, "w2", 1, SUCCEEDED, T0 + LEASE + 1) is None
+    assert await store.get_run(run.run_id) == before
+    landed = await store.finish(run.run_id, "w2", 2, SUCCEEDED, T0 + LEASE + 1)
+    assert landed is not None and landed.attempt == 2
+    # A terminal run takes no second outcome either.
+    assert await store.finish(run.run_id, "w2", 2, PERMANENT, T0 + LEASE + 2) is None
+    assert await status_of(store, run.run_id) == "succeeded"
+
+
+@async_test
+async def test_finish_of_an_unclaimed_run_changes_nothing(store: Store, aio: Any) -> None:
+    run_id = (await ingest(store, "e1")).runs[0].run_id
+    assert await store.finish(run_id, "w1", 0, DEAD, T0 + 1) is None
+    assert await store.finish("run_missing", "w1", 1, SUCCEEDED, T0 + 1) is None
+    assert await status_of(store, run_id) == "accepted"
+
+
+@async_test
+async def test_finish_failed_retryable_keeps_next_attempt_time(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    transition = await store.finish(run.run_id, "w1", 1, retryable(T0 + 45), T0 + 5)
+    assert transition is not None and transition.error_code == "timeout"
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    assert (view["status"], view["error_code"], view["completed_at"]) == (
+        "failed_retryable", "timeout", None)
+    assert at(view["next_attempt_at"]) == ms(T0 + 45)
+    stats = await store.stats()
+    assert stats["runs"]["failed_retryable"] == 1 and stats["active"] == 1
+
+
+@pytest.mark.parametrize("target", [RunStatus.ACCEPTED])
+@async_test
+async def test_finish_with_a_forbidden_target_raises(
+    store: Store, aio: Any, target: RunStatus
+) -> None:
+    run = await ingest_and_claim(store, "e1")
+    before = await store.get_run(run.run_id)
+    with pytest.raises(InvalidTransition):
+        await store.finish(run.run_id, "w1", 1, Outcome(target), T0 + 1)
+    assert await store.get_run(run.run_id) == before
+
+
+@async_test
+async def test_finish_cannot_leave_a_run_processing(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    with pytest.raises(InvalidTransition):
+        await store.finish(run.run_id, "w1", 1, Outcome(RunStatus.PROCESSING), T0 + 1)
+    assert (await claim(store, now=T0 + 10 * LEASE)).claimed != []
+
+
+@async_test
+async def test_retryable_without_next_attempt_time_is_not_stranded(
+    store: Store, aio: Any
+) -> None:
+    run = await ingest_and_claim(store, "e1")
+    try:
+        await store.finish(run.run_id, "w1", 1, Outcome(RunStatus.FAILED_RETRYABLE), T0 + 1)
+    except ValueError:
+        return  # refusing the outcome is a fine answer too
+    assert await store.next_due_at() is not None
+    assert [c.run_id for c in (await claim(store, now=T0 + 1000)).claimed] == [run.run_id]
+
+
+@async_test
+async def test_finish_dead_lettered_and_permanent(store: Store, aio: Any) -> None:
+    dead = await ingest_and_claim(store, "d")
+    perm = await ingest_and_claim(store, "p")
+    await store.finish(dead.run_id, "w1", 1, DEAD, T0 + 1)
+    await store.finish(perm.run_id, "w1", 1, PERMANENT, T0 + 1)
+    dead_view, perm_view = await store.get_run(dead.run_id), await store.get_run(perm.run_id)
+    assert dead_view is not None and perm_view is not None
+    assert (dead_view["status"], dead_view["error_code"]) == ("dead_lettered", "timeout")
+    assert (perm_view["status"], perm_view["error_code"]) == ("failed_permanent", "invalid_event")
+    assert at(dead_view["completed_at"]) == ms(T0 + 1)
+    assert [v["run_id"] for v in await store.list_runs("dead_lettered", 10)] == [dead.run_id]
+
+
+# -- leases ------------------------------------------------------------------------------
+
+
+@async_test
+async def test_extend_leases_keeps_runs_leased(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1", "w1")
+    await store.extend_leases("w1", [run.run_id], T0 + 100)
+    await store.extend_leases("intruder", [run.run_id], T0 + 1000)  # not its lease: no effect
+    assert await store.next_due_at() == ms(T0 + 100)
+    assert (await claim(store, "w2", now=T0 + 99)).claimed == []
+    assert (await claim_one(store, "w2", now=T0 + 100)).attempt == 2
+
+
+@async_test
+async def test_release_all_leases(store: Store, aio: Any) -> None:
+    a = await ingest_and_claim(store, "a", "w1")
+    b = await ingest_and_claim(store, "b", "w2")
+    done = await ingest_and_claim(store, "c", "w2")
+    await store.finish(done.run_id, "w2", 1, SUCCEEDED, T0 + 1)
+    assert await store.release_leases("*", T0 + 2) == 2
+    reclaimed = await claim(store, "w3", now=T0 + 2)
+    assert {(c.run_id, c.attempt) for c in reclaimed.claimed} == {(a.run_id, 2), (b.run_id, 2)}
+
+
+@async_test
+async def test_release_one_owners_leases(store: Store, aio: Any) -> None:
+    mine = await ingest_and_claim(store, "a", "w1")
+    theirs = await ingest_and_claim(store, "b", "w2")
+    assert await store.release_leases("w1", T0 + 2) == 1
+    assert await store.release_leases("nobody", T0 + 2) == 0
+    reclaimed = await claim(store, "w3", now=T0 + 2)
+    assert [c.run_id for c in reclaimed.claimed] == [mine.run_id]
+    assert await store.finish(theirs.run_id, "w2", 1, SUCCEEDED, T0 + 3) is not None
+
+
+# -- replay ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", [DEAD, PERMANENT], ids=["dead_lettered", "failed_permanent"])
+@async_test
+async def test_replay_sends_the_same_run_back_to_accepted(
+    store: Store, aio: Any, outcome: Outcome
+) -> None:
+    run = await ingest_and_claim(store, "e1")
+    await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    transition = await store.replay(run.run_id, T0 + 5)
+    assert (transition.run_id, transition.status) == (run.run_id, "accepted")
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    assert (view["status"], view["error_code"], view["completed_at"], view["result"]) == (
+        "accepted", None, None, None)
+    again = await claim_one(store, "w2", now=T0 + 5)
+    assert (again.run_id, again.attempt, again.round_attempt) == (run.run_id, 2, 1)
+    assert [a["attempt"] for a in await store.attempts(run.run_id)] == [1, 2]
+
+
+@async_test
+async def test_replay_refuses_runs_that_are_not_failed(store: Store, aio: Any) -> None:
+    processing = await ingest_and_claim(store, "p")
+    retry = await ingest_and_claim(store, "r", now=T0 + 1)
+    await store.finish(retry.run_id, "w1", 1, retryable(T0 + 100), T0 + 2)
+    ok = await ingest_and_claim(store, "s", now=T0 + 2)
+    await store.finish(ok.run_id, "w1", 1, SUCCEEDED, T0 + 3)
+    accepted = (await ingest(store, "a", now=T0 + 3)).runs[0].run_id
+    for run_id in (accepted, processing.run_id, retry.run_id, ok.run_id):
+        before = await store.get_run(run_id)
+        assert before is not None
+        with pytest.raises(NotReplayable) as refused:
+            await store.replay(run_id, T0 + 4)
+        assert refused.value.status == before["status"]
+        assert await store.get_run(run_id) == before
+    with pytest.raises(RunNotFound):
+        await store.replay("run_missing", T0 + 4)
+
+
+@async_test
+async def test_replay_restarts_the_retry_budget(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    await claim_one(store, now=T0 + LEASE, max_attempts=2)  # attempt 2
+    await claim(store, now=T0 + 2 * LEASE, max_attempts=2)  # budget spent: dead-lettered
+    assert await status_of(store, run.run_id) == "dead_lettered"
+    await store.replay(run.run_id, T0 + 3 * LEASE)
+    third = await claim_one(store, now=T0 + 3 * LEASE, max_attempts=2)
+    assert (third.attempt, third.round_attempt) == (3, 1)
+    fourth = await claim_one(store, now=T0 + 4 * LEASE, max_attempts=2)  # not dead yet
+    assert (fourth.run_id, fourth.attempt, fourth.round_attempt) == (run.run_id, 4, 2)
+    result = await claim(store, now=T0 + 5 * LEASE, max_attempts=2)
+    assert [t.status for t in result.transitions] == ["dead_lettered"]
+    view = await store.get_run(run.run_id)
+    assert view is not None and view["retry_count"] == 3
+
+
+# -- reads -------------------------------------------------------------------------------
+
+
+@async_test
+async def test_get_run_follows_the_run(store: Store, aio: Any) -> None:
+    assert await store.get_run("run_missing") is None
+    run = await ingest_and_claim(store, "e1")
+    await store.finish(run.run_id, "w1", 1, retryable(T0 + 20), T0 + 5)
+    second = await claim_one(store, "w2", now=T0 + 20)
+    await store.finish(run.run_id, "w2", second.attempt, Outcome(RunStatus.SUCCEEDED,
+                                                                 result=[1, 2]), T0 + 21)
+    view = await store.get_run(run.run_id)
+    assert view is not None
+    expected = {
+        "run_id": run.run_id, "status": "succeeded", "event_id": "e1",
+        "event_type": "session.exported", "source": "studio", "agent": "mix_review",
+        "retry_count": 1, "result": [1, 2], "error_code": None,
+    }
+    assert {k: view[k] for k in expected} == expected
+    times = {k: at(view[k]) for k in ("accepted_at", "started_at", "updated_at", "completed_at")}
+    assert times == {"accepted_at": ms(T0), "started_at": ms(T0), "updated_at": ms(T0 + 21),
+                     "completed_at": ms(T0 + 21)}
+
+
+@async_test
+async def test_attempts_record_the_history(store: Store, aio: Any) -> None:
+    assert await store.attempts("run_missing") == []
+    run = await ingest_and_claim(store, "e1", "w1")
+    assert [a["finished_at"] for a in await store.attempts(run.run_id)] == [None]
+    await store.finish(run.run_id, "w1", 1, retryable(T0 + 10), T0 + 1.5)
+    await claim_one(store, "w2", now=T0 + 10)
+    await store.finish(run.run_id, "w2", 2, SUCCEEDED, T0 + 12)
+    attempts = await store.attempts(run.run_id)
+    assert [(a["attempt"], a["worker"], a["outcome"], a["error_code"]) for a in attempts] == [
+        (1, "w1", "failed_retryable", "timeout"), (2, "w2", "succeeded", None)]
+    assert [(at(a["started_at"]), at(a["finished_at"])) for a in attempts] == [
+        (ms(T0), ms(T0 + 1.5)), (ms(T0 + 10), ms(T0 + 12))]
+    assert [a["duration_ms"] for a in attempts] == [ms(1500), ms(2000)]
+
+
+@async_test
+async def test_stats_and_list_runs(store: Store, aio: Any) -> None:
+    empty = await store.stats()
+    assert empty["runs"] == dict.fromkeys(STATUSES, 0) and empty["active"] == 0
+    assert empty["oldest_waiting_accepted_at"] is None
+    assert await store.next_due_at() is None
+    ok = await ingest_and_claim(store, "ok", now=T0)
+    await store.finish(ok.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    busy = await ingest_and_claim(store, "busy", now=T0 + 2)
+    waiting = [(await ingest(store, f"w{i}", now=T0 + 3 + i)).runs[0].run_id for i in range(3)]
+    stats = await store.stats()
+    assert stats["runs"] == {**dict.fromkeys(STATUSES, 0), "succeeded": 1, "processing": 1,
+                             "accepted": 3}
+    assert stats["active"] == 4
+    assert at(stats["oldest_waiting_accepted_at"]) == ms(T0 + 3)
+    # Only membership and limits: "newest" may be judged by the engine's own clock.
+    assert sorted(v["run_id"] for v in await store.list_runs("accepted", 10)) == sorted(waiting)
+    two = await store.list_runs("accepted", 2)
+    assert len(two) == 2 and {v["run_id"] for v in two} <= set(waiting)
+    assert [v["run_id"] for v in await store.list_runs("processing", 10)] == [busy.run_id]
+    everything = await store.list_runs(None, 10)
+    assert sorted(v["run_id"] for v in everything) == sorted([*waiting, busy.run_id, ok.run_id])
+    assert all(v["status"] in STATUSES for v in everything)
+    assert await store.next_due_at() == ms(T0 + 3)
+
+
+# -- durability --------------------------------------------------------------------------
+
+
+def test_data_survives_close_and_reopen(make_store: Callable[[], Store], aio: Any) -> None:
+    store = make_store()
+    run = aio(ingest_and_claim(store, "e1"))
+    aio(store.finish(run.run_id, "w1", 1, Outcome(RunStatus.SUCCEEDED, result={"a": 1}), T0 + 1))
+    waiting = aio(ingest(store, "e2", agents=["a", "b"], now=T0 + 2))
+    view, attempts, stats = (aio(store.get_run(run.run_id)), aio(store.attempts(run.run_id)),
+                             aio(store.stats()))
+    aio(store.close())
+    reopened = make_store()
+    assert aio(reopened.get_run(run.run_id)) == view
+    assert aio(reopened.attempts(run.run_id)) == attempts
+    assert aio(reopened.stats()) == stats
+    again = aio(ingest(reopened, "e2", now=T0 + 3))  # the idempotency claim is durable too
+    assert again.duplicate and again.runs == waiting.runs
+    claimed = aio(claim(reopened, now=T0 + 3)).claimed
+    assert {c.agent for c in claimed} == {"a", "b"}
+    assert {c.event_body for c in claimed} == {event_body("e2")}
+
+
+def test_second_store_on_the_same_database_is_refused(
+    engine: Engine, make_store: Callable[[], Store], aio: Any
+) -> None:
+    if not engine.single_process:
+        pytest.skip("this engine is shared by several processes by design")
+    first = make_store()
+    with pytest.raises(StorageUnavailable):
+        make_store()
+    aio(ingest(first, "e1"))  # the refused second store did not disturb the first
+    aio(first.close())
+    assert aio(make_store().stats())["active"] == 1
+
+
+def test_reads_after_close_raise_storage_unavailable(store: Store, aio: Any) -> None:
+    aio(store.close())
+    with pytest.raises(StorageUnavailable):
+        aio(store.get_run("run_x"))
+
+
+def test_write_after_close_raises_storage_unavailable(store: Store, aio: Any) -> None:
+    aio(store.close())
+    with pytest.raises(StorageUnavailable):
+        aio(asyncio.wait_for(ingest(store, "late"), 1.0))
+
+
+def test_close_answers_every_write_in_flight(make_store: Callable[[], Store], aio: Any) -> None:
+    store = make_store()
+    written: list[str] = []
+
+    async def client(n: int) -> None:
+        for round_ in range(50):
+            key = f"c{n}r{round_}"
+            try:
+                await ingest(store, key)
+            except StorageUnavailable:
+                return
+            written.append(key)
+
+    async def scenario() -> set[asyncio.Task[None]]:
+        clients = {asyncio.create_task(client(n)) for n in range(100)}
+        await asyncio.sleep(0.005)
+        await store.close()
+        _, pending = await asyncio.wait(clients, timeout=1.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return pending
+
+    pending = aio(scenario())
+    assert not pending, f"{len(pending)} writers were never answered"
+    reopened = make_store()
+    assert len(aio(reopened.list_runs(None, 10_000))) == len(written)
+
+
+# -- the state machine -------------------------------------------------------------------
+
+KEYS = ["k0", "k1", "k2"]
+OWNERS = ["w1", "w2"]
+MACHINE_PENDING = 4  # small, so that admission refusals happen
+MACHINE_TTL = 40.0  # short, so that keys expire within an example
+RETRY_DELAY = 1.5  # between two clock steps, so that an early retry shows
+WAITS = st.sampled_from([0.0, 1.0, 5.0, LEASE, 30.0])  # the clock moves before most rules
+
+
+@dataclass
+class ModelRun:
+    status: RunStatus = RunStatus.ACCEPTED
+    attempt: int = 0
+    base: int = 0  # attempt count at the last replay
+    owner: str | None = None
+    lease_until: float | None = None
+    next_at: float | None = None
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Random interleavings against a model of what the store must hold."""
+
+    engine_name = "sqlite"  # set per engine by test_store_state_machine
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp(prefix="agentbox-store-"))
+        self.engine = ENGINES[self.engine_name](self.directory)
+        self.runner = asyncio.Runner()
+        self.store = self.engine.new_store()
+        self.aio(self.store.open())
+        self.now = T0
+        self.keys: dict[str, tuple[list[str], float]] = {}  # key -> (run ids, expires at)
+        self.runs: dict[str, ModelRun] = {}
+        self.stale: list[tuple[str, str, int]] = []  # (run, owner, attempt) no longer current
+
+    def aio(self, awaitable: Awaitable[T]) -> T:
+        return self.runner.run(awaitable)  # type: ignore[arg-type]
+
+    def teardown(self) -> None:
+        try:
+            self.aio(self.store.close())
+        finally:
+            self.runner.close()
+            self.engine.dispose()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def active(self) -> int:
+        return sum(r.status not in TERMINAL for r in self.runs.values())
+
+    def next_due(self) -> float | None:
+        times = [r.next_at for r in self.runs.values()
+                 if r.status in (RunStatus.ACCEPTED, RunStatus.FAILED_RETRYABLE)]
+        times += [r.lease_until for r in self.runs.values() if r.status is RunStatus.PROCESSING]
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    def ids_with(self, *statuses: RunStatus) -> list[str]:
+        return sorted(i for i, r in self.runs.items() if r.status in statuses)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @initialize()
+    def some_work(self) -> None:
+        for key in KEYS[:2]:  # so that every example has runs to claim from its first step
+            self.ingest(0.0, key, 1)
+
+    @rule(wait=WAITS, key=st.sampled_from(KEYS), agents=st.integers(1, 2))
+    def ingest(self, wait: float, key: str, agents: int) -> None:
+        self.now += wait
+        names = [f"agent{i}" for i in range(agents)]
+        known = self.keys.get(key)
+        live = known is not None and known[1] > self.now
+        active = self.active()
+        try:
+            result = self.aio(ingest(self.store, key, agents=names, now=self.now,
+                                     ttl=MACHINE_TTL, max_pending=MACHINE_PENDING))
+        except AdmissionRefused as refused:
+            assert not live and active + agents > MACHINE_PENDING
+            assert (refused.pending, refused.limit) == (active, MACHINE_PENDING)
+            return
+        if live:
+            assert known is not None and result.duplicate
+            assert [r.run_id for r in result.runs] == known[0]
+            assert [r.status for r in result.runs] == [self.runs[i].status for i in known[0]]
+            return
+        assert not result.duplicate and active + agents <= MACHINE_PENDING
+        assert [(r.agent, r.status) for r in result.runs] == [(n, "accepted") for n in names]
+        ids = [r.run_id for r in result.runs]
+        assert self.runs.keys().isdisjoint(ids)
+        for run_id in ids:
+            self.runs[run_id] = ModelRun(next_at=self.now)
+        self.keys[key] = (ids, self.now + MACHINE_TTL)
+
+    @rule(wait=WAITS, owner=st.sampled_from(OWNERS), limit=st.integers(1, 4),
+          max_attempts=st.integers(1, MAX_ATTEMPTS))
+    def claim(self, wait: float, owner: str, limit: int, max_attempts: int) -> None:
+        self.now += wait
+        expired = {i for i in self.ids_with(RunStatus.PROCESSING)
+                   if self.runs[i].lease_until is not None
+                   and self.runs[i].lease_until <= self.now}  # type: ignore[operator]
+        waiting = {i for i in self.ids_with(RunStatus.ACCEPTED, RunStatus.FAILED_RETRYABLE)
+                   if self.runs[i].next_at <= self.now}  # type: ignore[operator]
+        result = self.aio(self.store.claim(owner, limit, self.now, LEASE, max_attempts))
+        dead = [t for t in result.transitions if t.status == "dead_lettered"]
+        handled = [c.run_id for c in result.claimed] + [t.run_id for t in dead]
+        assert len(handled) == len(set(handled)) and len(result.claimed) <= limit
+        # Progress: as many due runs as asked for are claimed or dead-lettered.
+        assert len(handled) >= min(limit, len(expired) + len(waiting))
+        for t in dead:
+            run = self.runs[t.run_id]
+            assert t.run_id in expired and run.attempt - run.base >= max_attempts
+            assert t.error_code == "lease_expired"
+            self.stale.append((t.run_id, run.owner or "", run.attempt))
+            run.status, run.owner, run.lease_until = RunStatus.DEAD_LETTERED, None, None
+        for c in result.claimed:
+            run = self.runs[c.run_id]
+            assert run.status not in TERMINAL, f"claimed a {run.status} run"
+            assert c.run_id in expired | waiting
+            if c.run_id in expired:
+                assert run.attempt - run.base < max_attempts
+                self.stale.append((c.run_id, run.owner or "", run.attempt))
+            assert (c.attempt, c.round_attempt) == (run.attempt + 1, run.attempt + 1 - run.base)
+            run.status, run.attempt = RunStatus.PROCESSING, c.attempt
+            run.owner, run.lease_until, run.next_at = owner, self.now + LEASE, None
+        if len(result.claimed) < limit:
+            assert result.next_due_at == self.next_due()
+
+    @precondition(lambda self: self.ids_with(RunStatus.PROCESSING))
+    @rule(pick=st.integers(0, 1000), kind=st.sampled_from(
+        ["succeeded", "failed_retryable", "failed_permanent", "dead_lettered"]))
+    def finish(self, pick: int, kind: str) -> None:
+        processing = self.ids_with(RunStatus.PROCESSING)
+        run_id = processing[pick % len(processing)]
+        run = self.runs[run_id]
+        assert run.owner is not None
+        outcome = {
+            "succeeded": Outcome(RunStatus.SUCCEEDED, result={"pick": pick}),
+            "failed_retryable": retryable(self.now + RETRY_DELAY),
+            "failed_permanent": PERMANENT,
+            "dead_lettered": DEAD,
+        }[kind]
+        transition = self.aio(self.store.finish(run_id, run.owner, run.attempt, outcome,
+                                                self.now))
+        assert transition is not None
+        assert (transition.status, transition.attempt) == (kind, run.attempt)
+        self.stale.append((run_id, run.owner, run.attempt))
+        run.status, run.owner, run.lease_until = RunStatus(kind), None, None
+        run.next_at = outcome.next_attempt_at
+
+    @precondition(lambda self: self.stale or self.ids_with(RunStatus.PROCESSING))
+    @rule(pick=st.integers(0, 1000))
+    def finish_without_the_lease(self, pick: int) -> None:
+        processing = self.ids_with(RunStatus.PROCESSING)
+        candidates = [(i, "intruder", self.runs[i].attempt) for i in processing]
+        # Old attempts of runs now running again are the ones a store could mistake.
+        candidates += [s for s in self.stale if s[0] in processing] or self.stale
+        run_id, owner, attempt = candidates[pick % len(candidates)]
+        assert self.aio(self.store.finish(run_id, owner, attempt, SUCCEEDED, self.now)) is None
+
+
+    @precondition(lambda self: self.ids_with(RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT))
+    @rule(pick=st.integers(0, 1000))
+    def replay(self, pick: int) -> None:
+        candidates = self.ids_with(RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT)
+        run_id = candidates[pick % len(candidates)]
+        transition = self.aio(self.store.replay(run_id, self.now))
+        assert (transition.run_id, transition.status) == (run_id, "accepted")
+        run = self.runs[run_id]
+        run.status, run.base, run.next_at = RunStatus.ACCEPTED, run.attempt, self.now
+
+    @rule(pick=st.integers(0, 1000))
+    def replay_refused(self, pick: int) -> None:
+        candidates = [*self.ids_with(RunStatus.ACCEPTED, RunStatus.PROCESSING,
+                                     RunStatus.FAILED_RETRYABLE, RunStatus.SUCCEEDED),
+                      "run_missing"]
+        run_id = candidates[pick % len(candidates)]
+        expected = RunNotFound if run_id == "run_missing" else NotReplayable
+        with pytest.raises(expected):
+            self.aio(self.store.replay(run_id, self.now))
+
+    @rule(wait=st.sampled_from([0.0, 1.0, 30.0, 60.0]))
+    def prune(self, wait: float) -> None:
+        self.now += wait
+        expired = [k for k, (_, expires) in self.keys.items() if expires <= self.now]
+        assert self.aio(self.store.prune_idempotency_keys(self.now, 1000)) == len(expired)
+        for key in expired:
+            del self.keys[key]
+
+    @rule(wait=WAITS, owner=st.sampled_from([*OWNERS, "*"]))
+    def release(self, wait: float, owner: str) -> None:
+        self.now += wait
+        held = [self.runs[i] for i in self.ids_with(RunStatus.PROCESSING)
+                if owner == "*" or self.runs[i].owner == owner]
+        assert self.aio(self.store.release_leases(owner, self.now)) == len(held)
+        for run in held:
+            run.lease_until = self.now
+
+    @rule(owner=st.sampled_from(OWNERS), seconds=st.sampled_from([LEASE, 3 * LEASE]))
+    def extend(self, owner: str, seconds: float) -> None:
+        processing = self.ids_with(RunStatus.PROCESSING)  # other owners' runs are ignored
+        self.aio(self.store.extend_leases(owner, processing, self.now + seconds))
+        for run_id in processing:
+            if self.runs[run_id].owner == owner:
+                self.runs[run_id].lease_until = self.now + seconds
+
+    @rule()
+    def reopen(self) -> None:
+        self.aio(self.store.close())
+        self.store = self.engine.new_store()
+        self.aio(self.store.open())
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def runs_match_the_model(self) -> None:
+        views = self.aio(self.store.list_runs(None, 10_000))
+        assert {v["run_id"] for v in views} == set(self.runs)
+        for view in views:
+            run = self.runs[view["run_id"]]
+            assert view["status"] in STATUSES
+            assert (view["status"], view["attempt"]) == (run.status.value, run.attempt)
+            assert view["retry_count"] == max(run.attempt - 1, 0)
+
+    @invariant()
+    def only_processing_runs_hold_a_lease(self) -> None:
+        for run_id, (status, owner, until) in self.engine.leases().items():
+            assert (status == "processing") == (owner is not None), (run_id, status, owner)
+            if status == "processing":
+                assert (owner, until) == (self.runs[run_id].owner, self.runs[run_id].lease_until)
+
+    @invariant()
+    def stats_match_the_model(self) -> None:
+        stats = self.aio(self.store.stats())
+        expected = dict.fromkeys(STATUSES, 0)
+        for run in self.runs.values():
+            expected[run.status.value] += 1
+        assert stats["runs"] == expected and stats["active"] == self.active()
+
+    @invariant()
+    def next_due_matches_the_model(self) -> None:
+        assert self.aio(self.store.next_due_at()) == self.next_due()
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+def test_store_state_machine(engine_name: str) -> None:
+    machine = type(f"StoreMachine_{engine_name}", (StoreMachine,), {"engine_name": engine_name})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(max_examples=30, stateful_step_count=30, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow]),
+    )

@@ -275,7 +275,8 @@ class SqliteStore(Store):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
         self._conn: sqlite3.Connection | None = None  # writer's; used only on its thread
         self._reader: sqlite3.Connection | None = None  # event loop's
-        self._queue: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Operation[Any], asyncio.Future[Any], bool]] = []
+        self._synchronous_full = True
         self._wake = asyncio.Event()
         self._writer_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -354,11 +355,18 @@ class SqliteStore(Store):
 
     # -- the writer -----------------------------------------------------------------
 
-    async def _write(self, op: Operation[T]) -> T:
+    async def _write(self, op: Operation[T], durable: bool = True) -> T:
+        """Queue `op` for the next transaction; answer once it is committed.
+
+        `durable=False` is for writes whose loss in a power cut is harmless
+        (a claim or a lease: the run is simply claimed again). A batch made
+        only of those commits without an fsync; the next durable commit
+        fsyncs the WAL, theirs included. Process crashes lose neither.
+        """
         if self._closing:
             raise StorageUnavailable("the store is closing")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, future))
+        self._queue.append((op, future, durable))
         self._wake.set()
         return await future
 
@@ -371,7 +379,7 @@ class SqliteStore(Store):
             if not batch:
                 continue
             results = await self._commit(loop, batch)
-            for (_, future), (ok, value) in zip(batch, results, strict=True):
+            for (_, future, _), (ok, value) in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if ok:
@@ -381,7 +389,7 @@ class SqliteStore(Store):
 
     async def _commit(
         self, loop: asyncio.AbstractEventLoop,
-        batch: list[tuple[Operation[Any], asyncio.Future[Any]]],
+        batch: list[tuple[Operation[Any], asyncio.Future[Any], bool]],
     ) -> list[tuple[bool, Any]]:
         """Run the batch's operations here, then COMMIT (the fsync) on the writer thread.
 
@@ -394,11 +402,18 @@ class SqliteStore(Store):
         assert conn is not None
         state = _Batch(self._active)
         results: list[tuple[bool, Any]] = []
+        durable = any(entry[2] for entry in batch)
         try:
+            if durable != self._synchronous_full:
+                conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+                self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
-            for op, _ in batch:
+            for op, _, _ in batch:
                 results.append(self._run_op(conn, state, op))
-            await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
+            if durable:
+                await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
+            else:
+                conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:
             _rollback(conn)
             self.healthy, self.last_error = False, _storage_reason(exc)
@@ -471,7 +486,7 @@ class SqliteStore(Store):
                 result.next_due_at = _next_due(conn)
             return result
 
-        return await self._write(op)
+        return await self._write(op, durable=False)
 
     async def finish(
         self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
@@ -511,7 +526,7 @@ class SqliteStore(Store):
         def op(conn: sqlite3.Connection, state: _Batch) -> None:
             conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner) for run_id in run_ids])
 
-        await self._write(op)
+        await self._write(op, durable=False)
 
     async def release_leases(self, owner: str, now: float) -> int:
         def op(conn: sqlite3.Connection, state: _Batch) -> int:
@@ -521,7 +536,7 @@ class SqliteStore(Store):
                 return conn.execute(SQL_RELEASE_ALL_LEASES, (now,)).rowcount
             return conn.execute(SQL_RELEASE_LEASES, (now, owner)).rowcount
 
-        return await self._write(op)
+        return await self._write(op, durable=False)
 
     async def replay(self, run_id: str, now: float) -> Transition:
         def op(conn: sqlite3.Connection, state: _Batch) -> Transition:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from agentbox.store.sqlite import SqliteStore
 from agentbox.web import RunsApi
 
 log = get_logger("app")
+GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest generation
 
 
 def create_app(
@@ -36,6 +38,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await dispatcher.start()
+        _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": str(settings.database_path)})
         try:
             yield
@@ -57,6 +60,18 @@ def create_app(
     )
     app.state.store, app.state.dispatcher = store, dispatcher
     return app
+
+
+def _quiet_garbage_collector() -> None:
+    """Keep full collections short: under load they were the p99 latency.
+
+    Everything alive once started (modules, pydantic schemas, the app) lives
+    for the whole process: freezing it takes it out of every collection. The
+    youngest generation is collected less often, since each request makes and
+    drops a few hundred objects that reference counting frees anyway.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -6,7 +6,6 @@ import base64
 import copy
 import datetime as dt
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,8 +18,8 @@ from agentbox.events import (
     SessionExported,
     parse_event,
 )
+from tests.vectors import VECTORS_PATH
 
-VECTORS_PATH = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "signatures.json"
 VECTOR_BODY = base64.b64decode(
     json.loads(VECTORS_PATH.read_text(encoding="utf-8"))["hmac_hex"][0]["body_base64"]
 )

@@ -86,7 +86,6 @@ class Transition:
     source: str
     agent: str
     error_code: str | None = None
-    duration_ms: float | None = None
 
 
 @dataclass

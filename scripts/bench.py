@@ -239,10 +239,11 @@ def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
     }
 
 
-def seed(data_dir: Path, count: int) -> None:
-    """Fill a store with `count` finished runs, as history a long-lived box would hold.
+def seed(data_dir: Path, count: int, backlog: bool = False) -> None:
+    """Fill a store with `count` runs: finished ones, as the history a long-lived box
+    holds, or (`backlog`) accepted ones with valid events, waiting to be drained.
 
-    Written with SQL for speed; the schema is the store's own.
+    Written with SQL for speed; the schema and the run id format are the store's own.
     """
     from agentbox.store.sqlite import SCHEMA
 
@@ -251,28 +252,60 @@ def seed(data_dir: Path, count: int) -> None:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.executescript(SCHEMA)
     conn.execute("BEGIN")
-    now = time.time() - 86_400
-    body = b'{"seeded":true}'
+    now = time.time() - (0 if backlog else 86_400)
+    status, result = ("accepted", None) if backlog else ("succeeded", '{"ok":true}')
     batch = 50_000
     for start in range(0, count, batch):
         ids = range(start, min(start + batch, count))
         conn.executemany(
             "INSERT INTO events (pk, event_id, idempotency_key, event_type, source, "
             "received_at, body) VALUES (?, ?, ?, 'session.exported', 'seed', ?, ?)",
-            ((i + 1, f"seed-{i}", f"seed:session.exported:seed-{i}", now + i * 1e-3, body)
-             for i in ids))
+            ((i + 1, f"seed-{i}", f"seed:session.exported:seed-{i}", now + i * 1e-3,
+              _seed_body(i)) for i in ids))
         conn.executemany(
             "INSERT INTO idempotency_keys (key, event_pk, expires_at) VALUES (?, ?, ?)",
             ((f"seed:session.exported:seed-{i}", i + 1, now + 604_800) for i in ids))
         conn.executemany(
             "INSERT INTO runs (run_id, event_pk, ordinal, agent, status, attempt, accepted_at,"
-            " started_at, updated_at, completed_at, result) VALUES (?, ?, 0, 'bench_apps:noop',"
-            " 'succeeded', 1, ?, ?, ?, ?, '{\"ok\":true}')",
-            ((f"run_seed{i:027d}", i + 1, now + i * 1e-3, now + i * 1e-3, now + i * 1e-3,
-              now + i * 1e-3) for i in ids))
+            " started_at, updated_at, completed_at, result, next_attempt_at)"
+            " VALUES (?, ?, 0, 'bench_apps:noop', ?, ?, ?, ?, ?, ?, ?, ?)",
+            ((f"run_{int((now + i * 1e-3) * 1000):012x}{i:020x}", i + 1, status,
+              0 if backlog else 1, now + i * 1e-3,
+              None if backlog else now + i * 1e-3, now + i * 1e-3,
+              None if backlog else now + i * 1e-3, result, now if backlog else None)
+             for i in ids))
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
+
+
+def _seed_body(i: int) -> bytes:
+    return (
+        f'{{"schema_version":"v1","event_id":"seed-{i}","idempotency_key":'
+        f'"seed:session.exported:seed-{i}","event_type":"session.exported","source":"seed",'
+        '"timestamp":"2026-07-27T15:42:00Z","payload":{"project_id":"bench",'
+        '"mix_url":"/tmp/bench.wav"}}'
+    ).encode()
+
+
+def backlog_phase(data_dir: Path, count: int) -> dict[str, Any]:
+    """How fast no-op runs are completed when there is always work: start a server on
+    a store holding `count` accepted runs and time it until all have succeeded."""
+    seed(data_dir, count, backlog=True)
+    server = Server("agentbox", data_dir)
+    monitor = Monitor(server.process.pid)
+    monitor.start()
+    settle(server)
+    monitor.finish()
+    server.stop()
+    conn = sqlite3.connect(data_dir / "agentbox.sqlite3")
+    done, first, last = conn.execute(
+        "SELECT count(*), min(started_at), max(completed_at) FROM runs "
+        "WHERE status = 'succeeded'").fetchone()
+    conn.close()
+    return {"backlog": count, "succeeded": done, "completed_per_s": round(done / (last - first)),
+            "server_cpu_percent": round(monitor.cpu_percent),
+            "max_rss_mb": round(monitor.max_rss_mb), "ok": done == count}
 
 
 # -- report -----------------------------------------------------------------------
@@ -297,6 +330,11 @@ def print_table(report: dict[str, Any]) -> None:
               f"{row['accepted_per_s']:>10} {ratio:>6} {row['p50_ms']:>7.2f} "
               f"{row['p99_ms']:>7.2f} {row['p999_ms']:>8.2f} {p99x:>6} "
               f"{row['server_cpu_percent']:>6} {row['max_rss_mb']:>6} {non_202:>7} {check!s:>6}")
+    if "backlog" in report:
+        row = report["backlog"]
+        print(f"\nbacklog drain: {row['succeeded']} of {row['backlog']} no-op runs succeeded at "
+              f"{row['completed_per_s']} runs/s, cpu {row['server_cpu_percent']} %, "
+              f"rss {row['max_rss_mb']} MB")
     for row in report["drain"]:
         print(f"\ndrain ({row['store']} store): offered {row['offered_per_s']}/s, "
               f"accepted {row['accepted_per_s']}/s, completed {row['completed_per_s']}/s, "
@@ -309,6 +347,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10)
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--seed-runs", type=int, default=1_000_000)
+    parser.add_argument("--backlog", type=int, default=50_000,
+                        help="runs to drain in the backlog phase (0: skip it)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -354,6 +394,10 @@ def main() -> None:
             report["drain"].append(row)
             failed |= set(row["statuses"]) != {"202"}
             events.unlink()
+    if args.backlog:
+        print(f"draining a backlog of {args.backlog} runs ...", file=sys.stderr)
+        report["backlog"] = backlog_phase(work / "backlog", args.backlog)
+        failed |= not report["backlog"]["ok"]
     print_table(report)
     text = json.dumps(report, indent=2)
     print("\n" + text)

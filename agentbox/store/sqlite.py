@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from agentbox.events import Event
+from agentbox.logs import get_logger
 from agentbox.runs import TERMINAL, InvalidTransition, RunStatus, check_transition
 from agentbox.store import (
     AdmissionRefused,
@@ -39,6 +40,7 @@ from agentbox.store import (
 )
 
 T = TypeVar("T")
+log = get_logger("store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -378,7 +380,13 @@ class SqliteStore(Store):
             batch, self._queue = self._queue, []
             if not batch:
                 continue
-            results = await self._commit(loop, batch)
+            try:
+                results = await self._commit(loop, batch)
+            except Exception as exc:  # a bug: fail this batch, keep the writer alive
+                log.exception("the writer failed a batch")
+                _rollback(self._conn)
+                results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
+                           ] * len(batch)
             for (_, future, _), (ok, value) in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -648,7 +656,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
+def _rollback(conn: sqlite3.Connection | None) -> None:
+    if conn is None:
+        return
     with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
         conn.execute("ROLLBACK")
 

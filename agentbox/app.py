@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentbox.agents import AgentRegistry
+from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
@@ -29,21 +30,25 @@ def create_app(
     settings: Settings, admin_token: str, clock: Callable[[], float] = time.time
 ) -> Starlette:
     registry = AgentRegistry.from_bindings(settings.agents)
-    store = SqliteStore(settings.database_path)
+    store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])
     dispatcher = Dispatcher(store, registry, settings, clock)
+    deliverer = CallbackDeliverer(store, settings, clock)
+    dispatcher.listeners.append(deliverer.on_transition)
     receiver = Receiver(settings, store, registry, dispatcher.accepted, clock)
-    api = RunsApi(store, dispatcher, admin_token)
+    api = RunsApi(store, dispatcher, deliverer, admin_token)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await dispatcher.start()
+        await deliverer.start()
         _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": str(settings.database_path)})
         try:
             yield
         finally:
             await dispatcher.stop()
+            await deliverer.stop()
             await store.close()
             log.info("agentbox stopped")
 
@@ -53,12 +58,15 @@ def create_app(
             Route("/runs", api.list_runs, methods=["GET"]),
             Route("/runs/{run_id}", api.get_run, methods=["GET"]),
             Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
+            Route("/callbacks", api.list_callbacks, methods=["GET"]),
+            Route("/callbacks/destinations", api.destinations, methods=["GET"]),
+            Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),
             Route("/healthz", api.healthz, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
-    app.state.store, app.state.dispatcher = store, dispatcher
+    app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
     return app
 
 

@@ -50,6 +50,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     settings = _settings(config_file, host=host, port=port, data_dir=data_dir)
     try:
         settings, secret_path = cfg.ensure_webhook_secret(settings)
+        settings, callback_secret_path = cfg.ensure_callback_secret(settings)
         token = cfg.admin_token(settings)
         app = create_app(settings, token)
     except cfg.ConfigError as exc:
@@ -58,6 +59,10 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     if secret_path is not None:
         click.echo(f"agentbox: webhook secret is in {secret_path} "
                    "(show it with: agentbox secret)", err=True)
+    if callback_secret_path is not None and settings.callback_allowed + \
+            settings.callback_allowed_local:
+        click.echo(f"agentbox: callbacks are signed with the secret in {callback_secret_path} "
+                   "(show it with: agentbox secret --callback)", err=True)
     click.echo(f"agentbox: data in {settings.data_dir}; listening on "
                f"http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None,
@@ -68,14 +73,21 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
 @main.command()
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 @click.option("--path", "show_path", is_flag=True, help="Print where the secret is kept.")
-def secret(config_file: Path | None, show_path: bool) -> None:
+@click.option("--callback", is_flag=True,
+              help="The secret callbacks are signed with, for their receivers.")
+def secret(config_file: Path | None, show_path: bool, callback: bool) -> None:
     """Print the webhook secret that senders sign with (made on first use)."""
     settings = _settings(config_file)
-    settings, path = cfg.ensure_webhook_secret(settings)
+    if callback:
+        settings, path = cfg.ensure_callback_secret(settings)
+        value = settings.callback_secret[0]
+    else:
+        settings, path = cfg.ensure_webhook_secret(settings)
+        value = settings.webhook_secret[0]
     if show_path:
         click.echo(path if path is not None else "set by configuration, not kept in a file")
     else:
-        click.echo(settings.webhook_secret[0])
+        click.echo(value)
 
 
 @main.command()
@@ -242,3 +254,83 @@ def replay(run_ids: tuple[str, ...], url: str, config_file: Path | None) -> None
     for run_id in run_ids:
         run = _api(url, "POST", f"/runs/{run_id}/replay", headers=headers)
         click.echo(f"{run['run_id']}  {run['status']}")
+
+
+@main.group()
+def callbacks() -> None:
+    """Callback deliveries: list them, see destinations, resume one, verify one."""
+
+
+@callbacks.command("list")
+@click.option("--url", default=DEFAULT_URL, show_default=True)
+@click.option("--state", type=click.Choice(["pending", "delivered", "dead"]), default=None)
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def callbacks_list(url: str, state: str | None, limit: int, as_json: bool) -> None:
+    """The newest notifications and how their delivery stands."""
+    params: dict[str, Any] = {"limit": limit, **({"state": state} if state else {})}
+    found = _api(url, "GET", "/callbacks", params=params)["callbacks"]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for n in found:
+        click.echo(f"{n['notification_id']:<60} {n['state']:<9} attempts={n['attempts']} "
+                   f"{n['destination']} {n['last_error'] or ''}")
+
+
+@callbacks.command("destinations")
+@click.option("--url", default=DEFAULT_URL, show_default=True)
+def callbacks_destinations(url: str) -> None:
+    """Every destination: active or paused, failures in a row, notifications waiting."""
+    for d in _api(url, "GET", "/callbacks/destinations")["destinations"]:
+        reason = f" ({d['paused_reason']})" if d["paused_reason"] else ""
+        click.echo(f"{d['destination']:<40} {d['state']}{reason} "
+                   f"failures={d['consecutive_failures']} pending={d['pending']}")
+
+
+@callbacks.command("resume")
+@click.argument("destination")
+@click.option("--url", default=DEFAULT_URL, show_default=True)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+def callbacks_resume(destination: str, url: str, config_file: Path | None) -> None:
+    """Resume a paused destination (an origin such as https://studio.example)."""
+    headers = {"Authorization": f"Bearer {cfg.admin_token(_settings(config_file))}"}
+    found = _api(url, "POST", "/callbacks/destinations/resume", headers=headers,
+                 json={"destination": destination})
+    click.echo(f"{found['destination']}  {found.get('state', 'active')}")
+
+
+@callbacks.command("verify")
+@click.argument("body_file", type=click.File("rb"))
+@click.option("-H", "--header", "headers", multiple=True,
+              help="A received header, 'Name: value' (repeat it).")
+@click.option("--secret", "secret_value", default=None,
+              help="Default: the callback secret of this machine's configuration.")
+@click.option("--max-age", default=300.0, show_default=True,
+              help="Refuse a timestamp further than this from now (seconds).")
+@click.option("--ignore-age", is_flag=True, help="Check the signature only (a capture).")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str | None,
+                     max_age: float, ignore_age: bool, config_file: Path | None) -> None:
+    """Check a captured callback: its exact body (a file, '-' for stdin) and headers.
+
+        agentbox callbacks verify body.json -H "X-Agent-Timestamp: 1785166920" \\
+            -H "X-Agent-Signature: 5d1c..." --ignore-age
+    """
+    from agentbox.signing import SignatureError, verify_callback
+
+    received: dict[str, str] = {}
+    for item in headers:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{item[:40]!r} is not 'Name: value'", param_hint="-H")
+        received[name.strip()] = value.strip()
+    if secret_value is None:
+        secret_value = cfg.ensure_callback_secret(_settings(config_file))[0].callback_secret[0]
+    body = body_file.read()
+    try:
+        note = verify_callback(secret_value, received, body,
+                               max_age_seconds=float("inf") if ignore_age else max_age)
+    except SignatureError as exc:
+        raise click.ClickException(f"{exc.code}: {exc.message}") from None
+    click.echo(f"valid: {note.get('notification_id')} ({note.get('status')})")

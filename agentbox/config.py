@@ -6,11 +6,12 @@ malformed value refuses to start with a message that names the setting.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import secrets
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ APP_NAME = "agentbox"
 ENV_PREFIX = "AGENTBOX_"
 CONFIG_FILE_NAME = "agentbox.toml"
 WEBHOOK_SECRET_FILE = "webhook_secret"
+CALLBACK_SECRET_FILE = "callback_secret"
 ADMIN_TOKEN_FILE = "admin_token"
 
 DEFAULT_HOST = "127.0.0.1"
@@ -40,6 +42,11 @@ DEFAULT_RETRY_BASE_SECONDS = 2.0
 DEFAULT_RETRY_MAX_SECONDS = 300.0
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_MAINTENANCE_INTERVAL_SECONDS = 60.0
+# Svix's schedule: at once, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (delays before each attempt).
+DEFAULT_CALLBACK_RETRY_SCHEDULE = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+DEFAULT_CALLBACK_TIMEOUT_SECONDS = 15.0
+DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES = 20
+DEFAULT_CALLBACK_CONCURRENCY = 8
 
 
 class ConfigError(Exception):
@@ -80,6 +87,12 @@ class Settings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     maintenance_interval_seconds: float = DEFAULT_MAINTENANCE_INTERVAL_SECONDS
     callback_allowed: tuple[str, ...] = ()
+    callback_allowed_local: tuple[str, ...] = ()
+    callback_secret: tuple[str, ...] = field(default=(), repr=False)
+    callback_retry_schedule: tuple[float, ...] = DEFAULT_CALLBACK_RETRY_SCHEDULE
+    callback_timeout_seconds: float = DEFAULT_CALLBACK_TIMEOUT_SECONDS
+    callback_pause_after_failures: int = DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES
+    callback_concurrency: int = DEFAULT_CALLBACK_CONCURRENCY
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
 
@@ -92,14 +105,17 @@ class Settings:
 _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
-    "maintenance_interval_seconds",
+    "maintenance_interval_seconds", "callback_timeout_seconds",
 }
-_POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency"}
-_LISTS = {"webhook_secret", "callback_allowed"}
-_SECRETS = {"webhook_secret"}  # never echoed in an error
+_POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
+                  "callback_pause_after_failures", "callback_concurrency"}
+_LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret"}
+_SCHEDULES = {"callback_retry_schedule"}
+_SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
 _STRINGS = {"host", "log_level"}
-_SETTABLE = _POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _PATHS | _STRINGS | {"agents"}
+_SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
+             | {"agents"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -160,6 +176,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return _positive(int(number), where)
         if name in _LISTS:
             return _string_list(value)
+        if name in _SCHEDULES:
+            return _schedule(value, where)
         if name in _PATHS:
             return Path(str(value)).expanduser()
         if name == "agents":
@@ -194,6 +212,18 @@ def _string_list(value: Any) -> tuple[str, ...]:
     else:
         raise ValueError("expected a string or a list of strings")
     return tuple(item.strip() for item in items if item.strip())
+
+
+def _schedule(value: Any, where: str) -> tuple[float, ...]:
+    """Delays in seconds before each attempt: `0, 5, 300`; zero is allowed (at once)."""
+    items = (value.split(",") if isinstance(value, str)
+             else [_scalar(item) for item in value] if isinstance(value, list) else None)
+    if not items:
+        raise ValueError("expected a list of seconds")
+    delays = tuple(float(item) for item in items)
+    if any(d != d or d < 0 or d == float("inf") for d in delays):
+        raise ConfigError(f"{where}: every delay must be a number of seconds, 0 or more")
+    return delays
 
 
 def _describe(value: Any) -> str:
@@ -231,16 +261,17 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(
             f"{env_name('retry_base_seconds')} must not exceed {env_name('retry_max_seconds')}"
         )
-    for origin in settings.callback_allowed:
-        check_allowed_origin(origin)
-    for secret in settings.webhook_secret:
-        if not all(secret_keys(secret)):
-            raise ConfigError(f"{env_name('webhook_secret')}: a secret is empty")
+    for name in ("callback_allowed", "callback_allowed_local"):
+        for origin in getattr(settings, name):
+            check_allowed_origin(origin, env_name(name))
+    for name in ("webhook_secret", "callback_secret"):
+        for secret in getattr(settings, name):
+            if not all(secret_keys(secret)):
+                raise ConfigError(f"{env_name(name)}: a secret is empty")
 
 
-def check_allowed_origin(origin: str) -> str:
-    """Normalise one AGENTBOX_CALLBACK_ALLOWED origin, or refuse it."""
-    where = env_name("callback_allowed")
+def check_allowed_origin(origin: str, where: str = env_name("callback_allowed")) -> str:
+    """Normalise one AGENTBOX_CALLBACK_ALLOWED(_LOCAL) origin, or refuse it."""
     parts = urlsplit(origin)
     if parts.username is not None or parts.password is not None:
         # Not echoed: the text holds a credential.
@@ -288,6 +319,20 @@ def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
     return _replace(settings, webhook_secret=(secret_from_file(path),)), path
 
 
+def ensure_callback_secret(settings: Settings) -> tuple[Settings, Path | None]:
+    """Like the webhook secret: configured, else kept in the config dir, else made.
+
+    A made one has the Standard Webhooks form (`whsec_` + base64), so receivers
+    can hand it to any Standard Webhooks library as it is.
+    """
+    if settings.callback_secret:
+        return settings, None
+    path = settings.config_dir / CALLBACK_SECRET_FILE
+    secret = secret_from_file(path, lambda: "whsec_" + base64.b64encode(
+        secrets.token_bytes(32)).decode())
+    return _replace(settings, callback_secret=(secret,)), path
+
+
 def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
     """AGENTBOX_ADMIN_TOKEN, else the token kept in the config dir (made on first use)."""
     environ = os.environ if environ is None else environ
@@ -295,7 +340,7 @@ def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) ->
         settings.config_dir / ADMIN_TOKEN_FILE)
 
 
-def secret_from_file(path: Path) -> str:
+def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:
     """Read a secret kept in `path`, creating it (mode 0600) on first use."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,11 +350,15 @@ def secret_from_file(path: Path) -> str:
             pass
         else:
             with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
+                f.write((make or _random_secret)() + "\n")
     secret = path.read_text(encoding="utf-8").strip()
     if not secret:
         raise ConfigError(f"{path} is empty; delete it to generate a new one")
     return secret
+
+
+def _random_secret() -> str:
+    return secrets.token_urlsafe(32)
 
 
 def _replace(settings: Settings, **changes: Any) -> Settings:

@@ -66,7 +66,8 @@ class Receiver:
         self.on_commit = on_commit
         self.clock = clock
         self.verifier = Verifier(settings.webhook_secret, settings.signature_max_age_seconds)
-        self.allowed_origins = frozenset(origin_of(o) for o in settings.callback_allowed)
+        self.allowed_origins = frozenset(
+            origin_of(o) for o in (*settings.callback_allowed, *settings.callback_allowed_local))
 
     async def handle(self, request: Request) -> Response:
         try:

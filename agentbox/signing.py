@@ -1,6 +1,8 @@
 """Webhook signatures: agentbox's hex HMAC scheme and Standard Webhooks.
 
-agentbox scheme: ``X-Webhook-Signature = hex(HMAC-SHA256(secret, ts + "." + body))``.
+agentbox scheme: ``X-Webhook-Signature = hex(HMAC-SHA256(secret, ts + "." + body))``
+for incoming events, and the same with ``X-Agent-*`` headers and the callback
+secret for outgoing callbacks, which also carry the Standard Webhooks headers.
 Standard Webhooks: ``webhook-signature = "v1," + base64(HMAC-SHA256(key, id + "." + ts + "." +
 body))``, where a ``whsec_`` secret's key is its base64-decoded tail. Several
 signatures (space separated) and several secrets (rotation) may be in play.
@@ -12,13 +14,18 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
+import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 HEX_TIMESTAMP_HEADER = "x-webhook-timestamp"
 HEX_SIGNATURE_HEADER = "x-webhook-signature"
 SW_ID_HEADER = "webhook-id"
 SW_TIMESTAMP_HEADER = "webhook-timestamp"
 SW_SIGNATURE_HEADER = "webhook-signature"
+AGENT_TIMESTAMP_HEADER = "x-agent-timestamp"
+AGENT_SIGNATURE_HEADER = "x-agent-signature"
 MAX_SIGNATURE_HEADER_CHARS = 4096
 
 
@@ -64,30 +71,71 @@ def sign_headers(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
     }
 
 
+def callback_headers(secrets: Sequence[str], notification_id: str, body: bytes,
+                     timestamp: int) -> dict[str, str]:
+    """The signature headers of one callback delivery.
+
+    ``X-Agent-Signature`` is the hex scheme with the first (current) secret;
+    ``webhook-signature`` carries one Standard Webhooks signature per secret,
+    so a receiver still holding an older secret verifies during a rotation.
+    """
+    ts = str(timestamp)
+    return {
+        "X-Agent-Timestamp": ts,
+        "X-Agent-Signature": hex_signature(secrets[0].encode(), ts, body),
+        "webhook-id": notification_id,
+        "webhook-timestamp": ts,
+        "webhook-signature": " ".join(
+            standard_signature(secret_keys(s)[0], notification_id, ts, body) for s in secrets),
+    }
+
+
+def verify_callback(secret: str | Sequence[str], headers: Mapping[str, str], body: bytes,
+                    max_age_seconds: float = 300, now: float | None = None) -> dict[str, Any]:
+    """Check a callback from agentbox and return its notification.
+
+    `headers` may carry either scheme (``X-Agent-*`` or Standard Webhooks);
+    `body` must be the exact raw bytes received. Raises SignatureError. Drop
+    notifications whose ``notification_id`` you have already handled: a
+    callback is delivered at least once.
+    """
+    secrets = [secret] if isinstance(secret, str) else list(secret)
+    verifier = Verifier(secrets, max_age_seconds, AGENT_TIMESTAMP_HEADER, AGENT_SIGNATURE_HEADER)
+    verifier.verify(headers, body, time.time() if now is None else now)
+    try:
+        notification: dict[str, Any] = json.loads(body)
+    except ValueError:
+        raise SignatureError("body_invalid", "The signed body is not JSON.") from None
+    return notification
+
+
 class Verifier:
     """Checks a request's signature headers against every active secret."""
 
-    def __init__(self, secrets: Sequence[str], max_age_seconds: float) -> None:
+    def __init__(self, secrets: Sequence[str], max_age_seconds: float,
+                 timestamp_header: str = HEX_TIMESTAMP_HEADER,
+                 signature_header: str = HEX_SIGNATURE_HEADER) -> None:
         self._keys = tuple(k for s in secrets for k in secret_keys(s))
         self.max_age_seconds = max_age_seconds
+        self._timestamp_header, self._signature_header = timestamp_header, signature_header
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
         """Raise SignatureError unless some secret signed this exact body recently."""
         headers = {name.lower(): value for name, value in headers.items()}
-        if headers.get(HEX_SIGNATURE_HEADER) is not None:
+        if headers.get(self._signature_header) is not None:
             self._verify_hex(headers, body, now)
         elif headers.get(SW_SIGNATURE_HEADER) is not None:
             self._verify_standard(headers, body, now)
         else:
             raise SignatureError(
                 "signature_missing",
-                "Sign the request: send X-Webhook-Timestamp and X-Webhook-Signature "
-                "(or the Standard Webhooks headers).",
+                f"Sign the request: send {self._timestamp_header.title()} and "
+                f"{self._signature_header.title()} (or the Standard Webhooks headers).",
             )
 
     def _verify_hex(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        timestamp = self._fresh_timestamp(headers.get(HEX_TIMESTAMP_HEADER), now)
-        given = headers[HEX_SIGNATURE_HEADER].strip().lower()
+        timestamp = self._fresh_timestamp(headers.get(self._timestamp_header), now)
+        given = headers[self._signature_header].strip().lower()
         if len(given) > MAX_SIGNATURE_HEADER_CHARS:
             raise _invalid()
         given_bytes = given.encode("ascii", "replace")

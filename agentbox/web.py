@@ -1,27 +1,33 @@
-"""The JSON API beside the receiver: runs, their history, replay, health."""
+"""The JSON API beside the receiver: runs, their history, replay, callbacks, health."""
 
 from __future__ import annotations
 
 import hmac
+import json
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agentbox.callbacks import CallbackDeliverer
+from agentbox.config import origin_of
 from agentbox.dispatcher import Dispatcher
 from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
-from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable
+from agentbox.store import DestinationNotFound, NotReplayable, RunNotFound, StorageUnavailable
 from agentbox.store.sqlite import SqliteStore
 
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
+NOTIFICATION_STATES = ("pending", "delivered", "dead")
 
 
 class RunsApi:
-    def __init__(self, store: SqliteStore, dispatcher: Dispatcher, admin_token: str) -> None:
+    def __init__(self, store: SqliteStore, dispatcher: Dispatcher,
+                 deliverer: CallbackDeliverer, admin_token: str) -> None:
         self.store = store
         self.dispatcher = dispatcher
+        self.deliverer = deliverer
         self._admin_token = admin_token.encode()
 
     async def get_run(self, request: Request) -> Response:
@@ -29,6 +35,7 @@ class RunsApi:
         run = await self.store.get_run(run_id)
         if run is None:
             return _not_found(run_id)
+        run["callbacks"] = await self.store.notifications(run_id)
         if request.query_params.get("history") in ("1", "true"):
             run["attempts"] = await self.store.attempts(run_id)
             run["history"] = await self.store.history(run_id)
@@ -39,17 +46,49 @@ class RunsApi:
         if status is not None and status not in {s.value for s in RunStatus}:
             return error_response(422, "invalid_query", f"unknown status {status[:40]!r}; "
                                   f"use one of {', '.join(s.value for s in RunStatus)}")
-        raw_limit = request.query_params.get("limit", str(DEFAULT_LIST_LIMIT))
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
-            return error_response(422, "invalid_query",
-                                  f"limit must be an integer from 1 to {MAX_LIST_LIMIT}")
-        runs = await self.store.list_runs(status, int(raw_limit))
+        limit = _limit(request)
+        if limit is None:
+            return _bad_limit()
+        runs = await self.store.list_runs(status, limit)
         return JSONResponse({"runs": runs})
+
+    async def list_callbacks(self, request: Request) -> Response:
+        state = request.query_params.get("state")
+        if state is not None and state not in NOTIFICATION_STATES:
+            return error_response(422, "invalid_query", f"unknown state {state[:40]!r}; use "
+                                  f"one of {', '.join(NOTIFICATION_STATES)}")
+        limit = _limit(request)
+        if limit is None:
+            return _bad_limit()
+        return JSONResponse({"callbacks": await self.store.list_notifications(state, limit)})
+
+    async def destinations(self, request: Request) -> Response:
+        return JSONResponse({"destinations": await self.store.destinations()})
+
+    async def resume_destination(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _token_required()
+        try:
+            body = json.loads(await request.body())
+            destination = origin_of(body["destination"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return error_response(422, "invalid_request", 'Send {"destination": '
+                                  '"https://host[:port]"}, an origin from GET '
+                                  '/callbacks/destinations.')
+        try:
+            await self.store.resume_destination(destination, self.dispatcher.clock())
+        except DestinationNotFound:
+            return error_response(404, "destination_not_found",
+                                  f"No callback has been sent to {destination[:200]!r}.")
+        except StorageUnavailable:
+            return error_response(503, "storage_unavailable", "The store cannot take writes.")
+        self.deliverer.wake()
+        found = [d for d in await self.store.destinations() if d["destination"] == destination]
+        return JSONResponse(found[0] if found else {"destination": destination})
 
     async def replay(self, request: Request) -> Response:
         if not self._authorised(request):
-            return error_response(401, "admin_token_required",
-                                  "Send the admin token (agentbox token) as a Bearer token.")
+            return _token_required()
         run_id = request.path_params["run_id"]
         try:
             await self.store.replay(run_id, self.dispatcher.clock())
@@ -79,6 +118,21 @@ class RunsApi:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(
             token.strip().encode(), self._admin_token)
+
+
+def _limit(request: Request) -> int | None:
+    raw = request.query_params.get("limit", str(DEFAULT_LIST_LIMIT))
+    return int(raw) if raw.isdigit() and 1 <= int(raw) <= MAX_LIST_LIMIT else None
+
+
+def _bad_limit() -> Response:
+    return error_response(422, "invalid_query",
+                          f"limit must be an integer from 1 to {MAX_LIST_LIMIT}")
+
+
+def _token_required() -> Response:
+    return error_response(401, "admin_token_required",
+                          "Send the admin token (agentbox token) as a Bearer token.")
 
 
 def _not_found(run_id: str) -> Response:

@@ -14,8 +14,10 @@ with the same guarantees, checked by one conformance suite:
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from agentbox.events import Event
@@ -86,6 +88,57 @@ class Transition:
     source: str
     agent: str
     error_code: str | None = None
+    notify: bool = False  # a callback was queued in the outbox with this change
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One outbox row leased for delivery."""
+
+    pk: int
+    notification_id: str
+    run_id: str
+    destination: str  # the callback URL's origin
+    url: str
+    body: bytes
+    attempts: int  # deliveries tried before this one
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    """What one delivery attempt ended with, as the deliverer decided it."""
+
+    state: str  # delivered, pending (another attempt at next_attempt_at), dead
+    error: str | None = None  # a category such as timeout or http_503, never a body
+    status_code: int | None = None
+    next_attempt_at: float | None = None
+    pause_reason: str | None = None  # pause the destination now (e.g. it answered 410)
+
+
+class DestinationNotFound(StoreError):
+    pass
+
+
+def notification(
+    run_id: str, status: str, attempt: int, event_id: str, result: Any, error_code: str | None,
+    now: float,
+) -> tuple[str, bytes]:
+    """The notification id and body for one state change: compact JSON, sorted keys.
+
+    The id `run_id:status:retry_count` is the same whenever the same change is
+    reported again, so receivers can drop duplicates by it.
+    """
+    retry_count = max(attempt - 1, 0)
+    notification_id = f"{run_id}:{status}:{retry_count}"
+    body = {
+        "notification_id": notification_id, "run_id": run_id, "event_id": event_id,
+        "status": status, "retry_count": retry_count, "result": result,
+        "error_code": error_code,
+        "occurred_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z"),
+    }
+    return notification_id, json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
 
 
 @dataclass
@@ -182,3 +235,45 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> dict[str, Any]:
         """Runs by status and the oldest waiting run's acceptance time."""
+
+    # -- the callback outbox (rows are written by the run transitions above) -----------
+
+    @abc.abstractmethod
+    async def claim_notifications(
+        self, owner: str, limit: int, now: float, lease_seconds: float
+    ) -> tuple[list[Notification], float | None]:
+        """Lease up to `limit` due notifications, oldest due first.
+
+        A notification waits while an earlier one of the same run is pending,
+        and while its destination is paused. Also returns when the next one
+        becomes due (None: nothing pending that could be sent).
+        """
+
+    @abc.abstractmethod
+    async def record_delivery(
+        self, notification: Notification, owner: str, result: DeliveryResult, now: float,
+        pause_after_failures: int,
+    ) -> str | None:
+        """Store an attempt's result and the destination's failure count; pause the
+        destination after `pause_after_failures` failures in a row. Returns the
+        destination's pause reason if this attempt paused it."""
+
+    @abc.abstractmethod
+    async def release_notification_leases(self, owner: str, now: float) -> int:
+        """Make notifications leased by `owner` ('*': anyone) due now."""
+
+    @abc.abstractmethod
+    async def resume_destination(self, destination: str, now: float) -> None:
+        """Unpause a destination; its queued notifications go out again."""
+
+    @abc.abstractmethod
+    async def notifications(self, run_id: str) -> list[dict[str, Any]]:
+        """The delivery state of every notification of one run, oldest first."""
+
+    @abc.abstractmethod
+    async def list_notifications(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        """The newest notifications, optionally of one delivery state."""
+
+    @abc.abstractmethod
+    async def destinations(self) -> list[dict[str, Any]]:
+        """Every callback destination with its state and failure count."""

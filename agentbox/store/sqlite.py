@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from agentbox.config import origin_of
 from agentbox.events import Event
 from agentbox.logs import get_logger
 from agentbox.runs import TERMINAL, InvalidTransition, RunStatus, check_transition
@@ -29,7 +30,10 @@ from agentbox.store import (
     AdmissionRefused,
     ClaimedRun,
     ClaimResult,
+    DeliveryResult,
+    DestinationNotFound,
     IngestResult,
+    Notification,
     NotReplayable,
     Outcome,
     RunNotFound,
@@ -37,6 +41,7 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
     Transition,
+    notification,
 )
 
 T = TypeVar("T")
@@ -110,6 +115,38 @@ CREATE TABLE IF NOT EXISTS run_history (
     note    TEXT
 );
 CREATE INDEX IF NOT EXISTS run_history_run ON run_history (run_id, at);
+-- The transactional outbox: one row per callback owed, written with the state change.
+CREATE TABLE IF NOT EXISTS outbox (
+    pk               INTEGER PRIMARY KEY,
+    notification_id  TEXT NOT NULL UNIQUE,
+    run_id           TEXT NOT NULL,
+    status           TEXT NOT NULL,  -- the run state it reports
+    destination      TEXT NOT NULL,  -- the URL's origin
+    url              TEXT NOT NULL,
+    body             BLOB NOT NULL,
+    state            TEXT NOT NULL DEFAULT 'pending',  -- pending, delivered, dead
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    created_at       REAL NOT NULL,
+    next_attempt_at  REAL,
+    lease_owner      TEXT,
+    last_attempt_at  REAL,
+    delivered_at     REAL,
+    last_error       TEXT,  -- a category (timeout, http_503, ...), never a response body
+    last_status_code INTEGER
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_pending_run ON outbox (run_id, pk) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id, pk);
+CREATE INDEX IF NOT EXISTS outbox_state ON outbox (state, pk);
+CREATE TABLE IF NOT EXISTS callback_destinations (
+    destination          TEXT PRIMARY KEY,
+    state                TEXT NOT NULL DEFAULT 'active',  -- active, paused
+    consecutive_failures INTEGER NOT NULL DEFAULT 0,
+    paused_reason        TEXT,
+    paused_at            REAL,
+    last_error           TEXT,
+    updated_at           REAL NOT NULL
+) WITHOUT ROWID;
 """
 
 ACTIVE = ("accepted", "processing", "failed_retryable")
@@ -150,7 +187,8 @@ ORDER BY lease_expires_at LIMIT ?
 """
 SQL_RUN_FOR_CLAIM = """
 SELECT r.run_id, r.agent, r.status, r.attempt, r.accepted_at, r.attempt_base,
-       e.body, e.event_id, e.event_type, e.source, r.lease_owner, r.attempt_started_at
+       e.body, e.event_id, e.event_type, e.source, r.lease_owner, r.attempt_started_at,
+       e.callback_url
 FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
 """
 SQL_CLAIM_EXPIRED = """
@@ -170,7 +208,8 @@ WHERE run_id IN (
 RETURNING run_id, agent, attempt, attempt_base, accepted_at, event_pk
 """
 CLAIMED_FROM = ("accepted", "failed_retryable")  # the states SQL_CLAIM_WAITING takes
-SQL_EVENTS_BY_PK = "SELECT pk, body, event_id, event_type, source FROM events WHERE pk IN ({})"
+SQL_EVENTS_BY_PK = (
+    "SELECT pk, body, event_id, event_type, source, callback_url FROM events WHERE pk IN ({})")
 SQL_RECORD_ATTEMPT = """
 INSERT OR REPLACE INTO attempts
     (run_id, attempt, owner, started_at, finished_at, outcome, error_code, error_message)
@@ -182,7 +221,7 @@ UPDATE runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL, next_at
 WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
 RETURNING event_pk, attempt_started_at, agent
 """
-SQL_EVENT_FIELDS = "SELECT event_id, event_type, source FROM events WHERE pk = ?"
+SQL_EVENT_FIELDS = "SELECT event_id, event_type, source, callback_url FROM events WHERE pk = ?"
 SQL_EXTEND_LEASE = """
 UPDATE runs SET lease_expires_at = ?
 WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
@@ -210,6 +249,79 @@ ORDER BY next_attempt_at LIMIT 1
 SQL_NEXT_LEASE_END = """
 SELECT lease_expires_at FROM runs INDEXED BY runs_leased WHERE status = 'processing'
 ORDER BY lease_expires_at LIMIT 1
+"""
+SQL_INSERT_NOTIFICATION = """
+INSERT INTO outbox (notification_id, run_id, status, destination, url, body, created_at,
+                    next_attempt_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (notification_id) DO NOTHING
+"""
+# Due, not leased (a lease moves next_attempt_at past its end), the run's earliest
+# pending one, and its destination not paused.
+OUTBOX_SENDABLE = """
+o.state = 'pending'
+AND NOT EXISTS (SELECT 1 FROM outbox p INDEXED BY outbox_pending_run
+                WHERE p.run_id = o.run_id AND p.state = 'pending' AND p.pk < o.pk)
+AND NOT EXISTS (SELECT 1 FROM callback_destinations d
+                WHERE d.destination = o.destination AND d.state = 'paused')
+"""
+SQL_CLAIM_NOTIFICATIONS = f"""
+UPDATE outbox SET lease_owner = :owner, next_attempt_at = :lease_until
+WHERE pk IN (
+    SELECT o.pk FROM outbox o INDEXED BY outbox_due
+    WHERE o.next_attempt_at <= :now AND {OUTBOX_SENDABLE}
+    ORDER BY o.next_attempt_at LIMIT :limit)
+RETURNING pk, notification_id, run_id, destination, url, body, attempts
+"""
+SQL_NEXT_NOTIFICATION = f"""
+SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
+WHERE o.next_attempt_at IS NOT NULL AND {OUTBOX_SENDABLE}
+ORDER BY o.next_attempt_at LIMIT 1
+"""
+SQL_RECORD_DELIVERY = """
+UPDATE outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, delivered_at = ?,
+       next_attempt_at = ?, last_error = coalesce(?, last_error), last_status_code = ?,
+       lease_owner = NULL
+WHERE pk = ? AND lease_owner = ? AND state = 'pending'
+"""
+SQL_COUNT_DESTINATION_ATTEMPT = """
+INSERT INTO callback_destinations (destination, consecutive_failures, last_error, updated_at)
+VALUES (:destination, :failed, :error, :now)
+ON CONFLICT (destination) DO UPDATE SET
+    consecutive_failures = CASE WHEN :failed THEN consecutive_failures + 1 ELSE 0 END,
+    last_error = coalesce(:error, last_error), updated_at = :now
+RETURNING state, consecutive_failures
+"""
+SQL_PAUSE_DESTINATION = """
+UPDATE callback_destinations SET state = 'paused', paused_reason = ?, paused_at = ?,
+       updated_at = ?
+WHERE destination = ? AND state = 'active'
+"""
+SQL_RESUME_DESTINATION = """
+UPDATE callback_destinations SET state = 'active', consecutive_failures = 0,
+       paused_reason = NULL, paused_at = NULL, updated_at = ?
+WHERE destination = ?
+"""
+SQL_RELEASE_NOTIFICATIONS = """
+UPDATE outbox SET next_attempt_at = ?, lease_owner = NULL
+WHERE state = 'pending' AND lease_owner IS NOT NULL AND (lease_owner = ? OR ? = '*')
+"""
+NOTIFICATION_COLUMNS = """
+notification_id, run_id, status, destination, state, attempts, created_at, next_attempt_at,
+last_attempt_at, delivered_at, last_error, last_status_code, lease_owner
+"""
+SQL_RUN_NOTIFICATIONS = (
+    f"SELECT {NOTIFICATION_COLUMNS} FROM outbox INDEXED BY outbox_run WHERE run_id = ? "
+    "ORDER BY pk")
+SQL_LIST_NOTIFICATIONS = f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY pk DESC LIMIT ?"
+SQL_LIST_NOTIFICATIONS_BY_STATE = (
+    f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE state = ? ORDER BY pk DESC LIMIT ?")
+SQL_DESTINATIONS = """
+SELECT d.destination, d.state, d.consecutive_failures, d.paused_reason, d.paused_at,
+       d.last_error, d.updated_at,
+       (SELECT count(*) FROM outbox o WHERE o.destination = d.destination
+        AND o.state = 'pending') AS pending
+FROM callback_destinations d ORDER BY d.destination
 """
 RUN_COLUMNS = """
 r.run_id, r.status, r.agent, r.attempt, r.accepted_at, r.started_at, r.updated_at,
@@ -272,8 +384,9 @@ Operation = Callable[[sqlite3.Connection, _Batch], T]
 
 
 class SqliteStore(Store):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, notification_delay: float = 0.0) -> None:
         self.path = path
+        self.notification_delay = notification_delay  # before a callback's first attempt
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
         self._conn: sqlite3.Connection | None = None  # writer's; used only on its thread
         self._reader: sqlite3.Connection | None = None  # event loop's
@@ -481,15 +594,18 @@ class SqliteStore(Store):
     async def claim(
         self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
     ) -> ClaimResult:
+        notify_due = now + self.notification_delay
+
         def op(conn: sqlite3.Connection, state: _Batch) -> ClaimResult:
             result = ClaimResult()
             for (run_id,) in conn.execute(SQL_DUE_EXPIRED, (now, limit)).fetchall():
                 row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
                 result.transitions.append(_reclaim_expired(
-                    conn, state, row, owner, now, lease_seconds, max_attempts, result.claimed))
+                    conn, state, row, owner, now, lease_seconds, max_attempts, result.claimed,
+                    notify_due))
             free = limit - len(result.claimed)
             if free > 0:
-                _claim_waiting(conn, owner, now, lease_seconds, free, result)
+                _claim_waiting(conn, owner, now, lease_seconds, free, result, notify_due)
             if len(result.claimed) < limit:
                 result.next_due_at = _next_due(conn)
             return result
@@ -524,9 +640,13 @@ class SqliteStore(Store):
                                               outcome.error_message))
             if target.terminal:
                 state.active -= 1
-            event_id, event_type, source = conn.execute(SQL_EVENT_FIELDS, (event_pk,)).fetchone()
+            event_id, event_type, source, callback_url = conn.execute(
+                SQL_EVENT_FIELDS, (event_pk,)).fetchone()
+            notify = _queue_callback(conn, callback_url, run_id, target.value, attempt, event_id,
+                                     now, now + self.notification_delay, outcome.result,
+                                     outcome.error_code)
             return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
-                              outcome.error_code)
+                              outcome.error_code, notify)
 
         return await self._write(op)
 
@@ -551,7 +671,7 @@ class SqliteStore(Store):
             row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
-            _, agent, status, attempt, _, _, _, event_id, event_type, source, _, _ = row
+            _, agent, status, attempt, _, _, _, event_id, event_type, source, _, _, _ = row
             if status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT):
                 raise NotReplayable(run_id, status)
             check_transition(run_id, status, RunStatus.ACCEPTED)
@@ -568,6 +688,65 @@ class SqliteStore(Store):
             return conn.execute(SQL_PRUNE_KEYS, (now, limit)).rowcount
 
         return await self._write(op)
+
+    # -- the callback outbox ------------------------------------------------------------
+    # Delivery bookkeeping commits without an fsync: losing it in a power cut only
+    # means a notification is sent again, which its id lets the receiver drop.
+
+    async def claim_notifications(
+        self, owner: str, limit: int, now: float, lease_seconds: float
+    ) -> tuple[list[Notification], float | None]:
+        def op(conn: sqlite3.Connection, state: _Batch
+               ) -> tuple[list[Notification], float | None]:
+            rows = conn.execute(SQL_CLAIM_NOTIFICATIONS, {
+                "owner": owner, "lease_until": now + lease_seconds, "now": now, "limit": limit,
+            }).fetchall()
+            claimed = sorted((Notification(*row) for row in rows), key=lambda n: n.pk)
+            following = conn.execute(SQL_NEXT_NOTIFICATION).fetchone()
+            return claimed, None if following is None else following[0]
+
+        return await self._write(op, durable=False)
+
+    async def record_delivery(
+        self, notification: Notification, owner: str, result: DeliveryResult, now: float,
+        pause_after_failures: int,
+    ) -> str | None:
+        delivered = result.state == "delivered"
+
+        def op(conn: sqlite3.Connection, state: _Batch) -> str | None:
+            landed = conn.execute(SQL_RECORD_DELIVERY, (
+                result.state, now, now if delivered else None,
+                result.next_attempt_at if result.state == "pending" else None,
+                result.error, result.status_code, notification.pk, owner,
+            )).rowcount
+            if not landed:
+                return None  # the lease ran out and someone else has it now
+            dest_state, failures = conn.execute(SQL_COUNT_DESTINATION_ATTEMPT, {
+                "destination": notification.destination, "failed": not delivered,
+                "error": result.error, "now": now,
+            }).fetchone()
+            reason = result.pause_reason
+            if reason is None and not delivered and failures >= pause_after_failures:
+                reason = f"{failures} failures in a row"
+            if reason is None or dest_state == "paused":
+                return None
+            conn.execute(SQL_PAUSE_DESTINATION, (reason, now, now, notification.destination))
+            return reason
+
+        return await self._write(op, durable=False)
+
+    async def release_notification_leases(self, owner: str, now: float) -> int:
+        def op(conn: sqlite3.Connection, state: _Batch) -> int:
+            return conn.execute(SQL_RELEASE_NOTIFICATIONS, (now, owner, owner)).rowcount
+
+        return await self._write(op, durable=False)
+
+    async def resume_destination(self, destination: str, now: float) -> None:
+        def op(conn: sqlite3.Connection, state: _Batch) -> None:
+            if not conn.execute(SQL_RESUME_DESTINATION, (now, destination)).rowcount:
+                raise DestinationNotFound(destination)
+
+        await self._write(op)
 
     # -- reads (own connection; WAL readers never wait for the writer) -----------------
 
@@ -634,6 +813,40 @@ class SqliteStore(Store):
                 "active": sum(counts[s] for s in ACTIVE)}
 
 
+    async def notifications(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self._read().execute(SQL_RUN_NOTIFICATIONS, (run_id,)).fetchall()
+        return [_notification_view(row) for row in rows]
+
+    async def list_notifications(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        conn = self._read()
+        if state is None:
+            rows = conn.execute(SQL_LIST_NOTIFICATIONS, (limit,)).fetchall()
+        else:
+            rows = conn.execute(SQL_LIST_NOTIFICATIONS_BY_STATE, (state, limit)).fetchall()
+        return [_notification_view(row) for row in rows]
+
+    async def destinations(self) -> list[dict[str, Any]]:
+        return [
+            {"destination": d, "state": st, "consecutive_failures": f, "paused_reason": r,
+             "paused_at": iso(p), "last_error": e, "updated_at": iso(u), "pending": n}
+            for d, st, f, r, p, e, u, n in self._read().execute(SQL_DESTINATIONS)
+        ]
+
+
+def _notification_view(row: tuple[Any, ...]) -> dict[str, Any]:
+    (notification_id, run_id, status, destination, state, attempts, created_at, next_attempt_at,
+     last_attempt_at, delivered_at, last_error, last_status_code, lease_owner) = row
+    return {
+        "notification_id": notification_id, "run_id": run_id, "status": status,
+        "destination": destination, "state": state, "attempts": attempts,
+        "created_at": iso(created_at),
+        "next_attempt_at": iso(next_attempt_at) if state == "pending" else None,
+        "sending": lease_owner is not None,
+        "last_attempt_at": iso(last_attempt_at), "delivered_at": iso(delivered_at),
+        "last_error": last_error, "last_status_code": last_status_code,
+    }
+
+
 def _lock_exclusively(path: Path) -> IO[bytes]:
     """One process serves a SQLite store: a second one would break lease recovery,
     which treats every lease found at start-up as left by a dead process."""
@@ -669,7 +882,7 @@ def _storage_reason(exc: sqlite3.Error) -> str:
 
 
 def _claim_waiting(conn: sqlite3.Connection, owner: str, now: float, lease_seconds: float,
-                   limit: int, result: ClaimResult) -> None:
+                   limit: int, result: ClaimResult, notify_due: float) -> None:
     rows = conn.execute(SQL_CLAIM_WAITING, {"owner": owner, "lease_until": now + lease_seconds,
                                             "now": now, "limit": limit}).fetchall()
     if not rows:
@@ -678,21 +891,23 @@ def _claim_waiting(conn: sqlite3.Connection, owner: str, now: float, lease_secon
     events = {pk: rest for pk, *rest in conn.execute(
         SQL_EVENTS_BY_PK.format(",".join("?" * len(pks))), pks)}
     for run_id, agent, attempt, attempt_base, accepted_at, event_pk in rows:
-        body, event_id, event_type, source = events[event_pk]
+        body, event_id, event_type, source, callback_url = events[event_pk]
         result.claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body,
                                          accepted_at, event_id, event_type, source))
-        result.transitions.append(
-            Transition(run_id, "processing", attempt, event_id, event_type, source, agent))
+        notify = _queue_callback(conn, callback_url, run_id, "processing", attempt, event_id, now,
+                                 notify_due)
+        result.transitions.append(Transition(run_id, "processing", attempt, event_id, event_type,
+                                             source, agent, notify=notify))
 
 
 def _reclaim_expired(
     conn: sqlite3.Connection, state: _Batch, row: tuple[Any, ...], owner: str, now: float,
-    lease_seconds: float, max_attempts: int, claimed: list[ClaimedRun],
+    lease_seconds: float, max_attempts: int, claimed: list[ClaimedRun], notify_due: float,
 ) -> Transition:
     """A run whose holder died: record the lost attempt, then claim it again or,
     with its attempts spent, dead-letter it."""
     (run_id, agent, status, attempt, accepted_at, attempt_base, body, event_id, event_type,
-     source, old_owner, attempt_started_at) = row
+     source, old_owner, attempt_started_at, callback_url) = row
     conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, old_owner or "", attempt_started_at or now,
                                       now, "lease_expired", "lease_expired", None))
     if attempt - attempt_base >= max_attempts:
@@ -705,14 +920,33 @@ def _reclaim_expired(
             (now, now, message, run_id),
         )
         state.active -= 1
+        notify = _queue_callback(conn, callback_url, run_id, "dead_lettered", attempt, event_id,
+                                 now, notify_due, error_code="lease_expired")
         return Transition(run_id, "dead_lettered", attempt, event_id, event_type, source, agent,
-                          "lease_expired")
+                          "lease_expired", notify)
     check_transition(run_id, status, RunStatus.PROCESSING)
     attempt += 1
     conn.execute(SQL_CLAIM_EXPIRED, (attempt, owner, now + lease_seconds, now, now, run_id))
     claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body, accepted_at,
                               event_id, event_type, source))
-    return Transition(run_id, "processing", attempt, event_id, event_type, source, agent)
+    notify = _queue_callback(conn, callback_url, run_id, "processing", attempt, event_id, now,
+                             notify_due)
+    return Transition(run_id, "processing", attempt, event_id, event_type, source, agent,
+                      notify=notify)
+
+
+def _queue_callback(
+    conn: sqlite3.Connection, callback_url: str | None, run_id: str, status: str, attempt: int,
+    event_id: str, now: float, due: float, result: Any = None, error_code: str | None = None,
+) -> bool:
+    """Write the outbox row a state change owes, in the state change's transaction."""
+    if callback_url is None:
+        return False
+    notification_id, body = notification(run_id, status, attempt, event_id, result, error_code,
+                                         now)
+    conn.execute(SQL_INSERT_NOTIFICATION, (notification_id, run_id, status,
+                                           origin_of(callback_url), callback_url, body, now, due))
+    return True
 
 
 def _next_due(conn: sqlite3.Connection) -> float | None:

@@ -1,0 +1,322 @@
+"""The callback deliverer: sends the outbox's notifications, signed, with retries.
+
+Run transitions write their notifications into the outbox in the same
+transaction (see the store). This loop leases due ones, checks the destination
+again (allowlist, then every resolved address), signs each attempt afresh and
+POSTs it to the address it checked, never to a second lookup of the name.
+A 2xx delivers; anything else, a timeout or a connection error schedules the
+next attempt from AGENTBOX_CALLBACK_RETRY_SCHEDULE, and the last failure
+makes the notification dead (kept and listable). A destination that keeps
+failing, or answers 410, is paused until someone resumes it; what is queued
+for it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from agentbox.addresses import IPAddress, is_public, parse_address
+from agentbox.config import Settings, is_loopback_host, origin_of
+from agentbox.logs import get_logger
+from agentbox.signing import callback_headers
+from agentbox.store import DeliveryResult, Notification, StorageUnavailable, Store, Transition
+
+log = get_logger("callbacks")
+RESPONSE_BODY_CAP_BYTES = 4096  # read this much at most, and never keep it
+LEASE_GRACE_SECONDS = 10.0  # a lease outlives the delivery timeout by this much
+MAX_RETRY_AFTER_SECONDS = 86_400.0
+MAX_IDLE_WAIT_SECONDS = 5.0
+JITTER = 0.2
+
+Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """Every address `host` resolves to, in the resolver's order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[IPAddress] = []
+    for *_, sockaddr in infos:
+        address = parse_address(str(sockaddr[0]))
+        if address is not None and address not in found:
+            found.append(address)
+    return found
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one POST went. `error` is None when the destination took it (2xx)."""
+
+    error: str | None
+    status_code: int | None = None
+    retry_after: float | None = None
+
+
+class DestinationPolicy:
+    """Which callback URLs may be sent to, and at which addresses (the SSRF rules).
+
+    An origin must be allowlisted (AGENTBOX_CALLBACK_ALLOWED or
+    AGENTBOX_CALLBACK_ALLOWED_LOCAL). Its host's addresses must all be public,
+    except: a loopback origin (127.0.0.1, [::1], localhost) listed explicitly
+    may reach loopback addresses only, and an origin listed in
+    AGENTBOX_CALLBACK_ALLOWED_LOCAL may reach any unicast address.
+    """
+
+    def __init__(self, allowed: Sequence[str], allowed_local: Sequence[str]) -> None:
+        self.local = frozenset(origin_of(o) for o in allowed_local)
+        self.allowed = frozenset(origin_of(o) for o in allowed) | self.local
+
+    def refusal(self, url: str) -> str | None:
+        """Why `url` may not be used at all (an error category), or None."""
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            return "destination_not_allowed"
+        try:
+            origin = origin_of(url)
+        except ValueError:
+            return "destination_not_allowed"
+        return None if origin in self.allowed else "destination_not_allowed"
+
+    def permits(self, url: str, address: IPAddress) -> bool:
+        origin, host = origin_of(url), urlsplit(url).hostname or ""
+        if origin in self.local:
+            return not (address.is_multicast or address.is_unspecified)
+        if is_loopback_host(host):
+            return address.is_loopback
+        return is_public(address)
+
+
+class CallbackDeliverer:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        resolver: Resolver = system_resolver,
+        transport: httpx.AsyncBaseTransport | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.resolver = resolver
+        self.policy = DestinationPolicy(settings.callback_allowed, settings.callback_allowed_local)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._rng = rng or random.Random()
+        timeout = settings.callback_timeout_seconds
+        # No proxies from the environment (they would defeat the address check), no
+        # redirects, and no kept-alive connections: each one is made to the address
+        # just checked, with the TLS name of the URL it is for.
+        self._client = httpx.AsyncClient(
+            transport=transport or httpx.AsyncHTTPTransport(
+                verify=ssl_context or ssl.create_default_context(), trust_env=False,
+                limits=httpx.Limits(max_keepalive_connections=0)),
+            trust_env=False, follow_redirects=False, timeout=httpx.Timeout(timeout))
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self, recover_all_leases: bool = True) -> None:
+        if recover_all_leases:  # sent by a previous life when it died: send again now
+            await self.store.release_notification_leases("*", self.clock())
+        self._loop_task = asyncio.create_task(self._loop(), name="agentbox-callbacks")
+
+    async def stop(self) -> None:
+        """Stop sending. Deliveries cut short stay pending and go out at the next start."""
+        self._stop.set()
+        self._wake.set()
+        tasks = [*self._inflight, *([self._loop_task] if self._loop_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(StorageUnavailable):
+            await self.store.release_notification_leases(self.owner, self.clock())
+        await self._client.aclose()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def on_transition(self, transition: Transition) -> None:
+        if transition.notify:
+            self._wake.set()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            self._wake.clear()
+            free = s.callback_concurrency - len(self._inflight)
+            due: float | None = None
+            if free > 0:
+                try:
+                    claimed, due = await self.store.claim_notifications(
+                        self.owner, free, self.clock(),
+                        s.callback_timeout_seconds + LEASE_GRACE_SECONDS)
+                except StorageUnavailable:
+                    claimed, due = [], self.clock() + 1.0
+                except Exception:  # a bug: say so, keep the loop alive
+                    log.exception("claiming callbacks failed")
+                    claimed, due = [], self.clock() + 1.0
+                for notification in claimed:
+                    task = asyncio.create_task(self._deliver(notification))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._finished)
+                if len(claimed) == free:
+                    continue  # more may be due
+            wait = MAX_IDLE_WAIT_SECONDS if due is None else min(
+                MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._wake.set()
+
+    async def _deliver(self, notification: Notification) -> None:
+        started = time.monotonic()
+        attempt = await self.attempt(notification)
+        result = self.decide(notification, attempt)
+        try:
+            paused = await self._record(notification, result)
+        except Exception:  # a bug; the lease runs out and the notification goes again
+            log.exception("recording a delivery failed",
+                          extra={"notification_id": notification.notification_id})
+            return
+        log.info(f"callback {result.state}", extra={
+            "notification_id": notification.notification_id, "run_id": notification.run_id,
+            "destination": notification.destination, "attempt": notification.attempts + 1,
+            "error": result.error, "status_code": result.status_code,
+            "duration_ms": round((time.monotonic() - started) * 1000, 3)})
+        if paused:
+            log.warning("callback destination paused; resume it with "
+                        "`agentbox callbacks resume`",
+                        extra={"destination": notification.destination, "reason": paused})
+
+    async def _record(self, notification: Notification, result: DeliveryResult) -> str | None:
+        delay = 0.1
+        while True:
+            try:
+                return await self.store.record_delivery(
+                    notification, self.owner, result, self.clock(),
+                    self.settings.callback_pause_after_failures)
+            except StorageUnavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def decide(self, notification: Notification, attempt: Attempt) -> DeliveryResult:
+        """The notification's next state after `attempt`, by the retry schedule."""
+        if attempt.error is None:
+            return DeliveryResult("delivered", status_code=attempt.status_code)
+        schedule = self.settings.callback_retry_schedule
+        number = notification.attempts + 1  # this attempt's number
+        pause = "gone: the destination answered 410" if attempt.status_code == 410 else None
+        if number >= len(schedule):
+            return DeliveryResult("dead", attempt.error, attempt.status_code,
+                                  pause_reason=pause)
+        now = self.clock()
+        if pause is not None:  # waits, due at once, until the destination is resumed
+            next_at = now
+        elif attempt.retry_after is not None:
+            next_at = now + attempt.retry_after
+        else:
+            next_at = now + schedule[number] * self._rng.uniform(1 - JITTER, 1 + JITTER)
+        return DeliveryResult("pending", attempt.error, attempt.status_code, next_at, pause)
+
+    # -- one POST -----------------------------------------------------------------------
+
+    async def attempt(self, notification: Notification) -> Attempt:
+        """Check the destination, resolve it, and POST to the address that passed."""
+        url = notification.url
+        refusal = self.policy.refusal(url)
+        if refusal is not None:
+            return Attempt(refusal)
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        literal = parse_address(host)
+        if literal is not None:
+            addresses: Sequence[IPAddress] = [literal]
+        else:
+            try:
+                addresses = await self.resolver(host, port)
+            except (OSError, UnicodeError):
+                return Attempt("dns_error")
+        if not addresses:
+            return Attempt("dns_error")
+        if not all(self.policy.permits(url, address) for address in addresses):
+            return Attempt("address_not_allowed")
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "agentbox-callbacks",
+            "Host": parts.netloc.rpartition("@")[2],
+            **callback_headers(self.settings.callback_secret, notification.notification_id,
+                               notification.body, int(self.clock())),
+        }
+        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+        last = Attempt("connection_error")
+        for address in addresses:
+            netloc = f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+            target = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+            last = await self._post(target, headers, notification.body, extensions)
+            if last.error != "connection_error":
+                break  # only an address that cannot be reached makes us try the next
+        return last
+
+    async def _post(self, target: str, headers: dict[str, str], body: bytes,
+                    extensions: dict[str, str]) -> Attempt:
+        try:
+            async with asyncio.timeout(self.settings.callback_timeout_seconds):
+                async with self._client.stream("POST", target, content=body, headers=headers,
+                                               extensions=extensions) as response:
+                    received = 0
+                    async for chunk in response.aiter_raw():
+                        received += len(chunk)
+                        if received >= RESPONSE_BODY_CAP_BYTES:
+                            break
+        except (TimeoutError, httpx.TimeoutException):
+            return Attempt("timeout")
+        except httpx.ConnectError as exc:
+            cause = exc.__context__ or exc.__cause__
+            return Attempt("tls_error" if isinstance(cause, ssl.SSLError) else
+                           "connection_error")
+        except httpx.HTTPError:
+            return Attempt("protocol_error")
+        code = response.status_code
+        if 200 <= code < 300:
+            return Attempt(None, code)
+        retry_after = None
+        if code in (429, 503):
+            retry_after = retry_after_seconds(response.headers.get("retry-after"), self.clock())
+        return Attempt(f"http_{code}", code, retry_after)
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """A Retry-After header (seconds or an HTTP date) as seconds from now, bounded."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)

@@ -19,6 +19,7 @@ records what arrived. The URL's path says how it answers:
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -73,10 +74,10 @@ class CallbackReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_POST(self) -> None:
                 receiver._handle(self)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -132,10 +133,9 @@ class CallbackReceiver:
             request.send_header(name, value)
         request.send_header("Content-Length", str(len(payload)))
         request.end_headers()
-        try:
+        # agentbox may stop reading (the body cap) or give up (its timeout)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             request.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # agentbox stopped reading (the body cap) or gave up (timeout)
 
     def _answer(self, path: str, count: int, on_path: int
                 ) -> tuple[int, dict[str, str], bytes]:

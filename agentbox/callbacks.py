@@ -191,7 +191,12 @@ class CallbackDeliverer:
 
     async def _deliver(self, notification: Notification) -> None:
         started = time.monotonic()
-        attempt = await self.attempt(notification)
+        try:
+            attempt = await self.attempt(notification)
+        except Exception:  # a bug: count it as a failed attempt, never lose the row
+            log.exception("delivering a callback failed",
+                          extra={"notification_id": notification.notification_id})
+            attempt = Attempt("internal_error")
         result = self.decide(notification, attempt)
         try:
             paused = await self._record(notification, result)
@@ -293,9 +298,7 @@ class CallbackDeliverer:
         except (TimeoutError, httpx.TimeoutException):
             return Attempt("timeout")
         except httpx.ConnectError as exc:
-            cause = exc.__context__ or exc.__cause__
-            return Attempt("tls_error" if isinstance(cause, ssl.SSLError) else
-                           "connection_error")
+            return Attempt("tls_error" if _caused_by(exc, ssl.SSLError) else "connection_error")
         except httpx.HTTPError:
             return Attempt("protocol_error")
         code = response.status_code
@@ -305,6 +308,17 @@ class CallbackDeliverer:
         if code in (429, 503):
             retry_after = retry_after_seconds(response.headers.get("retry-after"), self.clock())
         return Attempt(f"http_{code}", code, retry_after)
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain is short; the bound guards against a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:

@@ -6,6 +6,7 @@ tmp_path, so the real home directory and environment are never read or written.
 
 from __future__ import annotations
 
+import base64
 import os
 import stat
 from pathlib import Path
@@ -22,6 +23,7 @@ from agentbox.config import (
     Settings,
     admin_token,
     check_allowed_origin,
+    ensure_callback_secret,
     ensure_webhook_secret,
     load_settings,
     origin_of,
@@ -40,6 +42,9 @@ NUMERIC = {
     "AGENTBOX_LEASE_SECONDS": ("lease_seconds", False),
     "AGENTBOX_RETRY_BASE_SECONDS": ("retry_base_seconds", False),
     "AGENTBOX_RETRY_MAX_SECONDS": ("retry_max_seconds", False),
+    "AGENTBOX_CALLBACK_TIMEOUT_SECONDS": ("callback_timeout_seconds", False),
+    "AGENTBOX_CALLBACK_PAUSE_AFTER_FAILURES": ("callback_pause_after_failures", True),
+    "AGENTBOX_CALLBACK_CONCURRENCY": ("callback_concurrency", True),
 }
 BAD_ANY = ["0", "-1", "-0", "abc", "", "   ", "nan", "inf", "-inf", "1e999", "0x10", "1,5",
            "five", "--1", "++1"]
@@ -413,3 +418,57 @@ def test_origin_credentials_not_in_config_error(tmp_path):
 def test_origin_of():
     assert origin_of("https://studio.example/webhook-results?x=1") == "https://studio.example:443"
     assert origin_of("http://[::1]/cb") == "http://[::1]:80"
+
+
+# -- callbacks ----------------------------------------------------------------------------------
+
+
+def test_callback_defaults(tmp_path):
+    s = load(tmp_path)
+    assert s.callback_retry_schedule == (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
+    assert s.callback_timeout_seconds == 15 and s.callback_pause_after_failures == 20
+    assert s.callback_allowed_local == () and s.callback_secret == ()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0,5,300", (0, 5, 300)), ("0.5", (0.5,)), (" 1 , 2.25 ", (1, 2.25)), ("0,0", (0, 0)),
+])
+def test_callback_retry_schedule_parses_seconds(tmp_path, text, expected):
+    s = load(tmp_path, {"AGENTBOX_CALLBACK_RETRY_SCHEDULE": text})
+    assert s.callback_retry_schedule == expected
+
+
+def test_callback_retry_schedule_from_toml_list(tmp_path):
+    s = load(tmp_path, toml="callback_retry_schedule = [0, 1.5, 60]\n")
+    assert s.callback_retry_schedule == (0, 1.5, 60)
+
+
+@pytest.mark.parametrize("text", ["", " , ", "-1", "0,-5", "soon", "1,,2", "nan", "inf"])
+def test_bad_callback_retry_schedule_refuses_to_start(tmp_path, text):
+    message = config_error(tmp_path, {"AGENTBOX_CALLBACK_RETRY_SCHEDULE": text})
+    assert "AGENTBOX_CALLBACK_RETRY_SCHEDULE" in message
+
+
+def test_callback_allowed_local_is_checked_like_the_allowlist(tmp_path):
+    s = load(tmp_path, {"AGENTBOX_CALLBACK_ALLOWED_LOCAL": "https://nas.studio.example"})
+    assert s.callback_allowed_local == ("https://nas.studio.example",)
+    message = config_error(tmp_path, {"AGENTBOX_CALLBACK_ALLOWED_LOCAL": "http://nas.lan"})
+    assert "AGENTBOX_CALLBACK_ALLOWED_LOCAL" in message and "plain http" in message
+
+
+def test_callback_secret_is_never_echoed(tmp_path):
+    message = config_error(tmp_path, toml="callback_secret = 918273645546372819\n")
+    assert "918273645546372819" not in message and "callback_secret" in message
+
+
+def test_ensure_callback_secret_makes_a_standard_webhooks_secret(tmp_path):
+    cfg = tmp_path / "cfg"
+    s = load(tmp_path, overrides={"config_dir": cfg})
+    filled, path = ensure_callback_secret(s)
+    (secret,) = filled.callback_secret
+    assert path == cfg / "callback_secret" and _mode(path) == 0o600
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 32
+    assert ensure_callback_secret(s)[0].callback_secret == (secret,)
+    configured = load(tmp_path, {"AGENTBOX_CALLBACK_SECRET": "mine"},
+                      overrides={"config_dir": cfg})
+    assert ensure_callback_secret(configured) == (configured, None)

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import ssl
 import threading
 import time
 from collections import Counter
@@ -65,7 +66,7 @@ def standard_valid(secret: str, headers: dict[str, str], body: bytes) -> bool:
 
 
 class CallbackReceiver:
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, tls: ssl.SSLContext | None = None) -> None:
         self.secret = secret
         self.received: list[Received] = []
         self.outage = False
@@ -82,8 +83,10 @@ class CallbackReceiver:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
-        self.origin = f"http://127.0.0.1:{self.port}"
+        self.origin = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 

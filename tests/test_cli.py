@@ -80,8 +80,11 @@ def test_verify_reports_ok_and_finds_damage(server: Server) -> None:
     import sqlite3
     conn = sqlite3.connect(server.home / "data" / "agentbox.sqlite3")
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+    conn.execute("INSERT INTO outbox (notification_id, run_id, status, destination, url, body,"
+                 " created_at) VALUES ('x:processing:0', 'x', 'processing', 'o', 'u', '{}', 0)")
     conn.commit()
     conn.close()
     damaged = agentbox(server, "verify")
     assert damaged.returncode == 1
     assert "events without any run" in damaged.stdout
+    assert "callback notifications whose run is missing: x:processing:0" in damaged.stdout

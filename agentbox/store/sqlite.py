@@ -1009,6 +1009,12 @@ INTEGRITY_CHECKS = (
     ("terminal runs without a completion time",
      "SELECT run_id FROM runs WHERE status IN ('succeeded', 'failed_permanent', "
      "'dead_lettered') AND completed_at IS NULL LIMIT 20"),
+    ("callback notifications whose run is missing",
+     "SELECT o.notification_id FROM outbox o WHERE NOT EXISTS "
+     "(SELECT 1 FROM runs r WHERE r.run_id = o.run_id) LIMIT 20"),
+    ("callback notifications in an unknown delivery state",
+     "SELECT notification_id FROM outbox WHERE state NOT IN ('pending', 'delivered', 'dead') "
+     "LIMIT 20"),
     ("attempts numbered beyond their run's attempt count",
      "SELECT a.run_id FROM attempts a JOIN runs r ON r.run_id = a.run_id "
      "WHERE a.attempt > r.attempt LIMIT 20"),

@@ -4,8 +4,9 @@ A callback URL comes from whoever sent the event, so agentbox must not become
 a way to reach this machine, its network or a cloud metadata service. Before
 every delivery the host is resolved and every address it resolves to must be
 public (globally routable unicast). Addresses that reach an IPv4 host
-(IPv4-mapped, NAT64) are judged by the IPv4 address inside; the deprecated
-IPv4-compatible form is refused outright.
+(IPv4-mapped, IPv4-translated, NAT64) are judged by the IPv4 address inside;
+the deprecated IPv4-compatible form is refused outright. Other IPv6 addresses
+must be in 2000::/3, the only block assigned for global unicast.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ REFUSED_V6 = tuple(IPv6Network(n) for n in (
     "100::/64",         # discard
     "2001::/23",        # IETF protocol assignments, incl. Teredo
     "2001:db8::/32",    # documentation
+    "3fff::/20",        # documentation
     "2002::/16",        # 6to4: tunnels to arbitrary IPv4 addresses
     "fc00::/7",         # unique-local
     "fe80::/10",        # link-local
@@ -48,13 +50,15 @@ REFUSED_V6 = tuple(IPv6Network(n) for n in (
     "ff00::/8",         # multicast
 ))
 NAT64 = IPv6Network("64:ff9b::/96")
+IPV4_TRANSLATED = IPv6Network("::ffff:0:0:0/96")
+GLOBAL_UNICAST_V6 = IPv6Network("2000::/3")
 
 
 def embedded_ipv4(address: IPv6Address) -> IPv4Address | None:
-    """The IPv4 host an IPv6 address reaches (IPv4-mapped or NAT64), if any."""
+    """The IPv4 host an IPv6 address reaches (IPv4-mapped, -translated or NAT64), if any."""
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
-    if address in NAT64:
+    if address in NAT64 or address in IPV4_TRANSLATED:
         return IPv4Address(int(address) & 0xFFFF_FFFF)
     return None
 
@@ -67,6 +71,8 @@ def is_public(address: IPAddress) -> bool:
         inner = embedded_ipv4(address)
         if inner is not None:
             return is_public(inner)
+        if address not in GLOBAL_UNICAST_V6:
+            return False
         refused: tuple[IPv4Network, ...] | tuple[IPv6Network, ...] = REFUSED_V6
     else:
         refused = REFUSED_V4

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import CallbackDeliverer
-from agentbox.config import Settings
+from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.receiver import Receiver, error_response
@@ -29,6 +29,9 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest g
 def create_app(
     settings: Settings, admin_token: str, clock: Callable[[], float] = time.time
 ) -> Starlette:
+    if not settings.webhook_secret or not settings.callback_secret:
+        raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
+                          "ensure_callback_secret first")
     registry = AgentRegistry.from_bindings(settings.agents)
     store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])
     dispatcher = Dispatcher(store, registry, settings, clock)

@@ -81,7 +81,7 @@ class DestinationPolicy:
     def refusal(self, url: str) -> str | None:
         """Why `url` may not be used at all (an error category), or None."""
         parts = urlsplit(url)
-        if parts.username is not None or parts.password is not None:
+        if parts.username is not None or parts.password is not None or not url.isascii():
             return "destination_not_allowed"
         try:
             origin = origin_of(url)
@@ -236,18 +236,28 @@ class CallbackDeliverer:
             return DeliveryResult("dead", attempt.error, attempt.status_code,
                                   pause_reason=pause)
         now = self.clock()
+        delay = schedule[number] * self._rng.uniform(1 - JITTER, 1 + JITTER)
         if pause is not None:  # waits, due at once, until the destination is resumed
-            next_at = now
+            delay = 0.0
         elif attempt.retry_after is not None:
-            next_at = now + attempt.retry_after
-        else:
-            next_at = now + schedule[number] * self._rng.uniform(1 - JITTER, 1 + JITTER)
+            # Never sooner than the destination asked, nor sooner than the schedule: a
+            # "Retry-After: 0" loop must not spend the whole schedule in seconds.
+            delay = max(delay, attempt.retry_after)
+        next_at = now + delay
         return DeliveryResult("pending", attempt.error, attempt.status_code, next_at, pause)
 
     # -- one POST -----------------------------------------------------------------------
 
     async def attempt(self, notification: Notification) -> Attempt:
-        """Check the destination, resolve it, and POST to the address that passed."""
+        """Check the destination, resolve it, and POST to the address that passed,
+        all within the timeout (so an attempt never outlives its lease)."""
+        try:
+            async with asyncio.timeout(self.settings.callback_timeout_seconds):
+                return await self._attempt(notification)
+        except TimeoutError:
+            return Attempt("timeout")
+
+    async def _attempt(self, notification: Notification) -> Attempt:
         url = notification.url
         refusal = self.policy.refusal(url)
         if refusal is not None:
@@ -270,7 +280,7 @@ class CallbackDeliverer:
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "agentbox-callbacks",
-            "Host": parts.netloc.rpartition("@")[2],
+            "Host": _host_header(host, parts.port),
             **callback_headers(self.settings.callback_secret, notification.notification_id,
                                notification.body, int(self.clock())),
         }
@@ -287,15 +297,14 @@ class CallbackDeliverer:
     async def _post(self, target: str, headers: dict[str, str], body: bytes,
                     extensions: dict[str, str]) -> Attempt:
         try:
-            async with asyncio.timeout(self.settings.callback_timeout_seconds):
-                async with self._client.stream("POST", target, content=body, headers=headers,
-                                               extensions=extensions) as response:
-                    received = 0
-                    async for chunk in response.aiter_raw():
-                        received += len(chunk)
-                        if received >= RESPONSE_BODY_CAP_BYTES:
-                            break
-        except (TimeoutError, httpx.TimeoutException):
+            async with self._client.stream("POST", target, content=body, headers=headers,
+                                           extensions=extensions) as response:
+                received = 0
+                async for chunk in response.aiter_raw():
+                    received += len(chunk)
+                    if received >= RESPONSE_BODY_CAP_BYTES:
+                        break
+        except httpx.TimeoutException:
             return Attempt("timeout")
         except httpx.ConnectError as exc:
             return Attempt("tls_error" if _caused_by(exc, ssl.SSLError) else "connection_error")
@@ -308,6 +317,11 @@ class CallbackDeliverer:
         if code in (429, 503):
             retry_after = retry_after_seconds(response.headers.get("retry-after"), self.clock())
         return Attempt(f"http_{code}", code, retry_after)
+
+
+def _host_header(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:

@@ -277,9 +277,13 @@ def check_allowed_origin(origin: str, where: str = env_name("callback_allowed"))
         # Not echoed: the text holds a credential.
         raise ConfigError(f"{where}: an origin carries credentials; list bare origins only")
     try:
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a port
+        if parts.port == 0:
+            raise ValueError
     except ValueError:
         raise ConfigError(f"{where}: {origin!r} has an invalid port") from None
+    if not origin.isascii():
+        raise ConfigError(f"{where}: {origin!r}: write an international host name in its "
+                          "ASCII (xn--) form")
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(f"{where}: {origin!r} is not an origin such as https://studio.example")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
@@ -295,7 +299,7 @@ def origin_of(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{parts.port or default}"
+    return f"{parts.scheme}://{host}:{default if parts.port is None else parts.port}"
 
 
 def is_loopback_host(host: str) -> bool:

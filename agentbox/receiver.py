@@ -110,10 +110,12 @@ class Receiver:
         if url is None:
             return
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii():
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", [{"loc": ["callback_url"], "type": "url_invalid",
-                                            "msg": "must be an absolute http(s) URL"}])
+                                            "msg": "must be an absolute http(s) URL in ASCII "
+                                                   "(an international host name in its xn-- "
+                                                   "form, the path percent-encoded)"}])
         if parts.username is not None or parts.password is not None:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url must not carry credentials.")

@@ -6,7 +6,7 @@ import hmac
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.callbacks import CallbackDeliverer
@@ -20,6 +20,7 @@ from agentbox.store.sqlite import SqliteStore
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
+MAX_ADMIN_BODY_BYTES = 4096
 
 
 class RunsApi:
@@ -69,9 +70,12 @@ class RunsApi:
         if not self._authorised(request):
             return _token_required()
         try:
-            body = json.loads(await request.body())
-            destination = origin_of(body["destination"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+            body = json.loads(await _small_body(request))
+            given = body["destination"]
+            if not isinstance(given, str) or not given.isascii():
+                raise ValueError
+            destination = origin_of(given)
+        except (ValueError, KeyError, TypeError, RecursionError, ClientDisconnect):
             return error_response(422, "invalid_request", 'Send {"destination": '
                                   '"https://host[:port]"}, an origin from GET '
                                   '/callbacks/destinations.')
@@ -122,7 +126,19 @@ class RunsApi:
 
 def _limit(request: Request) -> int | None:
     raw = request.query_params.get("limit", str(DEFAULT_LIST_LIMIT))
-    return int(raw) if raw.isdigit() and 1 <= int(raw) <= MAX_LIST_LIMIT else None
+    ok = raw.isascii() and raw.isdigit() and len(raw) <= 6
+    return int(raw) if ok and 1 <= int(raw) <= MAX_LIST_LIMIT else None
+
+
+async def _small_body(request: Request) -> bytes:
+    """An admin call's JSON body; larger than MAX_ADMIN_BODY_BYTES is refused (ValueError)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_ADMIN_BODY_BYTES:
+            raise ValueError("body too large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _bad_limit() -> Response:

@@ -57,7 +57,8 @@ V6 = st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address)
     "255.255.255.255", "224.0.0.1", "239.255.255.250", "192.0.2.1", "198.18.0.1",
     "::1", "::", "fe80::1", "fc00::1", "fd12:3456::1", "ff02::1", "::ffff:127.0.0.1",
     "::ffff:10.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a00:1", "::127.0.0.1",
-    "2002:7f00:1::1", "2001:db8::1", "2001::1", "fe80::1%1",
+    "2002:7f00:1::1", "2001:db8::1", "2001::1", "fe80::1%1", "::ffff:0:a9fe:a9fe",
+    "::1:0:0:1", "4000::1", "e000::1", "3fff::1", "5f00::1",
 ])
 def test_local_and_special_addresses_are_refused(address: str) -> None:
     assert not is_public(ipaddress.ip_address(address))
@@ -75,7 +76,8 @@ def test_public_addresses_are_permitted(address: str) -> None:
 def test_ipv4_forms_in_ipv6_are_judged_like_the_ipv4_address(v4: ipaddress.IPv4Address) -> None:
     mapped = ipaddress.IPv6Address(f"::ffff:{v4}")
     nat64 = ipaddress.IPv6Address(int(ipaddress.IPv6Address("64:ff9b::")) | int(v4))
-    assert is_public(mapped) == is_public(nat64) == is_public(v4)
+    translated = ipaddress.IPv6Address(int(ipaddress.IPv6Address("::ffff:0:0:0")) | int(v4))
+    assert is_public(mapped) == is_public(nat64) == is_public(translated) == is_public(v4)
 
 
 @given(st.one_of(V4, V6))
@@ -86,8 +88,9 @@ def test_a_permitted_address_is_global_unicast_and_in_no_refused_network(
         assert not address.is_loopback and not address.is_private
         assert not address.is_link_local and not address.is_unspecified
         networks: Sequence[Any] = REFUSED_V4 if address.version == 4 else REFUSED_V6
-        embedded = isinstance(address, ipaddress.IPv6Address) and (
-            address.ipv4_mapped or address in ipaddress.IPv6Network("64:ff9b::/96"))
+        embedded = isinstance(address, ipaddress.IPv6Address) and any(
+            address in ipaddress.IPv6Network(n) for n in ("::ffff:0:0/96", "64:ff9b::/96",
+                                                           "::ffff:0:0:0/96"))
         assert embedded or not any(address in network for network in networks)
 
 
@@ -137,7 +140,7 @@ def settings(**changes: Any) -> Settings:
 
 def note(url: str, attempts: int = 0) -> Notification:
     body = json.dumps({"notification_id": "run_1:processing:0"}).encode()
-    return Notification(1, "run_1:processing:0", "run_1", "", url, body, attempts)
+    return Notification(1, "run_1:processing:0", "run_1", "", url, body, attempts, NOW + 25)
 
 
 @pytest.fixture
@@ -186,8 +189,17 @@ def test_the_checked_address_is_the_one_connected_to(store: SqliteStore) -> None
     assert request.headers["webhook-id"] == "run_1:processing:0"
 
 
+def test_the_host_header_keeps_an_explicit_port_only(store: SqliteStore) -> None:
+    guard = GuardTransport()
+    resolver = FakeResolver({"studio.example": ["93.184.216.34"]})
+    d = deliverer(store, resolver, guard, callback_allowed=("https://studio.example",))
+    assert attempt(d, "https://Studio.Example/hooks") == Attempt(None, 200)
+    assert guard.requests[0].headers["host"] == "studio.example"
+
+
 @pytest.mark.parametrize("url", [
     "https://evil.example/hooks",  # not allowlisted
+    "https://studio.ex\u212aample/hooks",  # a Kelvin sign that lower() would make a k
     "https://studio.example:444/hooks",  # another port is another origin
     "http://studio.example/hooks",  # another scheme is another origin
     "https://user:pw@studio.example/hooks",  # credentials
@@ -336,9 +348,10 @@ def test_the_last_attempt_of_the_schedule_makes_it_dead() -> None:
     assert (result.state, result.error, result.next_attempt_at) == ("dead", "timeout", None)
 
 
-def test_retry_after_replaces_the_schedule() -> None:
-    result = decide(0, Attempt("http_429", 429, retry_after=42.0))
-    assert result.next_attempt_at == NOW + 42
+def test_retry_after_is_waited_for_but_never_shortens_the_schedule() -> None:
+    assert decide(0, Attempt("http_429", 429, retry_after=42.0)).next_attempt_at == NOW + 42
+    soon = decide(1, Attempt("http_503", 503, retry_after=0.0)).next_attempt_at
+    assert NOW + 240 <= soon <= NOW + 360  # the schedule's 300 s, jittered
 
 
 def test_410_pauses_and_keeps_the_notification_due() -> None:

@@ -147,14 +147,14 @@ def test_redirects_are_not_followed(start: Callable[..., Server],
 
 def test_retry_after_on_429_is_honoured(start: Callable[..., Server],
                                         receiver: CallbackReceiver) -> None:
-    # Without Retry-After the second attempt would wait 60 s.
-    server = start(AGENTBOX_CALLBACK_RETRY_SCHEDULE="0,60")
-    run_id = post(server, receiver, "/retry-after-1")
+    # The schedule alone would try again after 0.1 s; the receiver asked for 2.
+    server = start(AGENTBOX_CALLBACK_RETRY_SCHEDULE="0,0.1")
+    run_id = post(server, receiver, "/retry-after-2")
     wait_callbacks(server, run_id, 2, "delivered", timeout=20)
     first = [r for r in receiver.requests() if r.notification_id == f"{run_id}:processing:0"]
     assert [r.answered for r in first] == [429, 200]
     waited = first[1].at - first[0].at
-    assert 0.9 <= waited < 10, waited
+    assert 1.9 <= waited < 10, waited
 
 
 def test_a_hanging_receiver_times_out(start: Callable[..., Server],
@@ -332,3 +332,23 @@ def _token(server: Server) -> str:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     return done.stdout.strip()
 
+
+
+def test_bad_input_to_the_callbacks_api_gets_clear_errors(
+        start: Callable[..., Server], receiver: CallbackReceiver) -> None:
+    server = start()
+    for limit in ("\u00b9", "0", "501", "-1", "1" * 50, "x"):
+        response = server.client.get("/callbacks", params={"limit": limit})
+        assert response.status_code == 422, (limit, response.text)
+        assert server.client.get("/runs", params={"limit": limit}).status_code == 422
+    auth = {"Authorization": f"Bearer {_token(server)}"}
+    for body in (b"", b"not json", b"[]", b'{"destination": 5}', b'{"other": 1}',
+                 b'{"destination": "https://\\ud800.example"}', b"[" * 100_000,
+                 b'{"destination": "' + b"x" * 10_000 + b'"}'):
+        response = server.client.post("/callbacks/destinations/resume", content=body,
+                                      headers=auth)
+        assert response.status_code == 422, (body[:40], response.text)
+        assert response.json()["error_code"] == "invalid_request"
+    accepted = server.post(make_event(callback_url="https://bücher.example/cb"))
+    assert accepted.status_code == 422
+    assert accepted.json()["errors"][0]["loc"] == ["callback_url"]

@@ -81,7 +81,8 @@ def test_verify_reports_ok_and_finds_damage(server: Server) -> None:
     conn = sqlite3.connect(server.home / "data" / "agentbox.sqlite3")
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
     conn.execute("INSERT INTO outbox (notification_id, run_id, status, destination, url, body,"
-                 " created_at) VALUES ('x:processing:0', 'x', 'processing', 'o', 'u', '{}', 0)")
+                 " created_at, ready) VALUES ('x:processing:0', 'x', 'processing', 'o', 'u',"
+                 " '{}', 0, 1)")
     conn.commit()
     conn.close()
     damaged = agentbox(server, "verify")

@@ -28,7 +28,8 @@ async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Respon
 
 def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
     settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
-                                      "AGENTBOX_WEBHOOK_SECRET": SECRET},
+                                      "AGENTBOX_WEBHOOK_SECRET": SECRET,
+                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret"},
                              overrides={"config_dir": tmp_path / "config"})
     app = create_app(settings, admin_token="t")
 

@@ -881,6 +881,51 @@ async def test_consecutive_failures_pause_a_destination_until_resumed(
 
 
 @async_test
+async def test_a_result_from_an_expired_lease_of_the_same_owner_is_dropped(
+        store: Store, aio: Any) -> None:
+    await with_callback(store, "e1")
+    (stale,) = await take(store, "d1")
+    (fresh,) = await take(store, "d1", now=T0 + SEND_LEASE)  # the same sender, again
+    assert await store.record_delivery(stale, "d1", failed(T0 + 99), T0 + 31, 20) is None
+    await store.record_delivery(fresh, "d1", sent(), T0 + 32, 20)
+    (shown,) = await store.notifications(stale.run_id)
+    assert (shown["state"], shown["attempts"]) == ("delivered", 1)
+
+
+@async_test
+async def test_resuming_sends_waiting_retries_at_once(store: Store, aio: Any) -> None:
+    run = await with_callback(store, "e1")
+    await store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    (n,) = await take(store, now=T0 + 1)
+    # a failure that schedules a retry far away, and pauses the destination
+    await store.record_delivery(n, "d1", failed(T0 + 36_000, pause="gone"), T0 + 2, 20)
+    other = await with_callback(store, "e2", now=T0 + 3)  # queued while paused
+    assert await take(store, now=T0 + 36_000) == []
+    await store.resume_destination(HOOK_ORIGIN, T0 + 4)
+    resumed = await take(store, now=T0 + 4)
+    assert sorted(x.notification_id for x in resumed) == sorted(
+        [n.notification_id, f"{other.run_id}:processing:0"])
+    for x in resumed:
+        await store.record_delivery(x, "d1", sent(), T0 + 5, 20)
+    (last,) = await take(store, now=T0 + 5)  # the run's later one follows in order
+    assert last.notification_id == f"{run.run_id}:succeeded:0"
+
+
+@async_test
+async def test_many_waiting_notifications_do_not_hold_up_others(store: Store, aio: Any) -> None:
+    runs = [await with_callback(store, f"p{i}") for i in range(50)]
+    for run in runs:  # each run's second notification waits for its first
+        await store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    first = await take(store, now=T0 + 1, limit=100)
+    assert len(first) == 50 and all(":processing:" in n.notification_id for n in first)
+    for n in first[:25]:
+        await store.record_delivery(n, "d1", sent(), T0 + 2, 20)
+    following = await take(store, now=T0 + 2, limit=100)
+    assert sorted(n.run_id for n in following) == sorted(n.run_id for n in first[:25])
+    assert all(":succeeded:" in n.notification_id for n in following)
+
+
+@async_test
 async def test_a_pause_reason_pauses_at_once(store: Store, aio: Any) -> None:
     await with_callback(store, "e1")
     (n,) = await take(store)

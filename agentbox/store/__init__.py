@@ -102,6 +102,7 @@ class Notification:
     url: str
     body: bytes
     attempts: int  # deliveries tried before this one
+    lease_until: float  # with the owner, what makes this lease this lease
 
 
 @dataclass(frozen=True)

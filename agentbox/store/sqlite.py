@@ -127,15 +127,21 @@ CREATE TABLE IF NOT EXISTS outbox (
     state            TEXT NOT NULL DEFAULT 'pending',  -- pending, delivered, dead
     attempts         INTEGER NOT NULL DEFAULT 0,
     created_at       REAL NOT NULL,
-    next_attempt_at  REAL,
+    next_attempt_at  REAL,  -- by the schedule; while leased, the lease's end
+    -- 1 when it may be sent: the earliest pending one of its run, destination not paused.
+    -- Only those are in outbox_ready, so claiming never walks over rows that must wait.
+    ready            INTEGER NOT NULL,
     lease_owner      TEXT,
     last_attempt_at  REAL,
     delivered_at     REAL,
     last_error       TEXT,  -- a category (timeout, http_503, ...), never a response body
     last_status_code INTEGER
 );
-CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_ready ON outbox (next_attempt_at)
+    WHERE state = 'pending' AND ready = 1;
 CREATE INDEX IF NOT EXISTS outbox_pending_run ON outbox (run_id, pk) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_pending_destination ON outbox (destination)
+    WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id, pk);
 CREATE INDEX IF NOT EXISTS outbox_state ON outbox (state, pk);
 CREATE TABLE IF NOT EXISTS callback_destinations (
@@ -252,37 +258,42 @@ ORDER BY lease_expires_at LIMIT 1
 """
 SQL_INSERT_NOTIFICATION = """
 INSERT INTO outbox (notification_id, run_id, status, destination, url, body, created_at,
-                    next_attempt_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    next_attempt_at, ready)
+VALUES (:id, :run_id, :status, :destination, :url, :body, :now, :due,
+        NOT EXISTS (SELECT 1 FROM outbox INDEXED BY outbox_pending_run
+                    WHERE run_id = :run_id AND state = 'pending')
+        AND NOT EXISTS (SELECT 1 FROM callback_destinations
+                        WHERE destination = :destination AND state = 'paused'))
 ON CONFLICT (notification_id) DO NOTHING
 """
-# Due, not leased (a lease moves next_attempt_at past its end), the run's earliest
-# pending one, and its destination not paused.
-OUTBOX_SENDABLE = """
-o.state = 'pending'
-AND NOT EXISTS (SELECT 1 FROM outbox p INDEXED BY outbox_pending_run
-                WHERE p.run_id = o.run_id AND p.state = 'pending' AND p.pk < o.pk)
-AND NOT EXISTS (SELECT 1 FROM callback_destinations d
-                WHERE d.destination = o.destination AND d.state = 'paused')
-"""
-SQL_CLAIM_NOTIFICATIONS = f"""
+SQL_CLAIM_NOTIFICATIONS = """
 UPDATE outbox SET lease_owner = :owner, next_attempt_at = :lease_until
 WHERE pk IN (
-    SELECT o.pk FROM outbox o INDEXED BY outbox_due
-    WHERE o.next_attempt_at <= :now AND {OUTBOX_SENDABLE}
-    ORDER BY o.next_attempt_at LIMIT :limit)
-RETURNING pk, notification_id, run_id, destination, url, body, attempts
+    SELECT pk FROM outbox INDEXED BY outbox_ready
+    WHERE state = 'pending' AND ready = 1 AND next_attempt_at <= :now
+    ORDER BY next_attempt_at LIMIT :limit)
+RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at
 """
-SQL_NEXT_NOTIFICATION = f"""
-SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
-WHERE o.next_attempt_at IS NOT NULL AND {OUTBOX_SENDABLE}
-ORDER BY o.next_attempt_at LIMIT 1
+# A leased one counts too: its lease's end is when it may be sent again.
+SQL_NEXT_NOTIFICATION = """
+SELECT next_attempt_at FROM outbox INDEXED BY outbox_ready
+WHERE state = 'pending' AND ready = 1 ORDER BY next_attempt_at LIMIT 1
 """
+# The lease is the owner and the lease's end: a result reported after the lease
+# ran out (and the row went out again) is dropped.
 SQL_RECORD_DELIVERY = """
 UPDATE outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, delivered_at = ?,
        next_attempt_at = ?, last_error = coalesce(?, last_error), last_status_code = ?,
        lease_owner = NULL
-WHERE pk = ? AND lease_owner = ? AND state = 'pending'
+WHERE pk = ? AND lease_owner = ? AND next_attempt_at = ? AND state = 'pending'
+"""
+# Once a notification is no longer pending, the next one of its run may go.
+SQL_READY_NEXT_OF_RUN = """
+UPDATE outbox SET ready = NOT EXISTS (
+    SELECT 1 FROM callback_destinations WHERE destination = outbox.destination
+    AND state = 'paused')
+WHERE pk = (SELECT pk FROM outbox INDEXED BY outbox_pending_run
+            WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT 1)
 """
 SQL_COUNT_DESTINATION_ATTEMPT = """
 INSERT INTO callback_destinations (destination, consecutive_failures, last_error, updated_at)
@@ -297,10 +308,24 @@ UPDATE callback_destinations SET state = 'paused', paused_reason = ?, paused_at 
        updated_at = ?
 WHERE destination = ? AND state = 'active'
 """
+SQL_HOLD_DESTINATION = """
+UPDATE outbox INDEXED BY outbox_pending_destination SET ready = 0
+WHERE destination = ? AND state = 'pending' AND ready = 1
+"""
 SQL_RESUME_DESTINATION = """
 UPDATE callback_destinations SET state = 'active', consecutive_failures = 0,
        paused_reason = NULL, paused_at = NULL, updated_at = ?
 WHERE destination = ?
+"""
+# Resumed: the earliest pending notification of each run goes at once (a retry
+# that waited out the pause does not wait longer); leased ones keep their lease.
+SQL_RELEASE_DESTINATION = """
+UPDATE outbox INDEXED BY outbox_pending_destination SET ready = 1,
+       next_attempt_at = CASE WHEN lease_owner IS NULL THEN min(next_attempt_at, :now)
+                              ELSE next_attempt_at END
+WHERE destination = :destination AND state = 'pending'
+  AND NOT EXISTS (SELECT 1 FROM outbox p INDEXED BY outbox_pending_run
+                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk)
 """
 SQL_RELEASE_NOTIFICATIONS = """
 UPDATE outbox SET next_attempt_at = ?, lease_owner = NULL
@@ -317,11 +342,12 @@ SQL_LIST_NOTIFICATIONS = f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY pk
 SQL_LIST_NOTIFICATIONS_BY_STATE = (
     f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE state = ? ORDER BY pk DESC LIMIT ?")
 SQL_DESTINATIONS = """
-SELECT d.destination, d.state, d.consecutive_failures, d.paused_reason, d.paused_at,
-       d.last_error, d.updated_at,
-       (SELECT count(*) FROM outbox o WHERE o.destination = d.destination
-        AND o.state = 'pending') AS pending
-FROM callback_destinations d ORDER BY d.destination
+SELECT destination, state, consecutive_failures, paused_reason, paused_at, last_error, updated_at
+FROM callback_destinations ORDER BY destination
+"""
+SQL_PENDING_BY_DESTINATION = """
+SELECT destination, count(*) FROM outbox INDEXED BY outbox_pending_destination
+WHERE state = 'pending' GROUP BY destination
 """
 RUN_COLUMNS = """
 r.run_id, r.status, r.agent, r.attempt, r.accepted_at, r.started_at, r.updated_at,
@@ -718,6 +744,7 @@ class SqliteStore(Store):
                 result.state, now, now if delivered else None,
                 result.next_attempt_at if result.state == "pending" else None,
                 result.error, result.status_code, notification.pk, owner,
+                notification.lease_until,
             )).rowcount
             if not landed:
                 return None  # the lease ran out and someone else has it now
@@ -728,10 +755,13 @@ class SqliteStore(Store):
             reason = result.pause_reason
             if reason is None and not delivered and failures >= pause_after_failures:
                 reason = f"{failures} failures in a row"
-            if reason is None or dest_state == "paused":
-                return None
-            conn.execute(SQL_PAUSE_DESTINATION, (reason, now, now, notification.destination))
-            return reason
+            paused = reason is not None and dest_state != "paused"
+            if paused:
+                conn.execute(SQL_PAUSE_DESTINATION, (reason, now, now, notification.destination))
+                conn.execute(SQL_HOLD_DESTINATION, (notification.destination,))
+            if result.state != "pending":
+                conn.execute(SQL_READY_NEXT_OF_RUN, (notification.run_id,))
+            return reason if paused else None
 
         return await self._write(op, durable=False)
 
@@ -745,6 +775,7 @@ class SqliteStore(Store):
         def op(conn: sqlite3.Connection, state: _Batch) -> None:
             if not conn.execute(SQL_RESUME_DESTINATION, (now, destination)).rowcount:
                 raise DestinationNotFound(destination)
+            conn.execute(SQL_RELEASE_DESTINATION, {"destination": destination, "now": now})
 
         await self._write(op)
 
@@ -826,10 +857,13 @@ class SqliteStore(Store):
         return [_notification_view(row) for row in rows]
 
     async def destinations(self) -> list[dict[str, Any]]:
+        conn = self._read()
+        pending = dict(conn.execute(SQL_PENDING_BY_DESTINATION).fetchall())
         return [
             {"destination": d, "state": st, "consecutive_failures": f, "paused_reason": r,
-             "paused_at": iso(p), "last_error": e, "updated_at": iso(u), "pending": n}
-            for d, st, f, r, p, e, u, n in self._read().execute(SQL_DESTINATIONS)
+             "paused_at": iso(p), "last_error": e, "updated_at": iso(u),
+             "pending": pending.get(d, 0)}
+            for d, st, f, r, p, e, u in conn.execute(SQL_DESTINATIONS)
         ]
 
 
@@ -944,8 +978,10 @@ def _queue_callback(
         return False
     notification_id, body = notification(run_id, status, attempt, event_id, result, error_code,
                                          now)
-    conn.execute(SQL_INSERT_NOTIFICATION, (notification_id, run_id, status,
-                                           origin_of(callback_url), callback_url, body, now, due))
+    conn.execute(SQL_INSERT_NOTIFICATION, {
+        "id": notification_id, "run_id": run_id, "status": status,
+        "destination": origin_of(callback_url), "url": callback_url, "body": body, "now": now,
+        "due": due})
     return True
 
 
@@ -1033,7 +1069,10 @@ def verify_database(path: Path) -> list[str]:
     try:
         problems = [f"sqlite integrity_check: {row[0]}"
                     for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         for what, sql in INTEGRITY_CHECKS:
+            if "outbox" in sql and "outbox" not in tables:
+                continue  # written by a version before callbacks
             found = [str(row[0]) for row in conn.execute(sql)]
             if found:
                 problems.append(f"{what}: {', '.join(found)}")

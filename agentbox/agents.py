@@ -21,14 +21,14 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
-from agentbox.config import AgentBinding, ConfigError, env_name
+from agentbox.config import AgentBinding, ConfigError, Settings, env_name
 from agentbox.events import PAYLOAD_MODELS, Event
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
 
 BUILTIN_AGENTS: dict[str, tuple[str, ...]] = {
-    "session.exported": ("agentbox.agents:placeholder_mix_review",),
-    "mix.review_requested": ("agentbox.agents:placeholder_mix_review",),
+    "session.exported": ("agentbox.mix_review:mix_review",),
+    "mix.review_requested": ("agentbox.mix_review:mix_review",),
 }
 
 
@@ -62,6 +62,7 @@ class AgentContext:
     agent: str
     log: logging.LoggerAdapter[logging.Logger]
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    settings: Settings | None = None  # the server's configuration, for agents that need it
 
 
 class InvalidAgentOutput(Exception):
@@ -155,28 +156,3 @@ class AgentRegistry:
 
     def get(self, name: str) -> AgentSpec | None:
         return self._by_name.get(name)
-
-
-class PlaceholderReview(BaseModel):
-    """The placeholder agent's result, shaped like the coming mix review."""
-
-    project_id: str
-    summary: str
-    review_notes: list[str]
-    mix_url: str
-    placeholder: bool = True
-
-
-async def placeholder_mix_review(event: Event, ctx: AgentContext) -> PlaceholderReview:
-    """Stand-in until the real mix-review agent lands: checks the payload, measures nothing."""
-    payload = event.payload
-    project_id = str(getattr(payload, "project_id", ""))
-    mix_url = str(getattr(payload, "mix_url", ""))
-    if not project_id or not mix_url:
-        raise PermanentAgentError("the payload names no project or mix", code="invalid_payload")
-    return PlaceholderReview(
-        project_id=project_id,
-        mix_url=mix_url,
-        summary=f"Received mix of {project_id}; audio analysis is not installed yet.",
-        review_notes=["This is the placeholder agent: it records the export, it does not listen."],
-    )

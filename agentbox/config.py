@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from agentbox.profiles import PROFILES
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -95,6 +96,9 @@ class Settings:
     callback_concurrency: int = DEFAULT_CALLBACK_CONCURRENCY
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
+    mix_profile: str | None = None  # the mix review's default profile (streaming)
+    llm_base_url: str | None = None  # an OpenAI-compatible endpoint for prose notes
+    llm_model: str | None = None
 
     @property
     def database_path(self) -> Path:
@@ -113,7 +117,7 @@ _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callb
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
-_STRINGS = {"host", "log_level"}
+_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
              | {"agents"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -261,6 +265,13 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(
             f"{env_name('retry_base_seconds')} must not exceed {env_name('retry_max_seconds')}"
         )
+    if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
+        raise ConfigError(f"{env_name('mix_profile')}: {_describe(settings.mix_profile)} is not "
+                          f"a profile; use one of {', '.join(PROFILES)}")
+    if settings.llm_base_url is not None and urlsplit(settings.llm_base_url).scheme not in (
+            "http", "https"):
+        raise ConfigError(f"{env_name('llm_base_url')} must be an http(s) URL such as "
+                          "http://127.0.0.1:11434/v1")
     for name in ("callback_allowed", "callback_allowed_local"):
         for origin in getattr(settings, name):
             check_allowed_origin(origin, env_name(name))

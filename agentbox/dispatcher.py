@@ -155,6 +155,7 @@ class Dispatcher:
             agent=claimed.agent,
             log=logging.LoggerAdapter(get_logger("agent"), {"run_id": claimed.run_id,
                                                             "agent": claimed.agent}),
+            settings=self.settings,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = (task, ctx)

@@ -18,6 +18,7 @@ from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
+from agentbox.mix_review import shutdown_analysis
 from agentbox.receiver import Receiver, error_response
 from agentbox.store.sqlite import SqliteStore
 from agentbox.web import RunsApi
@@ -53,6 +54,7 @@ def create_app(
             await dispatcher.stop()
             await deliverer.stop()
             await store.close()
+            shutdown_analysis()
             log.info("agentbox stopped")
 
     app = Starlette(

@@ -26,7 +26,7 @@ import soundfile
 from scipy import signal
 
 SUB_BLOCK_SECONDS = 0.1
-READ_SECONDS = 10.0
+READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
 ABSOLUTE_GATE_LUFS = -70.0
 RELATIVE_GATE_LU = -10.0  # integrated loudness
 LRA_RELATIVE_GATE_LU = -20.0  # loudness range

@@ -191,11 +191,16 @@ def _pool() -> concurrent.futures.ProcessPoolExecutor:
     return _POOL
 
 
-def _reset_pool() -> None:
+def _reset_pool(wait: bool = False) -> None:
     global _POOL
     if _POOL is not None:
-        _POOL.shutdown(wait=False, cancel_futures=True)
+        _POOL.shutdown(wait=wait, cancel_futures=True)
     _POOL = None
+
+
+def shutdown_analysis() -> None:
+    """Stop the analysis processes (the server calls this when it stops)."""
+    _reset_pool(wait=True)
 
 
 # -- the notes --------------------------------------------------------------------------------

@@ -1,0 +1,418 @@
+"""The mix-review agent: measurements against known answers, the EBU reference
+cases, the notes, the agent's errors, and the optional LLM notes.
+
+Every signal is generated here (numpy) and written as a real file (soundfile):
+EBU Tech 3341 (loudness) and Tech 3342 (loudness range) cases from their
+definitions, sines, noise, clipped and DC-offset material, silence, mono, 5.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyloudnorm
+import pytest
+import soundfile
+
+from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.config import Settings
+from agentbox.events import parse_event
+from agentbox.loudness import READ_SECONDS, measure
+from agentbox.mix_review import (
+    MixMetrics,
+    mix_review,
+    rule_notes,
+    shutdown_analysis,
+    summarise,
+)
+from agentbox.profiles import PROFILES
+from tests.conftest import Server, encode, make_event
+
+RATE = 48_000
+OLD = time.time() - 3600  # files are "settled": last written an hour ago
+
+
+def sine(dbfs: float, seconds: float, channels: int = 2, rate: int = RATE,
+         freq: float = 1000.0) -> np.ndarray:
+    t = np.arange(round(seconds * rate)) / rate
+    wave = 10 ** (dbfs / 20) * np.sin(2 * np.pi * freq * t)
+    return np.repeat(wave[:, None], channels, axis=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def analysis_processes() -> Iterator[None]:
+    yield
+    shutdown_analysis()  # the agent's process pool, started by the in-process tests
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[..., Path]:
+    def make(audio: np.ndarray, name: str = "mix.wav", rate: int = RATE,
+             subtype: str = "FLOAT") -> Path:
+        path = tmp_path / name
+        soundfile.write(path, audio, rate, subtype=subtype)
+        os.utime(path, (OLD, OLD))
+        return path
+    return make
+
+
+# -- EBU reference cases ------------------------------------------------------------------------
+
+TECH_3341 = {  # case: (segments of (dBFS, seconds), expected integrated LUFS); ±0.1 LU
+    1: ([(-23, 20)], -23.0),
+    2: ([(-33, 20)], -33.0),
+    3: ([(-36, 10), (-23, 60), (-36, 10)], -23.0),
+    4: ([(-72, 10), (-36, 10), (-23, 20), (-36, 10), (-72, 10)], -23.0),
+    5: ([(-26, 20), (-20, 20.1), (-26, 20)], -23.0),
+}
+TECH_3342 = {  # case: (segments, expected loudness range LU); ±1 LU
+    1: ([(-20, 20), (-30, 20)], 10.0),
+    2: ([(-20, 20), (-15, 20)], 5.0),
+    3: ([(-40, 20), (-20, 20)], 20.0),
+    4: ([(-50, 20), (-35, 20), (-20, 20), (-35, 20), (-50, 20)], 15.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TECH_3341))
+def test_ebu_tech_3341_integrated_loudness(write: Callable[..., Path], case: int) -> None:
+    segments, expected = TECH_3341[case]
+    path = write(np.vstack([sine(db, s) for db, s in segments]))
+    assert measure(str(path)).integrated_lufs == pytest.approx(expected, abs=0.1)
+
+
+def test_ebu_tech_3341_case_6_five_channels(write: Callable[..., Path]) -> None:
+    levels = [-28.0, -28.0, -24.0, -30.0, -30.0]  # L R C Ls Rs
+    audio = np.hstack([sine(db, 20, channels=1) for db in levels])
+    assert measure(str(write(audio))).integrated_lufs == pytest.approx(-23.0, abs=0.1)
+
+
+@pytest.mark.parametrize("case", sorted(TECH_3342))
+def test_ebu_tech_3342_loudness_range(write: Callable[..., Path], case: int) -> None:
+    segments, expected = TECH_3342[case]
+    path = write(np.vstack([sine(db, s) for db, s in segments]))
+    assert measure(str(path)).loudness_range_lu == pytest.approx(expected, abs=1.0)
+
+
+def test_true_peak_finds_the_peak_between_samples(write: Callable[..., Path]) -> None:
+    # A sine at a quarter of the sample rate, 45° off: every sample lands at 0.707 of
+    # the wave's peak, so the sample peak reads 3 dB under the true peak.
+    n = np.arange(RATE * 2)
+    wave = 0.5 * np.sin(2 * np.pi * n / 4 + np.pi / 4)
+    m = measure(str(write(np.stack([wave, wave], axis=1))))
+    assert m.sample_peak_dbfs == pytest.approx(-9.03, abs=0.01)
+    assert -6.02 - 0.4 <= m.true_peak_dbtp <= -6.02 + 0.2  # Tech 3341's true-peak tolerance
+
+
+def test_agrees_with_pyloudnorm_on_noise(write: Callable[..., Path]) -> None:
+    rng = np.random.default_rng(7)
+    noise = rng.normal(0, 0.1, size=(RATE * 15, 2))
+    ours = measure(str(write(noise))).integrated_lufs
+    reference = pyloudnorm.Meter(RATE).integrated_loudness(noise)
+    # the same filter, but BS.1770's high-pass numerator: 0.04 dB apart
+    assert ours == pytest.approx(reference + 0.04, abs=0.02)
+
+
+# -- the other measurements ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "subtype", "rate", "bits"), [
+    ("a.wav", "PCM_16", 44_100, 16), ("b.wav", "PCM_24", 48_000, 24),
+    ("c.wav", "PCM_32", 96_000, 32), ("d.wav", "FLOAT", 48_000, 32),
+    ("e.flac", "PCM_16", 44_100, 16), ("f.flac", "PCM_24", 96_000, 24),
+    ("g.aiff", "PCM_16", 48_000, 16), ("h.aiff", "PCM_24", 44_100, 24),
+])
+def test_formats_depths_and_rates(write: Callable[..., Path], name: str, subtype: str,
+                                  rate: int, bits: int) -> None:
+    m = measure(str(write(sine(-20, 5, rate=rate), name, rate, subtype)))
+    assert (m.sample_rate, m.bit_depth, m.channels) == (rate, bits, 2)
+    assert m.duration_seconds == pytest.approx(5.0, abs=0.001)
+    assert m.integrated_lufs == pytest.approx(-20.0, abs=0.1)
+    assert m.sample_peak_dbfs == pytest.approx(-20.0, abs=0.05)
+    assert m.file_format == name.rsplit(".", 1)[1].upper().replace("AIFF", "AIFF")
+
+
+def test_mono(write: Callable[..., Path]) -> None:
+    m = measure(str(write(sine(-20, 5, channels=1))))
+    assert m.channels == 1 and m.stereo_correlation is None
+    assert m.mono_loudness_drop_lu is None
+    assert m.integrated_lufs == pytest.approx(-23.0, abs=0.1)  # one channel: 3 dB less
+
+
+def test_five_one_ignores_the_lfe(write: Callable[..., Path]) -> None:
+    quiet = sine(-28, 10, channels=1)
+    loud_lfe = sine(-6, 10, channels=1, freq=60)
+    base = [quiet, quiet, quiet, np.zeros_like(quiet), quiet, quiet]
+    with_lfe = [quiet, quiet, quiet, loud_lfe, quiet, quiet]
+    a = measure(str(write(np.hstack(base), "a.wav"))).integrated_lufs
+    b = measure(str(write(np.hstack(with_lfe), "b.wav"))).integrated_lufs
+    assert a == b and measure(str(write(np.hstack(with_lfe), "c.wav"))).channels == 6
+
+
+def test_clipped_runs_are_counted_across_read_blocks(write: Callable[..., Path]) -> None:
+    rate = 8000
+    audio = np.zeros((int(rate * (READ_SECONDS + 2)), 2))
+    audio[100:105, 0] = 1.0  # a run of 5
+    audio[200:202, 0] = -1.0  # 2 in a row: a hot peak, not clipping
+    boundary = int(rate * READ_SECONDS)
+    audio[boundary - 2:boundary + 2, 1] = -1.0  # a run of 4 across the read boundary
+    audio[-3:, 0] = 1.0  # a run of 3 at the very end
+    m = measure(str(write(audio, rate=rate)))
+    assert (m.clipped_samples, m.clipped_runs) == (12, 3)
+
+
+def test_dc_offset_correlation_and_mono_fold(write: Callable[..., Path]) -> None:
+    same = measure(str(write(sine(-20, 5) + 0.05, "dc.wav")))
+    assert same.dc_offset == pytest.approx(0.05, abs=1e-4)
+    assert same.stereo_correlation == pytest.approx(1.0, abs=0.01)
+    assert same.mono_loudness_drop_lu == pytest.approx(0.0, abs=0.05)
+    inverted = sine(-20, 5)
+    inverted[:, 1] *= -1
+    opposed = measure(str(write(inverted, "phase.wav")))
+    assert opposed.stereo_correlation == pytest.approx(-1.0, abs=0.01)
+    assert opposed.mono_loudness_drop_lu is None  # cancels completely
+    rng = np.random.default_rng(3)
+    wide = measure(str(write(rng.normal(0, 0.1, size=(RATE * 10, 2)), "wide.wav")))
+    assert abs(wide.stereo_correlation) < 0.05
+    assert wide.mono_loudness_drop_lu == pytest.approx(3.0, abs=0.2)
+
+
+def test_silence(write: Callable[..., Path]) -> None:
+    m = measure(str(write(np.zeros((RATE * 3, 2)))))
+    assert m.integrated_lufs is None and m.true_peak_dbtp is None
+    assert m.short_term_lufs == [None, None, None]
+
+
+def test_short_term_loudness_once_a_second(write: Callable[..., Path]) -> None:
+    m = measure(str(write(np.vstack([sine(-30, 5), sine(-20, 5)]))))
+    assert len(m.short_term_lufs) == 10
+    assert m.short_term_lufs[3] == pytest.approx(-30, abs=0.1)  # 1-4 s
+    assert m.short_term_lufs[9] == pytest.approx(-20, abs=0.1)  # 7-10 s
+
+
+def test_a_long_file_is_streamed_not_loaded(write: Callable[..., Path]) -> None:
+    """Memory does not grow with the file: ten minutes peak like one minute."""
+    rate = 8000
+
+    def peak_bytes(minutes: int) -> int:
+        audio = sine(-20, 60 * minutes, rate=rate, freq=440).astype(np.float32)
+        path = write(audio, f"{minutes}.wav", rate=rate)
+        del audio
+        tracemalloc.start()
+        try:
+            m = measure(str(path))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert m.duration_seconds == 60 * minutes and len(m.short_term_lufs) == 60 * minutes
+        return peak
+
+    one, ten = peak_bytes(1), peak_bytes(10)
+    decoded = rate * 600 * 2 * 8  # ten minutes as float64 stereo
+    assert ten < one * 1.5 and ten < decoded / 5, (one, ten, decoded)
+
+
+# -- notes --------------------------------------------------------------------------------------
+
+
+def metrics(**changes: Any) -> MixMetrics:
+    values: dict[str, Any] = dict(
+        integrated_lufs=-14.2, loudness_range_lu=6.0, true_peak_dbtp=-1.5,
+        sample_peak_dbfs=-1.8, clipped_samples=0, clipped_runs=0, dc_offset=0.0,
+        stereo_correlation=0.6, mono_loudness_drop_lu=1.0, duration_seconds=215.0,
+        sample_rate=48_000, channels=2, bit_depth=24, sample_format="PCM_24",
+        file_format="WAV", short_term_lufs=[])
+    values.update(changes)
+    return MixMetrics(**values)
+
+
+def test_a_loud_mix_gets_specific_notes() -> None:
+    notes = rule_notes(metrics(integrated_lufs=-9.8, true_peak_dbtp=0.4), PROFILES["streaming"])
+    assert notes[0].startswith("Integrated -9.8 LUFS is 4.2 LU above the streaming")
+    assert "turn it down by about 4.2 dB" in notes[0]
+    assert "True peak +0.4 dBTP exceeds the -1 dBTP ceiling and will clip after lossy " \
+           "encoding" in notes[1]
+    summary = summarise(metrics(integrated_lufs=-9.8, true_peak_dbtp=0.4), PROFILES["streaming"])
+    assert "4.2 LU above" in summary and "+0.4 dBTP" in summary and "3:35" in summary
+
+
+def test_the_profile_changes_the_verdict() -> None:
+    m = metrics(integrated_lufs=-22.6, true_peak_dbtp=-3.0)
+    assert "within ±1 LU of the EBU R 128" in rule_notes(m, PROFILES["ebu_r128"])[0]
+    assert "8.6 LU below the streaming" in rule_notes(m, PROFILES["streaming"])[0]
+
+
+def test_problems_each_get_a_note() -> None:
+    notes = " ".join(rule_notes(metrics(clipped_samples=40, clipped_runs=4, dc_offset=0.012,
+                                        stereo_correlation=-0.4, mono_loudness_drop_lu=5.5,
+                                        loudness_range_lu=1.2), PROFILES["streaming"]))
+    for expected in ("40 samples sit at full scale in 4 runs", "DC offset of +1.20 %",
+                     "Stereo correlation -0.40", "loses 5.5 LU", "Loudness range 1.2 LU"):
+        assert expected in notes
+
+
+# -- the agent ----------------------------------------------------------------------------------
+
+
+def context(run_id: str = "run_test", settings: Settings | None = None) -> AgentContext:
+    return AgentContext(run_id=run_id, attempt=1, agent="agentbox.mix_review:mix_review",
+                        log=logging.LoggerAdapter(logging.getLogger("test"), {}),
+                        settings=settings)
+
+
+def review(mix_url: str, profile: str | None = None, settings: Settings | None = None) -> Any:
+    payload: dict[str, Any] = {"project_id": "night-drive", "mix_url": mix_url}
+    if profile:
+        payload["profile"] = profile
+    event = parse_event(encode(make_event(payload=payload)))
+    return asyncio.run(mix_review(event, context(settings=settings)))
+
+
+def test_the_agent_reviews_a_file_by_path_or_file_url(write: Callable[..., Path]) -> None:
+    path = write(sine(-10, 8))
+    result = review(str(path))
+    assert result.metrics.integrated_lufs == pytest.approx(-10.0, abs=0.1)
+    assert result.profile.name == "streaming" and result.notes_source == "rules"
+    assert "4.0 LU above" in result.review_notes[0]
+    by_url = review(path.as_uri(), profile="ebu_r128")
+    assert by_url.profile.target_lufs == -23 and by_url.metrics == result.metrics
+    configured = review(str(path), settings=Settings(mix_profile="club"))
+    assert configured.profile.name == "club"
+
+
+@pytest.mark.parametrize(("mix_url", "code"), [
+    ("https://example.com/mix.wav", "unsupported_mix_url"),
+    ("s3://bucket/mix.wav", "unsupported_mix_url"),
+    ("file://otherhost/mix.wav", "unsupported_mix_url"),
+    ("/nonexistent/agentbox/mix.wav", "mix_not_found"),
+])
+def test_bad_mix_urls_fail_permanently(mix_url: str, code: str) -> None:
+    with pytest.raises(PermanentAgentError) as failed:
+        review(mix_url)
+    assert failed.value.code == code
+
+
+def test_an_unreadable_file_fails_permanently(tmp_path: Path) -> None:
+    path = tmp_path / "mix.wav"
+    path.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really audio" * 10)
+    os.utime(path, (OLD, OLD))
+    with pytest.raises(PermanentAgentError) as failed:
+        review(str(path))
+    assert failed.value.code == "mix_unreadable"
+
+
+def test_an_unknown_profile_fails_permanently(write: Callable[..., Path]) -> None:
+    with pytest.raises(PermanentAgentError) as failed:
+        review(str(write(sine(-20, 1))), profile="vinyl")
+    assert failed.value.code == "unknown_profile"
+
+
+def test_a_file_still_being_written_is_retried(write: Callable[..., Path]) -> None:
+    path = write(sine(-20, 1))
+    os.utime(path)  # written just now
+    with pytest.raises(RetryableAgentError) as retried:
+        review(str(path))
+    assert retried.value.code == "mix_incomplete"
+
+
+# -- end to end, with the optional LLM (a local stand-in: no real model runs here) ----------------
+
+
+class StandInLlm:
+    """A local stand-in for an OpenAI-compatible endpoint (the real one is a cloud
+    service that cannot run here). It records requests; `fail` makes it answer 500."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.fail = False
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stand_in.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                if stand_in.fail or self.path != "/v1/chat/completions":
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                notes = ["The low end is tidy.", "Leave a little more headroom."]
+                answer = json.dumps({"choices": [{"message": {
+                    "role": "assistant", "content": json.dumps(notes)}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def llm() -> Iterator[StandInLlm]:
+    stand_in = StandInLlm()
+    yield stand_in
+    stand_in.close()
+
+
+def test_the_default_agent_reviews_a_mix_end_to_end(
+        server_factory: Callable[..., Server], write: Callable[..., Path],
+        llm: StandInLlm) -> None:
+    path = write(np.clip(sine(-3, 6) * 1.6, -1, 1))  # loud and clipped
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_LLM_BASE_URL": llm.url,
+                             "AGENTBOX_LLM_MODEL": "stand-in", "AGENTBOX_LLM_API_KEY": "k-123"
+                             }).start()
+    response = server.post(make_event(payload={"project_id": "night-drive",
+                                               "mix_url": str(path)}))
+    assert response.status_code == 202, response.text
+    run = server.wait_terminal(response.json()["run_id"], timeout=60)
+    assert run["status"] == "succeeded", run
+    result = run["result"]
+    assert result["notes_source"] == "llm"
+    assert result["review_notes"] == ["The low end is tidy.", "Leave a little more headroom."]
+    assert result["metrics"]["clipped_runs"] > 0 and result["metrics"]["channels"] == 2
+    assert set(result["metrics"]) >= {
+        "integrated_lufs", "loudness_range_lu", "true_peak_dbtp", "sample_peak_dbfs",
+        "clipped_samples", "dc_offset", "stereo_correlation", "mono_loudness_drop_lu",
+        "duration_seconds", "sample_rate", "channels", "short_term_lufs"}
+    (headers, body), = llm.requests
+    assert headers["idempotency-key"] == run["run_id"]
+    assert headers["authorization"] == "Bearer k-123"
+    assert body["model"] == "stand-in" and "integrated_lufs" in body["messages"][1]["content"]
+    assert "k-123" not in server.log_path.read_text()
+    # the LLM failing never fails the run: the rule-based notes stand in
+    llm.fail = True
+    again = server.post(make_event(event_type="mix.review_requested", payload={
+        "project_id": "night-drive", "mix_url": str(path), "profile": "club"}))
+    run = server.wait_terminal(again.json()["run_id"], timeout=60)
+    assert run["status"] == "succeeded"
+    assert run["result"]["notes_source"] == "rules" and run["result"]["profile"]["name"] == "club"
+    assert any("clipping" in note for note in run["result"]["review_notes"])
+
+
+def test_a_missing_mix_fails_permanently_end_to_end(server_factory: Callable[..., Server],
+                                                    tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    response = server.post(make_event(payload={"project_id": "p",
+                                               "mix_url": str(tmp_path / "gone.wav")}))
+    run = server.wait_terminal(response.json()["run_id"], timeout=60)
+    assert (run["status"], run["error_code"], run["retry_count"]) == (
+        "failed_permanent", "mix_not_found", 0)

@@ -5,11 +5,17 @@ The agent API lives here::
     from agentbox import AgentContext, Event, PermanentAgentError, RetryableAgentError
 """
 
-from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.agents import (
+    AgentContext,
+    AgentPlugin,
+    PermanentAgentError,
+    RetryableAgentError,
+)
 from agentbox.events import Event, register_event_type
 
 __all__ = [
     "AgentContext",
+    "AgentPlugin",
     "Event",
     "PermanentAgentError",
     "RetryableAgentError",

@@ -12,19 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
 from agentbox.config import AgentBinding, ConfigError, Settings, env_name
-from agentbox.events import PAYLOAD_MODELS, Event
+from agentbox.events import (
+    PAYLOAD_MODELS,
+    Event,
+    InvalidEvent,
+    parse_event,
+    register_event_type,
+)
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
+EMIT_SOURCE = "agentbox"  # the source of events agents emit
 
 BUILTIN_AGENTS: dict[str, tuple[str, ...]] = {
     "session.exported": ("agentbox.mix_review:mix_review",),
@@ -63,6 +72,38 @@ class AgentContext:
     log: logging.LoggerAdapter[logging.Logger]
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     settings: Settings | None = None  # the server's configuration, for agents that need it
+    event: Event | None = None  # the event this run handles
+    emitted: list[tuple[Event, bytes]] = field(default_factory=list)
+
+    def emit(self, event_type: str, payload: BaseModel | Mapping[str, Any]) -> str:
+        """Publish a follow-up event; returns its event_id.
+
+        It is stored when this run succeeds, in the same transaction as the
+        success (so a crash can neither lose it nor emit it twice), and runs the
+        agents subscribed to `event_type`. It carries the chain's correlation_id,
+        causation_id = this event's id and hop + 1. Raises PermanentAgentError
+        (code invalid_emit) when the payload does not validate.
+        """
+        if self.event is None:
+            raise PermanentAgentError("emit() needs the run's event", "invalid_emit")
+        parent = self.event.envelope
+        event_id = f"{self.run_id}.e{len(self.emitted)}"
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+        envelope = {
+            "schema_version": "v1", "event_id": event_id,
+            "idempotency_key": f"{EMIT_SOURCE}:{event_type}:{event_id}",
+            "event_type": event_type, "source": EMIT_SOURCE,
+            "timestamp": datetime.now(UTC).isoformat(),
+            "correlation_id": parent.correlation_id or parent.event_id,
+            "causation_id": parent.event_id, "hop": parent.hop + 1, "payload": data,
+        }
+        try:
+            body = json.dumps(envelope, separators=(",", ":")).encode()
+            event = parse_event(body)
+        except (InvalidEvent, TypeError, ValueError) as exc:
+            raise PermanentAgentError(f"emit({event_type!r}): {exc}", "invalid_emit") from None
+        self.emitted.append((event, body))
+        return event_id
 
 
 class InvalidAgentOutput(Exception):
@@ -125,6 +166,52 @@ def _result_model(function: Callable[..., Any]) -> type[BaseModel] | None:
     return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
+ENTRY_POINT_GROUP = "agentbox.agents"
+
+
+@dataclass(frozen=True)
+class AgentPlugin:
+    """What a package's `agentbox.agents` entry point names: an agent, the event
+    types it subscribes to, and the payload models of event types it brings.
+
+        # pyproject.toml of the plugin package
+        [project.entry-points."agentbox.agents"]
+        stems = "stemcheck.agent:plugin"
+
+        # stemcheck/agent.py
+        plugin = AgentPlugin(check_stems, event_types=("stem.bounced",),
+                             payload_models={"stem.bounced": StemBounced})
+    """
+
+    agent: Agent
+    event_types: tuple[str, ...]
+    payload_models: Mapping[str, type[BaseModel]] = field(default_factory=dict)
+
+
+def discover_plugins() -> list[tuple[str, AgentPlugin]]:
+    """Every installed `agentbox.agents` entry point, loaded and checked."""
+    found = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            plugin = entry.load()
+        except Exception as exc:  # any failure to import is the plugin's configuration error
+            raise ConfigError(f"agent plugin {entry.name} ({entry.value}) cannot be loaded: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(plugin, AgentPlugin):
+            raise ConfigError(f"agent plugin {entry.name} ({entry.value}) is not an "
+                              "agentbox.agents.AgentPlugin")
+        found.append((entry.name, plugin))
+    return found
+
+
+def _plugin_spec(name: str, plugin: AgentPlugin) -> AgentSpec:
+    function = plugin.agent
+    if not inspect.iscoroutinefunction(function):
+        raise ConfigError(f"agent plugin {name}: its agent must be an async function")
+    return AgentSpec(f"{function.__module__}:{function.__qualname__}", function,
+                     _result_model(function))
+
+
 class AgentRegistry:
     """Which agents run for which event type (several per type: one run each)."""
 
@@ -133,23 +220,44 @@ class AgentRegistry:
         self._by_name = {spec.name: spec for specs in self._routes.values() for spec in specs}
 
     @classmethod
-    def from_bindings(cls, bindings: Sequence[AgentBinding]) -> AgentRegistry:
-        """Built-in routes, with each event type named in `bindings` replaced by those."""
-        targets: dict[str, list[str]] = {k: list(v) for k, v in BUILTIN_AGENTS.items()}
+    def from_bindings(cls, bindings: Sequence[AgentBinding],
+                      plugins: Sequence[tuple[str, AgentPlugin]] | None = None) -> AgentRegistry:
+        """The built-in agents and those of installed plugins, except that an event
+        type named in `bindings` (AGENTBOX_AGENTS) gets exactly the agents named there.
+
+        Modules named in bindings are imported first: they may register event
+        types (events.register_event_type) beside their agents.
+        """
+        plugins = discover_plugins() if plugins is None else plugins
+        for name, plugin in plugins:
+            for event_type, model in plugin.payload_models.items():
+                try:
+                    register_event_type(event_type, model)
+                except ValueError as exc:
+                    raise ConfigError(f"agent plugin {name}: {exc}") from None
         named: dict[str, list[str]] = {}
         for binding in bindings:
             named.setdefault(binding.event_type, []).append(binding.target)
-        targets.update(named)
-        for event_type in targets:
+        targets = {k: list(v) for k, v in BUILTIN_AGENTS.items() if k not in named}
+        loaded: dict[str, AgentSpec] = {}
+        for target in {t for names in [*named.values(), *targets.values()] for t in names}:
+            loaded[target] = load_agent(target)
+        routes: dict[str, list[AgentSpec]] = {
+            et: [loaded[t] for t in names] for et, names in {**targets, **named}.items()}
+        for name, plugin in plugins:
+            spec = _plugin_spec(name, plugin)
+            for event_type in plugin.event_types:
+                if event_type not in named:
+                    routes.setdefault(event_type, []).append(spec)
+        for event_type in routes:
             if event_type not in PAYLOAD_MODELS:
                 known = ", ".join(sorted(PAYLOAD_MODELS))
                 raise ConfigError(f"{env_name('agents')}: unknown event type {event_type!r} "
-                                  f"(known: {known})")
-        loaded: dict[str, AgentSpec] = {}
-        for target in {t for names in targets.values() for t in names}:
-            loaded[target] = load_agent(target)
-        # dict.fromkeys: the same agent named twice for one type still gets one run.
-        return cls({et: [loaded[t] for t in dict.fromkeys(names)] for et, names in targets.items()})
+                                  f"(known: {known}); register its payload model beside "
+                                  "the agent (agentbox.register_event_type)")
+        # The same agent named twice for one type still gets one run.
+        return cls({et: list({s.name: s for s in specs}.values())
+                    for et, specs in routes.items()})
 
     def for_event_type(self, event_type: str) -> tuple[AgentSpec, ...]:
         return self._routes.get(event_type, ())

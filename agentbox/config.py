@@ -48,6 +48,7 @@ DEFAULT_CALLBACK_RETRY_SCHEDULE = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 360
 DEFAULT_CALLBACK_TIMEOUT_SECONDS = 15.0
 DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES = 20
 DEFAULT_CALLBACK_CONCURRENCY = 8
+DEFAULT_MAX_HOPS = 8
 
 
 class ConfigError(Exception):
@@ -94,6 +95,7 @@ class Settings:
     callback_timeout_seconds: float = DEFAULT_CALLBACK_TIMEOUT_SECONDS
     callback_pause_after_failures: int = DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES
     callback_concurrency: int = DEFAULT_CALLBACK_CONCURRENCY
+    max_hops: int = DEFAULT_MAX_HOPS
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
@@ -112,7 +114,7 @@ _POSITIVE_FLOATS = {
     "maintenance_interval_seconds", "callback_timeout_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
-                  "callback_pause_after_failures", "callback_concurrency"}
+                  "callback_pause_after_failures", "callback_concurrency", "max_hops"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error

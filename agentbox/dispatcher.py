@@ -28,7 +28,14 @@ from agentbox.config import Settings
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
 from agentbox.runs import RunStatus, backoff_seconds
-from agentbox.store import ClaimedRun, Outcome, StorageUnavailable, Store, Transition
+from agentbox.store import (
+    ClaimedRun,
+    Emitted,
+    Outcome,
+    StorageUnavailable,
+    Store,
+    Transition,
+)
 
 log = get_logger("runs")
 MAX_IDLE_WAIT_SECONDS = 5.0
@@ -178,6 +185,11 @@ class Dispatcher:
             return
         if transition is not None:
             self._announce(transition, duration_ms=round(duration_ms, 3))
+            for spawned in transition.spawned:
+                self._announce(spawned)
+            for event, run_ids in transition.emitted:
+                if run_ids:
+                    self.accepted(event, run_ids)
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)
@@ -190,10 +202,12 @@ class Dispatcher:
         except InvalidEvent as exc:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event",
                            error_message=_clip(str(exc)))
+        ctx.event = event
         try:
             async with asyncio.timeout(self.settings.run_timeout_seconds):
                 value = await spec.function(event, ctx)
-            return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value))
+            return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
+                           emitted=self._emitted(ctx))
         except PermanentAgentError as exc:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code=exc.code,
                            error_message=_clip(str(exc)))
@@ -208,6 +222,20 @@ class Dispatcher:
         except Exception as exc:  # an agent's bug or a dependency's failure: retry
             ctx.log.warning("agent raised", exc_info=True)
             return self._retry(claimed, "agent_exception", f"{type(exc).__name__}: {exc}")
+
+    def _emitted(self, ctx: AgentContext) -> tuple[Emitted, ...]:
+        s = self.settings
+        found = []
+        for event, body in ctx.emitted:
+            agents = tuple(spec.name for spec in
+                           self.registry.for_event_type(event.envelope.event_type))
+            if not agents:
+                raise PermanentAgentError(
+                    f"emitted {event.envelope.event_type}, which no agent handles; "
+                    "configure one in AGENTBOX_AGENTS", "emit_unhandled")
+            found.append(Emitted(event, body, agents, self.clock() + s.idempotency_ttl_seconds,
+                                 s.max_hops))
+        return tuple(found)
 
     def _retry(self, claimed: ClaimedRun, code: str, message: str) -> Outcome:
         s = self.settings

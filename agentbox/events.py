@@ -8,6 +8,7 @@ unknown `schema_version` or `event_type`, and an `idempotency_key` other than
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -61,9 +62,33 @@ PAYLOAD_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
+_REGISTERED: dict[str, type[BaseModel]] = {}  # event type -> the model as its author wrote it
+_EVENT_TYPE = re.compile(_TOKEN)
+
+
 def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None:
-    """Add an event type: its payloads are validated by `payload_model`."""
-    PAYLOAD_MODELS[event_type] = payload_model
+    """Add an event type whose payloads `payload_model` validates.
+
+    The receiver holds it to the same rules as the built-in types: unknown
+    fields and wrong JSON types are refused, whatever the model's own config
+    says (a strict subclass is registered). Registering the same model again is
+    harmless; another model for a taken type is a ValueError.
+    """
+    if not _EVENT_TYPE.match(event_type) or len(event_type) > 128:
+        raise ValueError(f"{event_type!r} is not an event type (letters, digits, '.', '_', '-')")
+    if not (isinstance(payload_model, type) and issubclass(payload_model, BaseModel)):
+        raise ValueError(f"the payload model of {event_type} must be a pydantic model")
+    taken = _REGISTERED.get(event_type) or PAYLOAD_MODELS.get(event_type)
+    if taken is not None:
+        if taken is payload_model:
+            return
+        raise ValueError(f"event type {event_type} is already registered with {taken.__name__}")
+    config = ConfigDict(**{**payload_model.model_config, "extra": "forbid", "strict": True})
+    strict = type(payload_model.__name__, (payload_model,),
+                  {"model_config": config, "__module__": payload_model.__module__,
+                   "__doc__": payload_model.__doc__})
+    _REGISTERED[event_type] = payload_model
+    PAYLOAD_MODELS[event_type] = strict
 
 
 class Envelope(Strict):

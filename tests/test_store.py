@@ -43,6 +43,7 @@ from agentbox.store import (
     ClaimResult,
     DeliveryResult,
     DestinationNotFound,
+    Emitted,
     IngestResult,
     Notification,
     NotReplayable,
@@ -953,6 +954,68 @@ async def test_a_reclaimed_run_notifies_its_new_attempt(store: Store, aio: Any) 
     assert await store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + LEASE + 1) is None
     ids = [n["notification_id"] for n in await store.notifications(run.run_id)]
     assert ids == [f"{run.run_id}:processing:0", f"{run.run_id}:processing:1"]
+
+
+# -- agent chains ------------------------------------------------------------------------
+
+
+def emitted(parent: str, index: int, event_type: str = "session.exported", hop: int = 1,
+            agents: Sequence[str] = ("b",), max_hops: int = 8, chain: str = "e1") -> Emitted:
+    event_id = f"{parent}.e{index}"
+    body = json.dumps({
+        "schema_version": "v1", "event_id": event_id,
+        "idempotency_key": f"agentbox:{event_type}:{event_id}", "event_type": event_type,
+        "source": "agentbox", "timestamp": "2026-07-27T15:42:00Z", "correlation_id": chain,
+        "causation_id": "e1", "hop": hop, "payload": {"project_id": "p", "mix_url": "/m.wav"},
+    }).encode()
+    return Emitted(parse_event(body), body, tuple(agents), T0 + TTL, max_hops)
+
+
+@async_test
+async def test_emitted_events_are_stored_with_the_success_and_run(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    outcome = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
+        emitted(run.run_id, 0, agents=("b", "c")), emitted(run.run_id, 0)))  # the same twice
+    transition = await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert transition is not None
+    assert [(t.agent, t.status, t.event_id) for t in transition.spawned] == [
+        ("b", "accepted", f"{run.run_id}.e0"), ("c", "accepted", f"{run.run_id}.e0")]
+    ((event, run_ids),) = [e for e in transition.emitted if e[1]]
+    assert event.envelope.hop == 1 and len(run_ids) == 2
+    claimed = await claim(store, "w2", now=T0 + 1)
+    assert sorted(c.agent for c in claimed.claimed) == ["b", "c"]
+    view = await store.get_run(run_ids[0])
+    assert view is not None
+    assert (view["correlation_id"], view["causation_id"], view["hop"]) == ("e1", "e1", 1)
+
+
+@async_test
+async def test_emitted_events_are_dropped_when_the_run_does_not_succeed(
+        store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    outcome = Outcome(RunStatus.FAILED_PERMANENT, error_code="x",
+                      emitted=(emitted(run.run_id, 0),))
+    transition = await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert transition is not None and transition.spawned == ()
+    assert (await claim(store, now=T0 + 1)).claimed == []
+
+
+@async_test
+async def test_a_loop_or_a_long_chain_is_recorded_dead_lettered(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")  # agent mix_review handled session.exported
+    outcome = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
+        emitted(run.run_id, 0, agents=("mix_review", "other")),
+        emitted(run.run_id, 1, hop=3, agents=("third",), max_hops=2)))
+    transition = await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert transition is not None
+    assert [(t.agent, t.status, t.error_code) for t in transition.spawned] == [
+        ("mix_review", "dead_lettered", "loop_detected"), ("other", "accepted", None),
+        ("third", "dead_lettered", "loop_detected")]
+    stopped = await store.get_run(transition.spawned[0].run_id)
+    assert stopped is not None and stopped["terminal"] and stopped["attempt"] == 0
+    assert "already handled session.exported" in stopped["error_message"]
+    claimed = await claim(store, now=T0 + 1)
+    assert [c.agent for c in claimed.claimed] == ["other"]
 
 
 # -- reads -------------------------------------------------------------------------------

@@ -89,6 +89,9 @@ class Transition:
     agent: str
     error_code: str | None = None
     notify: bool = False  # a callback was queued in the outbox with this change
+    # runs created with this change for the events the agent emitted (agent chains)
+    spawned: tuple[Transition, ...] = ()
+    emitted: tuple[tuple[Event, tuple[str, ...]], ...] = ()  # (event, its new run ids)
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,17 @@ class ClaimResult:
 
 
 @dataclass(frozen=True)
+class Emitted:
+    """A follow-up event an agent emitted, stored with its run's success."""
+
+    event: Event
+    body: bytes
+    agents: tuple[str, ...]  # the agents subscribed to its type: one run each
+    key_expires_at: float  # its idempotency claim's end
+    max_hops: int  # a longer chain is stopped (loop_detected)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What an attempt ended with; `status` is the target state the dispatcher chose."""
 
@@ -159,6 +173,7 @@ class Outcome:
     error_code: str | None = None
     error_message: str | None = None
     next_attempt_at: float | None = None
+    emitted: tuple[Emitted, ...] = ()  # stored only when the run succeeds
 
 
 class Store(abc.ABC):

@@ -32,6 +32,7 @@ from agentbox.store import (
     ClaimResult,
     DeliveryResult,
     DestinationNotFound,
+    Emitted,
     IngestResult,
     Notification,
     NotReplayable,
@@ -62,6 +63,8 @@ CREATE TABLE IF NOT EXISTS events (
     body            BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_event_id ON events (event_id);
+CREATE INDEX IF NOT EXISTS events_correlation ON events (correlation_id)
+    WHERE correlation_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     key        TEXT PRIMARY KEY,
     event_pk   INTEGER NOT NULL,
@@ -174,6 +177,17 @@ SQL_INSERT_RUN = """
 INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
                   updated_at)
 VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
+"""
+# Which agent handled which event type so far in a chain (the root event and
+# every event that carries its correlation id).
+SQL_CHAIN_HISTORY = """
+SELECT r.agent, e.event_type FROM events e JOIN runs r ON r.event_pk = e.pk
+WHERE e.correlation_id = :chain OR e.event_id = :chain
+"""
+SQL_INSERT_STOPPED_RUN = """
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, accepted_at, updated_at,
+                  completed_at, error_code, error_message)
+VALUES (?, ?, ?, ?, 'dead_lettered', ?, ?, ?, 'loop_detected', ?)
 """
 SQL_INSERT_HISTORY = """
 INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?, ?, ?, ?, ?)
@@ -671,8 +685,16 @@ class SqliteStore(Store):
             notify = _queue_callback(conn, callback_url, run_id, target.value, attempt, event_id,
                                      now, now + self.notification_delay, outcome.result,
                                      outcome.error_code)
+            spawned: list[Transition] = []
+            emitted: list[tuple[Event, tuple[str, ...]]] = []
+            if target is RunStatus.SUCCEEDED:
+                for item in outcome.emitted:
+                    started = _store_emitted(conn, state, item, now)
+                    spawned += started
+                    emitted.append((item.event, tuple(
+                        t.run_id for t in started if t.status == "accepted")))
             return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
-                              outcome.error_code, notify)
+                              outcome.error_code, notify, tuple(spawned), tuple(emitted))
 
         return await self._write(op)
 
@@ -967,6 +989,50 @@ def _reclaim_expired(
                              notify_due)
     return Transition(run_id, "processing", attempt, event_id, event_type, source, agent,
                       notify=notify)
+
+
+def _store_emitted(conn: sqlite3.Connection, state: _Batch, item: Emitted, now: float
+                   ) -> list[Transition]:
+    """Store an agent's follow-up event with its runs, in its parent's transaction.
+
+    Its id is derived from the parent run, so a run that succeeds again (after a
+    replay) emits nothing twice. A run that would close a loop (its agent already
+    handled this event type in the chain) or go past the hop limit is recorded
+    dead_lettered with loop_detected: visible, never dropped.
+    """
+    env = item.event.envelope
+    found = conn.execute(SQL_FIND_KEY, (env.idempotency_key,)).fetchone()
+    if found is not None and found[1] > now:
+        return []
+    chain = env.correlation_id or env.event_id
+    history = set(conn.execute(SQL_CHAIN_HISTORY, {"chain": chain}).fetchall())
+    event_pk = conn.execute(
+        SQL_INSERT_EVENT,
+        (env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,
+         env.causation_id, env.hop, env.callback_url, now, item.body),
+    ).lastrowid
+    conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, item.key_expires_at))
+    transitions = []
+    for ordinal, agent in enumerate(item.agents):
+        run_id = new_run_id()
+        reason = None
+        if env.hop > item.max_hops:
+            reason = (f"the chain {chain} is {env.hop} hops long; AGENTBOX_MAX_HOPS is "
+                      f"{item.max_hops}")
+        elif (agent, env.event_type) in history:
+            reason = f"{agent} already handled {env.event_type} in the chain {chain}"
+        if reason is None:
+            conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
+            state.active += 1
+            status, code = RunStatus.ACCEPTED.value, None
+        else:
+            check_transition(run_id, RunStatus.ACCEPTED, RunStatus.DEAD_LETTERED)
+            conn.execute(SQL_INSERT_STOPPED_RUN,
+                         (run_id, event_pk, ordinal, agent, now, now, now, reason))
+            status, code = RunStatus.DEAD_LETTERED.value, "loop_detected"
+        transitions.append(Transition(run_id, status, 0, env.event_id, env.event_type,
+                                      env.source, agent, code))
+    return transitions
 
 
 def _queue_callback(

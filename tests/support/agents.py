@@ -25,7 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, field_serializer
 
-from agentbox import AgentContext, Event, PermanentAgentError, RetryableAgentError
+from agentbox import (
+    AgentContext,
+    Event,
+    PermanentAgentError,
+    RetryableAgentError,
+    register_event_type,
+)
 
 
 def journal(kind: str, ctx: AgentContext) -> None:
@@ -83,3 +89,38 @@ async def second(event: Event, ctx: AgentContext) -> dict[str, Any]:
 
 def not_async(event: Event, ctx: AgentContext) -> None:
     """Misconfiguration bait: agents must be async."""
+
+
+# -- agent chains: two event types of the tests' own, and agents that bounce them -------------
+
+
+class Ping(BaseModel):
+    """chain.ping / chain.pong payloads (registered below, as a plugin author would)."""
+
+    label: str
+
+
+register_event_type("chain.ping", Ping)
+register_event_type("chain.pong", Ping)
+
+
+async def ping_agent(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """Handles chain.ping, answers with chain.pong."""
+    emitted = ctx.emit("chain.pong", Ping(label=event.payload.label))
+    return {"emitted": emitted}
+
+
+async def pong_agent(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """Handles chain.pong, answers with chain.ping: ping -> pong -> ping is a loop."""
+    emitted = ctx.emit("chain.ping", {"label": event.payload.label})
+    return {"emitted": emitted}
+
+
+async def bad_emitter(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    ctx.emit("chain.pong", {"label": 5})  # not a string: the payload does not validate
+    return {}
+
+
+async def always_permanent(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """A third subscriber that always fails, for fan-out tests."""
+    raise PermanentAgentError("this agent never succeeds", code="scripted_permanent")

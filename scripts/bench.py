@@ -308,6 +308,70 @@ def backlog_phase(data_dir: Path, count: int) -> dict[str, Any]:
             "max_rss_mb": round(monitor.max_rss_mb), "ok": done == count}
 
 
+def write_mix(path: Path, minutes: float, rate: int = 48_000) -> None:
+    """A stereo 24-bit WAV of `minutes` (music-like: tones over noise), written in chunks."""
+    import numpy as np
+    import soundfile
+
+    rng = np.random.default_rng(1)
+    chunk = rate * 10
+    with soundfile.SoundFile(path, "w", rate, 2, "PCM_24") as f:
+        for start in range(0, int(minutes * 60 * rate), chunk):
+            t = (start + np.arange(chunk)) / rate
+            tone = 0.2 * np.sin(2 * np.pi * 110 * t) + 0.1 * np.sin(2 * np.pi * 440 * t)
+            noise = rng.normal(0, 0.05, size=(chunk, 2))
+            f.write(np.clip(tone[:, None] + noise, -1, 1))
+    old = time.time() - 60  # finished writing a while ago
+    os.utime(path, (old, old))
+
+
+def mix_phase(work: Path, minutes: float, duration: float, rate: float = 200,
+              connections: int = 16) -> dict[str, Any]:
+    """Ingest latency at a steady `rate` before and while the built-in mix_review
+    agent analyses a `minutes`-long mix (it runs in a process pool)."""
+    from agentbox.signing import sign_headers
+
+    mix = work / "long-mix.wav"
+    print(f"writing a {minutes:g}-minute mix ...", file=sys.stderr)
+    write_mix(mix, minutes)
+    server = Server("agentbox", work / "mix")
+    pace_ms = connections / rate * 1000
+    before_events, during_events = work / "mix-before.tsv", work / "mix-during.tsv"
+    write_events(before_events, int(rate * duration * 2), f"mix-a-{uuid.uuid4().hex[:6]}")
+    write_events(during_events, int(rate * duration * 2), f"mix-b-{uuid.uuid4().hex[:6]}")
+    before = run_wrk(server.url, before_events, connections, duration, pace_ms)
+    event_id = uuid.uuid4().hex
+    body = json.dumps({
+        "schema_version": "v1", "event_id": event_id,
+        "idempotency_key": f"bench:mix.review_requested:{event_id}",
+        "event_type": "mix.review_requested", "source": "bench",
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "payload": {"project_id": "long-mix", "mix_url": str(mix)},
+    }).encode()
+    response = httpx.post(server.url + "/webhooks/events", content=body, timeout=30,
+                          headers=sign_headers(SECRET, body, int(time.time())))
+    run_id = response.json()["run_id"]
+    during = run_wrk(server.url, during_events, connections, duration, pace_ms)
+    while True:
+        run = httpx.get(f"{server.url}/runs/{run_id}", timeout=10).json()
+        if run["terminal"]:
+            break
+        time.sleep(0.2)
+    server.stop()
+    started = time.mktime(time.strptime(run["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    finished = time.mktime(time.strptime(run["completed_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    mix.unlink()
+    return {
+        "mix_minutes": minutes, "offered_per_s": rate, "review_status": run["status"],
+        "analysis_seconds": round(finished - started),
+        "integrated_lufs": (run["result"] or {}).get("metrics", {}).get("integrated_lufs"),
+        "before": {"p50_ms": before["p50_us"] / 1000, "p99_ms": before["p99_us"] / 1000,
+                   "statuses": before["statuses"]},
+        "during": {"p50_ms": during["p50_us"] / 1000, "p99_ms": during["p99_us"] / 1000,
+                   "statuses": during["statuses"]},
+    }
+
+
 # -- report -----------------------------------------------------------------------
 
 
@@ -335,6 +399,13 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"\nbacklog drain: {row['succeeded']} of {row['backlog']} no-op runs succeeded at "
               f"{row['completed_per_s']} runs/s, cpu {row['server_cpu_percent']} %, "
               f"rss {row['max_rss_mb']} MB")
+    if "mix" in report:
+        row = report["mix"]
+        print(f"\ningest while a {row['mix_minutes']:g}-minute mix is analysed "
+              f"({row['analysis_seconds']} s, {row['review_status']}), {row['offered_per_s']:g}"
+              f" events/s offered: p50 {row['before']['p50_ms']:.2f} -> "
+              f"{row['during']['p50_ms']:.2f} ms, p99 {row['before']['p99_ms']:.2f} -> "
+              f"{row['during']['p99_ms']:.2f} ms")
     for row in report["drain"]:
         print(f"\ndrain ({row['store']} store): offered {row['offered_per_s']}/s, "
               f"accepted {row['accepted_per_s']}/s, completed {row['completed_per_s']}/s, "
@@ -349,6 +420,8 @@ def main() -> None:
     parser.add_argument("--seed-runs", type=int, default=1_000_000)
     parser.add_argument("--backlog", type=int, default=50_000,
                         help="runs to drain in the backlog phase (0: skip it)")
+    parser.add_argument("--mix-minutes", type=float, default=10,
+                        help="ingest latency while a mix this long is analysed (0: skip)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -398,6 +471,10 @@ def main() -> None:
         print(f"draining a backlog of {args.backlog} runs ...", file=sys.stderr)
         report["backlog"] = backlog_phase(work / "backlog", args.backlog)
         failed |= not report["backlog"]["ok"]
+    if args.mix_minutes:
+        report["mix"] = mix_phase(work, args.mix_minutes, args.duration)
+        failed |= report["mix"]["review_status"] != "succeeded" or any(
+            set(report["mix"][k]["statuses"]) != {"202"} for k in ("before", "during"))
     print_table(report)
     text = json.dumps(report, indent=2)
     print("\n" + text)

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from agentbox.agents import AgentRegistry
 from agentbox.config import Settings, is_loopback_host, origin_of
 from agentbox.events import Event, InvalidEvent, parse_event
+from agentbox.runs import RunStatus
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import AdmissionRefused, IngestResult, StorageUnavailable, Store
 
@@ -137,7 +138,8 @@ class Receiver:
         s = self.settings
         try:
             result = await self.store.ingest(event, body, agents, self.clock(),
-                                             s.idempotency_ttl_seconds, s.max_pending)
+                                             s.idempotency_ttl_seconds, s.max_pending,
+                                             s.max_hops)
         except AdmissionRefused:
             raise Rejected(
                 429, "too_many_pending",
@@ -149,7 +151,8 @@ class Receiver:
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
         if not result.duplicate:
-            self.on_commit(event, [run.run_id for run in result.runs])
+            self.on_commit(event, [run.run_id for run in result.runs
+                                   if run.status == RunStatus.ACCEPTED])
         return result
 
 

@@ -73,6 +73,17 @@ def test_a_chain_longer_than_max_hops_is_stopped(server_factory: Callable[..., S
     assert "AGENTBOX_MAX_HOPS is 1" in stopped["error_message"]
 
 
+def test_an_incoming_event_past_the_hop_limit_is_stopped(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": CHAIN, "AGENTBOX_MAX_HOPS": "3"}).start()
+    response = server.post(ping(hop=4, correlation_id="c1", causation_id="x"))
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "dead_lettered"
+    run = server.run(response.json()["run_id"])
+    assert (run["status"], run["error_code"], run["attempt"]) == (
+        "dead_lettered", "loop_detected", 0)
+
+
 def test_an_invalid_emitted_payload_fails_the_run(server_factory: Callable[..., Server]) -> None:
     server = server_factory({"AGENTBOX_AGENTS": f"chain.ping={AGENTS}:bad_emitter,"
                                                 f"chain.pong={AGENTS}:pong_agent"}).start()

@@ -114,9 +114,20 @@ def test_true_peak_finds_the_peak_between_samples(write: Callable[..., Path]) ->
     assert -6.02 - 0.4 <= m.true_peak_dbtp <= -6.02 + 0.2  # Tech 3341's true-peak tolerance
 
 
-def test_agrees_with_pyloudnorm_on_noise(write: Callable[..., Path]) -> None:
-    rng = np.random.default_rng(7)
-    noise = rng.normal(0, 0.1, size=(RATE * 15, 2))
+def pink_noise(seconds: float, channels: int = 2, seed: int = 7) -> np.ndarray:
+    """1/f noise: white noise shaped in the frequency domain."""
+    rng = np.random.default_rng(seed)
+    n = round(seconds * RATE)
+    spectrum = np.fft.rfft(rng.normal(size=(n, channels)), axis=0)
+    freqs = np.fft.rfftfreq(n, 1 / RATE)
+    spectrum[1:] /= np.sqrt(freqs[1:, None])
+    spectrum[0] = 0
+    noise = np.fft.irfft(spectrum, n, axis=0)
+    return np.asarray(0.2 * noise / np.max(np.abs(noise)))
+
+
+def test_agrees_with_pyloudnorm_on_pink_noise(write: Callable[..., Path]) -> None:
+    noise = pink_noise(15)
     ours = measure(str(write(noise))).integrated_lufs
     reference = pyloudnorm.Meter(RATE).integrated_loudness(noise)
     # the same filter, but BS.1770's high-pass numerator: 0.04 dB apart

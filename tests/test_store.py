@@ -1018,6 +1018,21 @@ async def test_a_loop_or_a_long_chain_is_recorded_dead_lettered(store: Store, ai
     assert [c.agent for c in claimed.claimed] == ["other"]
 
 
+@async_test
+async def test_an_incoming_event_past_the_hop_limit_is_stored_stopped(
+        store: Store, aio: Any) -> None:
+    event = emitted("outside", 0, hop=9).event
+    body = event.envelope.model_dump_json().encode()
+    result = await store.ingest(event, body, ["a"], T0, TTL, MAX_PENDING, max_hops=8)
+    (ref,) = result.runs
+    assert ref.status == "dead_lettered"
+    view = await store.get_run(ref.run_id)
+    assert view is not None and view["error_code"] == "loop_detected"
+    assert "AGENTBOX_MAX_HOPS is 8" in view["error_message"]
+    assert (await claim(store)).claimed == []
+    assert (await store.stats())["active"] == 0
+
+
 # -- reads -------------------------------------------------------------------------------
 
 

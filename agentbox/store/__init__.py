@@ -190,13 +190,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def ingest(
         self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int,
+        max_pending: int, max_hops: int | None = None,
     ) -> IngestResult:
         """Claim the idempotency key and store event + runs atomically and durably.
 
         A key already claimed and not expired returns the first runs with
         `duplicate=True` and writes nothing. Raises AdmissionRefused when
-        `max_pending` runs are not yet terminal.
+        `max_pending` runs are not yet terminal. An event whose `hop` is past
+        `max_hops` is stored with its runs dead_lettered (loop_detected).
         """
 
     @abc.abstractmethod

@@ -604,7 +604,7 @@ class SqliteStore(Store):
 
     async def ingest(
         self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int,
+        max_pending: int, max_hops: int | None = None,
     ) -> IngestResult:
         env = event.envelope
 
@@ -622,11 +622,21 @@ class SqliteStore(Store):
             ).lastrowid
             conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, now + ttl))
             refs = []
+            too_far = max_hops is not None and env.hop > max_hops
             for ordinal, agent in enumerate(agents):
                 run_id = new_run_id()
-                conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
-                refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
-            state.active += len(agents)
+                if too_far:
+                    conn.execute(SQL_INSERT_STOPPED_RUN, (
+                        run_id, event_pk, ordinal, agent, now, now, now,
+                        f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
+                        f"{max_hops}"))
+                    refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
+                else:
+                    conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now,
+                                                  now))
+                    refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
+            if not too_far:
+                state.active += len(agents)
             return IngestResult(refs, duplicate=False)
 
         return await self._write(op)

@@ -18,6 +18,7 @@ from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
+from agentbox.metrics import Metrics
 from agentbox.mix_review import shutdown_analysis
 from agentbox.receiver import Receiver, error_response
 from agentbox.store.sqlite import SqliteStore
@@ -34,12 +35,13 @@ def create_app(
         raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
                           "ensure_callback_secret first")
     registry = AgentRegistry.from_bindings(settings.agents)
+    metrics = Metrics()
     store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])
-    dispatcher = Dispatcher(store, registry, settings, clock)
-    deliverer = CallbackDeliverer(store, settings, clock)
-    dispatcher.listeners.append(deliverer.on_transition)
-    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock)
-    api = RunsApi(store, dispatcher, deliverer, admin_token)
+    dispatcher = Dispatcher(store, registry, settings, clock, metrics)
+    deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics)
+    dispatcher.listeners += [deliverer.on_transition, metrics.transition]
+    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
+    api = RunsApi(store, dispatcher, deliverer, admin_token, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -67,6 +69,7 @@ def create_app(
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),
             Route("/healthz", api.healthz, methods=["GET"]),
+            Route("/metrics", api.metrics, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,

@@ -31,6 +31,7 @@ import httpx
 from agentbox.addresses import IPAddress, is_public, parse_address
 from agentbox.config import Settings, is_loopback_host, origin_of
 from agentbox.logs import get_logger
+from agentbox.metrics import Metrics
 from agentbox.signing import callback_headers
 from agentbox.store import DeliveryResult, Notification, StorageUnavailable, Store, Transition
 
@@ -108,8 +109,10 @@ class CallbackDeliverer:
         transport: httpx.AsyncBaseTransport | None = None,
         ssl_context: ssl.SSLContext | None = None,
         rng: random.Random | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
@@ -204,6 +207,8 @@ class CallbackDeliverer:
             log.exception("recording a delivery failed",
                           extra={"notification_id": notification.notification_id})
             return
+        if self.metrics is not None:
+            self.metrics.callbacks.labels(result.state).inc()
         log.info(f"callback {result.state}", extra={
             "notification_id": notification.notification_id, "run_id": notification.run_id,
             "destination": notification.destination, "attempt": notification.attempts + 1,

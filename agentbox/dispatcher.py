@@ -27,6 +27,7 @@ from agentbox.agents import (
 from agentbox.config import Settings
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
+from agentbox.metrics import Metrics
 from agentbox.runs import RunStatus, backoff_seconds
 from agentbox.store import (
     ClaimedRun,
@@ -53,8 +54,10 @@ class Dispatcher:
         registry: AgentRegistry,
         settings: Settings,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.registry = registry
         self.settings = settings
         self.clock = clock
@@ -183,6 +186,10 @@ class Dispatcher:
         except Exception:  # a bug; the lease runs out and the run is attempted again
             log.exception("recording an outcome failed", extra={"run_id": claimed.run_id})
             return
+        if self.metrics is not None:
+            self.metrics.attempt(claimed.agent, duration_ms / 1000,
+                                 None if transition is None else transition.status,
+                                 claimed.accepted_at)
         if transition is not None:
             self._announce(transition, duration_ms=round(duration_ms, 3))
             for spawned in transition.spawned:
@@ -266,6 +273,11 @@ class Dispatcher:
             "agent": transition.agent, "status": transition.status,
             "attempt": transition.attempt, "error_code": transition.error_code, **timings,
         })
+        if transition.status == RunStatus.DEAD_LETTERED:  # an operator alert
+            log.warning("ALERT: a run was dead-lettered; inspect it with `agentbox "
+                        "dead-letters` and replay it with `agentbox replay`", extra={
+                            "run_id": transition.run_id, "event_id": transition.event_id,
+                            "agent": transition.agent, "error_code": transition.error_code})
         for listener in self.listeners:
             listener(transition)
 

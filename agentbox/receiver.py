@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from agentbox.agents import AgentRegistry
 from agentbox.config import Settings, is_loopback_host, origin_of
 from agentbox.events import Event, InvalidEvent, parse_event
+from agentbox.metrics import Metrics
 from agentbox.runs import RunStatus
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import AdmissionRefused, IngestResult, StorageUnavailable, Store
@@ -60,12 +61,14 @@ class Receiver:
         registry: AgentRegistry,
         on_commit: Callable[[Event, Sequence[str]], None],
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.registry = registry
         self.on_commit = on_commit
         self.clock = clock
+        self.metrics = metrics or Metrics()
         self.verifier = Verifier(settings.webhook_secret, settings.signature_max_age_seconds)
         self.allowed_origins = frozenset(
             origin_of(o) for o in (*settings.callback_allowed, *settings.callback_allowed_local))
@@ -74,6 +77,7 @@ class Receiver:
         try:
             return await self._receive(request)
         except Rejected as rejected:
+            self.metrics.refused.labels(rejected.code).inc()
             return rejected.response()
 
     async def _receive(self, request: Request) -> Response:
@@ -150,7 +154,10 @@ class Receiver:
                 503, "storage_unavailable",
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
-        if not result.duplicate:
+        if result.duplicate:
+            self.metrics.duplicates.inc()
+        else:
+            self.metrics.accepted.labels(event.envelope.event_type).inc()
             self.on_commit(event, [run.run_id for run in result.runs
                                    if run.status == RunStatus.ACCEPTED])
         return result

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import origin_of
 from agentbox.dispatcher import Dispatcher
+from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
 from agentbox.store import DestinationNotFound, NotReplayable, RunNotFound, StorageUnavailable
@@ -25,8 +26,10 @@ MAX_ADMIN_BODY_BYTES = 4096
 
 class RunsApi:
     def __init__(self, store: SqliteStore, dispatcher: Dispatcher,
-                 deliverer: CallbackDeliverer, admin_token: str) -> None:
+                 deliverer: CallbackDeliverer, admin_token: str,
+                 metrics: Metrics | None = None) -> None:
         self.store = store
+        self._metrics = metrics or Metrics()
         self.dispatcher = dispatcher
         self.deliverer = deliverer
         self._admin_token = admin_token.encode()
@@ -105,6 +108,10 @@ class RunsApi:
         self.dispatcher.wake()
         run = await self.store.get_run(run_id)
         return JSONResponse(run, status_code=202)
+
+    async def metrics(self, request: Request) -> Response:
+        body = self._metrics.render(await self.store.stats(), self.dispatcher.clock())
+        return Response(body, media_type=self._metrics.content_type)
 
     async def healthz(self, request: Request) -> Response:
         body: dict[str, Any] = {"status": "ok", "inflight": self.dispatcher.inflight}

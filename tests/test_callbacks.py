@@ -102,6 +102,8 @@ def test_every_state_change_is_delivered_signed_and_in_order(
     assert notes[3]["error_code"] is None
     shown = wait_callbacks(server, run_id, 4, "delivered")
     assert [c["notification_id"] for c in shown] == expected
+    metrics = server.client.get("/metrics").text
+    assert 'agentbox_callback_deliveries_total{outcome="delivered"} 4.0' in metrics
     assert all(c["attempts"] == 1 and c["last_error"] is None for c in shown)
     assert all(c["destination"] == receiver.origin for c in shown)
 

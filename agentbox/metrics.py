@@ -1,0 +1,67 @@
+"""Prometheus metrics, served at `/metrics` (prometheus-client, one registry per app).
+
+Counters and histograms are updated where things happen (receiver,
+dispatcher, callback deliverer); the queue gauges are read from the store
+when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from agentbox.store import Transition
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                   600, 1800, 3600)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.accepted = Counter("agentbox_events_accepted", "Events stored (202)",
+                                ["event_type"], registry=r)
+        self.duplicates = Counter("agentbox_events_duplicate",
+                                  "Deliveries of an event already stored (200)", registry=r)
+        self.refused = Counter("agentbox_events_refused", "Deliveries refused, by error_code",
+                               ["reason"], registry=r)
+        self.transitions = Counter("agentbox_run_transitions",
+                                   "Run state changes (failed_retryable: retries; "
+                                   "dead_lettered: dead letters)", ["agent", "status"],
+                                   registry=r)
+        self.run_latency = Histogram("agentbox_run_latency_seconds",
+                                     "From acceptance to a terminal state", ["agent"],
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.agent_duration = Histogram("agentbox_agent_duration_seconds",
+                                        "One attempt of an agent", ["agent"],
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.callbacks = Counter("agentbox_callback_deliveries",
+                                 "Callback delivery attempts, by outcome "
+                                 "(delivered, pending: failed and retried later, dead)",
+                                 ["outcome"], registry=r)
+        self.queue = Gauge("agentbox_runs", "Runs by state", ["status"], registry=r)
+        self.oldest_waiting = Gauge("agentbox_oldest_waiting_age_seconds",
+                                    "Age of the oldest run waiting to be claimed", registry=r)
+
+    def transition(self, t: Transition) -> None:
+        self.transitions.labels(t.agent, t.status).inc()
+
+    def attempt(self, agent: str, seconds: float, status: str | None, accepted_at: float) -> None:
+        self.agent_duration.labels(agent).observe(seconds)
+        if status in ("succeeded", "failed_permanent", "dead_lettered"):
+            self.run_latency.labels(agent).observe(max(0.0, time.time() - accepted_at))
+
+    def render(self, stats: dict[str, Any], now: float) -> bytes:
+        for status, count in stats["runs"].items():
+            self.queue.labels(status).set(count)
+        oldest = stats.get("oldest_waiting_accepted_at")
+        age = 0.0 if oldest is None else now - datetime.fromisoformat(oldest).timestamp()
+        self.oldest_waiting.set(max(0.0, age))
+        return generate_latest(self.registry)

@@ -1,0 +1,49 @@
+"""Prometheus metrics at /metrics, read back with prometheus-client's own parser."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Server, make_event, wait_until
+
+
+def samples(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = server.client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_metrics_count_what_happened(server_factory: Callable[..., Server]) -> None:
+    server = server_factory().start()
+    ok = make_event(project_id="ok")
+    run_id = server.post(ok).json()["run_id"]
+    assert server.post(ok).status_code == 200  # a duplicate
+    dead = server.post(make_event(project_id="always-fail")).json()["run_id"]
+    assert server.post(make_event(), secret="wrong").status_code == 401
+    server.wait_terminal(run_id)
+    server.wait_terminal(dead, timeout=30)
+    agent = "tests.support.agents:scripted"
+    found = wait_until(lambda: (lambda s: s if s.get(
+        ("agentbox_run_latency_seconds_count", (("agent", agent),))) == 2 else None)(
+        samples(server)), 10, "both runs in the latency histogram")
+    assert found[("agentbox_events_accepted_total",
+                  (("event_type", "session.exported"),))] == 2
+    assert found[("agentbox_events_duplicate_total", ())] == 1
+    assert found[("agentbox_events_refused_total", (("reason", "signature_invalid"),))] == 1
+    assert found[("agentbox_run_transitions_total",
+                  (("agent", agent), ("status", "dead_lettered")))] == 1
+    assert found[("agentbox_run_transitions_total",
+                  (("agent", agent), ("status", "failed_retryable")))] == 3  # retries
+    assert found[("agentbox_agent_duration_seconds_count", (("agent", agent),))] == 5
+    assert found[("agentbox_runs", (("status", "succeeded"),))] == 1
+    assert found[("agentbox_runs", (("status", "dead_lettered"),))] == 1
+    assert found[("agentbox_oldest_waiting_age_seconds", ())] == 0
+    log = server.log_path.read_text()
+    assert "ALERT: a run was dead-lettered" in log

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,25 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5)
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 @click.option("--path", "show_path", is_flag=True, help="Print where the secret is kept.")
 @click.option("--callback", is_flag=True,
               help="The secret callbacks are signed with, for their receivers.")
-def secret(config_file: Path | None, show_path: bool, callback: bool) -> None:
-    """Print the webhook secret that senders sign with (made on first use)."""
+@click.pass_context
+def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
+           callback: bool) -> None:
+    """Print the webhook secret that senders sign with (made on first use).
+
+    \b
+    Rotation without downtime:
+        agentbox secret rotate   # a new secret signs; the old one still verifies
+        (give senders the new secret: agentbox secret)
+        agentbox secret retire   # only the new one verifies
+    """
+    ctx.obj = config_file
+    if ctx.invoked_subcommand is not None:
+        return
     settings = _settings(config_file)
     if callback:
         settings, path = cfg.ensure_callback_secret(settings)
@@ -88,6 +101,34 @@ def secret(config_file: Path | None, show_path: bool, callback: bool) -> None:
         click.echo(path if path is not None else "set by configuration, not kept in a file")
     else:
         click.echo(value)
+
+
+def _secret_file(config_file: Path | None) -> Path:
+    settings = _settings(config_file)
+    if settings.webhook_secret:
+        raise click.ClickException(
+            "the webhook secrets come from AGENTBOX_WEBHOOK_SECRET or the config file: rotate "
+            "them there (comma separated, the new one first)")
+    return settings.config_dir / cfg.WEBHOOK_SECRET_FILE
+
+
+@secret.command("rotate")
+@click.pass_obj
+def secret_rotate(config_file: Path | None) -> None:
+    """Make a new webhook secret; the old ones keep verifying until retired."""
+    path = _secret_file(config_file)
+    cfg.rotate_secret(path)
+    click.echo(f"a new secret signs from now on ({path}); the old one still verifies. Give "
+               "senders the new one (agentbox secret), then: agentbox secret retire")
+
+
+@secret.command("retire")
+@click.pass_obj
+def secret_retire(config_file: Path | None) -> None:
+    """Stop accepting every webhook secret but the newest."""
+    path = _secret_file(config_file)
+    retired = cfg.retire_secrets(path)
+    click.echo(f"retired {retired} old secret(s); only the newest verifies now")
 
 
 @main.command()
@@ -121,6 +162,55 @@ def send_event(url: str, secret_value: str, body: bytes, timeout: float = 30.0) 
                       timeout=timeout)
 
 
+# Exit statuses of `agentbox send`, for export scripts.
+EXIT_OK = 0  # stored (202) or already stored (200); with --wait: the run succeeded
+EXIT_REFUSED = 1  # the event was refused (4xx other than 429): fix it, do not retry
+EXIT_UNAVAILABLE = 3  # agentbox unreachable, busy (429) or unavailable (503) after retries
+EXIT_RUN_FAILED = 4  # --wait: the run ended failed_permanent or dead_lettered
+EXIT_WAIT_TIMEOUT = 5  # --wait: the run was not finished in time
+RETRYABLE_STATUSES = (429, 503)
+
+
+def deliver(url: str, secret_value: str, body: bytes, retries: int,
+            sleep: Callable[[float], None] = time.sleep) -> httpx.Response | None:
+    """POST, retrying on 429, 503 and connection errors with backoff (and
+    Retry-After). Signed afresh each time. None: still unavailable at the end."""
+    delay = 0.5
+    for attempt in range(retries + 1):
+        wait = delay
+        try:
+            response = send_event(url, secret_value, body)
+            if response.status_code not in RETRYABLE_STATUSES:
+                return response
+            hint = response.headers.get("retry-after", "")
+            if hint.isascii() and hint.isdigit():
+                wait = max(wait, min(float(hint), 60.0))
+            reason = f"{response.status_code} {response.json().get('error_code', '')}"
+        except httpx.TransportError as exc:
+            reason = f"cannot reach agentbox at {url}: {type(exc).__name__}"
+        except ValueError:
+            reason = "an answer that is not JSON"
+        if attempt < retries:
+            click.echo(f"agentbox: {reason}; trying again in {wait:g} s", err=True)
+            sleep(wait)
+            delay = min(delay * 2, 30.0)
+        else:
+            click.echo(f"agentbox: {reason}; giving up", err=True)
+    return None
+
+
+def follow(url: str, run_id: str, timeout: float, interval: float = 0.2) -> dict[str, Any] | None:
+    """Poll a run until it is terminal; None if `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run: dict[str, Any] = _api(url, "GET", f"/runs/{run_id}")
+        if run["terminal"]:
+            return run
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
 def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
     payload: dict[str, Any] = {}
     for item in fields:
@@ -134,26 +224,48 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @main.command()
 @click.argument("event_type", required=False)
 @click.argument("fields", nargs=-1)
+@click.option("--type", "type_option", default=None,
+              help="The event type (instead of the first argument).")
+@click.option("--project", default=None, help="payload.project_id")
+@click.option("--mix", type=click.Path(path_type=Path), default=None,
+              help="payload.mix_url: the rendered file (made absolute).")
+@click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
 @click.option("--url", default=DEFAULT_URL, show_default=True, help="agentbox's address.")
 @click.option("--source", default="cli", show_default=True)
-@click.option("--event-id", default=None, help="Default: a new random id.")
+@click.option("--event-id", default=None,
+              help="Give a stable id (e.g. from the file) so that sending again is a "
+                   "duplicate, not a new run. Default: a new random id.")
 @click.option("--payload", "payload_json", default=None, help="The payload as JSON.")
 @click.option("--callback-url", default=None)
 @click.option("--file", "event_file", type=click.File("rb"), default=None,
               help="Send this complete event (JSON) as it is, '-' for stdin.")
+@click.option("--retries", default=5, show_default=True,
+              help="Retries on 429, 503 and connection errors, with backoff.")
+@click.option("--wait", is_flag=True, help="Follow the run to its end and print it.")
+@click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def send(event_type: str | None, fields: tuple[str, ...], url: str, source: str,
+def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
+         project: str | None, mix: Path | None, profile: str | None, url: str, source: str,
          event_id: str | None, payload_json: str | None, callback_url: str | None,
-         event_file: Any, config_file: Path | None) -> None:
-    """Sign and POST an event, e.g. for an export script:
+         event_file: Any, retries: int, wait: bool, wait_timeout: float,
+         config_file: Path | None) -> None:
+    """Sign and POST an event, e.g. from an export script:
 
-        agentbox send session.exported project_id=night-drive mix_url=/mixes/night-drive.wav
+    \b
+        agentbox send --type session.exported --project night-drive --mix ./mix.wav
+        agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
+
+    Exit status: 0 stored (or already stored; with --wait: succeeded), 1 refused,
+    3 agentbox unreachable or busy after the retries, 4 the run failed (--wait),
+    5 the run was not finished in time (--wait).
     """
     if event_file is not None:
         body = event_file.read()
     else:
+        event_type = type_option or event_type
         if not event_type:
-            raise click.UsageError("give EVENT_TYPE (or --file)")
+            raise click.UsageError("give the event type (--type, or the first argument) or "
+                                   "--file")
         payload = _parse_fields(fields)
         if payload_json:
             try:
@@ -161,17 +273,28 @@ def send(event_type: str | None, fields: tuple[str, ...], url: str, source: str,
             except (json.JSONDecodeError, TypeError, ValueError) as exc:
                 raise click.BadParameter(f"not a JSON object: {exc}",
                                          param_hint="--payload") from None
+        for key, value in (("project_id", project), ("profile", profile),
+                           ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
+            if value is not None:
+                payload[key] = value
         event = build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
                             callback_url)
         body = json.dumps(event, separators=(",", ":")).encode()
     settings, _ = cfg.ensure_webhook_secret(_settings(config_file))
-    try:
-        response = send_event(url, settings.webhook_secret[0], body)
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach agentbox at {url}: {exc}") from None
+    response = deliver(url, settings.webhook_secret[0], body, retries)
+    if response is None:
+        sys.exit(EXIT_UNAVAILABLE)
     click.echo(response.text)
     if response.status_code >= 300:
-        sys.exit(1)
+        sys.exit(EXIT_REFUSED)
+    if wait:
+        run = follow(url, response.json()["run_id"], wait_timeout)
+        if run is None:
+            click.echo(f"agentbox: the run is not finished after {wait_timeout:g} s", err=True)
+            sys.exit(EXIT_WAIT_TIMEOUT)
+        click.echo(json.dumps(run, indent=2))
+        if run["status"] != "succeeded":
+            sys.exit(EXIT_RUN_FAILED)
 
 
 def _api(url: str, method: str, path: str, **kwargs: Any) -> Any:
@@ -334,3 +457,59 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
     except SignatureError as exc:
         raise click.ClickException(f"{exc.code}: {exc.message}") from None
     click.echo(f"valid: {note.get('notification_id')} ({note.get('status')})")
+
+
+@main.command()
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="agentbox's address.")
+@click.option("--project", default=None, help="project_id (default: from the file name).")
+@click.option("--profile", default=None, help="payload.profile for every file.")
+@click.option("--source", default="watch", show_default=True)
+@click.option("--settle", default=2.0, show_default=True,
+              help="Seconds a file must stay unchanged to count as written.")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
+@click.option("--existing", is_flag=True, help="Also send the files already there at start.")
+@click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+def watch(folder: Path, url: str, project: str | None, profile: str | None, source: str,
+          settle: float, interval: float, existing: bool, once: bool,
+          config_file: Path | None) -> None:
+    """Watch an export folder and send session.exported for each finished mix.
+
+    A file counts as finished when its size and modification time have stayed
+    the same for --settle seconds. Its event id comes from its path, size and
+    content: restarting the watcher or touching the file is a duplicate, not a
+    second run. WAV, FLAC and AIFF files; hidden files are skipped.
+    """
+    from agentbox.watch import Watcher, content_id, project_of
+
+    settings, _ = cfg.ensure_webhook_secret(_settings(config_file))
+    watcher = Watcher(folder, settle, existing)
+    click.echo(f"agentbox: watching {folder.resolve()} (Ctrl-C stops)", err=True)
+    idle = 0
+    try:
+        while True:
+            ready = watcher.poll()
+            for path in ready:
+                size = path.stat().st_size
+                payload = {"project_id": project or project_of(path),
+                           "mix_url": str(path.resolve()),
+                           **({"profile": profile} if profile else {})}
+                event = build_event("session.exported", source, content_id(path, size), payload)
+                body = json.dumps(event, separators=(",", ":")).encode()
+                response = deliver(url, settings.webhook_secret[0], body, retries=5)
+                if response is None:
+                    continue  # unavailable: try again at the next scan
+                if response.status_code < 300:
+                    answer = response.json()
+                    what = "duplicate" if answer["duplicate"] else "accepted"
+                    click.echo(f"{path.name}: {what} {answer['run_id']}")
+                else:
+                    click.echo(f"{path.name}: refused: {response.text}", err=True)
+                watcher.sent(path)
+            idle = 0 if ready or watcher.busy else idle + 1
+            if once and idle >= 2:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return

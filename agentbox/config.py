@@ -76,6 +76,7 @@ class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     config_dir: Path = field(default_factory=default_config_dir)
     webhook_secret: tuple[str, ...] = field(default=(), repr=False)
+    webhook_secret_file: Path | None = None  # where they were read from, if from a file
     signature_max_age_seconds: float = DEFAULT_SIGNATURE_MAX_AGE_SECONDS
     idempotency_ttl_seconds: float = DEFAULT_IDEMPOTENCY_TTL_SECONDS
     max_retries: int = DEFAULT_MAX_RETRIES
@@ -333,7 +334,45 @@ def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
     if settings.webhook_secret:
         return settings, None
     path = settings.config_dir / WEBHOOK_SECRET_FILE
-    return _replace(settings, webhook_secret=(secret_from_file(path),)), path
+    secret_from_file(path)  # made on first use
+    return _replace(settings, webhook_secret=secrets_in_file(path),
+                    webhook_secret_file=path), path
+
+
+def secrets_in_file(path: Path) -> tuple[str, ...]:
+    """Every secret kept in `path`, one per line, the current (newest) first."""
+    try:
+        found = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                      if line.strip())
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror}") from None
+    if not found:
+        raise ConfigError(f"{path} is empty; delete it to generate a new one")
+    return found
+
+
+def rotate_secret(path: Path) -> None:
+    """Put a new secret first in `path`; the old ones keep verifying until retired."""
+    old = secrets_in_file(path) if path.exists() else ()
+    _write_secrets(path, (_random_secret(), *old))
+
+
+def retire_secrets(path: Path) -> int:
+    """Keep only the current (first) secret in `path`; returns how many were retired."""
+    found = secrets_in_file(path)
+    _write_secrets(path, found[:1])
+    return len(found) - 1
+
+
+def _write_secrets(path: Path, values: tuple[str, ...]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = path.with_suffix(".new")
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(v + "\n" for v in values))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(fresh, path)  # readers see the old file or the new one, never half
 
 
 def ensure_callback_secret(settings: Settings) -> tuple[Settings, Path | None]:
@@ -368,10 +407,7 @@ def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:
         else:
             with os.fdopen(fd, "w") as f:
                 f.write((make or _random_secret)() + "\n")
-    secret = path.read_text(encoding="utf-8").strip()
-    if not secret:
-        raise ConfigError(f"{path} is empty; delete it to generate a new one")
-    return secret
+    return secrets_in_file(path)[0]
 
 
 def _random_secret() -> str:

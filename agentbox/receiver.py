@@ -17,13 +17,22 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.agents import AgentRegistry
-from agentbox.config import Settings, is_loopback_host, origin_of
+from agentbox.config import (
+    ConfigError,
+    Settings,
+    is_loopback_host,
+    origin_of,
+    secrets_in_file,
+)
 from agentbox.events import Event, InvalidEvent, parse_event
+from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.runs import RunStatus
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import AdmissionRefused, IngestResult, StorageUnavailable, Store
 
+log = get_logger("receiver")
+SECRET_CHECK_SECONDS = 1.0
 ADMISSION_RETRY_AFTER_SECONDS = 5
 STORAGE_RETRY_AFTER_SECONDS = 30
 
@@ -70,6 +79,11 @@ class Receiver:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.verifier = Verifier(settings.webhook_secret, settings.signature_max_age_seconds)
+        # Secrets kept in the config dir are read again when the file changes
+        # (`agentbox secret rotate` / `retire` need no restart).
+        self._secret_file = settings.webhook_secret_file
+        self._secret_seen = self._secret_stamp()
+        self._secret_checked = time.monotonic()
         self.allowed_origins = frozenset(
             origin_of(o) for o in (*settings.callback_allowed, *settings.callback_allowed_local))
 
@@ -80,7 +94,33 @@ class Receiver:
             self.metrics.refused.labels(rejected.code).inc()
             return rejected.response()
 
+    def _secret_stamp(self) -> tuple[int, int] | None:
+        if self._secret_file is None:
+            return None
+        try:
+            found = self._secret_file.stat()
+        except OSError:
+            return None
+        return found.st_mtime_ns, found.st_size
+
+    def _reload_secrets(self) -> None:
+        now = time.monotonic()
+        if self._secret_file is None or now - self._secret_checked < SECRET_CHECK_SECONDS:
+            return
+        self._secret_checked = now
+        stamp = self._secret_stamp()
+        if stamp is None or stamp == self._secret_seen:
+            return
+        try:
+            found = secrets_in_file(self._secret_file)
+        except ConfigError:
+            return  # keep the secrets we have
+        self._secret_seen = stamp
+        self.verifier = Verifier(found, self.settings.signature_max_age_seconds)
+        log.info("webhook secrets reloaded", extra={"secrets": len(found)})
+
     async def _receive(self, request: Request) -> Response:
+        self._reload_secrets()
         body = await self._read_body(request)
         try:
             self.verifier.verify(request.headers, body, self.clock())

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
-from tests.conftest import Server, make_event
+from tests.conftest import Server, make_event, wait_until
 
 
 def agentbox(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
@@ -89,3 +93,146 @@ def test_verify_reports_ok_and_finds_damage(server: Server) -> None:
     assert damaged.returncode == 1
     assert "events without any run" in damaged.stdout
     assert "callback notifications whose run is missing: x:processing:0" in damaged.stdout
+
+
+# -- send for export scripts ------------------------------------------------------------------
+
+
+def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
+    mix = tmp_path / "night-drive.wav"
+    mix.write_bytes(b"not audio; the scripted agent does not read it")
+    args = ["send", "--url", server.url, "--type", "session.exported", "--project", "ok",
+            "--mix", str(mix), "--profile", "club", "--event-id", "export-7", "--wait"]
+    done = agentbox(server, *args)
+    assert done.returncode == 0, done.stderr
+    answer, run = _two_json_documents(done.stdout)
+    assert answer["status"] == "accepted" and run["status"] == "succeeded"
+    assert run["event_id"] == "export-7"
+    again = agentbox(server, *args)  # re-running the script: a duplicate, not a new run
+    assert again.returncode == 0 and _two_json_documents(again.stdout)[0]["duplicate"] is True
+    failed = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
+                      "--project", "permanent", "--mix", str(mix), "--wait")
+    assert failed.returncode == 4
+    assert _two_json_documents(failed.stdout)[1]["status"] == "failed_permanent"
+
+
+def test_send_waits_out_a_busy_server_then_gives_up(server_factory: Any, tmp_path: Path
+                                                     ) -> None:
+    server = server_factory({"AGENTBOX_MAX_PENDING": "1"}).start()
+    assert server.post(make_event(project_id="sleep-30")).status_code == 202
+    busy = agentbox(server, "send", "--url", server.url, "--retries", "1", "session.exported",
+                    "project_id=ok", "mix_url=/m.wav")
+    assert busy.returncode == 3
+    assert "429 too_many_pending; trying again" in busy.stderr and "giving up" in busy.stderr
+    down = agentbox(server, "send", "--url", "http://127.0.0.1:9", "--retries", "0",
+                    "session.exported", "project_id=ok", "mix_url=/m.wav")
+    assert down.returncode == 3 and "cannot reach agentbox" in down.stderr
+
+
+def _two_json_documents(text: str) -> list[Any]:
+    decoder = json.JSONDecoder()
+    found, index = [], 0
+    while index < len(text):
+        if text[index].isspace():
+            index += 1
+            continue
+        value, index = decoder.raw_decode(text, index)
+        found.append(value)
+    return found
+
+
+# -- secret rotation -----------------------------------------------------------------------------
+
+
+def test_secret_rotation_without_a_restart(server_factory: Any) -> None:
+    server = server_factory()
+    del server.env["AGENTBOX_WEBHOOK_SECRET"]  # kept in the config dir instead
+    server.start()
+    old = agentbox(server, "secret").stdout.strip()
+    assert server.post(make_event(), secret=old).status_code == 202
+    rotated = agentbox(server, "secret", "rotate")
+    assert rotated.returncode == 0, rotated.stderr
+    new = agentbox(server, "secret").stdout.strip()
+    assert new != old
+    wait_until(lambda: server.post(make_event(), secret=new).status_code == 202, 10,
+               "the new secret to verify")
+    assert server.post(make_event(), secret=old).status_code == 202  # still, until retired
+    retired = agentbox(server, "secret", "retire")
+    assert retired.returncode == 0 and "retired 1" in retired.stdout
+    wait_until(lambda: server.post(make_event(), secret=old).status_code == 401, 10,
+               "the old secret to be refused")
+    assert server.post(make_event(), secret=new).status_code == 202
+    assert old not in server.log_path.read_text() and new not in server.log_path.read_text()
+    refused = agentbox(server, "secret", "rotate")
+    assert refused.returncode == 0  # a file-kept secret can rotate again
+    server.env["AGENTBOX_WEBHOOK_SECRET"] = "from-env"
+    from_env = agentbox(server, "secret", "rotate")
+    assert from_env.returncode == 1 and "AGENTBOX_WEBHOOK_SECRET" in from_env.stderr
+
+
+# -- watching an export folder ---------------------------------------------------------------------
+
+
+def test_watch_sends_each_finished_file_once(server: Server, tmp_path: Path) -> None:
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "old.wav").write_bytes(b"already there")
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "agentbox", "watch", str(folder), "--url", server.url,
+         "--settle", "0.6", "--interval", "0.1", "--project", "ok"],
+        env=server.env, cwd=server.home, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")),
+                              daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        mix = folder / "night-drive.wav"
+        with open(mix, "wb") as f:  # a render that takes a while
+            for _ in range(5):
+                f.write(b"x" * 10_000)
+                f.flush()
+                time.sleep(0.2)
+        wait_until(lambda: any(line.startswith("night-drive.wav: accepted") for line in lines),
+                   20, "the finished file to be sent")
+        run_id = lines[-1].split()[-1]
+        run = server.wait_terminal(run_id)
+        assert run["event_id"].startswith("watch-") and run["source"] == "watch"
+        (mix.parent / "notes.txt").write_text("not audio")
+        os.utime(mix)  # a touch: same content, same id
+        wait_until(lambda: any(line.startswith("night-drive.wav: duplicate") for line in lines),
+                   20, "the touched file to be a duplicate")
+        assert sum("accepted" in line for line in lines) == 1
+        assert not any(line.startswith("old.wav") for line in lines)
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+        reader.join(10)
+        watcher.stdout.close()  # type: ignore[union-attr]
+    again = agentbox(server, "watch", str(folder), "--url", server.url, "--settle", "0.2",
+                     "--interval", "0.1", "--existing", "--once", "--project", "ok")
+    assert again.returncode == 0, again.stderr
+    assert "night-drive.wav: duplicate" in again.stdout  # a restarted watcher: no new run
+    assert "old.wav: accepted" in again.stdout
+
+
+def test_watcher_waits_for_a_file_to_settle(tmp_path: Path) -> None:
+    from agentbox.watch import Watcher
+
+    now = [100.0]
+    watcher = Watcher(tmp_path, settle=2.0, clock=lambda: now[0])
+    assert watcher.poll() == []
+    mix = tmp_path / "a.flac"
+    mix.write_bytes(b"1")
+    assert watcher.poll() == []  # just seen
+    now[0] += 1.0
+    mix.write_bytes(b"12")  # still growing
+    os.utime(mix, ns=(1, 1))
+    assert watcher.poll() == []
+    now[0] += 1.9
+    assert watcher.poll() == [] and watcher.busy
+    now[0] += 0.2
+    assert watcher.poll() == [mix]
+    watcher.sent(mix)
+    now[0] += 5
+    assert watcher.poll() == [] and not watcher.busy

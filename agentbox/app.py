@@ -19,7 +19,7 @@ from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
-from agentbox.mix_review import shutdown_analysis
+from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.receiver import Receiver, error_response
 from agentbox.store.sqlite import SqliteStore
 from agentbox.web import RunsApi
@@ -34,6 +34,7 @@ def create_app(
     if not settings.webhook_secret or not settings.callback_secret:
         raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
                           "ensure_callback_secret first")
+    analysis_processes()  # refuse a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix
     registry = AgentRegistry.from_bindings(settings.agents)
     metrics = Metrics()
     store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])

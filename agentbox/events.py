@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -66,6 +66,23 @@ _REGISTERED: dict[str, type[BaseModel]] = {}  # event type -> the model as its a
 _EVENT_TYPE = re.compile(_TOKEN)
 
 
+def _nested_models(model: type[BaseModel], seen: set[type] | None = None) -> list[type[BaseModel]]:
+    """The models used inside `model`'s fields, at any depth (in lists, unions, ...)."""
+    seen = set() if seen is None else seen
+    found: list[type[BaseModel]] = []
+    pending = [f.annotation for f in model.model_fields.values()]
+    while pending:
+        hint = pending.pop()
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            if hint not in seen:
+                seen.add(hint)
+                found.append(hint)
+                found += _nested_models(hint, seen)
+        else:
+            pending.extend(get_args(hint))
+    return found
+
+
 def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None:
     """Add an event type whose payloads `payload_model` validates.
 
@@ -83,6 +100,10 @@ def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None
         if taken is payload_model:
             return
         raise ValueError(f"event type {event_type} is already registered with {taken.__name__}")
+    for nested in _nested_models(payload_model):
+        if nested.model_config.get("extra") != "forbid":
+            raise ValueError(f"{nested.__name__}, inside the payload of {event_type}, must "
+                             "refuse unknown fields: model_config = ConfigDict(extra='forbid')")
     config = ConfigDict(**{**payload_model.model_config, "extra": "forbid", "strict": True})
     strict = type(payload_model.__name__, (payload_model,),
                   {"model_config": config, "__module__": payload_model.__module__,
@@ -149,7 +170,7 @@ def parse_event(body: bytes) -> Event:
         )
     try:
         # Round-trip through JSON so that strict mode judges JSON types, not Python ones.
-        payload = model.model_validate_json(json.dumps(envelope.payload))
+        payload = model.model_validate_json(json.dumps(envelope.payload), strict=True)
     except ValidationError as exc:
         raise InvalidEvent(_field_errors(exc, prefix=("payload",))) from None
     return Event(envelope, payload)

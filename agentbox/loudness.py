@@ -74,8 +74,10 @@ class Measurements:
 
 
 def channel_weights(channels: int) -> np.ndarray:
-    """BS.1770 channel weights: 1.41 for surrounds, 0 for the LFE of a 5.1 file
-    (channel order L R C LFE Ls Rs), 1 otherwise."""
+    """BS.1770 channel weights: 1.41 for surrounds, 0 for the LFE of a 5.1 or 7.1
+    file (channel order L R C LFE Ls Rs [Lb Rb]), 1 otherwise."""
+    if channels == 8:
+        return np.array([1.0, 1.0, 1.0, 0.0, 1.41, 1.41, 1.41, 1.41])
     if channels == 6:
         return np.array([1.0, 1.0, 1.0, 0.0, 1.41, 1.41])
     if channels == 5:  # L R C Ls Rs
@@ -112,7 +114,7 @@ def measure(path: str) -> Measurements:
         raise AudioError("mix_unreadable", f"not a readable audio file: {exc}") from None
     if info.frames <= 0 or info.channels <= 0:
         raise AudioError("mix_unreadable", "the file holds no audio")
-    meter = _Meter(info.samplerate, info.channels)
+    meter = _Meter(info.samplerate, info.channels, BIT_DEPTHS.get(info.subtype))
     try:
         for block in soundfile.blocks(path, blocksize=max(1, int(info.samplerate * READ_SECONDS)),
                                       dtype="float64", always_2d=True):
@@ -125,8 +127,12 @@ def measure(path: str) -> Measurements:
 class _Meter:
     """Accumulates everything `measure` reports, block by block."""
 
-    def __init__(self, rate: int, channels: int) -> None:
+    def __init__(self, rate: int, channels: int, bits: int | None = None) -> None:
         self.rate, self.channels = rate, channels
+        # Integer formats top out one step below 1.0 (127/128 for 8 bits): that is
+        # full scale too.
+        self.clip_level = CLIP_LEVEL if bits is None or bits > 16 else min(
+            CLIP_LEVEL, (2 ** (bits - 1) - 1) / 2 ** (bits - 1))
         self.sub = max(1, round(rate * SUB_BLOCK_SECONDS))
         self.stereo = channels == 2
         # the mono fold is filtered as one more channel
@@ -139,6 +145,7 @@ class _Meter:
         self.peak = 0.0
         self.true_peak = 0.0
         self.tail = np.zeros((0, channels))  # last samples of the previous block
+        self.unmeasured = 0  # how many of them the true peak has not covered yet
         self.sums = np.zeros(channels)
         self.lr = np.zeros(3)  # sum L*R, sum L*L, sum R*R
         self.clipped_samples = 0
@@ -167,7 +174,7 @@ class _Meter:
             self.pending = self.pending[whole:]
 
     def _clipping(self, block: np.ndarray) -> None:
-        at_full_scale = np.abs(block) >= CLIP_LEVEL
+        at_full_scale = np.abs(block) >= self.clip_level
         for ch in range(self.channels):
             column = at_full_scale[:, ch]
             if not column.any() and self.run_lengths[ch] == 0:
@@ -192,16 +199,25 @@ class _Meter:
             self.clipped_samples += length
             self.clipped_runs += 1
 
-    def _true_peak(self, block: np.ndarray) -> None:
+    def _true_peak(self, block: np.ndarray, final: bool = False) -> None:
+        """Oversample with context on both sides: the resampler sees zeros past the
+        ends of what it is given, so the last TRUE_PEAK_OVERLAP samples of a block
+        are measured with the next block, and only the file's real end is padded."""
         joined = np.vstack([self.tail, block])
-        upsampled = signal.resample_poly(joined, OVERSAMPLING, 1, axis=0)
-        skip = self.tail.shape[0] * OVERSAMPLING  # the carried samples were measured already
-        fresh = upsampled[skip:]
-        if fresh.size:
-            self.true_peak = max(self.true_peak, float(np.max(np.abs(fresh))))
-        self.tail = joined[-TRUE_PEAK_OVERLAP:]
+        if not len(joined):
+            return
+        start = len(self.tail) - self.unmeasured  # where the last measurement stopped
+        end = len(joined) if final else max(start, len(joined) - TRUE_PEAK_OVERLAP)
+        if end > start:
+            upsampled = signal.resample_poly(joined, OVERSAMPLING, 1, axis=0)
+            fresh = upsampled[start * OVERSAMPLING:end * OVERSAMPLING]
+            if fresh.size:
+                self.true_peak = max(self.true_peak, float(np.max(np.abs(fresh))))
+        self.unmeasured = len(joined) - end
+        self.tail = joined[max(0, end - TRUE_PEAK_OVERLAP):]
 
     def result(self, info: Any) -> Measurements:
+        self._true_peak(np.zeros((0, self.channels)), final=True)
         for ch in range(self.channels):  # runs still open at the end of the file
             if self.run_lengths[ch]:
                 self._close_run(int(self.run_lengths[ch]))

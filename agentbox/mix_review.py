@@ -13,7 +13,6 @@ the rule-based ones: the LLM can never fail a run.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -27,12 +26,13 @@ import httpx
 from pydantic import BaseModel
 
 from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
-from agentbox.config import Settings
+from agentbox.config import ConfigError, Settings
 from agentbox.events import Event
 from agentbox.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 SETTLE_SECONDS = 2.0  # a file modified more recently may still be being written
-LLM_TIMEOUT_SECONDS = 30.0
+LLM_TIMEOUT_SECONDS = 30.0  # the whole call; the run's own time limit still applies
+LLM_MAX_ANSWER_BYTES = 1 << 20
 
 
 class ProfileView(BaseModel):
@@ -86,12 +86,7 @@ async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
     path = local_path(mix_url)
     _check_settled(path)
     before = _stat(path)
-    loop = asyncio.get_running_loop()
-    try:
-        outcome = await loop.run_in_executor(_pool(), analyse, str(path))
-    except concurrent.futures.BrokenExecutor:
-        _reset_pool()
-        raise RetryableAgentError("the analysis process died", "analysis_crashed") from None
+    outcome = await analyse_in_process(str(path))
     if outcome[0] == "error":
         _, code, message = outcome
         if code == "mix_unreadable" and _recently_changed(path):
@@ -174,39 +169,72 @@ def _check_settled(path: Path) -> None:
                                   "it may still be being written", "mix_incomplete")
 
 
-# -- the process pool ------------------------------------------------------------------------
+# -- analysis processes ------------------------------------------------------------------------
+# One process per analysis ("spawn": no copy of the event loop's threads), at most
+# AGENTBOX_ANALYSIS_PROCESSES at once. A run that times out or is cancelled kills
+# its process, so no orphaned analysis keeps a CPU busy or a slot taken.
 
-_POOL: concurrent.futures.ProcessPoolExecutor | None = None
-
-
-def _pool() -> concurrent.futures.ProcessPoolExecutor:
-    """Analysis processes, started on first use ("spawn": no copy of the event loop's
-    threads). AGENTBOX_ANALYSIS_PROCESSES sets how many (default: CPUs - 1, at least 1)."""
-    global _POOL
-    if _POOL is None:
-        workers = int(os.environ.get("AGENTBOX_ANALYSIS_PROCESSES") or 0) or max(
-            1, (os.cpu_count() or 2) - 1)
-        _POOL = concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-    return _POOL
+_SLOTS: asyncio.Semaphore | None = None
+_RUNNING: set[multiprocessing.process.BaseProcess] = set()
 
 
-def _reset_pool(wait: bool = False) -> None:
-    global _POOL
-    if _POOL is not None:
-        _POOL.shutdown(wait=wait, cancel_futures=True)
-    _POOL = None
+def analysis_processes() -> int:
+    """AGENTBOX_ANALYSIS_PROCESSES, else CPUs - 1 (at least 1)."""
+    raw = os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ConfigError("AGENTBOX_ANALYSIS_PROCESSES must be a whole number, 1 or more")
+        return int(raw)
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def _child(path: str, conn: Any) -> None:
+    try:
+        conn.send(analyse(path))
+    finally:
+        conn.close()
+
+
+async def analyse_in_process(path: str) -> tuple[Any, ...]:
+    global _SLOTS
+    if _SLOTS is None:
+        _SLOTS = asyncio.Semaphore(analysis_processes())
+    loop = asyncio.get_running_loop()
+    context = multiprocessing.get_context("spawn")
+    async with _SLOTS:
+        receiving, sending = context.Pipe(duplex=False)
+        process = context.Process(target=_child, args=(path, sending), daemon=True,
+                                  name="agentbox-analysis")
+        process.start()
+        sending.close()
+        _RUNNING.add(process)
+        try:
+            result: tuple[Any, ...] = await loop.run_in_executor(None, receiving.recv)
+            return result
+        except EOFError:  # the process died without an answer
+            raise RetryableAgentError("the analysis process died",
+                                      "analysis_crashed") from None
+        finally:
+            if process.is_alive():
+                process.terminate()  # cancelled or timed out: stop listening
+            await loop.run_in_executor(None, process.join, 10)
+            _RUNNING.discard(process)
+            receiving.close()
 
 
 def shutdown_analysis() -> None:
-    """Stop the analysis processes (the server calls this when it stops)."""
-    _reset_pool(wait=True)
+    """Stop every running analysis (the server calls this when it stops)."""
+    for process in list(_RUNNING):
+        if process.is_alive():
+            process.terminate()
 
 
 # -- the notes --------------------------------------------------------------------------------
 
 
 def summarise(m: MixMetrics, profile: Profile) -> str:
+    if m.integrated_lufs is None and m.duration_seconds < 0.4:
+        return f"Too short to measure: {m.duration_seconds:g} s (loudness needs 0.4 s)."
     if m.integrated_lufs is None:
         return f"The mix is silent ({m.duration_seconds:g} s of nothing above -70 LUFS)."
     delta = m.integrated_lufs - profile.target_lufs
@@ -225,6 +253,10 @@ def summarise(m: MixMetrics, profile: Profile) -> str:
 def rule_notes(m: MixMetrics, p: Profile) -> list[str]:
     """Specific, numbered observations, most important first."""
     notes: list[str] = []
+    if m.integrated_lufs is None and m.duration_seconds < 0.4:
+        return [f"The file holds {m.duration_seconds:g} s of audio: too short for a loudness "
+                "measurement (400 ms at least); check that the export rendered the whole "
+                "song."]
     if m.integrated_lufs is None:
         return ["Nothing in the file rises above -70 LUFS: check that the export rendered "
                 "the right tracks and was not muted."]
@@ -317,11 +349,17 @@ async def llm_notes(llm: LlmSettings, m: MixMetrics, profile: Profile, project_i
     if llm.api_key:
         headers["Authorization"] = f"Bearer {llm.api_key}"
     try:
-        async with httpx.AsyncClient(timeout=LLM_TIMEOUT_SECONDS, trust_env=False) as client:
-            response = await client.post(f"{llm.base_url}/chat/completions", json=request,
-                                         headers=headers)
-        response.raise_for_status()
-        content = response.json()["choices"][0]["message"]["content"]
+        async with asyncio.timeout(LLM_TIMEOUT_SECONDS), httpx.AsyncClient(
+                timeout=LLM_TIMEOUT_SECONDS, trust_env=False) as client, client.stream(
+                "POST", f"{llm.base_url}/chat/completions", json=request,
+                headers=headers) as response:
+            response.raise_for_status()
+            answer = bytearray()
+            async for chunk in response.aiter_bytes():
+                answer += chunk
+                if len(answer) > LLM_MAX_ANSWER_BYTES:
+                    raise ValueError("the answer is too large")
+        content = json.loads(answer)["choices"][0]["message"]["content"]
         notes = json.loads(content)
         if not isinstance(notes, list) or not notes or not all(
                 isinstance(n, str) and n.strip() for n in notes):

@@ -387,3 +387,36 @@ def test_event_is_frozen():
     with pytest.raises(ValidationError):
         event.envelope.source = "other"
     assert copy.copy(event.envelope).source == "studio-api"
+
+
+def test_registered_event_types_are_strict_at_every_depth() -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    from agentbox.events import register_event_type
+
+    class Loose(BaseModel):
+        gain_db: float
+
+    class WithLoose(BaseModel):
+        stem: Loose
+
+    with pytest.raises(ValueError, match=r"Loose.*must refuse unknown fields"):
+        register_event_type("test.loose", WithLoose)
+
+    class Tight(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        gain_db: float
+
+    class WithTight(BaseModel):
+        stems: list[Tight]
+
+    register_event_type("test.tight", WithTight)
+    body = {"schema_version": "v1", "event_id": "e1", "idempotency_key": "s:test.tight:e1",
+            "event_type": "test.tight", "source": "s", "timestamp": "2026-07-27T15:42:00Z"}
+    ok = parse_event(json.dumps({**body, "payload": {"stems": [{"gain_db": 3}]}}).encode())
+    assert ok.payload.stems[0].gain_db == 3
+    for stems in ([{"gain_db": "3"}], [{"gain_db": 3, "typo": 1}]):
+        with pytest.raises(InvalidEvent):
+            parse_event(json.dumps({**body, "payload": {"stems": stems}}).encode())
+    with pytest.raises(ValueError, match="already registered"):
+        register_event_type("test.tight", WithLoose)

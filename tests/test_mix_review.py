@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -25,12 +26,14 @@ import pyloudnorm
 import pytest
 import soundfile
 
+from agentbox import mix_review as mix_review_module
 from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.config import Settings
 from agentbox.events import parse_event
 from agentbox.loudness import READ_SECONDS, measure
 from agentbox.mix_review import (
     MixMetrics,
+    analyse_in_process,
     mix_review,
     rule_notes,
     shutdown_analysis,
@@ -158,6 +161,32 @@ def test_mono(write: Callable[..., Path]) -> None:
     assert m.channels == 1 and m.stereo_correlation is None
     assert m.mono_loudness_drop_lu is None
     assert m.integrated_lufs == pytest.approx(-23.0, abs=0.1)  # one channel: 3 dB less
+
+
+def test_seven_one_ignores_the_lfe(write: Callable[..., Path]) -> None:
+    quiet = sine(-28, 5, channels=1)
+    loud_lfe = sine(-6, 5, channels=1, freq=60)
+    channels = [quiet, quiet, quiet, loud_lfe, quiet, quiet, quiet, quiet]
+    silent_lfe = [quiet, quiet, quiet, np.zeros_like(quiet), quiet, quiet, quiet, quiet]
+    a = measure(str(write(np.hstack(channels), "a.wav"))).integrated_lufs
+    b = measure(str(write(np.hstack(silent_lfe), "b.wav"))).integrated_lufs
+    assert a == b
+
+
+def test_eight_bit_full_scale_counts_as_clipping(write: Callable[..., Path]) -> None:
+    square = np.sign(np.sin(2 * np.pi * 50 * np.arange(RATE) / RATE))
+    audio = np.stack([square, square], axis=1)
+    u8 = measure(str(write(audio, "u8.wav", subtype="PCM_U8")))
+    s16 = measure(str(write(audio, "s16.wav", subtype="PCM_16")))
+    assert u8.clipped_samples == s16.clipped_samples > 0
+
+
+def test_a_file_too_short_to_measure_is_not_called_silent(write: Callable[..., Path]) -> None:
+    m = measure(str(write(sine(-5, 0.3))))
+    assert m.integrated_lufs is None and m.sample_peak_dbfs == pytest.approx(-5, abs=0.05)
+    notes = rule_notes(MixMetrics(**m.as_dict()), PROFILES["streaming"])
+    assert "too short" in notes[0] and "silent" not in summarise(
+        MixMetrics(**m.as_dict()), PROFILES["streaming"])
 
 
 def test_five_one_ignores_the_lfe(write: Callable[..., Path]) -> None:
@@ -336,6 +365,31 @@ def test_a_file_still_being_written_is_retried(write: Callable[..., Path]) -> No
     assert retried.value.code == "mix_incomplete"
 
 
+def test_a_cancelled_analysis_stops_its_process(write: Callable[..., Path]) -> None:
+    path = write(sine(-20, 600, rate=48_000).astype(np.float32), "long.wav")
+
+    async def cancel_it() -> None:
+        task = asyncio.create_task(analyse_in_process(str(path)))
+        await asyncio.sleep(1.0)  # the analysis process is working
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert not [p for p in multiprocessing.active_children() if p.name == "agentbox-analysis"]
+
+
+def test_a_slow_llm_falls_back_to_the_rules(monkeypatch: pytest.MonkeyPatch,
+                                            llm: StandInLlm) -> None:
+    monkeypatch.setattr(mix_review_module, "LLM_TIMEOUT_SECONDS", 0.5)
+    llm.delay = 3.0
+    started = time.monotonic()
+    notes = asyncio.run(mix_review_module.llm_notes(
+        mix_review_module.LlmSettings(llm.url, "stand-in", None), metrics(),
+        PROFILES["streaming"], "p", context()))
+    assert notes is None and time.monotonic() - started < 2.5
+
+
 # -- end to end, with the optional LLM (a local stand-in: no real model runs here) ----------------
 
 
@@ -346,12 +400,14 @@ class StandInLlm:
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.fail = False
+        self.delay = 0.0
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stand_in.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                time.sleep(stand_in.delay)
                 if stand_in.fail or self.path != "/v1/chat/completions":
                     self.send_response(500)
                     self.end_headers()

@@ -1019,6 +1019,36 @@ async def test_a_loop_or_a_long_chain_is_recorded_dead_lettered(store: Store, ai
 
 
 @async_test
+async def test_only_ancestors_count_as_a_loop(store: Store, aio: Any) -> None:
+    """Two emits of one type, fan-out siblings and another render sharing the
+    correlation id are not loops; coming back along the causal path is."""
+    first = await ingest_and_claim(store, "e1")
+    outcome = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
+        emitted(first.run_id, 0, "mix.review_requested", agents=("z",)),
+        emitted(first.run_id, 1, "mix.review_requested", agents=("z",))))
+    done = await store.finish(first.run_id, "w1", 1, outcome, T0 + 1)
+    assert done is not None
+    assert [t.status for t in done.spawned] == ["accepted", "accepted"]
+    # another render with the same correlation id: z may handle its follow-up too
+    body = event_body("e2").replace(b'"source"', b'"correlation_id": "e1", "source"')
+    await store.ingest(parse_event(body), body, ["mix_review"], T0 + 2, TTL, MAX_PENDING)
+    second = await claim(store, "w2", now=T0 + 2, limit=10)
+    render = next(c for c in second.claimed if c.agent == "mix_review")
+    outcome = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
+        emitted(render.run_id, 0, "mix.review_requested", agents=("z",)),))
+    again = await store.finish(render.run_id, "w2", render.attempt, outcome, T0 + 3)
+    assert again is not None and [t.status for t in again.spawned] == ["accepted"]
+    # z's run, emitting session.exported back to mix_review: its ancestor handled that
+    z_run = next(c for c in second.claimed if c.agent == "z")
+    back = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
+        emitted(z_run.run_id, 0, hop=2, agents=("mix_review",)),))
+    looped = await store.finish(z_run.run_id, "w2", z_run.attempt, back, T0 + 4)
+    assert looped is not None
+    assert [(t.status, t.error_code) for t in looped.spawned] == [
+        ("dead_lettered", "loop_detected")]
+
+
+@async_test
 async def test_an_incoming_event_past_the_hop_limit_is_stored_stopped(
         store: Store, aio: Any) -> None:
     event = emitted("outside", 0, hop=9).event

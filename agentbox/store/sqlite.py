@@ -147,6 +147,12 @@ CREATE INDEX IF NOT EXISTS outbox_pending_destination ON outbox (destination)
     WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id, pk);
 CREATE INDEX IF NOT EXISTS outbox_state ON outbox (state, pk);
+-- Dead letters someone looked at and decided not to replay.
+CREATE TABLE IF NOT EXISTS discarded_runs (
+    run_id TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS callback_destinations (
     destination          TEXT PRIMARY KEY,
     state                TEXT NOT NULL DEFAULT 'active',  -- active, paused
@@ -178,11 +184,19 @@ INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, acc
                   updated_at)
 VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
 """
-# Which agent handled which event type so far in a chain (the root event and
-# every event that carries its correlation id).
+# Which agent handled which event type on the way to an event: its ancestors,
+# found by following causation ids back from the emitting run's event, within
+# the chain (siblings and other renders that share a correlation id do not count).
 SQL_CHAIN_HISTORY = """
-SELECT r.agent, e.event_type FROM events e JOIN runs r ON r.event_pk = e.pk
-WHERE e.correlation_id = :chain OR e.event_id = :chain
+WITH RECURSIVE ancestry (pk, causation_id, depth) AS (
+    SELECT pk, causation_id, 0 FROM events WHERE pk = :parent
+    UNION
+    SELECT e.pk, e.causation_id, a.depth + 1 FROM ancestry a
+    JOIN events e INDEXED BY events_event_id ON e.event_id = a.causation_id
+    WHERE a.depth < 1000 AND (e.correlation_id = :chain OR e.event_id = :chain)
+)
+SELECT r.agent, e.event_type FROM ancestry a JOIN events e ON e.pk = a.pk
+JOIN runs r ON r.event_pk = e.pk
 """
 SQL_INSERT_STOPPED_RUN = """
 INSERT INTO runs (run_id, event_pk, ordinal, agent, status, accepted_at, updated_at,
@@ -389,6 +403,8 @@ SELECT attempt, lease_owner, attempt_started_at FROM runs
 WHERE run_id = ? AND status = 'processing'
 """
 SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY rowid"
+SQL_BODY_HAS_PROJECT = (
+    "(CAST(e.body AS TEXT) LIKE ? ESCAPE '\\' OR CAST(e.body AS TEXT) LIKE ? ESCAPE '\\')")
 SQL_STATUS_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
 SQL_OLDEST_WAITING = """
 SELECT min(accepted_at) FROM runs WHERE status IN ('accepted', 'failed_retryable')
@@ -630,6 +646,9 @@ class SqliteStore(Store):
                         run_id, event_pk, ordinal, agent, now, now, now,
                         f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
                         f"{max_hops}"))
+                    _queue_callback(conn, env.callback_url, run_id, "dead_lettered", 0,
+                                    env.event_id, now, now + self.notification_delay,
+                                    error_code="loop_detected")
                     refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
                 else:
                     conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now,
@@ -699,7 +718,7 @@ class SqliteStore(Store):
             emitted: list[tuple[Event, tuple[str, ...]]] = []
             if target is RunStatus.SUCCEEDED:
                 for item in outcome.emitted:
-                    started = _store_emitted(conn, state, item, now)
+                    started = _store_emitted(conn, state, item, now, event_pk)
                     spawned += started
                     emitted.append((item.event, tuple(
                         t.run_id for t in started if t.status == "accepted")))
@@ -825,6 +844,80 @@ class SqliteStore(Store):
         row = self._read().execute(SQL_GET_RUN, (run_id,)).fetchone()
         return None if row is None else _run_view(row)
 
+    async def search_runs(
+        self, *, status: str | None = None, event_type: str | None = None,
+        agent: str | None = None, project: str | None = None, text: str | None = None,
+        since: float | None = None, until: float | None = None, before: str | None = None,
+        include_discarded: bool = True, limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Newest first, filtered; `before` is the last run_id of the previous page
+        (keyset pagination: every page costs the same, however many runs there are)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if status:
+            where.append("r.status = ?")
+            args.append(status)
+        if event_type:
+            where.append("e.event_type = ?")
+            args.append(event_type)
+        if agent:
+            where.append("r.agent = ?")
+            args.append(agent)
+        if project:
+            where.append(SQL_BODY_HAS_PROJECT)
+            args += _project_patterns(project)
+        if text:
+            where.append(f"(r.run_id = ? OR e.event_id = ? OR e.correlation_id = ? OR "
+                         f"{SQL_BODY_HAS_PROJECT})")
+            args += [text, text, text, *_project_patterns(text)]
+        if since is not None:
+            where.append("r.accepted_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("r.accepted_at < ?")
+            args.append(until)
+        if before:
+            where.append("r.run_id < ?")
+            args.append(before)
+        if not include_discarded:
+            where.append("NOT EXISTS (SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id)")
+        sql = (f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
+               f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+               "ORDER BY r.run_id DESC LIMIT ?")
+        rows = self._read().execute(sql, (*args, limit)).fetchall()
+        return [_run_view(row) for row in rows]
+
+    async def event_of(self, run_id: str) -> dict[str, Any] | None:
+        """The stored event of a run, as received."""
+        row = self._read().execute(
+            "SELECT e.body FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?",
+            (run_id,)).fetchone()
+        if row is None:
+            return None
+        found: dict[str, Any] = json.loads(row[0])
+        return found
+
+    async def discarded(self, run_id: str) -> dict[str, Any] | None:
+        row = self._read().execute("SELECT reason, at FROM discarded_runs WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+        return None if row is None else {"reason": row[0], "at": iso(row[1])}
+
+    async def discard(self, run_id: str, reason: str, now: float) -> None:
+        """Set a dead letter aside with a reason (it stays, out of the dead-letter list)."""
+        def op(conn: sqlite3.Connection, state: _Batch) -> None:
+            row = conn.execute("SELECT status, attempt FROM runs WHERE run_id = ?",
+                               (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            if row[0] != RunStatus.DEAD_LETTERED:
+                raise NotReplayable(run_id, row[0])
+            conn.execute("INSERT OR REPLACE INTO discarded_runs (run_id, reason, at) "
+                         "VALUES (?, ?, ?)", (run_id, reason, now))
+            conn.execute(SQL_INSERT_HISTORY, (run_id, now, "dead_lettered", row[1],
+                                              f"discarded: {reason}"))
+
+        await self._write(op)
+
     async def list_runs(self, status: str | None, limit: int) -> list[dict[str, Any]]:
         conn = self._read()
         if status is None:
@@ -897,6 +990,13 @@ class SqliteStore(Store):
              "pending": pending.get(d, 0)}
             for d, st, f, r, p, e, u in conn.execute(SQL_DESTINATIONS)
         ]
+
+
+def _project_patterns(project: str) -> list[str]:
+    """LIKE patterns for `"project_id":"X"` in a stored body, with or without a space."""
+    escaped = project.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    escaped = json.dumps(escaped)[1:-1]  # as the body spells it
+    return [f'%"project_id":"{escaped}"%', f'%"project_id": "{escaped}"%']
 
 
 def _notification_view(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -1001,21 +1101,22 @@ def _reclaim_expired(
                       notify=notify)
 
 
-def _store_emitted(conn: sqlite3.Connection, state: _Batch, item: Emitted, now: float
-                   ) -> list[Transition]:
+def _store_emitted(conn: sqlite3.Connection, state: _Batch, item: Emitted, now: float,
+                   parent_pk: int) -> list[Transition]:
     """Store an agent's follow-up event with its runs, in its parent's transaction.
 
     Its id is derived from the parent run, so a run that succeeds again (after a
     replay) emits nothing twice. A run that would close a loop (its agent already
-    handled this event type in the chain) or go past the hop limit is recorded
-    dead_lettered with loop_detected: visible, never dropped.
+    handled this event type on the way here: in the emitting event or one of its
+    causes) or go past the hop limit is recorded dead_lettered with
+    loop_detected: visible, never dropped.
     """
     env = item.event.envelope
     found = conn.execute(SQL_FIND_KEY, (env.idempotency_key,)).fetchone()
     if found is not None and found[1] > now:
         return []
     chain = env.correlation_id or env.event_id
-    history = set(conn.execute(SQL_CHAIN_HISTORY, {"chain": chain}).fetchall())
+    history = set(conn.execute(SQL_CHAIN_HISTORY, {"chain": chain, "parent": parent_pk}))
     event_pk = conn.execute(
         SQL_INSERT_EVENT,
         (env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,

@@ -259,6 +259,12 @@ class AgentRegistry:
         return cls({et: list({s.name: s for s in specs}.values())
                     for et, specs in routes.items()})
 
+    def event_types(self) -> list[str]:
+        return list(self._routes)
+
+    def agent_names(self) -> list[str]:
+        return list(self._by_name)
+
     def for_event_type(self, event_type: str) -> tuple[AgentSpec, ...]:
         return self._routes.get(event_type, ())
 

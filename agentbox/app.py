@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -22,6 +23,7 @@ from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.receiver import Receiver, error_response
 from agentbox.store.sqlite import SqliteStore
+from agentbox.ui import StatusPages, TokenGuard
 from agentbox.web import RunsApi
 
 log = get_logger("app")
@@ -43,6 +45,13 @@ def create_app(
     dispatcher.listeners += [deliverer.on_transition, metrics.transition]
     receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics)
+
+    async def replay(run_id: str) -> None:
+        await store.replay(run_id, clock())
+        dispatcher.wake()
+
+    pages = StatusPages(settings, store, dispatcher, admin_token, replay)
+    dispatcher.listeners.append(pages.live.transition)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -70,9 +79,18 @@ def create_app(
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),
             Route("/healthz", api.healthz, methods=["GET"]),
+            Route("/", pages.index, methods=["GET"]),
+            Route("/ui/runs/{run_id}", pages.run, methods=["GET"]),
+            Route("/ui/dead-letters", pages.dead_letters, methods=["GET"]),
+            Route("/ui/callbacks", pages.callbacks, methods=["GET"]),
+            Route("/ui/stream", pages.stream, methods=["GET"]),
+            Route("/ui/replay", pages.replay, methods=["POST"]),
+            Route("/ui/discard", pages.discard, methods=["POST"]),
+            Route("/ui/login", pages.login, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        middleware=[Middleware(TokenGuard, pages=pages)],
         lifespan=lifespan,
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer

@@ -98,6 +98,7 @@ CREATE INDEX IF NOT EXISTS runs_ready ON runs (next_attempt_at)
 CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at)
     WHERE status = 'processing';
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status, run_id);
+CREATE INDEX IF NOT EXISTS runs_completed ON runs (completed_at) WHERE completed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     run_id        TEXT NOT NULL,
     attempt       INTEGER NOT NULL,

@@ -1,0 +1,404 @@
+"""The status page: runs, a run's story, dead letters, callbacks, live by SSE.
+
+Server-rendered HTML (jinja2, autoescaped), a little vanilla JavaScript, no
+CDN: it works on a machine without internet. Live updates come from
+`/ui/stream` (Server-Sent Events); the browser reconnects by itself after a
+server restart.
+
+Safety: on a loopback address the pages are open to this machine. Bound to
+any other address, every page, stream and admin call needs the admin token
+(a cookie set by the login form, or `Authorization: Bearer`). State-changing
+actions are POST forms carrying a CSRF token, and a request from another
+origin is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agentbox.config import Settings, is_loopback_host
+from agentbox.dispatcher import Dispatcher
+from agentbox.runs import RunStatus
+from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
+from agentbox.store.sqlite import SqliteStore
+
+TEMPLATES = Path(__file__).parent / "templates"
+COOKIE = "agentbox_admin"
+PAGE_SIZE = 50
+MAX_FORM_BYTES = 64 * 1024
+STATS_EVERY_SECONDS = 2.0
+SUBSCRIBER_BACKLOG = 1000
+SECRET_KEYS = re.compile(r"secret|token|signature|password|passwd|api[_-]?key|authorization|"
+                         r"credential|cookie", re.IGNORECASE)
+RANGES = (("3600", "last hour"), ("86400", "last day"), ("604800", "last week"))
+OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login")  # authenticated otherwise
+
+
+class Live:
+    """Fans run transitions out to every open page."""
+
+    def __init__(self) -> None:
+        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+
+    def transition(self, t: Transition) -> None:
+        message = {"run_id": t.run_id, "status": t.status, "event_type": t.event_type,
+                   "agent": t.agent, "event_id": t.event_id}
+        for queue in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):  # a stalled page misses updates
+                queue.put_nowait(message)
+        for spawned in t.spawned:
+            self.transition(spawned)
+
+
+class StatusPages:
+    def __init__(self, settings: Settings, store: SqliteStore, dispatcher: Dispatcher,
+                 admin_token: str, replay: Callable[[str], Awaitable[None]]) -> None:
+        self.settings = settings
+        self.store = store
+        self.dispatcher = dispatcher
+        self.replay_run = replay
+        self.live = Live()
+        self._token = admin_token.encode()
+        self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
+        self.alerts: list[str] = []
+        self.env = Environment(loader=FileSystemLoader(TEMPLATES),
+                               autoescape=select_autoescape(["html"]))
+
+    # -- access ---------------------------------------------------------------------------
+
+    @property
+    def open_to_this_machine(self) -> bool:
+        return is_loopback_host(self.settings.host)
+
+    def authorised(self, request: Request) -> bool:
+        if self.open_to_this_machine:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(given.encode(), self._token)
+
+    def guard(self, app: ASGIApp) -> ASGIApp:
+        """Middleware: beyond loopback, everything but the receiver needs the token."""
+        async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or self.open_to_this_machine or scope["path"].startswith(
+                    OPEN_PATHS):
+                await app(scope, receive, send)
+                return
+            request = Request(scope, receive)
+            if self.authorised(request):
+                await app(scope, receive, send)
+                return
+            response: Response
+            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+                response = self._page("login.html", status_code=401)
+            else:
+                response = Response(json.dumps({
+                    "status": "rejected", "error_code": "admin_token_required",
+                    "message": "Send the admin token (agentbox token) as a Bearer token."}),
+                    status_code=401, media_type="application/json")
+            await response(scope, receive, send)
+        return guarded
+
+    async def login(self, request: Request) -> Response:
+        form = await _form(request)
+        token = (form.get("token") or [""])[0]
+        if not hmac.compare_digest(token.encode(), self._token):
+            return self._page("login.html", status_code=401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def _checked_form(self, request: Request) -> dict[str, Any] | Response:
+        """The form of a state-changing POST, or the refusal (CSRF, origin)."""
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+            return self._error(403, "This action must come from agentbox's own page.")
+        form = await _form(request)
+        if not hmac.compare_digest((form.get("csrf") or [""])[0].encode(), self.csrf.encode()):
+            return self._error(403, "The form is stale or forged (CSRF check failed); reload "
+                                    "the page and try again.")
+        return {"run_ids": form.get("run_id", [])[:500],
+                "reason": (form.get("reason") or [""])[0][:500]}
+
+    # -- pages ----------------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        await self.refresh_alerts()
+        q = request.query_params
+        query = {k: (q.get(k) or "").strip()[:200] or None for k in (
+            "q", "status", "event_type", "agent", "project", "since", "before")}
+        if query["status"] not in {s.value for s in RunStatus}:
+            query["status"] = None
+        now = time.time()
+        window = query["since"] or ""
+        since = now - float(window) if window.isascii() and window.isdigit() else None
+        runs = await self.store.search_runs(
+            status=query["status"], event_type=query["event_type"], agent=query["agent"],
+            project=query["project"], text=query["q"], since=since, before=query["before"],
+            limit=PAGE_SIZE)
+        for run in runs:
+            run["project"] = await self._project(run["run_id"])
+        stats = await self.store.stats()
+        filtered = any(v for k, v in query.items() if k != "before")
+        next_page = None
+        if len(runs) == PAGE_SIZE:
+            params = {k: v for k, v in query.items() if v and k != "before"}
+            next_page = "/?" + urlencode({**params, "before": runs[-1]["run_id"]})
+        finished = await self._finished_per_interval(now)
+        return self._page(
+            "index.html", request=request, runs=runs, stats=stats, query=query,
+            statuses=[s.value for s in RunStatus], ranges=RANGES, filtered=filtered,
+            event_types=sorted(self.dispatcher.registry.event_types()),
+            agents=sorted(self.dispatcher.registry.agent_names()),
+            oldest_waiting=_age(stats["oldest_waiting_accepted_at"], now),
+            throughput=_bars(finished), finished_last_hour=sum(finished),
+            live_rows=not filtered and not query["before"], next_page=next_page)
+
+    async def run(self, request: Request) -> Response:
+        await self.refresh_alerts()
+        run_id = request.path_params["run_id"]
+        run = await self.store.get_run(run_id)
+        if run is None:
+            return self._error(404, f"No run has the id {run_id[:100]!r}.")
+        run["callbacks"] = await self.store.notifications(run_id)
+        event = redact(await self.store.event_of(run_id) or {})
+        review = run["result"] if _is_review(run["result"]) else None
+        chain_id = run["correlation_id"] or run["event_id"]
+        chain = await self.store.search_runs(text=chain_id, limit=200)
+        chain = [r for r in chain if chain_id in (r["correlation_id"], r["event_id"])]
+        chain.sort(key=lambda r: (r["hop"], r["run_id"]))
+        return self._page(
+            "run.html", run=run, event=event, review=review, chain=chain,
+            history=await self.store.history(run_id),
+            attempts=await self.store.attempts(run_id),
+            discarded=await self.store.discarded(run_id),
+            plot=loudness_plot(review) if review else "")
+
+    async def dead_letters(self, request: Request) -> Response:
+        await self.refresh_alerts()
+        runs = await self.store.search_runs(status="dead_lettered", include_discarded=False,
+                                            limit=200)
+        return self._page("dead.html", runs=runs)
+
+    async def callbacks(self, request: Request) -> Response:
+        await self.refresh_alerts()
+        return self._page("callbacks.html", destinations=await self.store.destinations(),
+                          dead=await self.store.list_notifications("dead", 100))
+
+    async def replay(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        if not form["run_ids"]:
+            return self._error(422, "Select at least one run to replay.")
+        for run_id in form["run_ids"]:
+            try:
+                await self.replay_run(run_id)
+            except (RunNotFound, NotReplayable) as exc:
+                return self._error(409, f"{run_id}: {exc}")
+            except StorageUnavailable:
+                return self._error(503, "The store cannot take writes right now.")
+        target = f"/ui/runs/{form['run_ids'][0]}" if len(form["run_ids"]) == 1 else "/"
+        return RedirectResponse(target, status_code=303)
+
+    async def discard(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        if not form["run_ids"] or not form["reason"].strip():
+            return self._error(422, "Choose a run and say why it is discarded.")
+        try:
+            await self.store.discard(form["run_ids"][0], form["reason"].strip(), time.time())
+        except (RunNotFound, NotReplayable) as exc:
+            return self._error(409, str(exc))
+        return RedirectResponse("/ui/dead-letters", status_code=303)
+
+    async def stream(self, request: Request) -> Response:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SUBSCRIBER_BACKLOG)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            self.live.subscribers.add(queue)
+            try:
+                yield {"event": "stats", "data": json.dumps(await self._stats()),
+                       "retry": 1000}
+                while True:
+                    try:
+                        message = await asyncio.wait_for(queue.get(), STATS_EVERY_SECONDS)
+                    except TimeoutError:
+                        yield {"event": "stats", "data": json.dumps(await self._stats())}
+                        continue
+                    yield {"event": "run", "data": json.dumps(message)}
+            finally:
+                self.live.subscribers.discard(queue)
+
+        return EventSourceResponse(events(), ping=15)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _stats(self) -> dict[str, Any]:
+        stats = await self.store.stats()
+        return {**stats["runs"], "active": stats["active"],
+                "oldest_waiting": _age(stats["oldest_waiting_accepted_at"], time.time())}
+
+    async def _project(self, run_id: str) -> str | None:
+        event = await self.store.event_of(run_id)
+        payload = (event or {}).get("payload") or {}
+        project = payload.get("project_id") if isinstance(payload, dict) else None
+        return project if isinstance(project, str) else None
+
+    async def _finished_per_interval(self, now: float) -> list[int]:
+        """Runs that reached a terminal state in each 5-minute slice of the last hour."""
+        rows = self.store._read().execute(
+            "SELECT CAST((completed_at - ?) / 300 AS INTEGER), count(*) FROM runs "
+            "INDEXED BY runs_completed WHERE completed_at >= ? GROUP BY 1",
+            (now - 3600, now - 3600)).fetchall()
+        slices = [0] * 12
+        for index, count in rows:
+            if 0 <= index < 12:
+                slices[index] = count
+        return slices
+
+    def _page(self, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("csrf", self.csrf)
+        context.setdefault("alerts", self.alerts)
+        html = self.env.get_template(template).render(**context)
+        return HTMLResponse(html, status_code=status_code)
+
+    def _error(self, status: int, message: str) -> HTMLResponse:
+        html = self.env.from_string(
+            '{% extends "base.html" %}{% block main %}<h1>{{ title }}</h1><p>{{ message }}</p>'
+            '<p><a href="/">Back to the runs</a></p>{% endblock %}').render(
+            title=f"{status}", message=message, alerts=[])
+        return HTMLResponse(html, status_code=status)
+
+    async def refresh_alerts(self) -> None:
+        """The banners: dead letters waiting for a decision, paused destinations."""
+        alerts = []
+        dead = await self.store.search_runs(status="dead_lettered", include_discarded=False,
+                                            limit=101)
+        if dead:
+            count = "100+" if len(dead) > 100 else str(len(dead))
+            alerts.append(f'{count} dead-lettered run(s) need a look: '
+                          f'<a href="/ui/dead-letters">dead letters</a>.')
+        paused = [d for d in await self.store.destinations() if d["state"] == "paused"]
+        if paused:
+            alerts.append(f'{len(paused)} callback destination(s) paused: '
+                          f'<a href="/ui/callbacks">callbacks</a>.')
+        self.alerts = alerts
+
+
+async def _form(request: Request) -> dict[str, list[str]]:
+    """An urlencoded form (what the pages post), at most MAX_FORM_BYTES."""
+    body = bytearray()
+    with contextlib.suppress(ClientDisconnect):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return {}
+    try:
+        return parse_qs(body.decode("utf-8"), max_num_fields=1000)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+
+
+class TokenGuard:
+    """Starlette middleware around StatusPages.guard."""
+
+    def __init__(self, app: ASGIApp, pages: StatusPages) -> None:
+        self._inner = pages.guard(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._inner(scope, receive, send)
+
+
+def redact(value: Any) -> Any:
+    """The event as shown on a page: values under secret-looking keys hidden, and
+    the query string of URLs (which may carry a token) dropped."""
+    if isinstance(value, dict):
+        return {k: "•••" if SECRET_KEYS.search(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str) and value.startswith(("http://", "https://")):
+        parts = urlsplit(value)
+        if parts.query or parts.username or parts.password:
+            host = parts.hostname or ""
+            port = f":{parts.port}" if parts.port else ""
+            return f"{parts.scheme}://{host}{port}{parts.path}{'?•••' if parts.query else ''}"
+    return value
+
+
+def _is_review(result: Any) -> bool:
+    return isinstance(result, dict) and isinstance(result.get("metrics"), dict) and isinstance(
+        result.get("profile"), dict)
+
+
+def _age(iso_time: str | None, now: float) -> str:
+    if iso_time is None:
+        return "—"
+    seconds = max(0, now - datetime.fromisoformat(iso_time).timestamp())
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _bars(counts: list[int]) -> str:
+    """A small inline SVG bar chart (no script, no CDN)."""
+    top = max(counts) or 1
+    bars = "".join(
+        f'<rect x="{i * 10}" y="{30 - 28 * c / top:.1f}" width="8" height="{28 * c / top:.1f}" '
+        f'fill="#1f5fbf"><title>{c}</title></rect>' for i, c in enumerate(counts))
+    return (f'<svg width="120" height="32" role="img" aria-label="runs finished per 5 minutes">'
+            f'{bars}</svg>')
+
+
+def loudness_plot(review: dict[str, Any]) -> str:
+    """Short-term loudness over time against the profile's target, as inline SVG."""
+    values = review["metrics"].get("short_term_lufs") or []
+    target = float(review["profile"]["target_lufs"])
+    points = [(i + 1, v) for i, v in enumerate(values) if v is not None]
+    if not points:
+        return ""
+    width, height, pad = 640.0, 180.0, 30.0
+    low = float(min(min(v for _, v in points), target) - 3)
+    high = float(max(max(v for _, v in points), target) + 3)
+    span_x = max(len(values), 1)
+
+    def x(t: float) -> float:
+        return pad + (width - 2 * pad) * t / span_x
+
+    def y(v: float) -> float:
+        return height - pad - (height - 2 * pad) * (v - low) / (high - low)
+
+    line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+    return (
+        f'<svg id="loudness-plot" width="{width:.0f}" height="{height:.0f}" role="img" '
+        f'aria-label="short-term loudness against the target" style="background:#fff;'
+        f'border:1px solid #e4e7ec;border-radius:6px">'
+        f'<line x1="{pad}" x2="{width - pad}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
+        f'stroke="#b42318" stroke-dasharray="4 3"/>'
+        f'<text x="{width - pad - 110}" y="{y(target) - 4:.1f}">target {target:g} LUFS</text>'
+        f'<polyline fill="none" stroke="#1f5fbf" stroke-width="1.5" points="{line}"/>'
+        f'<text x="{pad}" y="{height - 8}">0 s</text>'
+        f'<text x="{width - pad - 30}" y="{height - 8}">{len(values)} s</text>'
+        f'<text x="4" y="{y(high - 3) + 4:.1f}">{high - 3:.0f}</text>'
+        f'<text x="4" y="{y(low + 3) + 4:.1f}">{low + 3:.0f}</text>'
+        f'</svg>')

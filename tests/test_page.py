@@ -1,0 +1,136 @@
+"""The status page in a real browser: Playwright driving Debian's Chromium
+(/usr/bin/chromium; scripts/test installs it) against a real agentbox server.
+Every request goes to 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.conftest import Server, make_event
+
+CHROMIUM = os.environ.get("AGENTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
+# Without these, Chromium tries to reach Google's services at every start.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: scripts/test installs Debian's chromium")
+    with sync_playwright() as playwright:
+        found = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield found
+        found.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context()
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def test_a_run_goes_to_succeeded_live_without_a_reload(server: Server, page: Page) -> None:
+    page.goto(server.url + "/")
+    expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+    page.evaluate("window.__notReloaded = true")
+    run_id = server.post(make_event(project_id="sleep-0.5")).json()["run_id"]
+    status = page.locator(f'tr[data-run-id="{run_id}"] .status')
+    expect(status).to_have_text("succeeded", timeout=15_000)
+    assert page.evaluate("window.__notReloaded") is True
+    expect(page.locator('[data-stat="succeeded"]')).to_have_text("1", timeout=10_000)
+    page.click(f'tr[data-run-id="{run_id}"] a')
+    expect(page.locator("h1 .status")).to_have_text("succeeded")
+    expect(page.get_by_text("processing").first).to_be_visible()
+
+
+def test_a_dead_letter_is_replayed_by_clicking(server: Server, page: Page) -> None:
+    run_id = server.post(make_event(project_id="fail-4")).json()["run_id"]
+    assert server.wait_terminal(run_id, timeout=30)["status"] == "dead_lettered"
+    page.goto(server.url + "/")
+    expect(page.get_by_role("alert")).to_contain_text("dead-lettered")
+    page.goto(server.url + "/ui/dead-letters")
+    page.check(f'input[value="{run_id}"]')
+    page.click("#replay-selected")
+    page.wait_for_url(f"**/ui/runs/{run_id}")
+    expect(page.locator("h1 .status")).to_have_text("succeeded", timeout=20_000)
+    page.reload()
+    expect(page.get_by_text("replayed")).to_be_visible()
+    run = server.run(run_id)
+    assert run["status"] == "succeeded" and run["replays"] == 1
+
+
+def test_a_dead_letter_can_be_discarded_with_a_reason(server: Server, page: Page) -> None:
+    run_id = server.post(make_event(project_id="permanent")).json()["run_id"]
+    server.wait_terminal(run_id)
+    dead = server.post(make_event(project_id="always-fail")).json()["run_id"]
+    server.wait_terminal(dead, timeout=30)
+    page.goto(server.url + "/ui/dead-letters")
+    page.select_option('select[name="run_id"]', dead)
+    page.fill('input[name="reason"]', "the export was a test")
+    page.click("button:has-text(\"Discard\")")
+    expect(page.locator(f'tr[data-run-id="{dead}"]')).to_have_count(0)
+    page.goto(server.url + f"/ui/runs/{dead}")
+    expect(page.get_by_role("status")).to_contain_text("the export was a test")
+
+
+def test_forged_state_changes_are_refused(server: Server, page: Page) -> None:
+    run_id = server.post(make_event(project_id="always-fail")).json()["run_id"]
+    server.wait_terminal(run_id, timeout=30)
+    # no CSRF token
+    forged = httpx.post(server.url + "/ui/replay", data={"run_id": run_id})
+    assert forged.status_code == 403
+    # the right token, but posted by another site's page
+    page.goto(server.url + "/ui/dead-letters")
+    csrf = page.locator('input[name="csrf"]').first.get_attribute("value")
+    cross = httpx.post(server.url + "/ui/replay", data={"run_id": run_id, "csrf": csrf},
+                       headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403
+    assert server.run(run_id)["replays"] == 0
+    # a page on another origin cannot make the browser do it either
+    page.set_content(f"""<form method="post" action="{server.url}/ui/replay">
+        <input name="run_id" value="{run_id}"></form>""")
+    page.evaluate("document.forms[0].submit()")
+    page.wait_for_load_state()
+    assert server.run(run_id)["replays"] == 0
+
+
+def test_beyond_loopback_every_page_needs_the_token(
+        server_factory: Callable[..., Server], page: Page) -> None:
+    server = server_factory({"AGENTBOX_HOST": "0.0.0.0"}).start()  # traffic stays on 127.0.0.1
+    token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
+    for path in ("/", "/runs", "/metrics", "/ui/dead-letters", "/ui/stream"):
+        assert httpx.get(server.url + path, timeout=10).status_code == 401, path
+    assert httpx.get(server.url + "/runs", timeout=10,
+                     headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert server.post(make_event()).status_code == 202  # the receiver: signatures, not tokens
+    page.goto(server.url + "/")
+    expect(page.get_by_text("Admin token needed")).to_be_visible()
+    page.fill('input[name="token"]', "wrong")
+    page.click("button:has-text(\"Open\")")
+    expect(page.get_by_text("Admin token needed")).to_be_visible()
+    page.fill('input[name="token"]', token)
+    page.click("button:has-text(\"Open\")")
+    expect(page.locator("h1")).to_have_text("Runs")
+    expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+    html = page.content()
+    assert token not in html
+
+
+def test_the_run_page_shows_the_event_without_secrets(server: Server, page: Page) -> None:
+    event: dict[str, Any] = make_event(project_id="ok")
+    event["payload"]["session_name"] = "take 3"
+    run_id = server.post(event).json()["run_id"]
+    server.wait_terminal(run_id)
+    page.goto(server.url + f"/ui/runs/{run_id}")
+    expect(page.get_by_text('"session_name": "take 3"')).to_be_visible()
+    assert "integration-test-secret" not in page.content()
+    assert page.goto(server.url + "/ui/runs/run_nope").status == 404

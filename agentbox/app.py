@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentbox.agents import AgentRegistry
-from agentbox.callbacks import CallbackDeliverer
+from agentbox.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
@@ -42,7 +42,9 @@ def create_app(
     store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])
     dispatcher = Dispatcher(store, registry, settings, clock, metrics)
     deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics)
-    dispatcher.listeners += [deliverer.on_transition, metrics.transition]
+    alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
+    dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
+    deliverer.pause_listeners.append(alerts.on_pause)
     receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import socket
@@ -23,7 +24,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -99,6 +102,54 @@ class DestinationPolicy:
         return is_public(address)
 
 
+class OperatorAlerts:
+    """Optional signed POSTs to AGENTBOX_ALERT_URL when a run is dead-lettered or a
+    callback destination is paused: through the same outbox, with the same
+    signatures, retries and SSRF rules as callbacks."""
+
+    def __init__(self, store: Store, deliverer: CallbackDeliverer, url: str | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store, self.deliverer, self.url, self.clock = store, deliverer, url, clock
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_transition(self, t: Transition) -> None:
+        if t.status == "dead_lettered":
+            self._queue(f"alert:{t.run_id}:dead_lettered:{max(t.attempt - 1, 0)}", t.run_id, {
+                "alert": "run_dead_lettered", "run_id": t.run_id, "event_id": t.event_id,
+                "event_type": t.event_type, "agent": t.agent, "error_code": t.error_code})
+
+    def on_pause(self, destination: str, reason: str) -> None:
+        if self.url is not None and origin_of(self.url) == destination:
+            return  # the alert destination itself: nobody to tell
+        self._queue(f"alert:paused:{destination}:{int(self.clock())}", "alerts", {
+            "alert": "callback_destination_paused", "destination": destination,
+            "reason": reason})
+
+    def _queue(self, notification_id: str, run_id: str, fields: dict[str, Any]) -> None:
+        if self.url is None:
+            return
+        body = json.dumps({"notification_id": notification_id, **fields,
+                           "occurred_at": _iso(self.clock())},
+                          sort_keys=True, separators=(",", ":")).encode()
+        task = asyncio.get_running_loop().create_task(self._store(notification_id, run_id, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store(self, notification_id: str, run_id: str, body: bytes) -> None:
+        assert self.url is not None
+        try:
+            await self.store.queue_alert(notification_id, run_id, self.url, body, self.clock())
+        except StorageUnavailable:
+            log.warning("could not queue an operator alert", extra={"alert": notification_id})
+            return
+        self.deliverer.wake()
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 class CallbackDeliverer:
     def __init__(
         self,
@@ -113,6 +164,7 @@ class CallbackDeliverer:
     ) -> None:
         self.store = store
         self.metrics = metrics
+        self.pause_listeners: list[Callable[[str, str], None]] = []
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
@@ -215,9 +267,11 @@ class CallbackDeliverer:
             "error": result.error, "status_code": result.status_code,
             "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         if paused:
-            log.warning("callback destination paused; resume it with "
+            log.warning("ALERT: callback destination paused; resume it with "
                         "`agentbox callbacks resume`",
                         extra={"destination": notification.destination, "reason": paused})
+            for listener in self.pause_listeners:
+                listener(notification.destination, paused)
 
     async def _record(self, notification: Notification, result: DeliveryResult) -> str | None:
         delay = 0.1

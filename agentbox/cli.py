@@ -332,19 +332,44 @@ def runs(url: str, status: str | None, limit: int, as_json: bool) -> None:
 @main.command("dead-letters")
 @click.option("--url", default=DEFAULT_URL, show_default=True)
 @click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def dead_letters(ctx: click.Context, url: str, limit: int) -> None:
+def dead_letters(ctx: click.Context, url: str, limit: int, as_json: bool) -> None:
     """List dead-lettered runs (replay them with `agentbox replay RUN_ID`)."""
-    ctx.invoke(runs, url=url, status="dead_lettered", limit=limit, as_json=False)
+    ctx.invoke(runs, url=url, status="dead_lettered", limit=limit, as_json=as_json)
 
 
 @main.command()
 @click.argument("run_id")
 @click.option("--url", default=DEFAULT_URL, show_default=True)
-def show(run_id: str, url: str) -> None:
-    """Show one run with its attempts and state history."""
-    click.echo(json.dumps(_api(url, "GET", f"/runs/{run_id}", params={"history": "1"}),
-                          indent=2))
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+def show(run_id: str, url: str, as_json: bool) -> None:
+    """Show one run with its attempts, state history, result and callbacks."""
+    run = _api(url, "GET", f"/runs/{run_id}", params={"history": "1"})
+    if as_json:
+        click.echo(json.dumps(run, indent=2))
+        return
+    click.echo(f"{run['run_id']}  {run['status']}  {run['event_type']} from {run['source']} "
+               f"(event {run['event_id']})")
+    click.echo(f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
+               + (f", {run['error_code']}: {run['error_message']}" if run["error_code"] else ""))
+    if run["correlation_id"] or run["hop"]:
+        click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
+                   f"hop {run['hop']}")
+    click.echo("\nhistory:")
+    for change in run["history"]:
+        note = f"  ({change['note']})" if change["note"] else ""
+        click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
+    result = run.get("result")
+    if isinstance(result, dict) and "review_notes" in result:
+        click.echo(f"\n{result.get('summary', '')}")
+        for note in result["review_notes"]:
+            click.echo(f"  - {note}")
+    elif result is not None:
+        click.echo("\nresult: " + json.dumps(result))
+    for c in run.get("callbacks", []):
+        click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
+                   f"attempt(s){' - ' + c['last_error'] if c['last_error'] else ''}")
 
 
 @main.command()

@@ -97,6 +97,7 @@ class Settings:
     callback_pause_after_failures: int = DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES
     callback_concurrency: int = DEFAULT_CALLBACK_CONCURRENCY
     max_hops: int = DEFAULT_MAX_HOPS
+    alert_url: str | None = None  # operator alerts: a signed POST, like a callback
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
@@ -120,7 +121,7 @@ _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callb
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
-_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model"}
+_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
              | {"agents"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -278,6 +279,17 @@ def _check_consistency(settings: Settings) -> None:
     for name in ("callback_allowed", "callback_allowed_local"):
         for origin in getattr(settings, name):
             check_allowed_origin(origin, env_name(name))
+    if settings.alert_url is not None:
+        allowed = {origin_of(o) for o in (*settings.callback_allowed,
+                                          *settings.callback_allowed_local)}
+        try:
+            alert_origin = origin_of(settings.alert_url)
+        except ValueError:
+            alert_origin = ""
+        if alert_origin not in allowed or urlsplit(settings.alert_url).username is not None:
+            raise ConfigError(f"{env_name('alert_url')}: its origin must be listed in "
+                              f"{env_name('callback_allowed')} (alerts follow the callbacks' "
+                              "rules), and it must carry no credentials")
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):

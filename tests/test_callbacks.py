@@ -354,3 +354,36 @@ def test_bad_input_to_the_callbacks_api_gets_clear_errors(
     accepted = server.post(make_event(callback_url="https://bücher.example/cb"))
     assert accepted.status_code == 422
     assert accepted.json()["errors"][0]["loc"] == ["callback_url"]
+
+
+def test_operator_alerts_for_dead_letters_and_paused_destinations(
+        server_factory: Callable[..., Server], receiver: CallbackReceiver) -> None:
+    operator = CallbackReceiver(CALLBACK_SECRET)
+    try:
+        server = server_factory({
+            "AGENTBOX_CALLBACK_ALLOWED": f"{receiver.origin},{operator.origin}",
+            "AGENTBOX_CALLBACK_SECRET": CALLBACK_SECRET,
+            "AGENTBOX_CALLBACK_RETRY_SCHEDULE": FAST_SCHEDULE,
+            "AGENTBOX_ALERT_URL": operator.url("/alerts"),
+        }).start()
+        dead = server.post(make_event(project_id="always-fail")).json()["run_id"]
+        server.wait_terminal(dead, timeout=30)
+        wait_until(lambda: operator.delivered("/alerts"), 20, "the dead-letter alert")
+        alert = operator.delivered("/alerts")[0].notification
+        assert alert["alert"] == "run_dead_lettered" and alert["run_id"] == dead
+        assert alert["notification_id"] == f"alert:{dead}:dead_lettered:3"
+        post(server, receiver, "/gone-once")  # pauses the callback destination
+        wait_until(lambda: any(r.notification["alert"] == "callback_destination_paused"
+                               for r in operator.delivered("/alerts")), 20, "the pause alert")
+        paused = [r.notification for r in operator.delivered("/alerts")][-1]
+        assert paused["destination"] == receiver.origin and "410" in paused["reason"]
+    finally:
+        operator.close()
+
+
+def test_an_alert_url_outside_the_allowlist_refuses_to_start(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory({"AGENTBOX_ALERT_URL": "https://ops.example/hook"})
+    with pytest.raises(AssertionError) as failed:
+        server.start()
+    assert "AGENTBOX_ALERT_URL" in str(failed.value)

@@ -32,8 +32,11 @@ def test_send_then_follow_the_run(server: Server) -> None:
     assert again.returncode == 0 and json.loads(again.stdout)["duplicate"] is True
     listed = agentbox(server, "runs", "--url", server.url)
     assert answer["run_id"] in listed.stdout and "succeeded" in listed.stdout
-    shown = json.loads(agentbox(server, "show", answer["run_id"], "--url", server.url).stdout)
+    shown = json.loads(agentbox(server, "show", answer["run_id"], "--url", server.url,
+                                "--json").stdout)
     assert [h["status"] for h in shown["history"]] == ["accepted", "processing", "succeeded"]
+    readable = agentbox(server, "show", answer["run_id"], "--url", server.url).stdout
+    assert f"{answer['run_id']}  succeeded" in readable and "history:" in readable
 
 
 def test_send_refused_event_exits_non_zero(server: Server) -> None:

@@ -134,3 +134,17 @@ def test_the_run_page_shows_the_event_without_secrets(server: Server, page: Page
     expect(page.get_by_text('"session_name": "take 3"')).to_be_visible()
     assert "integration-test-secret" not in page.content()
     assert page.goto(server.url + "/ui/runs/run_nope").status == 404
+
+
+def test_the_page_keeps_following_after_a_server_restart(server: Server, page: Page) -> None:
+    page.goto(server.url + "/")
+    expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+    page.evaluate("window.__notReloaded = true")
+    server.stop()
+    expect(page.locator("#live")).to_have_text("reconnecting…", timeout=10_000)
+    server.start()  # the same port
+    expect(page.locator("#live")).to_have_text("live", timeout=20_000)
+    run_id = server.post(make_event(project_id="ok")).json()["run_id"]
+    expect(page.locator(f'tr[data-run-id="{run_id}"] .status')).to_have_text(
+        "succeeded", timeout=15_000)
+    assert page.evaluate("window.__notReloaded") is True

@@ -256,6 +256,11 @@ class Store(abc.ABC):
     # -- the callback outbox (rows are written by the run transitions above) -----------
 
     @abc.abstractmethod
+    async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
+                          now: float) -> bool:
+        """Put an operator alert in the outbox (once per id); False if already there."""
+
+    @abc.abstractmethod
     async def claim_notifications(
         self, owner: str, limit: int, now: float, lease_seconds: float
     ) -> tuple[list[Notification], float | None]:

@@ -823,6 +823,16 @@ class SqliteStore(Store):
 
         return await self._write(op, durable=False)
 
+    async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
+                          now: float) -> bool:
+        def op(conn: sqlite3.Connection, state: _Batch) -> bool:
+            return bool(conn.execute(SQL_INSERT_NOTIFICATION, {
+                "id": notification_id, "run_id": run_id, "status": "alert",
+                "destination": origin_of(url), "url": url, "body": body, "now": now,
+                "due": now}).rowcount)
+
+        return await self._write(op)
+
     async def resume_destination(self, destination: str, now: float) -> None:
         def op(conn: sqlite3.Connection, state: _Batch) -> None:
             if not conn.execute(SQL_RESUME_DESTINATION, (now, destination)).rowcount:

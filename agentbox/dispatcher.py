@@ -163,8 +163,9 @@ class Dispatcher:
             run_id=claimed.run_id,
             attempt=claimed.attempt,
             agent=claimed.agent,
-            log=logging.LoggerAdapter(get_logger("agent"), {"run_id": claimed.run_id,
-                                                            "agent": claimed.agent}),
+            log=logging.LoggerAdapter(get_logger("agent"), {
+                "run_id": claimed.run_id, "agent": claimed.agent,
+                "event_id": claimed.event_id, "attempt": claimed.attempt}),
             settings=self.settings,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")

@@ -8,6 +8,7 @@ No agent work and no outbound calls happen here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -194,6 +195,11 @@ class Receiver:
                 503, "storage_unavailable",
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+        env = event.envelope
+        if log.isEnabledFor(logging.INFO):
+            log.info("event duplicate" if result.duplicate else "event accepted", extra={
+                "event_id": env.event_id, "event_type": env.event_type, "source": env.source,
+                "run_ids": [run.run_id for run in result.runs]})
         if result.duplicate:
             self.metrics.duplicates.inc()
         else:

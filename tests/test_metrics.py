@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,3 +48,8 @@ def test_metrics_count_what_happened(server_factory: Callable[..., Server]) -> N
     assert found[("agentbox_oldest_waiting_age_seconds", ())] == 0
     log = server.log_path.read_text()
     assert "ALERT: a run was dead-lettered" in log
+    # the same ids end to end: the receiver's line names the event and its run
+    accepted = [json.loads(line) for line in log.splitlines()
+                if '"msg": "event accepted"' in line]
+    assert {line["event_id"] for line in accepted} >= {ok["event_id"]}
+    assert any(run_id in line["run_ids"] for line in accepted)

@@ -1284,7 +1284,7 @@ def verify_database(path: Path) -> list[str]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
         problems = [f"sqlite integrity_check: {row[0]}"
-                    for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+                    for row in conn.execute("PRAGMA integrity_check") if row[0] != "ok"]
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         for what, sql in INTEGRITY_CHECKS:
             if "outbox" in sql and "outbox" not in tables:

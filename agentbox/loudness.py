@@ -276,31 +276,34 @@ def _lufs(power: float) -> float | None:
     return -0.691 + 10 * math.log10(power) if power > 0 else None
 
 
-def gated_loudness(blocks: np.ndarray, relative_gate: float) -> float | None:
-    """BS.1770 gating: blocks above -70 LUFS, then above (their mean - 10 LU)."""
+def _gate(powers: np.ndarray, relative_gate: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """BS.1770 gating of block powers: above -70 LUFS, then above the mean of those
+    plus `relative_gate` LU. Returns each block's loudness and the mask of those
+    kept, or None when nothing passes the absolute gate."""
     with np.errstate(divide="ignore"):
-        loudness = -0.691 + 10 * np.log10(blocks)
-    above = blocks[loudness > ABSOLUTE_GATE_LUFS]
-    if not len(above):
+        loudness = -0.691 + 10 * np.log10(powers)
+    audible = loudness > ABSOLUTE_GATE_LUFS
+    if not audible.any():
         return None
-    threshold = _lufs(float(above.mean()))
+    threshold = _lufs(float(powers[audible].mean()))
     assert threshold is not None
-    kept = blocks[(loudness > ABSOLUTE_GATE_LUFS) & (loudness > threshold + relative_gate)]
-    return _lufs(float(kept.mean())) if len(kept) else None
+    return loudness, audible & (loudness > threshold + relative_gate)
+
+
+def gated_loudness(blocks: np.ndarray, relative_gate: float) -> float | None:
+    """Integrated loudness (BS.1770) of 400 ms block powers."""
+    gated = _gate(blocks, relative_gate)
+    if gated is None or not gated[1].any():
+        return None
+    return _lufs(float(blocks[gated[1]].mean()))
 
 
 def loudness_range(short_term: np.ndarray) -> float | None:
     """EBU Tech 3342: the spread (10th to 95th percentile) of gated 3 s loudness."""
-    with np.errstate(divide="ignore"):
-        loudness = -0.691 + 10 * np.log10(short_term)
-    above = short_term[loudness > ABSOLUTE_GATE_LUFS]
-    if not len(above):
+    gated = _gate(short_term, LRA_RELATIVE_GATE_LU)
+    if gated is None or not gated[1].any():
         return None
-    threshold = _lufs(float(above.mean()))
-    assert threshold is not None
-    kept = loudness[(loudness > ABSOLUTE_GATE_LUFS) & (loudness > threshold + LRA_RELATIVE_GATE_LU)]
-    if not len(kept):
-        return None
+    kept = gated[0][gated[1]]
     return float(np.percentile(kept, 95) - np.percentile(kept, 10))
 
 

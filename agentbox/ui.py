@@ -80,6 +80,9 @@ class StatusPages:
         self.alerts: list[str] = []
         self.env = Environment(loader=FileSystemLoader(TEMPLATES),
                                autoescape=select_autoescape(["html"]))
+        # JSON for people: readable text, which autoescaping then makes inert HTML
+        self.env.filters["pretty"] = lambda value: json.dumps(value, indent=2,
+                                                              ensure_ascii=False)
 
     # -- access ---------------------------------------------------------------------------
 

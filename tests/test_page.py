@@ -4,6 +4,7 @@ Every request goes to 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -148,3 +149,65 @@ def test_the_page_keeps_following_after_a_server_restart(server: Server, page: P
     expect(page.locator(f'tr[data-run-id="{run_id}"] .status')).to_have_text(
         "succeeded", timeout=15_000)
     assert page.evaluate("window.__notReloaded") is True
+
+
+def test_hostile_event_fields_cannot_run_script_or_forge_log_lines(
+        server: Server, page: Page) -> None:
+    hostile = '<script>window.__owned = 1</script><img src=x onerror="window.__owned=2">' \
+              '\n{"level": "error", "msg": "forged"}\x1b[31m'
+    event: dict[str, Any] = make_event(project_id="ok")
+    event["payload"]["session_name"] = hostile[:256]
+    run_id = server.post(event).json()["run_id"]
+    server.wait_terminal(run_id)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(server.url + f"/ui/runs/{run_id}")
+    page.goto(server.url + "/?q=" + run_id)
+    page.goto(server.url + f"/ui/runs/{run_id}")
+    assert page.evaluate("window.__owned") is None and dialogs == []
+    expect(page.get_by_text("<script>window.__owned = 1</script>", exact=False)).to_be_visible()
+    for line in server.log_path.read_text().splitlines():
+        if line.startswith("{"):
+            assert json.loads(line)["msg"] != "forged"
+    assert "\x1b[31m" not in server.log_path.read_text()
+
+
+def test_no_secret_appears_in_any_output(server_factory: Callable[..., Server],
+                                        page: Page, tmp_path: Any) -> None:
+    """Every secret of a full run (webhook, callback, admin token, LLM key) is
+    looked for in the log, the pages, /metrics, /healthz, the API and errors."""
+    from tests.support.callback_receiver import CallbackReceiver
+    from tests.test_callbacks import CALLBACK_SECRET
+
+    receiver = CallbackReceiver(CALLBACK_SECRET)
+    try:
+        server = server_factory({
+            "AGENTBOX_CALLBACK_ALLOWED": receiver.origin,
+            "AGENTBOX_CALLBACK_SECRET": CALLBACK_SECRET,
+            "AGENTBOX_LLM_API_KEY": "llm-key-that-must-not-leak",
+            "AGENTBOX_ADMIN_TOKEN": "admin-token-that-must-not-leak",
+        }).start()
+        secrets = ["integration-test-secret", CALLBACK_SECRET, "llm-key-that-must-not-leak",
+                   "admin-token-that-must-not-leak"]
+        outputs = []
+        run_id = server.post(make_event(project_id="ok", callback_url=receiver.url("/ok"))
+                             ).json()["run_id"]
+        dead = server.post(make_event(project_id="always-fail")).json()["run_id"]
+        server.wait_terminal(dead, timeout=30)
+        outputs.append(server.post(make_event(), secret="wrong").text)
+        outputs.append(server.post(b"{not json").text)
+        for path in ("/", f"/ui/runs/{run_id}", "/ui/dead-letters", "/ui/callbacks",
+                     "/metrics", "/healthz", f"/runs/{run_id}?history=1", "/runs",
+                     "/callbacks", "/callbacks/destinations", "/nope"):
+            outputs.append(server.client.get(path).text)
+        outputs.append(server.client.post(f"/runs/{dead}/replay",
+                                          headers={"Authorization": "Bearer wrong"}).text)
+        page.goto(server.url + f"/ui/runs/{run_id}")
+        outputs.append(page.content())
+        server.stop()
+        outputs.append(server.log_path.read_text())
+        everything = "\n".join(outputs)
+        for secret in secrets:
+            assert secret not in everything, secret
+    finally:
+        receiver.close()

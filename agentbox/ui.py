@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -292,8 +293,12 @@ class StatusPages:
         return HTMLResponse(html, status_code=status)
 
     async def refresh_alerts(self) -> None:
-        """The banners: dead letters waiting for a decision, paused destinations."""
+        """The banners: storage trouble, dead letters waiting for a decision, paused
+        destinations."""
         alerts = []
+        if not self.store.healthy:
+            alerts.append(f"Events cannot be stored: {escape(self.store.last_error or '')}. "
+                          "Senders get 503 and retry.")
         dead = await self.store.search_runs(status="dead_lettered", include_discarded=False,
                                             limit=101)
         if dead:

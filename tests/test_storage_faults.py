@@ -7,7 +7,9 @@ The fault is real: SQLite's max_page_count makes the real database file "full"
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from agentbox.app import create_app
 from agentbox.config import load_settings
 from agentbox.signing import sign_headers
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import SECRET, encode, make_event
+from tests.conftest import SECRET, Server, encode, make_event
 
 
 async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Response:
@@ -64,3 +66,18 @@ def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
             assert (await client.get("/healthz")).status_code == 200
 
     asyncio.run(scenario())
+
+
+def test_a_removed_data_directory_answers_503_not_202(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory().start()
+    assert server.post(make_event()).status_code == 202
+    shutil.rmtree(server.home / "data")
+    response = server.post(make_event())
+    assert response.status_code == 503, response.text
+    assert response.json()["error_code"] == "storage_unavailable"
+    assert response.headers["retry-after"]
+    health = server.client.get("/healthz")
+    assert health.status_code == 503 and "removed" in health.json()["reason"]
+    page = server.client.get("/").text
+    assert "Events cannot be stored" in page and "removed" in page

@@ -463,6 +463,7 @@ class SqliteStore(Store):
         self.healthy = True
         self.last_error: str | None = None
         self._lock_file: IO[bytes] | None = None
+        self._identity: tuple[int, int] | None = None  # the database file we opened
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -513,6 +514,7 @@ class SqliteStore(Store):
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         conn.executescript(SCHEMA)
         self._conn = conn
+        self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]
         return active
 
@@ -589,6 +591,13 @@ class SqliteStore(Store):
         state = _Batch(self._active)
         results: list[tuple[bool, Any]] = []
         durable = any(entry[2] for entry in batch)
+        if _file_identity(self.path) != self._identity:
+            # Deleted or replaced under us: SQLite would go on writing into a file
+            # nobody can open again, and a 202 would promise what a restart loses.
+            self.healthy = False
+            self.last_error = (f"storage unavailable: the database file {self.path} was "
+                               "removed or replaced; restart agentbox")
+            return [(False, StorageUnavailable(self.last_error))] * len(batch)
         try:
             if durable != self._synchronous_full:
                 conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
@@ -1064,6 +1073,14 @@ def _lock_exclusively(path: Path) -> IO[bytes]:
             f"another agentbox process is already serving {path.parent}; stop it or use "
             "another --data-dir") from None
     return lock_file
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentbox.agents import AgentRegistry
@@ -21,6 +21,7 @@ from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
+from agentbox.openapi import document
 from agentbox.receiver import Receiver, error_response
 from agentbox.store.sqlite import SqliteStore
 from agentbox.ui import StatusPages, TokenGuard
@@ -90,6 +91,7 @@ def create_app(
             Route("/ui/discard", pages.discard, methods=["POST"]),
             Route("/ui/login", pages.login, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
+            Route("/openapi.json", openapi_json, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         middleware=[Middleware(TokenGuard, pages=pages)],
@@ -97,6 +99,10 @@ def create_app(
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
     return app
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(document())
 
 
 def _quiet_garbage_collector() -> None:

@@ -1,0 +1,184 @@
+"""The OpenAPI document of the public API, served at `/openapi.json`.
+
+Built from the same pydantic models that validate events, so the document and
+the receiver cannot disagree about the contract.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from agentbox.events import PAYLOAD_MODELS, Envelope
+from agentbox.runs import RunStatus
+
+REF = "#/components/schemas/{model}"
+
+
+def _version() -> str:
+    try:
+        return version("agentbox")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "0"
+
+
+class Rejected(BaseModel):
+    """Every error answer."""
+
+    status: str = Field(pattern="^rejected$")
+    error_code: str
+    message: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class RunRefOut(BaseModel):
+    run_id: str
+    agent: str
+    status: str
+    status_url: str
+
+
+class Accepted(BaseModel):
+    """202 (stored) or 200 (a known duplicate: the first run's current status)."""
+
+    status: str
+    run_id: str
+    duplicate: bool
+    status_url: str
+    runs: list[RunRefOut]
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    run_id: str
+    status: str
+    event_id: str
+    event_type: str
+    source: str
+    agent: str
+    accepted_at: str
+    started_at: str | None
+    updated_at: str
+    completed_at: str | None
+    retry_count: int
+    result: Any
+    error_code: str | None
+
+
+class RunList(BaseModel):
+    runs: list[Run]
+
+
+class Health(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    status: str
+
+
+class Notifications(BaseModel):
+    callbacks: list[dict[str, Any]]
+
+
+class Destinations(BaseModel):
+    destinations: list[dict[str, Any]]
+
+
+class ResumeRequest(BaseModel):
+    destination: str
+
+
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=schema)}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(code): _json("Rejected", "refused; see error_code") for code in codes}
+
+
+def _limit() -> dict[str, Any]:
+    return {"name": "limit", "in": "query", "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 500}}
+
+
+def document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, Run, RunList, Health,
+                                     Notifications, Destinations, ResumeRequest,
+                                     *PAYLOAD_MODELS.values()]
+    _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+    signature_headers = [
+        {"name": "X-Webhook-Timestamp", "in": "header", "required": False,
+         "schema": {"type": "string"}, "description": "Unix seconds (agentbox scheme)"},
+        {"name": "X-Webhook-Signature", "in": "header", "required": False,
+         "schema": {"type": "string"},
+         "description": "hex HMAC-SHA256(secret, timestamp + '.' + raw body)"},
+    ]
+    run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    admin: list[dict[str, list[str]]] = [{"admin": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "agentbox", "version": _version(),
+                 "description": "Signed webhooks in, durable agent runs out."},
+        "paths": {
+            "/webhooks/events": {"post": {
+                "summary": "Deliver a signed event",
+                "parameters": signature_headers,
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": REF.format(model="Envelope")}}}},
+                "responses": {"202": _json("Accepted", "stored durably"),
+                              "200": _json("Accepted", "a known duplicate"),
+                              **_errors(400, 401, 403, 413, 422, 429, 503)},
+            }},
+            "/runs": {"get": {
+                "summary": "The newest runs",
+                "parameters": [{"name": "status", "in": "query", "required": False,
+                                "schema": {"type": "string",
+                                           "enum": [s.value for s in RunStatus]}}, _limit()],
+                "responses": {"200": _json("RunList", "runs, newest first"), **_errors(422)},
+            }},
+            "/runs/{run_id}": {"get": {
+                "summary": "One run",
+                "parameters": [run_id, {"name": "history", "in": "query", "required": False,
+                                        "schema": {"type": "string", "enum": ["1", "true"]}}],
+                "responses": {"200": _json("Run", "the run"), **_errors(404)},
+            }},
+            "/runs/{run_id}/replay": {"post": {
+                "summary": "Replay a dead-lettered or failed run (admin)",
+                "security": admin, "parameters": [run_id],
+                "responses": {"202": _json("Run", "back to accepted"),
+                              **_errors(401, 404, 409, 503)},
+            }},
+            "/callbacks": {"get": {
+                "summary": "Callback notifications and their delivery",
+                "parameters": [{"name": "state", "in": "query", "required": False,
+                                "schema": {"type": "string",
+                                           "enum": ["pending", "delivered", "dead"]}},
+                               _limit()],
+                "responses": {"200": _json("Notifications", "newest first"), **_errors(422)},
+            }},
+            "/callbacks/destinations": {"get": {
+                "summary": "Callback destinations",
+                "responses": {"200": _json("Destinations", "every destination")},
+            }},
+            "/callbacks/destinations/resume": {"post": {
+                "summary": "Resume a paused destination (admin)", "security": admin,
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": REF.format(model="ResumeRequest")}}}},
+                "responses": {"200": {"description": "resumed", "content": {
+                    "application/json": {"schema": {"type": "object"}}}},
+                              **_errors(401, 404, 422, 503)},
+            }},
+            "/healthz": {"get": {
+                "summary": "Health",
+                "responses": {"200": _json("Health", "healthy"),
+                              "503": _json("Health", "the store cannot take writes")},
+            }},
+        },
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"admin": {"type": "http", "scheme": "bearer",
+                                          "description": "agentbox token"}},
+        },
+    }

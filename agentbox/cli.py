@@ -68,7 +68,9 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                f"http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None,
                 access_log=False, loop="uvloop", http="httptools", lifespan="on",
-                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5)
+                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
+                limit_concurrency=settings.max_connections,
+                timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
 
 
 @main.group(invoke_without_command=True)

@@ -49,6 +49,9 @@ DEFAULT_CALLBACK_TIMEOUT_SECONDS = 15.0
 DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES = 20
 DEFAULT_CALLBACK_CONCURRENCY = 8
 DEFAULT_MAX_HOPS = 8
+DEFAULT_BODY_TIMEOUT_SECONDS = 10.0  # the whole request body
+DEFAULT_MAX_CONNECTIONS = 1000  # beyond it new connections get 503 at once
+DEFAULT_KEEP_ALIVE_SECONDS = 5.0  # an idle connection is closed after this
 
 
 class ConfigError(Exception):
@@ -98,6 +101,9 @@ class Settings:
     callback_concurrency: int = DEFAULT_CALLBACK_CONCURRENCY
     max_hops: int = DEFAULT_MAX_HOPS
     alert_url: str | None = None  # operator alerts: a signed POST, like a callback
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    keep_alive_seconds: float = DEFAULT_KEEP_ALIVE_SECONDS
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
@@ -113,10 +119,12 @@ class Settings:
 _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
-    "maintenance_interval_seconds", "callback_timeout_seconds",
+    "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
+    "keep_alive_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
-                  "callback_pause_after_failures", "callback_concurrency", "max_hops"}
+                  "callback_pause_after_failures", "callback_concurrency", "max_hops",
+                  "max_connections"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error

@@ -129,7 +129,7 @@ def document() -> dict[str, Any]:
                     "schema": {"$ref": REF.format(model="Envelope")}}}},
                 "responses": {"202": _json("Accepted", "stored durably"),
                               "200": _json("Accepted", "a known duplicate"),
-                              **_errors(400, 401, 403, 413, 422, 429, 503)},
+                              **_errors(400, 401, 403, 408, 413, 422, 429, 503)},
             }},
             "/runs": {"get": {
                 "summary": "The newest runs",

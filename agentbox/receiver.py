@@ -8,6 +8,7 @@ No agent work and no outbound calls happen here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -143,13 +144,22 @@ class Receiver:
             raise _too_large(limit)
         chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(limit)
-                chunks.append(chunk)
+            # A sender that trickles its body (a byte a second) would hold a
+            # connection and its buffers for as long as it likes: the whole body
+            # must arrive within AGENTBOX_BODY_TIMEOUT_SECONDS.
+            async with asyncio.timeout(self.settings.body_timeout_seconds):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(limit)
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise Rejected(400, "client_disconnected", "The body ended early.") from None
+        except TimeoutError:
+            raise Rejected(408, "body_timeout",
+                           f"The body did not arrive within {self.settings.body_timeout_seconds:g}"
+                           " s (AGENTBOX_BODY_TIMEOUT_SECONDS).",
+                           headers={"Connection": "close"}) from None
         return b"".join(chunks)
 
     def _check_callback(self, url: str | None) -> None:

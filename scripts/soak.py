@@ -1,0 +1,175 @@
+"""scripts/soak: kill agentbox with -9 at random moments, many times, under load.
+
+    .venv/bin/python scripts/soak.py [--kills 100] [--seed N]
+
+Each round starts a real `agentbox serve` on 127.0.0.1 (the same data directory
+every time), sends signed events from several threads (with duplicates of
+events already sent, a slow agent, a flaky one, one that always fails, and
+callbacks to a receiver that fails each notification's first delivery), and
+kills the server with SIGKILL after a random moment. At the end one last
+server drains everything, and the script checks and prints:
+
+- acknowledged events lost: answered 202/200 but not in the store (must be 0)
+- events with more than one run (0)
+- agent starts after the run was terminal, from the agents' journal (0)
+- callbacks never delivered (0)
+- dead letters, by reason
+
+It exits 1 when a must-be-0 figure is not 0. All traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tests.conftest import Server, make_event, wait_until  # noqa: E402
+from tests.support.callback_receiver import CallbackReceiver  # noqa: E402
+
+CALLBACK_SECRET = "whsec_c29hay10ZXN0LWNhbGxiYWNrLXNlY3JldC0wMTIzNDU2Nzg5"
+PROJECTS = ["ok"] * 6 + ["sleep-0.3", "fail-1", "always-fail"]
+
+
+class Sender(threading.Thread):
+    """Posts events (and duplicates of earlier ones) until stopped; remembers every
+    event the server acknowledged (202 or 200)."""
+
+    def __init__(self, server: Server, receiver: CallbackReceiver, rng: random.Random,
+                 sent: list[dict[str, Any]], acknowledged: set[str], lock: threading.Lock
+                 ) -> None:
+        super().__init__(daemon=True)
+        self.server, self.receiver, self.rng = server, receiver, rng
+        self.sent, self.acknowledged, self.lock = sent, acknowledged, lock
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                again = self.sent and self.rng.random() < 0.2
+                event = self.rng.choice(self.sent) if again else make_event(
+                    event_id=uuid.uuid4().hex, project_id=self.rng.choice(PROJECTS),
+                    callback_url=self.receiver.url("/fail-1"))
+                if not again:
+                    self.sent.append(event)
+            try:
+                response = self.server.post(event)
+            except Exception:  # the server is being killed: not acknowledged
+                time.sleep(0.01)
+                continue
+            if response.status_code in (200, 202):
+                with self.lock:
+                    self.acknowledged.add(event["event_id"])
+
+
+def soak(kills: int, seed: int, home: Path | None = None, quiet: bool = False) -> dict[str, Any]:
+    rng = random.Random(seed)
+    home = home or Path(tempfile.mkdtemp(prefix="agentbox-soak-"))
+    receiver = CallbackReceiver(CALLBACK_SECRET)
+    env = {"AGENTBOX_CALLBACK_ALLOWED": receiver.origin,
+           "AGENTBOX_CALLBACK_SECRET": CALLBACK_SECRET,
+           "AGENTBOX_CALLBACK_RETRY_SCHEDULE": "0" + ",0.2" * 30,
+           # every notification fails once on purpose: that is not a dead destination
+           "AGENTBOX_CALLBACK_PAUSE_AFTER_FAILURES": "100000",
+           "AGENTBOX_RETRY_BASE_SECONDS": "0.05", "AGENTBOX_RETRY_MAX_SECONDS": "0.2",
+           "AGENTBOX_LOG_LEVEL": "warning"}
+    sent: list[dict[str, Any]] = []
+    acknowledged: set[str] = set()
+    lock = threading.Lock()
+    server = Server(home, env)
+    try:
+        for round_number in range(1, kills + 1):
+            server.start()
+            senders = [Sender(server, receiver, random.Random(rng.random()), sent,
+                              acknowledged, lock) for _ in range(4)]
+            for sender in senders:
+                sender.start()
+            time.sleep(rng.uniform(0.2, 1.5))
+            server.kill9()
+            for sender in senders:
+                sender.stop.set()
+            for sender in senders:
+                sender.join(30)
+            if not quiet:
+                print(f"kill {round_number}/{kills}: {len(acknowledged)} events acknowledged",
+                      file=sys.stderr)
+        server.start()  # the last life: drain everything
+
+        def settled() -> bool:
+            health = server.client.get("/healthz").json()
+            pending = server.client.get("/callbacks", params={"state": "pending",
+                                                              "limit": 1}).json()
+            return health["active"] == 0 and not pending["callbacks"]
+
+        wait_until(settled, 1800, "every run and callback to settle", interval=0.5)
+        server.stop()
+        return check(home, acknowledged, server)
+    finally:
+        server.close()
+        receiver.close()
+
+
+def check(home: Path, acknowledged: set[str], server: Server) -> dict[str, Any]:
+    conn = sqlite3.connect(home / "data" / "agentbox.sqlite3")
+    stored = {row[0] for row in conn.execute("SELECT event_id FROM events")}
+    doubled = conn.execute(
+        "SELECT count(*) FROM (SELECT event_pk FROM runs GROUP BY event_pk, agent "
+        "HAVING count(*) > 1)").fetchone()[0]
+    completed = dict(conn.execute(
+        "SELECT run_id, completed_at FROM runs WHERE completed_at IS NOT NULL"))
+    dead = Counter(code for (code,) in conn.execute(
+        "SELECT error_code FROM runs WHERE status = 'dead_lettered'"))
+    undelivered = conn.execute(
+        "SELECT count(*) FROM outbox WHERE state != 'delivered'").fetchone()[0]
+    runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    conn.close()
+    late_starts = 0
+    for entry in server.journal_lines():
+        done = completed.get(entry["run_id"])
+        if entry["kind"] == "start" and done is not None and entry["t"] > done + 0.001:
+            late_starts += 1
+    return {
+        "events_acknowledged": len(acknowledged), "runs": runs,
+        "acknowledged_lost": len(acknowledged - stored),
+        "events_with_more_than_one_run": doubled,
+        "agent_starts_after_terminal": late_starts,
+        "callbacks_never_delivered": undelivered,
+        "dead_letters": dict(dead),
+    }
+
+
+MUST_BE_ZERO = ("acknowledged_lost", "events_with_more_than_one_run",
+                "agent_starts_after_terminal", "callbacks_never_delivered")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    started = time.monotonic()
+    report = soak(args.kills, seed)
+    report.update(kills=args.kills, seed=seed,
+                  minutes=round((time.monotonic() - started) / 60, 1))
+    print(json.dumps(report, indent=2))
+    failed = [name for name in MUST_BE_ZERO if report[name]]
+    if failed:
+        raise SystemExit(f"FAILED: {', '.join(failed)} (seed {seed})")
+
+
+if __name__ == "__main__":
+    main()

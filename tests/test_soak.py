@@ -1,0 +1,21 @@
+"""The short variant of scripts/soak: a few kill -9s of a loaded server, then
+the promise's figures must all be 0."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import soak  # scripts/soak.py
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    report = soak.soak(kills=4, seed=20261203, home=tmp_path, quiet=True)
+    assert report["events_acknowledged"] > 50, report
+    for name in soak.MUST_BE_ZERO:
+        assert report[name] == 0, report

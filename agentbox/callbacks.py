@@ -24,7 +24,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,7 +35,14 @@ from agentbox.config import Settings, is_loopback_host, origin_of
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.signing import callback_headers
-from agentbox.store import DeliveryResult, Notification, StorageUnavailable, Store, Transition
+from agentbox.store import (
+    DeliveryResult,
+    Notification,
+    StorageUnavailable,
+    Store,
+    Transition,
+    iso,
+)
 
 log = get_logger("callbacks")
 RESPONSE_BODY_CAP_BYTES = 4096  # read this much at most, and never keep it
@@ -129,7 +135,7 @@ class OperatorAlerts:
         if self.url is None:
             return
         body = json.dumps({"notification_id": notification_id, **fields,
-                           "occurred_at": _iso(self.clock())},
+                           "occurred_at": iso(self.clock())},
                           sort_keys=True, separators=(",", ":")).encode()
         task = asyncio.get_running_loop().create_task(self._store(notification_id, run_id, body))
         self._tasks.add(task)
@@ -143,11 +149,6 @@ class OperatorAlerts:
             log.warning("could not queue an operator alert", extra={"alert": notification_id})
             return
         self.deliverer.wake()
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
 
 
 class CallbackDeliverer:

@@ -123,6 +123,14 @@ class DestinationNotFound(StoreError):
     pass
 
 
+def iso(timestamp: float | None) -> str | None:
+    """A Unix time as the API shows times: UTC, milliseconds, `Z`."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def notification(
     run_id: str, status: str, attempt: int, event_id: str, result: Any, error_code: str | None,
     now: float,
@@ -138,8 +146,7 @@ def notification(
         "notification_id": notification_id, "run_id": run_id, "event_id": event_id,
         "status": status, "retry_count": retry_count, "result": result,
         "error_code": error_code,
-        "occurred_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z"),
+        "occurred_at": iso(now),
     }
     return notification_id, json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 

@@ -18,12 +18,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from agentbox.config import origin_of
-from agentbox.events import Event
+from agentbox.events import Envelope, Event
 from agentbox.logs import get_logger
 from agentbox.runs import TERMINAL, InvalidTransition, RunStatus, check_transition
 from agentbox.store import (
@@ -42,6 +41,7 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
     Transition,
+    iso,
     notification,
 )
 
@@ -422,13 +422,6 @@ def new_run_id() -> str:
     return f"run_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
-def iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
-
 
 class _Batch:
     """Writer-thread state visible to the operations of one transaction."""
@@ -649,31 +642,12 @@ class SqliteStore(Store):
                 return IngestResult([RunRef(*row) for row in rows], duplicate=True)
             if state.active + len(agents) > max_pending:
                 raise AdmissionRefused(state.active, max_pending)
-            event_pk = conn.execute(
-                SQL_INSERT_EVENT,
-                (env.event_id, env.idempotency_key, env.event_type, env.source,
-                 env.correlation_id, env.causation_id, env.hop, env.callback_url, now, body),
-            ).lastrowid
-            conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, now + ttl))
-            refs = []
-            too_far = max_hops is not None and env.hop > max_hops
-            for ordinal, agent in enumerate(agents):
-                run_id = new_run_id()
-                if too_far:
-                    conn.execute(SQL_INSERT_STOPPED_RUN, (
-                        run_id, event_pk, ordinal, agent, now, now, now,
-                        f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
-                        f"{max_hops}"))
-                    _queue_callback(conn, env.callback_url, run_id, "dead_lettered", 0,
-                                    env.event_id, now, now + self.notification_delay,
-                                    error_code="loop_detected")
-                    refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
-                else:
-                    conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now,
-                                                  now))
-                    refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
-            if not too_far:
-                state.active += len(agents)
+            too_far = None
+            if max_hops is not None and env.hop > max_hops:
+                too_far = (f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
+                           f"{max_hops}")
+            refs = _insert_event(conn, state, env, body, agents, now, now + ttl,
+                                 lambda agent: too_far, now + self.notification_delay)
             return IngestResult(refs, duplicate=False)
 
         return await self._write(op)
@@ -1173,33 +1147,52 @@ def _store_emitted(conn: sqlite3.Connection, state: _Batch, item: Emitted, now: 
         return []
     chain = env.correlation_id or env.event_id
     history = set(conn.execute(SQL_CHAIN_HISTORY, {"chain": chain, "parent": parent_pk}))
+
+    def stop_reason(agent: str) -> str | None:
+        if env.hop > item.max_hops:
+            return (f"the chain {chain} is {env.hop} hops long; AGENTBOX_MAX_HOPS is "
+                    f"{item.max_hops}")
+        if (agent, env.event_type) in history:
+            return f"{agent} already handled {env.event_type} in the chain {chain}"
+        return None
+
+    refs = _insert_event(conn, state, env, item.body, item.agents, now, item.key_expires_at,
+                         stop_reason, now)
+    return [Transition(ref.run_id, ref.status, 0, env.event_id, env.event_type, env.source,
+                       ref.agent, None if ref.status == RunStatus.ACCEPTED else "loop_detected")
+            for ref in refs]
+
+
+def _insert_event(
+    conn: sqlite3.Connection, state: _Batch, env: Envelope, body: bytes, agents: Sequence[str],
+    now: float, key_expires_at: float, stop_reason: Callable[[str], str | None],
+    notify_due: float,
+) -> list[RunRef]:
+    """Write an event, its idempotency claim and one run per agent: accepted, or,
+    when `stop_reason` gives one, recorded dead_lettered (loop_detected) and
+    never run, with the callback that state owes."""
     event_pk = conn.execute(
         SQL_INSERT_EVENT,
         (env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,
-         env.causation_id, env.hop, env.callback_url, now, item.body),
+         env.causation_id, env.hop, env.callback_url, now, body),
     ).lastrowid
-    conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, item.key_expires_at))
-    transitions = []
-    for ordinal, agent in enumerate(item.agents):
+    conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, key_expires_at))
+    refs = []
+    for ordinal, agent in enumerate(agents):
         run_id = new_run_id()
-        reason = None
-        if env.hop > item.max_hops:
-            reason = (f"the chain {chain} is {env.hop} hops long; AGENTBOX_MAX_HOPS is "
-                      f"{item.max_hops}")
-        elif (agent, env.event_type) in history:
-            reason = f"{agent} already handled {env.event_type} in the chain {chain}"
+        reason = stop_reason(agent)
         if reason is None:
             conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
             state.active += 1
-            status, code = RunStatus.ACCEPTED.value, None
-        else:
-            check_transition(run_id, RunStatus.ACCEPTED, RunStatus.DEAD_LETTERED)
-            conn.execute(SQL_INSERT_STOPPED_RUN,
-                         (run_id, event_pk, ordinal, agent, now, now, now, reason))
-            status, code = RunStatus.DEAD_LETTERED.value, "loop_detected"
-        transitions.append(Transition(run_id, status, 0, env.event_id, env.event_type,
-                                      env.source, agent, code))
-    return transitions
+            refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
+            continue
+        check_transition(run_id, RunStatus.ACCEPTED, RunStatus.DEAD_LETTERED)
+        conn.execute(SQL_INSERT_STOPPED_RUN,
+                     (run_id, event_pk, ordinal, agent, now, now, now, reason))
+        _queue_callback(conn, env.callback_url, run_id, "dead_lettered", 0, env.event_id, now,
+                        notify_due, error_code="loop_detected")
+        refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
+    return refs
 
 
 def _queue_callback(

@@ -64,8 +64,6 @@ class Live:
         for queue in list(self.subscribers):
             with contextlib.suppress(asyncio.QueueFull):  # a stalled page misses updates
                 queue.put_nowait(message)
-        for spawned in t.spawned:
-            self.transition(spawned)
 
 
 class StatusPages:

@@ -19,13 +19,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.agents import AgentRegistry
-from agentbox.config import (
-    ConfigError,
-    Settings,
-    is_loopback_host,
-    origin_of,
-    secrets_in_file,
-)
+from agentbox.callbacks import DestinationPolicy
+from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
@@ -86,8 +81,9 @@ class Receiver:
         self._secret_file = settings.webhook_secret_file
         self._secret_seen = self._secret_stamp()
         self._secret_checked = time.monotonic()
-        self.allowed_origins = frozenset(
-            origin_of(o) for o in (*settings.callback_allowed, *settings.callback_allowed_local))
+        # The same rules the callback deliverer applies again before every attempt.
+        self.destinations = DestinationPolicy(settings.callback_allowed,
+                                              settings.callback_allowed_local)
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -175,11 +171,7 @@ class Receiver:
         if parts.username is not None or parts.password is not None:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url must not carry credentials.")
-        try:
-            origin = origin_of(url)
-        except ValueError:  # e.g. a port out of range
-            origin = ""
-        if origin not in self.allowed_origins:
+        if self.destinations.refusal(url) is not None:
             hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname)
                     else " Callbacks use https (plain http only for a listed loopback origin).")
             raise Rejected(403, "callback_not_allowed",

@@ -49,11 +49,7 @@ def create_app(
     receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics)
 
-    async def replay(run_id: str) -> None:
-        await store.replay(run_id, clock())
-        dispatcher.wake()
-
-    pages = StatusPages(settings, store, dispatcher, admin_token, replay)
+    pages = StatusPages(settings, store, dispatcher, admin_token)
     dispatcher.listeners.append(pages.live.transition)
 
     @asynccontextmanager

@@ -108,6 +108,11 @@ class Dispatcher:
     def wake(self) -> None:
         self._wake.set()
 
+    async def replay(self, run_id: str) -> None:
+        """Send a dead-lettered or failed run back to accepted (the API and the page)."""
+        self._announce(await self.store.replay(run_id, self.clock()))
+        self._wake.set()
+
     def accepted(self, event: Event, run_ids: Sequence[str]) -> None:
         """The receiver committed runs for `event`: keep the validated event for them
         (so the common case parses each body once) and claim at once."""

@@ -21,7 +21,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -68,11 +68,10 @@ class Live:
 
 class StatusPages:
     def __init__(self, settings: Settings, store: SqliteStore, dispatcher: Dispatcher,
-                 admin_token: str, replay: Callable[[str], Awaitable[None]]) -> None:
+                 admin_token: str) -> None:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
-        self.replay_run = replay
         self.live = Live()
         self._token = admin_token.encode()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
@@ -212,7 +211,7 @@ class StatusPages:
             return self._error(422, "Select at least one run to replay.")
         for run_id in form["run_ids"]:
             try:
-                await self.replay_run(run_id)
+                await self.dispatcher.replay(run_id)
             except (RunNotFound, NotReplayable) as exc:
                 return self._error(409, f"{run_id}: {exc}")
             except StorageUnavailable:
@@ -267,15 +266,7 @@ class StatusPages:
 
     async def _finished_per_interval(self, now: float) -> list[int]:
         """Runs that reached a terminal state in each 5-minute slice of the last hour."""
-        rows = self.store._read().execute(
-            "SELECT CAST((completed_at - ?) / 300 AS INTEGER), count(*) FROM runs "
-            "INDEXED BY runs_completed WHERE completed_at >= ? GROUP BY 1",
-            (now - 3600, now - 3600)).fetchall()
-        slices = [0] * 12
-        for index, count in rows:
-            if 0 <= index < 12:
-                slices[index] = count
-        return slices
+        return await self.store.finished_counts(now - 3600, 300, 12)
 
     def _page(self, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("csrf", self.csrf)

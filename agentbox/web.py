@@ -98,14 +98,13 @@ class RunsApi:
             return _token_required()
         run_id = request.path_params["run_id"]
         try:
-            await self.store.replay(run_id, self.dispatcher.clock())
+            await self.dispatcher.replay(run_id)
         except RunNotFound:
             return _not_found(run_id)
         except NotReplayable as exc:
             return error_response(409, "not_replayable", str(exc))
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
-        self.dispatcher.wake()
         run = await self.store.get_run(run_id)
         return JSONResponse(run, status_code=202)
 

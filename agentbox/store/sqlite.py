@@ -897,6 +897,18 @@ class SqliteStore(Store):
             self._stats_conn = _connect(self.path)
         return self._stats_conn.execute(sql, args).fetchall()
 
+    async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
+        """Runs that reached a terminal state in each `width`-second slice from `since`."""
+        rows = self._read().execute(
+            "SELECT CAST((completed_at - ?) / ? AS INTEGER), count(*) FROM runs "
+            "INDEXED BY runs_completed WHERE completed_at >= ? GROUP BY 1",
+            (since, width, since)).fetchall()
+        counts = [0] * slices
+        for index, count in rows:
+            if 0 <= index < slices:
+                counts[index] = count
+        return counts
+
     async def event_of(self, run_id: str) -> dict[str, Any] | None:
         """The stored event of a run, as received."""
         row = self._read().execute(

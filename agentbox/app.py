@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -23,7 +26,8 @@ from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.openapi import document
 from agentbox.receiver import Receiver, error_response
-from agentbox.store.sqlite import SqliteStore
+from agentbox.store.engines import create_store
+from agentbox.store.sql import RemoteChange
 from agentbox.ui import StatusPages, TokenGuard
 from agentbox.web import RunsApi
 
@@ -39,18 +43,31 @@ def create_app(
                           "ensure_callback_secret first")
     analysis_processes()  # refuse a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix
     registry = AgentRegistry.from_bindings(settings.agents)
-    metrics = Metrics()
-    store = SqliteStore(settings.database_path, settings.callback_retry_schedule[0])
-    dispatcher = Dispatcher(store, registry, settings, clock, metrics)
-    deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics)
+    instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
+    owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
+    store = create_store(settings, owner)
+    metrics = Metrics(instance_id, store.engine)
+    dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner)
+    deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics, owner=owner)
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
     deliverer.pause_listeners.append(alerts.on_pause)
     receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
-    api = RunsApi(store, dispatcher, deliverer, admin_token, metrics)
+    api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
 
     pages = StatusPages(settings, store, dispatcher, admin_token)
     dispatcher.listeners.append(pages.live.transition)
+
+    def on_remote_change(change: RemoteChange) -> None:
+        """Another instance (same PostgreSQL database) committed runs or callbacks."""
+        if change.runs_ready:
+            dispatcher.wake()
+        if change.outbox_ready:
+            deliverer.wake()
+        for transition in change.transitions:
+            pages.live.transition(transition)
+
+    store.remote_listeners.append(on_remote_change)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -58,7 +75,8 @@ def create_app(
         await dispatcher.start()
         await deliverer.start()
         _quiet_garbage_collector()
-        log.info("agentbox is ready", extra={"database": str(settings.database_path)})
+        log.info("agentbox is ready", extra={"database": store.description,
+                                             "instance_id": instance_id})
         try:
             yield
         finally:

@@ -162,6 +162,7 @@ class CallbackDeliverer:
         ssl_context: ssl.SSLContext | None = None,
         rng: random.Random | None = None,
         metrics: Metrics | None = None,
+        owner: str | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -170,7 +171,7 @@ class CallbackDeliverer:
         self.clock = clock
         self.resolver = resolver
         self.policy = DestinationPolicy(settings.callback_allowed, settings.callback_allowed_local)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._rng = rng or random.Random()
         timeout = settings.callback_timeout_seconds
         # No proxies from the environment (they would defeat the address check), no
@@ -189,7 +190,9 @@ class CallbackDeliverer:
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self, recover_all_leases: bool = True) -> None:
-        if recover_all_leases:  # sent by a previous life when it died: send again now
+        # Sent by a previous life when it died: send again now (unless other
+        # instances share the database: theirs may be in flight).
+        if recover_all_leases and not self.store.shared:
             await self.store.release_notification_leases("*", self.clock())
         self._loop_task = asyncio.create_task(self._loop(), name="agentbox-callbacks")
 

@@ -40,23 +40,30 @@ def main() -> None:
               help="Where the database lives (AGENTBOX_DATA_DIR).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help="TOML config file (default: agentbox.toml in the config directory).")
+@click.option("--database-url", default=None, metavar="URL",
+              help="postgresql://... to share one PostgreSQL database between instances "
+                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
 def serve(host: str | None, port: int | None, data_dir: Path | None,
-          config_file: Path | None) -> None:
+          config_file: Path | None, database_url: str | None) -> None:
     """Receive webhooks, run agents, serve the API."""
     import uvicorn
 
+    from agentbox import store as st
     from agentbox.app import create_app
     from agentbox.logs import setup_logging
+    from agentbox.store import engines
 
-    settings = _settings(config_file, host=host, port=port, data_dir=data_dir)
+    settings = _settings(config_file, host=host, port=port, data_dir=data_dir,
+                         database_url=database_url)
+    setup_logging(settings.log_level)
     try:
         settings, secret_path = cfg.ensure_webhook_secret(settings)
         settings, callback_secret_path = cfg.ensure_callback_secret(settings)
         token = cfg.admin_token(settings)
+        engines.migrate(settings)  # a database newer than this code stops us here
         app = create_app(settings, token)
-    except cfg.ConfigError as exc:
+    except (cfg.ConfigError, st.StoreError) as exc:
         raise click.ClickException(str(exc)) from None
-    setup_logging(settings.log_level)
     if secret_path is not None:
         click.echo(f"agentbox: webhook secret is in {secret_path} "
                    "(show it with: agentbox secret)", err=True)
@@ -64,7 +71,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
             settings.callback_allowed_local:
         click.echo(f"agentbox: callbacks are signed with the secret in {callback_secret_path} "
                    "(show it with: agentbox secret --callback)", err=True)
-    click.echo(f"agentbox: data in {settings.data_dir}; listening on "
+    click.echo(f"agentbox: data in {engines.describe(settings)}; listening on "
                f"http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None,
                 access_log=False, loop="uvloop", http="httptools", lifespan="on",
@@ -377,21 +384,49 @@ def show(run_id: str, url: str, as_json: bool) -> None:
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def verify(data_dir: Path | None, config_file: Path | None) -> None:
+@click.option("--database-url", default=None, metavar="URL",
+              help="postgresql://... to share one PostgreSQL database between instances "
+                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+def verify(data_dir: Path | None, config_file: Path | None, database_url: str | None) -> None:
     """Check the store's integrity (read-only; safe while the server runs)."""
-    from agentbox.store import StorageUnavailable
-    from agentbox.store.sqlite import verify_database
+    from agentbox.store import StoreError, engines
 
-    settings = _settings(config_file, data_dir=data_dir)
+    settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
     try:
-        problems = verify_database(settings.database_path)
-    except StorageUnavailable as exc:
+        problems = engines.verify(settings)
+    except (StoreError, cfg.ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     for problem in problems:
         click.echo(problem)
     if problems:
         sys.exit(1)
-    click.echo(f"{settings.database_path}: ok")
+    click.echo(f"{engines.describe(settings)}: ok")
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+@click.option("--database-url", default=None, metavar="URL",
+              help="postgresql://... to share one PostgreSQL database between instances "
+                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+def migrate(data_dir: Path | None, config_file: Path | None, database_url: str | None) -> None:
+    """Bring the database schema up to date (serve does this at start too).
+
+    On PostgreSQL, instances starting together take turns on an advisory lock.
+    A database written by a newer agentbox is refused, and left as it is.
+    """
+    from agentbox.store import StoreError, engines
+
+    settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
+    try:
+        before, after = engines.migrate(settings)
+    except (StoreError, cfg.ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    where = engines.describe(settings)
+    if before == after:
+        click.echo(f"{where}: schema version {after}, up to date")
+    else:
+        click.echo(f"{where}: schema version {before} -> {after}")
 
 
 @main.command()

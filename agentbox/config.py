@@ -109,6 +109,9 @@ class Settings:
     mix_profile: str | None = None  # the mix review's default profile (streaming)
     llm_base_url: str | None = None  # an OpenAI-compatible endpoint for prose notes
     llm_model: str | None = None
+    # PostgreSQL instead of SQLite: several instances share one database. Holds a password.
+    database_url: str | None = field(default=None, repr=False)
+    instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
 
     @property
     def database_path(self) -> Path:
@@ -127,11 +130,12 @@ _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worke
                   "max_connections"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret"}
 _SCHEDULES = {"callback_retry_schedule"}
-_SECRETS = {"webhook_secret", "callback_secret"}  # never echoed in an error
+_SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
-_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url"}
+_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url",
+            "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
-             | {"agents"})
+             | {"agents", "database_url"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -198,6 +202,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return Path(str(value)).expanduser()
         if name == "agents":
             return parse_agents(value, where)
+        if name == "database_url":
+            return _database_url(value, where)
         if name == "log_level":
             if str(value).lower() not in _LOG_LEVELS:
                 raise ValueError
@@ -206,6 +212,15 @@ def _coerce(name: str, where: str, value: Any) -> Any:
     except (TypeError, ValueError, OverflowError):
         shown = "this value" if name in _SECRETS else _describe(value)
         raise ConfigError(f"{where}: {shown} is not a valid value") from None
+
+
+def _database_url(value: Any, where: str) -> str | None:
+    url = str(_scalar(value)).strip()
+    if not url:
+        return None  # empty: SQLite
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{where} must be a postgresql:// URL (or empty for SQLite)")
+    return url
 
 
 def _scalar(value: Any) -> Any:

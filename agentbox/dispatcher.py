@@ -55,13 +55,14 @@ class Dispatcher:
         settings: Settings,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        owner: str | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.registry = registry
         self.settings = settings
         self.clock = clock
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -72,9 +73,10 @@ class Dispatcher:
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self, recover_all_leases: bool = True) -> None:
-        if recover_all_leases:
+        if recover_all_leases and not self.store.shared:
             # Runs this store's previous life left processing are claimable now,
-            # not after their lease would have run out.
+            # not after their lease would have run out. (A shared database's other
+            # instances may be alive: their runs wait for their leases to expire.)
             released = await self.store.release_leases("*", self.clock())
             if released:
                 log.info("recovering runs left processing by a previous process",
@@ -116,9 +118,12 @@ class Dispatcher:
     def accepted(self, event: Event, run_ids: Sequence[str]) -> None:
         """The receiver committed runs for `event`: keep the validated event for them
         (so the common case parses each body once) and claim at once."""
-        if len(self._events) < EVENT_CACHE_SIZE:
-            for run_id in run_ids:
-                self._events[run_id] = event
+        if len(self._events) >= EVENT_CACHE_SIZE:
+            # A backlog, or runs another instance claimed (PostgreSQL): start over;
+            # runs whose event is not kept parse their stored body.
+            self._events.clear()
+        for run_id in run_ids:
+            self._events[run_id] = event
         self._wake.set()
 
     @property

@@ -23,9 +23,11 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, instance_id: str = "", engine: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # target_info{instance_id, engine}: join it to any series to tell instances apart.
+        r.set_target_info({"instance_id": instance_id, "engine": engine})
         self.accepted = Counter("agentbox_events_accepted", "Events stored (202)",
                                 ["event_type"], registry=r)
         self.duplicates = Counter("agentbox_events_duplicate",

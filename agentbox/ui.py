@@ -38,7 +38,7 @@ from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
 from agentbox.runs import RunStatus
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
-from agentbox.store.sqlite import SqliteStore
+from agentbox.store.sql import SqlStore
 
 TEMPLATES = Path(__file__).parent / "templates"
 COOKIE = "agentbox_admin"
@@ -67,7 +67,7 @@ class Live:
 
 
 class StatusPages:
-    def __init__(self, settings: Settings, store: SqliteStore, dispatcher: Dispatcher,
+    def __init__(self, settings: Settings, store: SqlStore, dispatcher: Dispatcher,
                  admin_token: str) -> None:
         self.settings = settings
         self.store = store

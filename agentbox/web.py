@@ -16,7 +16,7 @@ from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
 from agentbox.store import DestinationNotFound, NotReplayable, RunNotFound, StorageUnavailable
-from agentbox.store.sqlite import SqliteStore
+from agentbox.store.sql import SqlStore
 
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
@@ -25,10 +25,11 @@ MAX_ADMIN_BODY_BYTES = 4096
 
 
 class RunsApi:
-    def __init__(self, store: SqliteStore, dispatcher: Dispatcher,
+    def __init__(self, store: SqlStore, dispatcher: Dispatcher,
                  deliverer: CallbackDeliverer, admin_token: str,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, instance_id: str = "") -> None:
         self.store = store
+        self.instance_id = instance_id
         self._metrics = metrics or Metrics()
         self.dispatcher = dispatcher
         self.deliverer = deliverer
@@ -113,7 +114,9 @@ class RunsApi:
         return Response(body, media_type=self._metrics.content_type)
 
     async def healthz(self, request: Request) -> Response:
-        body: dict[str, Any] = {"status": "ok", "inflight": self.dispatcher.inflight}
+        body: dict[str, Any] = {"status": "ok", "engine": self.store.engine,
+                                "instance_id": self.instance_id,
+                                "inflight": self.dispatcher.inflight}
         try:
             body.update(await self.store.stats())
         except Exception as exc:  # any read failure means the store is not healthy

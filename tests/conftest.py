@@ -1,4 +1,5 @@
-"""Shared fixtures: a real `agentbox serve` subprocess on 127.0.0.1 and a signing client."""
+"""Shared fixtures: a real `agentbox serve` subprocess on 127.0.0.1 and a signing client,
+and a real, disposable PostgreSQL server (`postgres_admin_url`, `postgres_url`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from agentbox.signing import sign_headers
+from tests import postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "integration-test-secret"
@@ -172,3 +174,36 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
 @pytest.fixture
 def server(server_factory: Callable[..., Server]) -> Server:
     return server_factory().start()
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if postgres.missing:
+        terminalreporter.write_sep("=", "PostgreSQL required but unavailable", red=True)
+        terminalreporter.write_line(
+            f"{postgres.REQUIRE_ENV}=1, so the tests that need PostgreSQL failed instead of "
+            f"being skipped: {postgres.missing[0]}", red=True, bold=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    """A superuser URL on a PostgreSQL server: AGENTBOX_TEST_DATABASE_URL's, else one
+    started for this session (on first use) and stopped at its end."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        postgres.skip_or_fail("the PostgreSQL tests need psycopg: pip install 'psycopg[binary]'")
+    if not os.environ.get(postgres.DATABASE_URL_ENV) and postgres.find_bindir() is None:
+        postgres.skip_or_fail()
+    with postgres.open_admin_url() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """The URL of a new, empty database, dropped after the test."""
+    url = postgres.fresh_database(postgres_admin_url)
+    yield url
+    postgres.drop_database(postgres_admin_url, url)

@@ -19,7 +19,7 @@ from agentbox.app import create_app
 from agentbox.config import load_settings
 from agentbox.signing import sign_headers
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import SECRET, Server, encode, make_event
+from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event
 
 
 async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Response:
@@ -29,9 +29,13 @@ async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Respon
 
 
 def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
+    # Agents that take their time: no outcome is written between a refusal and the
+    # health check (a small write may still fit, and a durable one vouches for health).
     settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
                                       "AGENTBOX_WEBHOOK_SECRET": SECRET,
-                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret"},
+                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret",
+                                      "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
+                                      "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "0.2"},
                              overrides={"config_dir": tmp_path / "config"})
     app = create_app(settings, admin_token="t")
 
@@ -40,24 +44,24 @@ def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=transport, base_url="http://agentbox") as client:
             store: SqliteStore = app.state.store
-            assert (await post(client, make_event())).status_code == 202
+            assert (await post(client, make_event(project_id="sleep-30"))).status_code == 202
             conn = store._conn  # the real writer connection: make its file "full"
             assert conn is not None
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {pages}")
             accepted = []
             for _ in range(1000):  # the pages left fill up within a few events
-                big = make_event()
+                big = make_event(project_id="sleep-30")
                 big["payload"]["mix_url"] = "/" + "m" * 2000
                 refused = await post(client, big)
                 if refused.status_code != 202:
                     break
                 accepted.append(refused.json()["run_id"])
-            assert refused.status_code == 503
+            assert refused.status_code == 503, refused.text
             assert refused.json()["error_code"] == "storage_unavailable"
             assert int(refused.headers["Retry-After"]) > 0
             health = await client.get("/healthz")
-            assert health.status_code == 503 and "full" in health.json()["reason"]
+            assert health.status_code == 503 and "full" in health.json()["reason"], health.text
             runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
             assert big["event_id"] not in {r["event_id"] for r in runs}
             assert set(accepted) <= {r["run_id"] for r in runs}

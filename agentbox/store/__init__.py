@@ -31,6 +31,17 @@ class StorageUnavailable(StoreError):
     """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
 
 
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer agentbox: this one must not write to it."""
+
+    def __init__(self, database: str, version: int, known: int) -> None:
+        super().__init__(
+            f"the database {database} has schema version {version}, newer than this agentbox "
+            f"knows (up to {known}): it was written by a newer agentbox. Upgrade agentbox "
+            "(or point it at another database); nothing was changed.")
+        self.version, self.known = version, known
+
+
 class AdmissionRefused(StoreError):
     """Too many runs are not yet terminal: answer 429 with Retry-After."""
 
@@ -185,6 +196,11 @@ class Outcome:
 
 class Store(abc.ABC):
     """Durable events, idempotency claims, runs and their attempt history."""
+
+    engine = "store"
+    # Several processes may use the database at once (PostgreSQL). If not, every
+    # lease found at start-up was left by a previous life of this one.
+    shared = False
 
     @abc.abstractmethod
     async def open(self) -> None:

@@ -1,4 +1,4 @@
-"""SQLite engine: one WAL file, one writer thread with group commit, separate readers.
+"""SQLite engine: one WAL file, one writer with group commit, separate readers.
 
 Every write is an operation queued to the writer. The writer takes everything
 queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` (each operation inside its
@@ -12,451 +12,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
-import secrets
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
-from agentbox.config import origin_of
-from agentbox.events import Envelope, Event
-from agentbox.logs import get_logger
-from agentbox.runs import TERMINAL, InvalidTransition, RunStatus, check_transition
-from agentbox.store import (
-    AdmissionRefused,
-    ClaimedRun,
-    ClaimResult,
-    DeliveryResult,
-    DestinationNotFound,
-    Emitted,
-    IngestResult,
-    Notification,
-    NotReplayable,
-    Outcome,
-    RunNotFound,
-    RunRef,
-    StorageUnavailable,
-    Store,
-    Transition,
-    iso,
-    notification,
+from agentbox.store import SchemaTooNew, StorageUnavailable
+from agentbox.store.sql import (
+    INTEGRITY_CHECKS,
+    SCHEMA,
+    SQL_COUNT_ACTIVE,
+    Batch,
+    Operation,
+    Queued,
+    SqlStore,
+    log,
 )
 
-T = TypeVar("T")
-log = get_logger("store")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    pk              INTEGER PRIMARY KEY,
-    event_id        TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
-    event_type      TEXT NOT NULL,
-    source          TEXT NOT NULL,
-    correlation_id  TEXT,
-    causation_id    TEXT,
-    hop             INTEGER NOT NULL DEFAULT 0,
-    callback_url    TEXT,
-    received_at     REAL NOT NULL,
-    body            BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_event_id ON events (event_id);
-CREATE INDEX IF NOT EXISTS events_correlation ON events (correlation_id)
-    WHERE correlation_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    key        TEXT PRIMARY KEY,
-    event_pk   INTEGER NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idempotency_keys_expiry ON idempotency_keys (expires_at);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id           TEXT PRIMARY KEY,
-    event_pk         INTEGER NOT NULL REFERENCES events (pk),
-    ordinal          INTEGER NOT NULL,
-    agent            TEXT NOT NULL,
-    status           TEXT NOT NULL,
-    attempt          INTEGER NOT NULL DEFAULT 0,
-    lease_owner      TEXT,
-    lease_expires_at REAL,
-    next_attempt_at  REAL,
-    accepted_at      REAL NOT NULL,
-    started_at       REAL,
-    updated_at       REAL NOT NULL,
-    completed_at     REAL,
-    result           TEXT,
-    error_code       TEXT,
-    error_message    TEXT,
-    replays          INTEGER NOT NULL DEFAULT 0,
-    attempt_started_at REAL,
-    attempt_base     INTEGER NOT NULL DEFAULT 0  -- attempt count at the last replay
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS runs_event ON runs (event_pk, ordinal);
-CREATE INDEX IF NOT EXISTS runs_ready ON runs (next_attempt_at)
-    WHERE status IN ('accepted', 'failed_retryable');
-CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at)
-    WHERE status = 'processing';
-CREATE INDEX IF NOT EXISTS runs_status ON runs (status, run_id);
-CREATE INDEX IF NOT EXISTS runs_completed ON runs (completed_at) WHERE completed_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS attempts (
-    run_id        TEXT NOT NULL,
-    attempt       INTEGER NOT NULL,
-    owner         TEXT NOT NULL,
-    started_at    REAL NOT NULL,
-    finished_at   REAL,
-    outcome       TEXT,
-    error_code    TEXT,
-    error_message TEXT,
-    PRIMARY KEY (run_id, attempt)
-) WITHOUT ROWID;
--- Notable changes that the runs and attempts rows do not show by themselves (replays).
-CREATE TABLE IF NOT EXISTS run_history (
-    run_id  TEXT NOT NULL,
-    at      REAL NOT NULL,
-    status  TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    note    TEXT
-);
-CREATE INDEX IF NOT EXISTS run_history_run ON run_history (run_id, at);
--- The transactional outbox: one row per callback owed, written with the state change.
-CREATE TABLE IF NOT EXISTS outbox (
-    pk               INTEGER PRIMARY KEY,
-    notification_id  TEXT NOT NULL UNIQUE,
-    run_id           TEXT NOT NULL,
-    status           TEXT NOT NULL,  -- the run state it reports
-    destination      TEXT NOT NULL,  -- the URL's origin
-    url              TEXT NOT NULL,
-    body             BLOB NOT NULL,
-    state            TEXT NOT NULL DEFAULT 'pending',  -- pending, delivered, dead
-    attempts         INTEGER NOT NULL DEFAULT 0,
-    created_at       REAL NOT NULL,
-    next_attempt_at  REAL,  -- by the schedule; while leased, the lease's end
-    -- 1 when it may be sent: the earliest pending one of its run, destination not paused.
-    -- Only those are in outbox_ready, so claiming never walks over rows that must wait.
-    ready            INTEGER NOT NULL,
-    lease_owner      TEXT,
-    last_attempt_at  REAL,
-    delivered_at     REAL,
-    last_error       TEXT,  -- a category (timeout, http_503, ...), never a response body
-    last_status_code INTEGER
-);
-CREATE INDEX IF NOT EXISTS outbox_ready ON outbox (next_attempt_at)
-    WHERE state = 'pending' AND ready = 1;
-CREATE INDEX IF NOT EXISTS outbox_pending_run ON outbox (run_id, pk) WHERE state = 'pending';
-CREATE INDEX IF NOT EXISTS outbox_pending_destination ON outbox (destination)
-    WHERE state = 'pending';
-CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id, pk);
-CREATE INDEX IF NOT EXISTS outbox_state ON outbox (state, pk);
--- Dead letters someone looked at and decided not to replay.
-CREATE TABLE IF NOT EXISTS discarded_runs (
-    run_id TEXT PRIMARY KEY,
-    reason TEXT NOT NULL,
-    at     REAL NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS callback_destinations (
-    destination          TEXT PRIMARY KEY,
-    state                TEXT NOT NULL DEFAULT 'active',  -- active, paused
-    consecutive_failures INTEGER NOT NULL DEFAULT 0,
-    paused_reason        TEXT,
-    paused_at            REAL,
-    last_error           TEXT,
-    updated_at           REAL NOT NULL
-) WITHOUT ROWID;
-"""
-
-ACTIVE = ("accepted", "processing", "failed_retryable")
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 WRITER_CACHE_KIB = 32 * 1024
 
-SQL_FIND_KEY = "SELECT event_pk, expires_at FROM idempotency_keys WHERE key = ?"
-SQL_RUNS_OF_EVENT = "SELECT run_id, agent, status FROM runs WHERE event_pk = ? ORDER BY ordinal"
-SQL_INSERT_EVENT = """
-INSERT INTO events (event_id, idempotency_key, event_type, source, correlation_id,
-                    causation_id, hop, callback_url, received_at, body)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
-SQL_UPSERT_KEY = """
-INSERT INTO idempotency_keys (key, event_pk, expires_at) VALUES (?, ?, ?)
-ON CONFLICT (key) DO UPDATE SET event_pk = excluded.event_pk, expires_at = excluded.expires_at
-"""
-SQL_INSERT_RUN = """
-INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
-                  updated_at)
-VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
-"""
-# Which agent handled which event type on the way to an event: its ancestors,
-# found by following causation ids back from the emitting run's event, within
-# the chain (siblings and other renders that share a correlation id do not count).
-SQL_CHAIN_HISTORY = """
-WITH RECURSIVE ancestry (pk, causation_id, depth) AS (
-    SELECT pk, causation_id, 0 FROM events WHERE pk = :parent
-    UNION
-    SELECT e.pk, e.causation_id, a.depth + 1 FROM ancestry a
-    JOIN events e INDEXED BY events_event_id ON e.event_id = a.causation_id
-    WHERE a.depth < 1000 AND (e.correlation_id = :chain OR e.event_id = :chain)
-)
-SELECT r.agent, e.event_type FROM ancestry a JOIN events e ON e.pk = a.pk
-JOIN runs r ON r.event_pk = e.pk
-"""
-SQL_INSERT_STOPPED_RUN = """
-INSERT INTO runs (run_id, event_pk, ordinal, agent, status, accepted_at, updated_at,
-                  completed_at, error_code, error_message)
-VALUES (?, ?, ?, ?, 'dead_lettered', ?, ?, ?, 'loop_detected', ?)
-"""
-SQL_INSERT_HISTORY = """
-INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?, ?, ?, ?, ?)
-"""
-SQL_COUNT_ACTIVE = (
-    "SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')"
-)
-SQL_DUE_WAITING = """
-SELECT run_id FROM runs
-WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= ?
-ORDER BY next_attempt_at LIMIT ?
-"""
-SQL_DUE_EXPIRED = """
-SELECT run_id FROM runs INDEXED BY runs_leased
-WHERE status = 'processing' AND lease_expires_at <= ?
-ORDER BY lease_expires_at LIMIT ?
-"""
-SQL_RUN_FOR_CLAIM = """
-SELECT r.run_id, r.agent, r.status, r.attempt, r.accepted_at, r.attempt_base,
-       e.body, e.event_id, e.event_type, e.source, r.lease_owner, r.attempt_started_at,
-       e.callback_url
-FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?
-"""
-SQL_CLAIM_EXPIRED = """
-UPDATE runs SET status = 'processing', attempt = ?, lease_owner = ?, lease_expires_at = ?,
-       attempt_started_at = ?, updated_at = ?
-WHERE run_id = ?
-"""
-# One statement claims a whole batch of waiting runs (the hot path).
-SQL_CLAIM_WAITING = """
-UPDATE runs SET status = 'processing', attempt = attempt + 1, lease_owner = :owner,
-       lease_expires_at = :lease_until, next_attempt_at = NULL,
-       started_at = coalesce(started_at, :now), attempt_started_at = :now, updated_at = :now
-WHERE run_id IN (
-    SELECT run_id FROM runs INDEXED BY runs_ready
-    WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= :now
-    ORDER BY next_attempt_at LIMIT :limit)
-RETURNING run_id, agent, attempt, attempt_base, accepted_at, event_pk
-"""
-CLAIMED_FROM = ("accepted", "failed_retryable")  # the states SQL_CLAIM_WAITING takes
-SQL_EVENTS_BY_PK = (
-    "SELECT pk, body, event_id, event_type, source, callback_url FROM events WHERE pk IN ({})")
-SQL_RECORD_ATTEMPT = """
-INSERT OR REPLACE INTO attempts
-    (run_id, attempt, owner, started_at, finished_at, outcome, error_code, error_message)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-"""
-SQL_FINISH_RUN = """
-UPDATE runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,
-       updated_at = ?, completed_at = ?, result = ?, error_code = ?, error_message = ?
-WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
-RETURNING event_pk, attempt_started_at, agent
-"""
-SQL_EVENT_FIELDS = "SELECT event_id, event_type, source, callback_url FROM events WHERE pk = ?"
-SQL_EXTEND_LEASE = """
-UPDATE runs SET lease_expires_at = ?
-WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
-"""
-SQL_RELEASE_LEASES = """
-UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
-"""
-SQL_RELEASE_ALL_LEASES = "UPDATE runs SET lease_expires_at = ? WHERE status = 'processing'"
-SQL_REPLAY = """
-UPDATE runs SET status = 'accepted', next_attempt_at = ?, updated_at = ?, completed_at = NULL,
-       error_code = NULL, error_message = NULL, result = NULL, replays = replays + 1,
-       attempt_base = attempt
-WHERE run_id = ?
-"""
-SQL_PRUNE_KEYS = """
-DELETE FROM idempotency_keys WHERE key IN (
-    SELECT key FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)
-"""
-# ORDER BY ... LIMIT 1 walks the partial indexes; min() would not use them.
-SQL_NEXT_WAITING = """
-SELECT next_attempt_at FROM runs INDEXED BY runs_ready
-WHERE status IN ('accepted', 'failed_retryable')
-ORDER BY next_attempt_at LIMIT 1
-"""
-SQL_NEXT_LEASE_END = """
-SELECT lease_expires_at FROM runs INDEXED BY runs_leased WHERE status = 'processing'
-ORDER BY lease_expires_at LIMIT 1
-"""
-SQL_INSERT_NOTIFICATION = """
-INSERT INTO outbox (notification_id, run_id, status, destination, url, body, created_at,
-                    next_attempt_at, ready)
-VALUES (:id, :run_id, :status, :destination, :url, :body, :now, :due,
-        NOT EXISTS (SELECT 1 FROM outbox INDEXED BY outbox_pending_run
-                    WHERE run_id = :run_id AND state = 'pending')
-        AND NOT EXISTS (SELECT 1 FROM callback_destinations
-                        WHERE destination = :destination AND state = 'paused'))
-ON CONFLICT (notification_id) DO NOTHING
-"""
-SQL_CLAIM_NOTIFICATIONS = """
-UPDATE outbox SET lease_owner = :owner, next_attempt_at = :lease_until
-WHERE pk IN (
-    SELECT pk FROM outbox INDEXED BY outbox_ready
-    WHERE state = 'pending' AND ready = 1 AND next_attempt_at <= :now
-    ORDER BY next_attempt_at LIMIT :limit)
-RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at
-"""
-# A leased one counts too: its lease's end is when it may be sent again.
-SQL_NEXT_NOTIFICATION = """
-SELECT next_attempt_at FROM outbox INDEXED BY outbox_ready
-WHERE state = 'pending' AND ready = 1 ORDER BY next_attempt_at LIMIT 1
-"""
-# The lease is the owner and the lease's end: a result reported after the lease
-# ran out (and the row went out again) is dropped.
-SQL_RECORD_DELIVERY = """
-UPDATE outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, delivered_at = ?,
-       next_attempt_at = ?, last_error = coalesce(?, last_error), last_status_code = ?,
-       lease_owner = NULL
-WHERE pk = ? AND lease_owner = ? AND next_attempt_at = ? AND state = 'pending'
-"""
-# Once a notification is no longer pending, the next one of its run may go.
-SQL_READY_NEXT_OF_RUN = """
-UPDATE outbox SET ready = NOT EXISTS (
-    SELECT 1 FROM callback_destinations WHERE destination = outbox.destination
-    AND state = 'paused')
-WHERE pk = (SELECT pk FROM outbox INDEXED BY outbox_pending_run
-            WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT 1)
-"""
-SQL_COUNT_DESTINATION_ATTEMPT = """
-INSERT INTO callback_destinations (destination, consecutive_failures, last_error, updated_at)
-VALUES (:destination, :failed, :error, :now)
-ON CONFLICT (destination) DO UPDATE SET
-    consecutive_failures = CASE WHEN :failed THEN consecutive_failures + 1 ELSE 0 END,
-    last_error = coalesce(:error, last_error), updated_at = :now
-RETURNING state, consecutive_failures
-"""
-SQL_PAUSE_DESTINATION = """
-UPDATE callback_destinations SET state = 'paused', paused_reason = ?, paused_at = ?,
-       updated_at = ?
-WHERE destination = ? AND state = 'active'
-"""
-SQL_HOLD_DESTINATION = """
-UPDATE outbox INDEXED BY outbox_pending_destination SET ready = 0
-WHERE destination = ? AND state = 'pending' AND ready = 1
-"""
-SQL_RESUME_DESTINATION = """
-UPDATE callback_destinations SET state = 'active', consecutive_failures = 0,
-       paused_reason = NULL, paused_at = NULL, updated_at = ?
-WHERE destination = ?
-"""
-# Resumed: the earliest pending notification of each run goes at once (a retry
-# that waited out the pause does not wait longer); leased ones keep their lease.
-SQL_RELEASE_DESTINATION = """
-UPDATE outbox INDEXED BY outbox_pending_destination SET ready = 1,
-       next_attempt_at = CASE WHEN lease_owner IS NULL THEN min(next_attempt_at, :now)
-                              ELSE next_attempt_at END
-WHERE destination = :destination AND state = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM outbox p INDEXED BY outbox_pending_run
-                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk)
-"""
-SQL_RELEASE_NOTIFICATIONS = """
-UPDATE outbox SET next_attempt_at = ?, lease_owner = NULL
-WHERE state = 'pending' AND lease_owner IS NOT NULL AND (lease_owner = ? OR ? = '*')
-"""
-NOTIFICATION_COLUMNS = """
-notification_id, run_id, status, destination, state, attempts, created_at, next_attempt_at,
-last_attempt_at, delivered_at, last_error, last_status_code, lease_owner
-"""
-SQL_RUN_NOTIFICATIONS = (
-    f"SELECT {NOTIFICATION_COLUMNS} FROM outbox INDEXED BY outbox_run WHERE run_id = ? "
-    "ORDER BY pk")
-SQL_LIST_NOTIFICATIONS = f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY pk DESC LIMIT ?"
-SQL_LIST_NOTIFICATIONS_BY_STATE = (
-    f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE state = ? ORDER BY pk DESC LIMIT ?")
-SQL_DESTINATIONS = """
-SELECT destination, state, consecutive_failures, paused_reason, paused_at, last_error, updated_at
-FROM callback_destinations ORDER BY destination
-"""
-SQL_PENDING_BY_DESTINATION = """
-SELECT destination, count(*) FROM outbox INDEXED BY outbox_pending_destination
-WHERE state = 'pending' GROUP BY destination
-"""
-RUN_COLUMNS = """
-r.run_id, r.status, r.agent, r.attempt, r.accepted_at, r.started_at, r.updated_at,
-r.completed_at, r.result, r.error_code, r.error_message, r.next_attempt_at, r.replays,
-e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-e.idempotency_key
-"""
-SQL_GET_RUN = (
-    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk WHERE run_id = ?"
-)
-SQL_LIST_RUNS = (
-    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
-    "ORDER BY r.run_id DESC LIMIT ?"
-)
-SQL_LIST_RUNS_BY_STATUS = (
-    f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
-    "WHERE r.status = ? ORDER BY r.run_id DESC LIMIT ?"
-)
-SQL_ATTEMPTS = """
-SELECT attempt, owner, started_at, finished_at, outcome, error_code, error_message
-FROM attempts WHERE run_id = ? ORDER BY attempt
-"""
-SQL_RUNNING_ATTEMPT = """
-SELECT attempt, lease_owner, attempt_started_at FROM runs
-WHERE run_id = ? AND status = 'processing'
-"""
-SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY rowid"
-SQL_BODY_HAS_PROJECT = (
-    "(CAST(e.body AS TEXT) LIKE ? ESCAPE '\\' OR CAST(e.body AS TEXT) LIKE ? ESCAPE '\\')")
-SQL_STATUS_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
-SQL_OLDEST_WAITING = """
-SELECT min(accepted_at) FROM runs WHERE status IN ('accepted', 'failed_retryable')
-"""
+# Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
+# user_version. A database made before versions existed (user_version 0) holds
+# version 1's tables already; its statements only add what is missing.
+MIGRATIONS: tuple[str, ...] = (SCHEMA,)
 
 
-def new_run_id() -> str:
-    """Time-ordered (like UUIDv7): 48 bits of milliseconds, then 80 random bits.
+class SqliteStore(SqlStore):
+    engine = "sqlite"
 
-    New runs land at the end of the primary key's B-tree, so an insert dirties
-    few pages however many runs the store holds, and newest-first listing
-    needs no index of its own.
-    """
-    return f"run_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
-
-
-
-class _Batch:
-    """Writer-thread state visible to the operations of one transaction."""
-
-    def __init__(self, active: int) -> None:
-        self.active = active  # runs not yet terminal, for admission control
-
-
-Operation = Callable[[sqlite3.Connection, _Batch], T]
-
-
-class SqliteStore(Store):
     def __init__(self, path: Path, notification_delay: float = 0.0) -> None:
+        super().__init__(notification_delay)
         self.path = path
-        self.notification_delay = notification_delay  # before a callback's first attempt
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
         self._conn: sqlite3.Connection | None = None  # writer's; used only on its thread
         self._reader: sqlite3.Connection | None = None  # event loop's
-        self._queue: list[tuple[Operation[Any], asyncio.Future[Any], bool]] = []
         self._synchronous_full = True
-        self._wake = asyncio.Event()
-        self._writer_task: asyncio.Task[None] | None = None
-        self._closing = False
         self._stats_executor = ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix="agentbox-stats")
         self._stats_conn: sqlite3.Connection | None = None  # used on that thread only
-        self._stats_future: asyncio.Future[dict[str, Any]] | None = None
         self._checkpointer = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="agentbox-checkpoint")
         self._checkpoint_task: asyncio.Task[None] | None = None
-        self._active = 0
-        self.healthy = True
-        self.last_error: str | None = None
         self._lock_file: IO[bytes] | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
+
+    @property
+    def description(self) -> str:
+        return f"sqlite {self.path}"
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -469,7 +73,11 @@ class SqliteStore(Store):
             self._reader = _connect(self.path)
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
-        self._writer_task = asyncio.create_task(self._write_loop(), name="agentbox-writer")
+        except SchemaTooNew:
+            self._lock_file.close()
+            self._lock_file = None
+            raise
+        self._start_writer()
         self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(),
                                                     name="agentbox-checkpoint")
 
@@ -478,11 +86,7 @@ class SqliteStore(Store):
             self._checkpoint_task.cancel()
             await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             self._checkpoint_task = None
-        if self._writer_task is not None:
-            self._closing = True  # the writer commits what is queued, then returns
-            self._wake.set()
-            await self._writer_task
-            self._writer_task = None
+        await self._stop_writer()
         if self._conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
             self._conn = None
@@ -501,11 +105,15 @@ class SqliteStore(Store):
 
     def _open_writer(self) -> int:
         conn = _connect(self.path)
+        try:
+            migrate(conn, self.path)
+        except BaseException:
+            conn.close()
+            raise
         # Checkpoints run on their own thread (below), not inside a commit that
         # requests are waiting for.
         conn.execute("PRAGMA wal_autocheckpoint = 0")
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        conn.executescript(SCHEMA)
         self._conn = conn
         self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]
@@ -530,47 +138,9 @@ class SqliteStore(Store):
 
     # -- the writer -----------------------------------------------------------------
 
-    async def _write(self, op: Operation[T], durable: bool = True) -> T:
-        """Queue `op` for the next transaction; answer once it is committed.
-
-        `durable=False` is for writes whose loss in a power cut is harmless
-        (a claim or a lease: the run is simply claimed again). A batch made
-        only of those commits without an fsync; the next durable commit
-        fsyncs the WAL, theirs included. Process crashes lose neither.
-        """
-        if self._closing:
-            raise StorageUnavailable("the store is closing")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, future, durable))
-        self._wake.set()
-        return await future
-
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not (self._closing and not self._queue):
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._queue = self._queue, []
-            if not batch:
-                continue
-            try:
-                results = await self._commit(loop, batch)
-            except Exception as exc:  # a bug: fail this batch, keep the writer alive
-                log.exception("the writer failed a batch")
-                _rollback(self._conn)
-                results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
-                           ] * len(batch)
-            for (_, future, _), (ok, value) in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-
     async def _commit(
         self, loop: asyncio.AbstractEventLoop,
-        batch: list[tuple[Operation[Any], asyncio.Future[Any], bool]],
+        batch: list[Queued],
     ) -> list[tuple[bool, Any]]:
         """Run the batch's operations here, then COMMIT (the fsync) on the writer thread.
 
@@ -581,9 +151,9 @@ class SqliteStore(Store):
         """
         conn = self._conn
         assert conn is not None
-        state = _Batch(self._active)
+        state = Batch(self._active)
         results: list[tuple[bool, Any]] = []
-        durable = any(entry[2] for entry in batch)
+        durable = any(queued.durable for queued in batch)
         if _file_identity(self.path) != self._identity:
             # Deleted or replaced under us: SQLite would go on writing into a file
             # nobody can open again, and a 202 would promise what a restart loses.
@@ -596,8 +166,8 @@ class SqliteStore(Store):
                 conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
-            for op, _, _ in batch:
-                results.append(self._run_op(conn, state, op))
+            for queued in batch:
+                results.append(self._run_op(conn, state, queued.op))
             if durable:
                 await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
             else:
@@ -607,12 +177,16 @@ class SqliteStore(Store):
             self.healthy, self.last_error = False, _storage_reason(exc)
             error = StorageUnavailable(self.last_error)
             return [(False, error)] * len(batch)
-        self.healthy, self.last_error = True, None
+        if durable:  # a claim fits where an event may not: only durable writes vouch
+            self.healthy, self.last_error = True, None
         self._active = state.active
         return results
 
+    async def _abandon(self) -> None:
+        _rollback(self._conn)
+
     @staticmethod
-    def _run_op(conn: sqlite3.Connection, state: _Batch, op: Operation[Any]) -> tuple[bool, Any]:
+    def _run_op(conn: sqlite3.Connection, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
         active_before = state.active
         conn.execute("SAVEPOINT op")
         try:
@@ -627,424 +201,48 @@ class SqliteStore(Store):
         conn.execute("RELEASE op")
         return True, value
 
-    # -- writes ---------------------------------------------------------------------
+    # -- reads (own connections; WAL readers never wait for the writer) ---------------
 
-    async def ingest(
-        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None,
-    ) -> IngestResult:
-        env = event.envelope
-
-        def op(conn: sqlite3.Connection, state: _Batch) -> IngestResult:
-            found = conn.execute(SQL_FIND_KEY, (env.idempotency_key,)).fetchone()
-            if found is not None and found[1] > now:
-                rows = conn.execute(SQL_RUNS_OF_EVENT, (found[0],)).fetchall()
-                return IngestResult([RunRef(*row) for row in rows], duplicate=True)
-            if state.active + len(agents) > max_pending:
-                raise AdmissionRefused(state.active, max_pending)
-            too_far = None
-            if max_hops is not None and env.hop > max_hops:
-                too_far = (f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
-                           f"{max_hops}")
-            refs = _insert_event(conn, state, env, body, agents, now, now + ttl,
-                                 lambda agent: too_far, now + self.notification_delay)
-            return IngestResult(refs, duplicate=False)
-
-        return await self._write(op)
-
-    async def claim(
-        self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
-    ) -> ClaimResult:
-        notify_due = now + self.notification_delay
-
-        def op(conn: sqlite3.Connection, state: _Batch) -> ClaimResult:
-            result = ClaimResult()
-            for (run_id,) in conn.execute(SQL_DUE_EXPIRED, (now, limit)).fetchall():
-                row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
-                result.transitions.append(_reclaim_expired(
-                    conn, state, row, owner, now, lease_seconds, max_attempts, result.claimed,
-                    notify_due))
-            free = limit - len(result.claimed)
-            if free > 0:
-                _claim_waiting(conn, owner, now, lease_seconds, free, result, notify_due)
-            if len(result.claimed) < limit:
-                result.next_due_at = _next_due(conn)
-            return result
-
-        return await self._write(op, durable=False)
-
-    async def finish(
-        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
-    ) -> Transition | None:
-        target = RunStatus(outcome.status)
-        if target is RunStatus.PROCESSING:  # only a lease reclaim stays processing
-            raise InvalidTransition(run_id, RunStatus.PROCESSING, target)
-        check_transition(run_id, RunStatus.PROCESSING, target)
-        # A retry with no time given is due at once, never stranded without one.
-        next_attempt_at = (outcome.next_attempt_at or now
-                           if target is RunStatus.FAILED_RETRYABLE else None)
-        result_json = None if outcome.result is None else json.dumps(
-            outcome.result, separators=(",", ":"), sort_keys=True)
-
-        def op(conn: sqlite3.Connection, state: _Batch) -> Transition | None:
-            completed_at = now if target.terminal else None
-            landed = conn.execute(
-                SQL_FINISH_RUN,
-                (target.value, next_attempt_at, now, completed_at, result_json,
-                 outcome.error_code, outcome.error_message, run_id, owner, attempt),
-            ).fetchone()
-            if landed is None:
-                return None  # lease lost: another holder owns this run now
-            event_pk, attempt_started_at, agent = landed
-            conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, owner, attempt_started_at, now,
-                                              target.value, outcome.error_code,
-                                              outcome.error_message))
-            if target.terminal:
-                state.active -= 1
-            event_id, event_type, source, callback_url = conn.execute(
-                SQL_EVENT_FIELDS, (event_pk,)).fetchone()
-            notify = _queue_callback(conn, callback_url, run_id, target.value, attempt, event_id,
-                                     now, now + self.notification_delay, outcome.result,
-                                     outcome.error_code)
-            spawned: list[Transition] = []
-            emitted: list[tuple[Event, tuple[str, ...]]] = []
-            if target is RunStatus.SUCCEEDED:
-                for item in outcome.emitted:
-                    started = _store_emitted(conn, state, item, now, event_pk)
-                    spawned += started
-                    emitted.append((item.event, tuple(
-                        t.run_id for t in started if t.status == "accepted")))
-            return Transition(run_id, target.value, attempt, event_id, event_type, source, agent,
-                              outcome.error_code, notify, tuple(spawned), tuple(emitted))
-
-        return await self._write(op)
-
-    async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
-        def op(conn: sqlite3.Connection, state: _Batch) -> None:
-            conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner) for run_id in run_ids])
-
-        await self._write(op, durable=False)
-
-    async def release_leases(self, owner: str, now: float) -> int:
-        def op(conn: sqlite3.Connection, state: _Batch) -> int:
-            # One process owns a SQLite file (the server holds a lock on the data
-            # directory), so at start-up every lease belongs to a previous life.
-            if owner == "*":
-                return conn.execute(SQL_RELEASE_ALL_LEASES, (now,)).rowcount
-            return conn.execute(SQL_RELEASE_LEASES, (now, owner)).rowcount
-
-        return await self._write(op, durable=False)
-
-    async def replay(self, run_id: str, now: float) -> Transition:
-        def op(conn: sqlite3.Connection, state: _Batch) -> Transition:
-            row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
-            if row is None:
-                raise RunNotFound(run_id)
-            _, agent, status, attempt, _, _, _, event_id, event_type, source, _, _, _ = row
-            if status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT):
-                raise NotReplayable(run_id, status)
-            check_transition(run_id, status, RunStatus.ACCEPTED)
-            conn.execute(SQL_REPLAY, (now, now, run_id))
-            conn.execute(SQL_INSERT_HISTORY, (run_id, now, "accepted", attempt, "replayed"))
-            state.active += 1
-            return Transition(run_id, "accepted", attempt, event_id, event_type, source, agent,
-                              "replayed")
-
-        return await self._write(op)
-
-    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
-        def op(conn: sqlite3.Connection, state: _Batch) -> int:
-            return conn.execute(SQL_PRUNE_KEYS, (now, limit)).rowcount
-
-        return await self._write(op)
-
-    # -- the callback outbox ------------------------------------------------------------
-    # Delivery bookkeeping commits without an fsync: losing it in a power cut only
-    # means a notification is sent again, which its id lets the receiver drop.
-
-    async def claim_notifications(
-        self, owner: str, limit: int, now: float, lease_seconds: float
-    ) -> tuple[list[Notification], float | None]:
-        def op(conn: sqlite3.Connection, state: _Batch
-               ) -> tuple[list[Notification], float | None]:
-            rows = conn.execute(SQL_CLAIM_NOTIFICATIONS, {
-                "owner": owner, "lease_until": now + lease_seconds, "now": now, "limit": limit,
-            }).fetchall()
-            claimed = sorted((Notification(*row) for row in rows), key=lambda n: n.pk)
-            following = conn.execute(SQL_NEXT_NOTIFICATION).fetchone()
-            return claimed, None if following is None else following[0]
-
-        return await self._write(op, durable=False)
-
-    async def record_delivery(
-        self, notification: Notification, owner: str, result: DeliveryResult, now: float,
-        pause_after_failures: int,
-    ) -> str | None:
-        delivered = result.state == "delivered"
-
-        def op(conn: sqlite3.Connection, state: _Batch) -> str | None:
-            landed = conn.execute(SQL_RECORD_DELIVERY, (
-                result.state, now, now if delivered else None,
-                result.next_attempt_at if result.state == "pending" else None,
-                result.error, result.status_code, notification.pk, owner,
-                notification.lease_until,
-            )).rowcount
-            if not landed:
-                return None  # the lease ran out and someone else has it now
-            dest_state, failures = conn.execute(SQL_COUNT_DESTINATION_ATTEMPT, {
-                "destination": notification.destination, "failed": not delivered,
-                "error": result.error, "now": now,
-            }).fetchone()
-            reason = result.pause_reason
-            if reason is None and not delivered and failures >= pause_after_failures:
-                reason = f"{failures} failures in a row"
-            paused = reason is not None and dest_state != "paused"
-            if paused:
-                conn.execute(SQL_PAUSE_DESTINATION, (reason, now, now, notification.destination))
-                conn.execute(SQL_HOLD_DESTINATION, (notification.destination,))
-            if result.state != "pending":
-                conn.execute(SQL_READY_NEXT_OF_RUN, (notification.run_id,))
-            return reason if paused else None
-
-        return await self._write(op, durable=False)
-
-    async def release_notification_leases(self, owner: str, now: float) -> int:
-        def op(conn: sqlite3.Connection, state: _Batch) -> int:
-            return conn.execute(SQL_RELEASE_NOTIFICATIONS, (now, owner, owner)).rowcount
-
-        return await self._write(op, durable=False)
-
-    async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
-                          now: float) -> bool:
-        def op(conn: sqlite3.Connection, state: _Batch) -> bool:
-            return bool(conn.execute(SQL_INSERT_NOTIFICATION, {
-                "id": notification_id, "run_id": run_id, "status": "alert",
-                "destination": origin_of(url), "url": url, "body": body, "now": now,
-                "due": now}).rowcount)
-
-        return await self._write(op)
-
-    async def resume_destination(self, destination: str, now: float) -> None:
-        def op(conn: sqlite3.Connection, state: _Batch) -> None:
-            if not conn.execute(SQL_RESUME_DESTINATION, (now, destination)).rowcount:
-                raise DestinationNotFound(destination)
-            conn.execute(SQL_RELEASE_DESTINATION, {"destination": destination, "now": now})
-
-        await self._write(op)
-
-    # -- reads (own connection; WAL readers never wait for the writer) -----------------
-
-    def _read(self) -> sqlite3.Connection:
+    async def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         if self._reader is None:
             raise StorageUnavailable("the store is closed")
-        return self._reader
+        return self._reader.execute(sql, params).fetchall()
 
-    async def next_due_at(self) -> float | None:
-        return _next_due(self._read())
+    async def _slow_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        if self._reader is None:
+            raise StorageUnavailable("the store is closed")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._stats_executor, self._stats_read, sql, params)
 
-    async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        row = self._read().execute(SQL_GET_RUN, (run_id,)).fetchone()
-        return None if row is None else _run_view(row)
-
-    async def search_runs(
-        self, *, status: str | None = None, event_type: str | None = None,
-        agent: str | None = None, project: str | None = None, text: str | None = None,
-        since: float | None = None, until: float | None = None, before: str | None = None,
-        include_discarded: bool = True, limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        """Newest first, filtered; `before` is the last run_id of the previous page
-        (keyset pagination: every page costs the same, however many runs there are)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if status:
-            where.append("r.status = ?")
-            args.append(status)
-        if event_type:
-            where.append("e.event_type = ?")
-            args.append(event_type)
-        if agent:
-            where.append("r.agent = ?")
-            args.append(agent)
-        if project:
-            where.append(SQL_BODY_HAS_PROJECT)
-            args += _project_patterns(project)
-        if text:
-            where.append(f"(r.run_id = ? OR e.event_id = ? OR e.correlation_id = ? OR "
-                         f"{SQL_BODY_HAS_PROJECT})")
-            args += [text, text, text, *_project_patterns(text)]
-        if since is not None:
-            where.append("r.accepted_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("r.accepted_at < ?")
-            args.append(until)
-        if before:
-            where.append("r.run_id < ?")
-            args.append(before)
-        if not include_discarded:
-            where.append("NOT EXISTS (SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id)")
-        sql = (f"SELECT {RUN_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
-               f"{'WHERE ' + ' AND '.join(where) if where else ''} "
-               "ORDER BY r.run_id DESC LIMIT ?")
-        self._read()  # raises when closed
-        # A rare filter may scan many runs: off the event loop, on the counting thread.
-        rows = await asyncio.get_running_loop().run_in_executor(
-            self._stats_executor, self._slow_read, sql, (*args, limit))
-        return [_run_view(row) for row in rows]
-
-    def _slow_read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _stats_read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         if self._stats_conn is None:
             self._stats_conn = _connect(self.path)
-        return self._stats_conn.execute(sql, args).fetchall()
-
-    async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
-        """Runs that reached a terminal state in each `width`-second slice from `since`."""
-        rows = self._read().execute(
-            "SELECT CAST((completed_at - ?) / ? AS INTEGER), count(*) FROM runs "
-            "INDEXED BY runs_completed WHERE completed_at >= ? GROUP BY 1",
-            (since, width, since)).fetchall()
-        counts = [0] * slices
-        for index, count in rows:
-            if 0 <= index < slices:
-                counts[index] = count
-        return counts
-
-    async def event_of(self, run_id: str) -> dict[str, Any] | None:
-        """The stored event of a run, as received."""
-        row = self._read().execute(
-            "SELECT e.body FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = ?",
-            (run_id,)).fetchone()
-        if row is None:
-            return None
-        found: dict[str, Any] = json.loads(row[0])
-        return found
-
-    async def discarded(self, run_id: str) -> dict[str, Any] | None:
-        row = self._read().execute("SELECT reason, at FROM discarded_runs WHERE run_id = ?",
-                                   (run_id,)).fetchone()
-        return None if row is None else {"reason": row[0], "at": iso(row[1])}
-
-    async def discard(self, run_id: str, reason: str, now: float) -> None:
-        """Set a dead letter aside with a reason (it stays, out of the dead-letter list)."""
-        def op(conn: sqlite3.Connection, state: _Batch) -> None:
-            row = conn.execute("SELECT status, attempt FROM runs WHERE run_id = ?",
-                               (run_id,)).fetchone()
-            if row is None:
-                raise RunNotFound(run_id)
-            if row[0] != RunStatus.DEAD_LETTERED:
-                raise NotReplayable(run_id, row[0])
-            conn.execute("INSERT OR REPLACE INTO discarded_runs (run_id, reason, at) "
-                         "VALUES (?, ?, ?)", (run_id, reason, now))
-            conn.execute(SQL_INSERT_HISTORY, (run_id, now, "dead_lettered", row[1],
-                                              f"discarded: {reason}"))
-
-        await self._write(op)
-
-    async def list_runs(self, status: str | None, limit: int) -> list[dict[str, Any]]:
-        conn = self._read()
-        if status is None:
-            rows = conn.execute(SQL_LIST_RUNS, (limit,)).fetchall()
-        else:
-            rows = conn.execute(SQL_LIST_RUNS_BY_STATUS, (status, limit)).fetchall()
-        return [_run_view(row) for row in rows]
-
-    def _attempt_rows(self, run_id: str) -> list[tuple[Any, ...]]:
-        conn = self._read()
-        rows = conn.execute(SQL_ATTEMPTS, (run_id,)).fetchall()
-        running = conn.execute(SQL_RUNNING_ATTEMPT, (run_id,)).fetchone()
-        if running is not None and running[0] not in {row[0] for row in rows}:
-            rows.append((*running, None, None, None, None))
-        return rows
-
-    async def attempts(self, run_id: str) -> list[dict[str, Any]]:
-        return [
-            {"attempt": a, "worker": o, "started_at": iso(s), "finished_at": iso(f),
-             "outcome": out, "error_code": code, "error_message": msg,
-             "duration_ms": None if f is None else round((f - s) * 1000, 3)}
-            for a, o, s, f, out, code, msg in self._attempt_rows(run_id)
-        ]
-
-    async def history(self, run_id: str) -> list[dict[str, Any]]:
-        """Every state change, oldest first: derived from the run and its attempts,
-        plus the replays recorded on their own."""
-        conn = self._read()
-        run = conn.execute("SELECT accepted_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if run is None:
-            return []
-        changes: list[tuple[float, str, int, str | None]] = [(run[0], "accepted", 0, None)]
-        for number, _, started, finished, outcome, code, _ in self._attempt_rows(run_id):
-            changes.append((started, "processing", number, None))
-            if finished is not None:
-                # A lost lease is no state of its own: the run stayed processing.
-                status = "processing" if outcome == "lease_expired" else outcome
-                changes.append((finished, status, number, code))
-        changes += conn.execute(SQL_HISTORY, (run_id,)).fetchall()
-        changes.sort(key=lambda change: change[0])
-        return [{"at": iso(at), "status": s, "attempt": a, "note": n} for at, s, a, n in changes]
-
-    async def stats(self) -> dict[str, Any]:
-        """Runs by state. Counting a million runs takes ~0.1 s, so it runs on a
-        thread of its own (the event loop keeps serving), and callers that ask
-        while a count is running share its answer."""
-        self._read()  # raises when closed
-        if self._stats_future is None or self._stats_future.done():
-            self._stats_future = asyncio.get_running_loop().run_in_executor(
-                self._stats_executor, self._count_runs)
-        return await asyncio.shield(self._stats_future)
-
-    def _count_runs(self) -> dict[str, Any]:
-        if self._stats_conn is None:
-            self._stats_conn = _connect(self.path)
-        conn = self._stats_conn
-        counts = {s.value: 0 for s in RunStatus}
-        counts.update(dict(conn.execute(SQL_STATUS_COUNTS).fetchall()))
-        oldest = conn.execute(SQL_OLDEST_WAITING).fetchone()[0]
-        return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
-                "active": sum(counts[s] for s in ACTIVE)}
+        return self._stats_conn.execute(sql, params).fetchall()
 
 
-    async def notifications(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self._read().execute(SQL_RUN_NOTIFICATIONS, (run_id,)).fetchall()
-        return [_notification_view(row) for row in rows]
-
-    async def list_notifications(self, state: str | None, limit: int) -> list[dict[str, Any]]:
-        conn = self._read()
-        if state is None:
-            rows = conn.execute(SQL_LIST_NOTIFICATIONS, (limit,)).fetchall()
-        else:
-            rows = conn.execute(SQL_LIST_NOTIFICATIONS_BY_STATE, (state, limit)).fetchall()
-        return [_notification_view(row) for row in rows]
-
-    async def destinations(self) -> list[dict[str, Any]]:
-        conn = self._read()
-        pending = dict(conn.execute(SQL_PENDING_BY_DESTINATION).fetchall())
-        return [
-            {"destination": d, "state": st, "consecutive_failures": f, "paused_reason": r,
-             "paused_at": iso(p), "last_error": e, "updated_at": iso(u),
-             "pending": pending.get(d, 0)}
-            for d, st, f, r, p, e, u in conn.execute(SQL_DESTINATIONS)
-        ]
+def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
+    """Bring the schema to the newest version this code knows; (from, to)."""
+    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(MIGRATIONS):
+        raise SchemaTooNew(str(path), version, len(MIGRATIONS))
+    for number in range(version + 1, len(MIGRATIONS) + 1):
+        # One transaction per version: a crash leaves the previous version whole.
+        conn.executescript(f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\n"
+                           f"PRAGMA user_version = {number};\nCOMMIT;")
+        log.info("database schema migrated", extra={"version": number, "database": str(path)})
+    return version, len(MIGRATIONS)
 
 
-def _project_patterns(project: str) -> list[str]:
-    """LIKE patterns for `"project_id":"X"` in a stored body, with or without a space."""
-    escaped = project.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    escaped = json.dumps(escaped)[1:-1]  # as the body spells it
-    return [f'%"project_id":"{escaped}"%', f'%"project_id": "{escaped}"%']
-
-
-def _notification_view(row: tuple[Any, ...]) -> dict[str, Any]:
-    (notification_id, run_id, status, destination, state, attempts, created_at, next_attempt_at,
-     last_attempt_at, delivered_at, last_error, last_status_code, lease_owner) = row
-    return {
-        "notification_id": notification_id, "run_id": run_id, "status": status,
-        "destination": destination, "state": state, "attempts": attempts,
-        "created_at": iso(created_at),
-        "next_attempt_at": iso(next_attempt_at) if state == "pending" else None,
-        "sending": lease_owner is not None,
-        "last_attempt_at": iso(last_attempt_at), "delivered_at": iso(delivered_at),
-        "last_error": last_error, "last_status_code": last_status_code,
-    }
+def migrate_file(path: Path) -> tuple[int, int]:
+    """`agentbox migrate` for a SQLite store (safe beside a running server)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = _connect(path)
+    try:
+        return migrate(conn, path)
+    except sqlite3.Error as exc:
+        raise StorageUnavailable(f"cannot migrate {path}: {exc}") from exc
+    finally:
+        conn.close()
 
 
 def _lock_exclusively(path: Path) -> IO[bytes]:
@@ -1087,212 +285,6 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
 def _storage_reason(exc: sqlite3.Error) -> str:
     # sqlite messages name the condition (disk full, readonly, I/O error), never data.
     return f"storage unavailable: {exc}"
-
-
-def _claim_waiting(conn: sqlite3.Connection, owner: str, now: float, lease_seconds: float,
-                   limit: int, result: ClaimResult, notify_due: float) -> None:
-    rows = conn.execute(SQL_CLAIM_WAITING, {"owner": owner, "lease_until": now + lease_seconds,
-                                            "now": now, "limit": limit}).fetchall()
-    if not rows:
-        return
-    pks = sorted({row[5] for row in rows})
-    events = {pk: rest for pk, *rest in conn.execute(
-        SQL_EVENTS_BY_PK.format(",".join("?" * len(pks))), pks)}
-    for run_id, agent, attempt, attempt_base, accepted_at, event_pk in rows:
-        body, event_id, event_type, source, callback_url = events[event_pk]
-        result.claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body,
-                                         accepted_at, event_id, event_type, source))
-        notify = _queue_callback(conn, callback_url, run_id, "processing", attempt, event_id, now,
-                                 notify_due)
-        result.transitions.append(Transition(run_id, "processing", attempt, event_id, event_type,
-                                             source, agent, notify=notify))
-
-
-def _reclaim_expired(
-    conn: sqlite3.Connection, state: _Batch, row: tuple[Any, ...], owner: str, now: float,
-    lease_seconds: float, max_attempts: int, claimed: list[ClaimedRun], notify_due: float,
-) -> Transition:
-    """A run whose holder died: record the lost attempt, then claim it again or,
-    with its attempts spent, dead-letter it."""
-    (run_id, agent, status, attempt, accepted_at, attempt_base, body, event_id, event_type,
-     source, old_owner, attempt_started_at, callback_url) = row
-    conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, old_owner or "", attempt_started_at or now,
-                                      now, "lease_expired", "lease_expired", None))
-    if attempt - attempt_base >= max_attempts:
-        check_transition(run_id, status, RunStatus.DEAD_LETTERED)
-        message = f"the worker running attempt {attempt} stopped before finishing it"
-        conn.execute(
-            "UPDATE runs SET status = 'dead_lettered', lease_owner = NULL,"
-            " lease_expires_at = NULL, updated_at = ?, completed_at = ?,"
-            " error_code = 'lease_expired', error_message = ? WHERE run_id = ?",
-            (now, now, message, run_id),
-        )
-        state.active -= 1
-        notify = _queue_callback(conn, callback_url, run_id, "dead_lettered", attempt, event_id,
-                                 now, notify_due, error_code="lease_expired")
-        return Transition(run_id, "dead_lettered", attempt, event_id, event_type, source, agent,
-                          "lease_expired", notify)
-    check_transition(run_id, status, RunStatus.PROCESSING)
-    attempt += 1
-    conn.execute(SQL_CLAIM_EXPIRED, (attempt, owner, now + lease_seconds, now, now, run_id))
-    claimed.append(ClaimedRun(run_id, agent, attempt, attempt - attempt_base, body, accepted_at,
-                              event_id, event_type, source))
-    notify = _queue_callback(conn, callback_url, run_id, "processing", attempt, event_id, now,
-                             notify_due)
-    return Transition(run_id, "processing", attempt, event_id, event_type, source, agent,
-                      notify=notify)
-
-
-def _store_emitted(conn: sqlite3.Connection, state: _Batch, item: Emitted, now: float,
-                   parent_pk: int) -> list[Transition]:
-    """Store an agent's follow-up event with its runs, in its parent's transaction.
-
-    Its id is derived from the parent run, so a run that succeeds again (after a
-    replay) emits nothing twice. A run that would close a loop (its agent already
-    handled this event type on the way here: in the emitting event or one of its
-    causes) or go past the hop limit is recorded dead_lettered with
-    loop_detected: visible, never dropped.
-    """
-    env = item.event.envelope
-    found = conn.execute(SQL_FIND_KEY, (env.idempotency_key,)).fetchone()
-    if found is not None and found[1] > now:
-        return []
-    chain = env.correlation_id or env.event_id
-    history = set(conn.execute(SQL_CHAIN_HISTORY, {"chain": chain, "parent": parent_pk}))
-
-    def stop_reason(agent: str) -> str | None:
-        if env.hop > item.max_hops:
-            return (f"the chain {chain} is {env.hop} hops long; AGENTBOX_MAX_HOPS is "
-                    f"{item.max_hops}")
-        if (agent, env.event_type) in history:
-            return f"{agent} already handled {env.event_type} in the chain {chain}"
-        return None
-
-    refs = _insert_event(conn, state, env, item.body, item.agents, now, item.key_expires_at,
-                         stop_reason, now)
-    return [Transition(ref.run_id, ref.status, 0, env.event_id, env.event_type, env.source,
-                       ref.agent, None if ref.status == RunStatus.ACCEPTED else "loop_detected")
-            for ref in refs]
-
-
-def _insert_event(
-    conn: sqlite3.Connection, state: _Batch, env: Envelope, body: bytes, agents: Sequence[str],
-    now: float, key_expires_at: float, stop_reason: Callable[[str], str | None],
-    notify_due: float,
-) -> list[RunRef]:
-    """Write an event, its idempotency claim and one run per agent: accepted, or,
-    when `stop_reason` gives one, recorded dead_lettered (loop_detected) and
-    never run, with the callback that state owes."""
-    event_pk = conn.execute(
-        SQL_INSERT_EVENT,
-        (env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,
-         env.causation_id, env.hop, env.callback_url, now, body),
-    ).lastrowid
-    conn.execute(SQL_UPSERT_KEY, (env.idempotency_key, event_pk, key_expires_at))
-    refs = []
-    for ordinal, agent in enumerate(agents):
-        run_id = new_run_id()
-        reason = stop_reason(agent)
-        if reason is None:
-            conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
-            state.active += 1
-            refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
-            continue
-        check_transition(run_id, RunStatus.ACCEPTED, RunStatus.DEAD_LETTERED)
-        conn.execute(SQL_INSERT_STOPPED_RUN,
-                     (run_id, event_pk, ordinal, agent, now, now, now, reason))
-        _queue_callback(conn, env.callback_url, run_id, "dead_lettered", 0, env.event_id, now,
-                        notify_due, error_code="loop_detected")
-        refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
-    return refs
-
-
-def _queue_callback(
-    conn: sqlite3.Connection, callback_url: str | None, run_id: str, status: str, attempt: int,
-    event_id: str, now: float, due: float, result: Any = None, error_code: str | None = None,
-) -> bool:
-    """Write the outbox row a state change owes, in the state change's transaction."""
-    if callback_url is None:
-        return False
-    notification_id, body = notification(run_id, status, attempt, event_id, result, error_code,
-                                         now)
-    conn.execute(SQL_INSERT_NOTIFICATION, {
-        "id": notification_id, "run_id": run_id, "status": status,
-        "destination": origin_of(callback_url), "url": callback_url, "body": body, "now": now,
-        "due": due})
-    return True
-
-
-def _next_due(conn: sqlite3.Connection) -> float | None:
-    times = [row[0] for sql in (SQL_NEXT_WAITING, SQL_NEXT_LEASE_END)
-             for row in conn.execute(sql)]
-    due = [t for t in times if t is not None]
-    return min(due) if due else None
-
-
-def _run_view(row: tuple[Any, ...]) -> dict[str, Any]:
-    (run_id, status, agent, attempt, accepted_at, started_at, updated_at, completed_at, result,
-     error_code, error_message, next_attempt_at, replays, event_id, event_type, source,
-     correlation_id, causation_id, hop, idempotency_key) = row
-    return {
-        "run_id": run_id,
-        "status": status,
-        "event_id": event_id,
-        "event_type": event_type,
-        "source": source,
-        "agent": agent,
-        "idempotency_key": idempotency_key,
-        "accepted_at": iso(accepted_at),
-        "started_at": iso(started_at),
-        "updated_at": iso(updated_at),
-        "completed_at": iso(completed_at),
-        "attempt": attempt,
-        "retry_count": max(attempt - 1, 0),
-        "next_attempt_at": iso(next_attempt_at),
-        "result": None if result is None else json.loads(result),
-        "error_code": error_code,
-        "error_message": error_message,
-        "replays": replays,
-        "correlation_id": correlation_id,
-        "causation_id": causation_id,
-        "hop": hop,
-        "terminal": RunStatus(status) in TERMINAL,
-    }
-
-
-# Integrity checks: each query returns offending rows; the text says what is wrong.
-INTEGRITY_CHECKS = (
-    ("events without any run",
-     "SELECT e.event_id FROM events e WHERE NOT EXISTS "
-     "(SELECT 1 FROM runs r WHERE r.event_pk = e.pk) LIMIT 20"),
-    ("runs whose event is missing",
-     "SELECT r.run_id FROM runs r WHERE NOT EXISTS "
-     "(SELECT 1 FROM events e WHERE e.pk = r.event_pk) LIMIT 20"),
-    ("idempotency keys pointing to no event",
-     "SELECT k.key FROM idempotency_keys k WHERE NOT EXISTS "
-     "(SELECT 1 FROM events e WHERE e.pk = k.event_pk) LIMIT 20"),
-    ("runs in an unknown state",
-     "SELECT run_id FROM runs WHERE status NOT IN ("
-     + ", ".join(f"'{s.value}'" for s in RunStatus) + ") LIMIT 20"),
-    ("processing runs without a lease",
-     "SELECT run_id FROM runs WHERE status = 'processing' AND "
-     "(lease_owner IS NULL OR lease_expires_at IS NULL) LIMIT 20"),
-    ("waiting runs without a next attempt time",
-     "SELECT run_id FROM runs WHERE status IN ('accepted', 'failed_retryable') AND "
-     "next_attempt_at IS NULL LIMIT 20"),
-    ("terminal runs without a completion time",
-     "SELECT run_id FROM runs WHERE status IN ('succeeded', 'failed_permanent', "
-     "'dead_lettered') AND completed_at IS NULL LIMIT 20"),
-    ("callback notifications whose run is missing",
-     "SELECT o.notification_id FROM outbox o WHERE NOT EXISTS "
-     "(SELECT 1 FROM runs r WHERE r.run_id = o.run_id) LIMIT 20"),
-    ("callback notifications in an unknown delivery state",
-     "SELECT notification_id FROM outbox WHERE state NOT IN ('pending', 'delivered', 'dead') "
-     "LIMIT 20"),
-    ("attempts numbered beyond their run's attempt count",
-     "SELECT a.run_id FROM attempts a JOIN runs r ON r.run_id = a.run_id "
-     "WHERE a.attempt > r.attempt LIMIT 20"),
-)
 
 
 def verify_database(path: Path) -> list[str]:

@@ -28,6 +28,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -70,7 +71,7 @@ def write_events(path: Path, count: int, prefix: str) -> None:
 
 
 class Server:
-    def __init__(self, kind: str, data_dir: Path) -> None:
+    def __init__(self, kind: str, data_dir: Path, database_url: str | None = None) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -85,6 +86,7 @@ class Server:
             "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
             "AGENTBOX_MAX_PENDING": "10000000",
             "AGENTBOX_LOG_LEVEL": "warning",
+            **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
         }
         if kind == "ceiling":
             cmd = [sys.executable, "-m", "uvicorn", "bench_apps:ceiling_app", "--host",
@@ -160,6 +162,128 @@ def run_wrk(url: str, events: Path, connections: int, duration: float,
     return result
 
 
+# -- PostgreSQL -------------------------------------------------------------------
+
+
+class Postgres:
+    """Fresh databases on the server of --database-url (its user may CREATE DATABASE)."""
+
+    def __init__(self, admin_url: str) -> None:
+        import psycopg
+
+        self.psycopg = psycopg
+        self.admin_url = admin_url
+
+    def create(self) -> str:
+        name = f"agentbox_bench_{uuid.uuid4().hex[:12]}"
+        with self.psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        parts = urlsplit(self.admin_url)
+        return urlunsplit(parts._replace(path="/" + name))
+
+    def drop(self, url: str) -> None:
+        name = urlsplit(url).path.lstrip("/")
+        with self.psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def counts(self, url: str) -> tuple[int, int, int]:
+        with self.psycopg.connect(url) as conn:
+            events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+            not_done = conn.execute(
+                "SELECT count(*) FROM runs WHERE status != 'succeeded'").fetchone()[0]
+        return events, runs, not_done
+
+
+def split_events(events: Path, parts: int) -> list[Path]:
+    """Every instance gets its own share of the unique events."""
+    lines = events.read_text().splitlines(keepends=True)
+    paths = []
+    for index in range(parts):
+        path = events.with_suffix(f".{index}.tsv")
+        path.write_text("".join(lines[index::parts]))
+        paths.append(path)
+    return paths
+
+
+def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int,
+                        duration: float, instances: int) -> dict[str, Any]:
+    """`instances` agentbox servers on one fresh database, each loaded by its own wrk
+    with its share of the connections: accepted/s adds up, latency is the worst one's."""
+    url = pg.create()
+    try:
+        servers = [Server("agentbox", work / f"pg-{instances}-{connections}-{i}", url)
+                   for i in range(instances)]
+        monitors = [Monitor(server.process.pid) for server in servers]
+        for monitor in monitors:
+            monitor.start()
+        shares = split_events(events, instances)
+        results: list[dict[str, Any]] = [{} for _ in servers]
+
+        def load(index: int) -> None:
+            share = connections // instances + (1 if index < connections % instances else 0)
+            results[index] = run_wrk(servers[index].url, shares[index], share, duration)
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(instances)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for monitor in monitors:
+            monitor.finish()
+        statuses: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        for result in results:
+            for key, value in result["statuses"].items():
+                statuses[key] = statuses.get(key, 0) + value
+            for key, value in result["errors"].items():
+                errors[key] = errors.get(key, 0) + value
+        figures: dict[str, Any] = {
+            "target": "agentbox", "store": f"pg x{instances}", "instances": instances,
+            "connections": connections,
+            "accepted_per_s": round(sum(r["per_second"] for r in results)),
+            "p50_ms": max(r["p50_us"] for r in results) / 1000,
+            "p99_ms": max(r["p99_us"] for r in results) / 1000,
+            "p999_ms": max(r["p999_us"] for r in results) / 1000,
+            "statuses": statuses, "errors": errors,
+            "server_cpu_percent": round(sum(m.cpu_percent for m in monitors)),
+            "max_rss_mb": round(max(m.max_rss_mb for m in monitors)),
+        }
+        figures.update(settle(servers[0]))
+        for server in servers:
+            server.stop()
+        for share in shares:
+            share.unlink()
+        stored, runs, not_done = pg.counts(url)
+        in_flight = stored - statuses.get("202", 0)
+        figures["store_check"] = {
+            "events": stored, "runs": runs, "accepted": statuses.get("202", 0),
+            "not_succeeded": not_done, "uncounted_in_flight": in_flight,
+            "ok": 0 <= in_flight <= connections and runs == stored and not_done == 0}
+        return figures
+    finally:
+        pg.drop(url)
+
+
+def postgres_drain_phase(pg: Postgres, work: Path, events: Path, rate: float,
+                         duration: float, connections: int = 64) -> dict[str, Any]:
+    url = pg.create()
+    try:
+        server = Server("agentbox", work / "pg-drain", url)
+        monitor = Monitor(server.process.pid)
+        monitor.start()
+        wrk = run_wrk(server.url, events, connections, duration, connections / rate * 1000)
+        monitor.finish()
+        settle(server)
+        server.stop()
+        with pg.psycopg.connect(url) as conn:
+            rows = conn.execute("SELECT accepted_at, completed_at FROM runs "
+                                "WHERE status = 'succeeded'").fetchall()
+        return _drain_figures(rate, wrk, rows, monitor)
+    finally:
+        pg.drop(url)
+
+
 # -- phases -----------------------------------------------------------------------
 
 
@@ -228,6 +352,11 @@ def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
     rows = conn.execute("SELECT accepted_at, completed_at FROM runs WHERE accepted_at >= ? "
                         "AND status = 'succeeded'", (since,)).fetchall()
     conn.close()
+    return _drain_figures(rate, wrk, rows, monitor)
+
+
+def _drain_figures(rate: float, wrk: dict[str, Any], rows: list[tuple[float, float]],
+                   monitor: Monitor) -> dict[str, Any]:
     latencies = sorted((done - accepted) * 1000 for accepted, done in rows)
     span = max(d for _, d in rows) - min(a for a, _ in rows)
     return {
@@ -423,6 +552,13 @@ def main() -> None:
     parser.add_argument("--mix-minutes", type=float, default=10,
                         help="ingest latency while a mix this long is analysed (0: skip)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--database-url", default=None, metavar="URL",
+                        help="also measure PostgreSQL: a server whose user may CREATE DATABASE "
+                             "(each phase gets a fresh database, dropped after)")
+    parser.add_argument("--instances", default="1,2,3",
+                        help="PostgreSQL phases: how many agentbox instances share the database")
+    parser.add_argument("--postgres-only", action="store_true",
+                        help="with --database-url: the ceiling and PostgreSQL phases only")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="agentbox-bench-"))
@@ -432,6 +568,18 @@ def main() -> None:
     failed = False
     count = int(MAX_EVENTS_PER_SECOND * args.duration)
     stores = [("empty", None)] + ([("seeded", args.seed_runs)] if args.seed_runs else [])
+    if args.postgres_only:
+        stores = []
+        args.backlog = args.mix_minutes = 0
+        for connections in levels:
+            events = work / f"events-ceiling-{connections}.tsv"
+            write_events(events, count, f"ceiling-{connections}-{uuid.uuid4().hex[:6]}")
+            print(f"{connections} connections: ceiling ...", file=sys.stderr)
+            row = load_phase("ceiling", work / f"ceiling-{connections}", events, connections,
+                             args.duration)
+            row["store"] = "empty"
+            report["load"].append(row)
+            events.unlink()
     for store, seeded in stores:
         seeded_dir = work / "seeded"
         if seeded:
@@ -467,6 +615,8 @@ def main() -> None:
             report["drain"].append(row)
             failed |= set(row["statuses"]) != {"202"}
             events.unlink()
+    if args.database_url:
+        failed |= postgres_phases(args, report, work, levels, count)
     if args.backlog:
         print(f"draining a backlog of {args.backlog} runs ...", file=sys.stderr)
         report["backlog"] = backlog_phase(work / "backlog", args.backlog)
@@ -483,6 +633,37 @@ def main() -> None:
     if failed:
         raise SystemExit("FAILED: a request was not answered 202, or the store does not "
                          "hold exactly one event and one run per 202")
+
+
+def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path,
+                    levels: list[int], count: int) -> bool:
+    """The load phases on PostgreSQL with 1, 2, 3 ... instances, then the drain at half
+    the single instance's best load. True if anything failed."""
+    pg = Postgres(args.database_url)
+    failed = False
+    for instances in [int(n) for n in args.instances.split(",")]:
+        for connections in levels:
+            events = work / f"events-pg-{instances}-{connections}.tsv"
+            write_events(events, count, f"pg-{instances}-{connections}-{uuid.uuid4().hex[:6]}")
+            print(f"postgresql, {instances} instance(s), {connections} connections ...",
+                  file=sys.stderr)
+            row = postgres_load_phase(pg, work, events, connections, args.duration, instances)
+            report["load"].append(row)
+            failed |= set(row["statuses"]) != {"202"} or any(row["errors"].values())
+            failed |= not row["store_check"]["ok"]
+            events.unlink()
+    best = max((r for r in report["load"] if r.get("store") == "pg x1"), default=None,
+               key=lambda r: r["accepted_per_s"])
+    if best:
+        events = work / "events-pg-drain.tsv"
+        write_events(events, count, f"pg-drain-{uuid.uuid4().hex[:6]}")
+        print("postgresql: drain at half load ...", file=sys.stderr)
+        row = postgres_drain_phase(pg, work, events, best["accepted_per_s"] / 2, args.duration)
+        row["store"] = "pg x1"
+        report["drain"].append(row)
+        failed |= set(row["statuses"]) != {"202"}
+        events.unlink()
+    return failed
 
 
 def _count_runs(data_dir: Path) -> int:

@@ -17,6 +17,7 @@ import random
 import shutil
 import sqlite3
 import tempfile
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,6 +55,7 @@ from agentbox.store import (
     notification,
 )
 from agentbox.store.sqlite import SqliteStore
+from tests import postgres
 
 T = TypeVar("T")
 
@@ -105,12 +107,49 @@ class SqliteEngine:
         pass
 
 
-# A PostgreSQL engine adds a class like SqliteEngine (new schema per instance) here.
-ENGINES: dict[str, Callable[[Path], Engine]] = {"sqlite": SqliteEngine}
+class PostgresEngine:
+    """A fresh database on the test session's PostgreSQL server."""
+
+    single_process = False  # instances share the database by design
+    admin_url = ""  # set by the `engine` fixture from postgres_admin_url
+
+    def __init__(self, directory: Path) -> None:
+        self.url = postgres.fresh_database(self.admin_url)
+        self._conn: Any = None  # for leases(), opened on first use
+
+    def new_store(self) -> Store:
+        from agentbox.store.postgres import PostgresStore
+
+        return PostgresStore(self.url, instance_id=f"test-{uuid.uuid4().hex[:8]}")
+
+    def leases(self) -> dict[str, tuple[str, str | None, float | None]]:
+        import psycopg
+
+        if self._conn is None:
+            self._conn = psycopg.connect(self.url, autocommit=True)
+        rows = self._conn.execute(
+            "SELECT run_id, status, lease_owner, lease_expires_at FROM runs").fetchall()
+        return {run_id: (status, owner, until) for run_id, status, owner, until in rows}
+
+    def dispose(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        postgres.drop_database(self.admin_url, self.url)
+
+
+ENGINES: dict[str, Callable[[Path], Engine]] = {"sqlite": SqliteEngine,
+                                               "postgresql": PostgresEngine}
+
+
+def prepare_engine(request: pytest.FixtureRequest, name: str) -> None:
+    """PostgreSQL needs the session's server (started on first use, or skipped)."""
+    if name == "postgresql":
+        PostgresEngine.admin_url = request.getfixturevalue("postgres_admin_url")
 
 
 @pytest.fixture(params=sorted(ENGINES))
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    prepare_engine(request, request.param)
     harness = ENGINES[request.param](tmp_path)
     yield harness
     harness.dispose()
@@ -1451,10 +1490,14 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.parametrize("engine_name", sorted(ENGINES))
-def test_store_state_machine(engine_name: str) -> None:
+def test_store_state_machine(engine_name: str, request: pytest.FixtureRequest) -> None:
+    prepare_engine(request, engine_name)
     machine = type(f"StoreMachine_{engine_name}", (StoreMachine,), {"engine_name": engine_name})
     run_state_machine_as_test(
         machine,
-        settings=settings(max_examples=30, stateful_step_count=30, deadline=None,
+        # Every step commits: on PostgreSQL (a network round trip and a WAL flush
+        # each) fewer examples keep the suite's time in bounds.
+        settings=settings(max_examples=30 if engine_name == "sqlite" else 10,
+                          stateful_step_count=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import queue
 import re
 import threading
 import time
@@ -68,6 +69,8 @@ NOTIFY_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
 MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
 ACTIVE_RECOUNT_SECONDS = 1.0  # other instances change the count of unfinished runs
 BATCH_TRIES = 5
+WRITERS = 4
+LISTEN_POLL_SECONDS = 0.1  # how soon the listener notices the store closing
 READERS = 4
 CONNECT_TIMEOUT_SECONDS = 10
 
@@ -170,14 +173,19 @@ def redact(url: str) -> str:
 class PostgresStore(SqlStore):
     engine = "postgresql"
     shared = True
+    # Each batch waits for network round trips more than for the CPU: several run at
+    # once, as several instances' would (same locks, same SKIP LOCKED claims).
+    writers = WRITERS
 
     def __init__(self, url: str, notification_delay: float = 0.0,
                  instance_id: str = "") -> None:
         super().__init__(notification_delay)
         self.url = url
         self.instance_id = instance_id
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
-        self._conn: psycopg.Connection[Any] | None = None  # the writer's, on its thread
+        self._executor = ThreadPoolExecutor(max_workers=self.writers,
+                                            thread_name_prefix="agentbox-writer")
+        # The writers' connections, each used by one batch at a time; None: reconnect.
+        self._idle: queue.SimpleQueue[psycopg.Connection[Any] | None] = queue.SimpleQueue()
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._readers = ThreadPoolExecutor(max_workers=READERS,
                                            thread_name_prefix="agentbox-reader")
@@ -213,10 +221,13 @@ class PostgresStore(SqlStore):
         self._start_writer()
 
     def _open_writer(self) -> None:
-        self._conn = self._connect()
-        migrate_connection(self._conn, redact(self.url))
-        self._active = self._conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]  # type: ignore[index]
+        conn = self._connect()
+        self._idle.put(conn)
+        migrate_connection(conn, redact(self.url))
+        self._active = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]  # type: ignore[index]
         self._counted_at = time.monotonic()
+        for _ in range(self.writers - 1):
+            self._idle.put(None)  # connected on first use
 
     def _open_pool(self) -> None:
         assert self._pool is not None
@@ -238,9 +249,10 @@ class PostgresStore(SqlStore):
 
     async def _close_connections(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._conn is not None:
-            await loop.run_in_executor(self._executor, self._conn.close)
-            self._conn = None
+        while not self._idle.empty():
+            conn = self._idle.get()
+            if conn is not None:
+                await loop.run_in_executor(self._executor, conn.close)
         if self._pool is not None:
             await loop.run_in_executor(self._readers, self._pool.close)
             self._pool = None
@@ -257,11 +269,12 @@ class PostgresStore(SqlStore):
                                                         ordered)
         except psycopg.Error as exc:
             self.healthy, self.last_error = False, f"storage unavailable: {self._reason(exc)}"
-            await loop.run_in_executor(self._executor, self._drop_connection)
             return [(False, StorageUnavailable(self.last_error))] * len(batch)
         if any(queued.durable for queued in batch):  # as in SQLite: these vouch for health
             self.healthy, self.last_error = True, None
-        self._active = state.active
+        # Batches commit side by side: add this one's change, or take its fresh count.
+        self._active = state.active if state.recounted else self._active + (
+            state.active - state.base)
         answers: list[tuple[bool, Any]] = [(False, None)] * len(batch)
         for position, index in enumerate(order):
             answers[index] = results[position]
@@ -270,17 +283,32 @@ class PostgresStore(SqlStore):
     def _commit_sync(self, batch: list[Queued]) -> tuple[list[tuple[bool, Any]], Batch]:
         """One transaction for the batch; run again after a deadlock, or without an
         operation that failed for a reason other than a refusal (a bug)."""
+        conn = self._idle.get()
+        try:
+            if conn is None or conn.closed:
+                conn = None
+                conn = self._connect()
+            return self._commit_on(conn, batch)
+        except psycopg.Error:
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+            conn = None  # broken or in doubt: the next batch connects again
+            raise
+        finally:
+            self._idle.put(conn)
+
+    def _commit_on(self, conn: psycopg.Connection[Any], batch: list[Queued]
+                   ) -> tuple[list[tuple[bool, Any]], Batch]:
         failed: dict[int, Exception] = {}
         durable = any(queued.durable for queued in batch)
-        for attempt in range(1, BATCH_TRIES + 1):
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            db = PgDb(self._conn)
+        db = PgDb(conn)
+        for attempt in range(1, BATCH_TRIES + len(batch) + 1):
             try:
-                with self._conn.transaction():
-                    state = self._batch_state()
+                with conn.transaction():
+                    state = self._batch_state(conn)
                     if not durable:
-                        self._conn.execute("SET LOCAL synchronous_commit TO OFF")
+                        conn.execute("SET LOCAL synchronous_commit TO OFF")
                     results = self._run_ops(db, state, batch, failed)
                     if results is None:
                         raise _RunAgain
@@ -289,18 +317,19 @@ class PostgresStore(SqlStore):
             except _RunAgain:
                 continue
             except (errors.DeadlockDetected, errors.SerializationFailure):
-                if attempt == BATCH_TRIES:
+                if attempt >= BATCH_TRIES:
                     raise
-                log.info("a write batch met another instance's; running it again",
+                log.info("a write batch met another's; running it again",
                          extra={"operations": len(batch), "attempt": attempt})
         raise StorageUnavailable("a write batch kept failing")  # pragma: no cover
 
-    def _batch_state(self) -> Batch:
+    def _batch_state(self, conn: psycopg.Connection[Any]) -> Batch:
         state = Batch(self._active)
         if time.monotonic() - self._counted_at >= ACTIVE_RECOUNT_SECONDS:
-            assert self._conn is not None
-            state.active = self._conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]  # type: ignore[index]
+            # Other instances start and finish runs too: count them all now and then.
             self._counted_at = time.monotonic()
+            state.active = state.base = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]  # type: ignore[index]
+            state.recounted = True
         return state
 
     @staticmethod
@@ -349,14 +378,8 @@ class PostgresStore(SqlStore):
         db.execute("SELECT pg_notify(?, p) FROM unnest(CAST(? AS text[])) AS p",
                    (CHANNEL, payloads))
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None
-
     async def _abandon(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop_connection)
+        pass  # a batch that failed put its connection back rolled back, or dropped it
 
     def _reason(self, exc: BaseException) -> str:
         return _reason(exc, self.url)
@@ -374,7 +397,7 @@ class PostgresStore(SqlStore):
                     # Whatever was sent while we were not listening: look again now.
                     loop.call_soon_threadsafe(self._remote, None)
                     while not self._stop_listening.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        for note in conn.notifies(timeout=LISTEN_POLL_SECONDS):
                             loop.call_soon_threadsafe(self._remote, note.payload)
             except psycopg.Error as exc:
                 if self._stop_listening.is_set():

@@ -464,6 +464,8 @@ class Batch:
 
     def __init__(self, active: int) -> None:
         self.active = active  # runs not yet terminal, for admission control
+        self.base = active  # what `active` was at the start
+        self.recounted = False  # `base` was counted in this transaction
         self.runs_ready = False  # a run became claimable: wake the dispatchers
         self.outbox_ready = False  # a callback was queued: wake the deliverers
 
@@ -497,6 +499,7 @@ class SqlStore(Store):
     """
 
     engine = "sql"
+    writers = 1  # batches committed at the same time (each on its own connection)
 
     def __init__(self, notification_delay: float = 0.0) -> None:
         self.notification_delay = notification_delay  # before a callback's first attempt
@@ -539,26 +542,42 @@ class SqlStore(Store):
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        free = asyncio.Semaphore(self.writers)
+        running: set[asyncio.Task[None]] = set()
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            free.release()
+
         while not (self._closing and not self._queue):
             await self._wake.wait()
             self._wake.clear()
+            await free.acquire()  # what queues meanwhile joins this batch
             batch, self._queue = self._queue, []
             if not batch:
+                free.release()
                 continue
-            try:
-                results = await self._commit(loop, batch)
-            except Exception as exc:  # a bug: fail this batch, keep the writer alive
-                log.exception("the writer failed a batch")
-                await self._abandon()
-                results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
-                           ] * len(batch)
-            for queued, (ok, value) in zip(batch, results, strict=True):
-                if queued.future.done():
-                    continue
-                if ok:
-                    queued.future.set_result(value)
-                else:
-                    queued.future.set_exception(value)
+            task = asyncio.create_task(self._settle(loop, batch))
+            running.add(task)
+            task.add_done_callback(done)
+        await asyncio.gather(*running)
+
+    async def _settle(self, loop: asyncio.AbstractEventLoop, batch: list[Queued]) -> None:
+        """Commit one batch and answer each of its operations."""
+        try:
+            results = await self._commit(loop, batch)
+        except Exception as exc:  # a bug: fail this batch, keep the writer alive
+            log.exception("the writer failed a batch")
+            await self._abandon()
+            results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
+                       ] * len(batch)
+        for queued, (ok, value) in zip(batch, results, strict=True):
+            if queued.future.done():
+                continue
+            if ok:
+                queued.future.set_result(value)
+            else:
+                queued.future.set_exception(value)
 
     @abc.abstractmethod
     async def _commit(self, loop: asyncio.AbstractEventLoop,

@@ -37,8 +37,8 @@ def create_store(settings: Settings, instance_id: str = "") -> SqlStore:
 def describe(settings: Settings) -> str:
     """Which database, for people: the PostgreSQL URL without its password."""
     if settings.database_url:
-        return f"postgresql {_postgres().redact(settings.database_url)}"
-    return f"sqlite {settings.database_path}"
+        return str(_postgres().redact(settings.database_url))
+    return str(settings.database_path)
 
 
 def migrate(settings: Settings) -> tuple[int, int]:

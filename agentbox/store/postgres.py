@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,9 +45,14 @@ import psycopg
 import psycopg_pool
 from psycopg import errors
 
-from agentbox.runs import InvalidTransition
+from agentbox.events import Envelope, Event
+from agentbox.runs import InvalidTransition, RunStatus
 from agentbox.store import (
+    AdmissionRefused,
     ClaimResult,
+    IngestResult,
+    Outcome,
+    RunRef,
     SchemaTooNew,
     StorageUnavailable,
     StoreError,
@@ -61,7 +67,10 @@ from agentbox.store.sql import (
     Queued,
     RemoteChange,
     SqlStore,
+    _queue_callback,
+    finish_values,
     log,
+    new_run_id,
 )
 
 CHANNEL = "agentbox"
@@ -69,7 +78,7 @@ NOTIFY_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
 MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
 ACTIVE_RECOUNT_SECONDS = 1.0  # other instances change the count of unfinished runs
 BATCH_TRIES = 5
-WRITERS = 4
+WRITERS = 2
 LISTEN_POLL_SECONDS = 0.1  # how soon the listener notices the store closing
 READERS = 4
 CONNECT_TIMEOUT_SECONDS = 10
@@ -195,7 +204,7 @@ class PostgresStore(SqlStore):
 
     @property
     def description(self) -> str:
-        return f"postgresql {redact(self.url)}"
+        return redact(self.url)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -205,7 +214,9 @@ class PostgresStore(SqlStore):
             await loop.run_in_executor(self._executor, self._open_writer)
             self._pool = psycopg_pool.ConnectionPool(
                 self.url, min_size=1, max_size=READERS, open=False,
-                kwargs={"autocommit": True}, name="agentbox-readers")
+                kwargs={"autocommit": True}, name="agentbox-readers",
+                # after a restart of the server, readers find out before a page does
+                check=psycopg_pool.ConnectionPool.check_connection)
             await loop.run_in_executor(self._readers, self._open_pool)
         except psycopg.Error as exc:
             await self._close_connections()
@@ -333,15 +344,38 @@ class PostgresStore(SqlStore):
         return state
 
     @staticmethod
-    def _run_ops(db: Db, state: Batch, batch: list[Queued],
+    def _run_ops(db: PgDb, state: Batch, batch: list[Queued],
                  failed: dict[int, Exception]) -> list[tuple[bool, Any]] | None:
         """Each operation's answer; None when one failed unexpectedly (then the
         transaction is rolled back and the batch runs again without it: unlike
-        a refusal, such a failure may come after the operation wrote)."""
+        a refusal, such a failure may come after the operation wrote).
+
+        Ingests and plain outcomes go first, each kind in a few set-wise
+        statements for the whole batch (the hot path); the rest one by one.
+        """
+        done: dict[int, tuple[bool, Any]] = {}
+        for kind in (_Ingest, _Finish):
+            indexes = [i for i, queued in enumerate(batch)
+                       if isinstance(queued.op, kind) and i not in failed]
+            if not indexes:
+                continue
+            try:
+                answers = kind.bulk(db, state, [batch[i].op for i in indexes])  # type: ignore[misc]
+            except psycopg.Error:
+                raise
+            except Exception as exc:
+                log.exception("a write operation failed")
+                for index in indexes:
+                    failed[index] = StorageUnavailable(f"write failed: {type(exc).__name__}")
+                return None
+            done.update(zip(indexes, answers, strict=True))
         results: list[tuple[bool, Any]] = []
         for index, queued in enumerate(batch):
             if index in failed:
                 results.append((False, failed[index]))
+                continue
+            if index in done:
+                results.append(done[index])
                 continue
             try:
                 results.append((True, queued.op(db, state)))
@@ -383,6 +417,28 @@ class PostgresStore(SqlStore):
 
     def _reason(self, exc: BaseException) -> str:
         return _reason(exc, self.url)
+
+    # -- the hot path: set-wise ingest and outcomes ------------------------------------
+
+    async def ingest(
+        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
+        max_pending: int, max_hops: int | None = None,
+    ) -> IngestResult:
+        env = event.envelope
+        if max_hops is not None and env.hop > max_hops:  # stopped runs: the shared way
+            return await super().ingest(event, body, agents, now, ttl, max_pending, max_hops)
+        return await self._write(_Ingest(env, body, tuple(agents), now, now + ttl, max_pending),
+                                 order=env.idempotency_key)
+
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        if outcome.emitted:  # follow-up events: the shared way
+            return await super().finish(run_id, owner, attempt, outcome, now)
+        target, next_attempt_at, result_json = finish_values(run_id, outcome, now)
+        return await self._write(_Finish(
+            run_id, owner, attempt, target, next_attempt_at, result_json, outcome, now,
+            now + self.notification_delay), order=run_id)
 
     # -- LISTEN ---------------------------------------------------------------------
 
@@ -458,6 +514,236 @@ def _reason(exc: BaseException, url: str) -> str:
 
 class _RunAgain(Exception):
     pass
+
+
+SQL_NEXT_EVENT_PKS = (
+    "SELECT nextval(pg_get_serial_sequence('events', 'pk')) FROM generate_series(1, %s)")
+# Keys in the order given (sorted): concurrent writers lock them in one order.
+SQL_CLAIM_KEYS = """
+INSERT INTO idempotency_keys AS k (key, event_pk, expires_at)
+SELECT * FROM unnest(%s::text[], %s::bigint[], %s::float8[])
+ON CONFLICT (key) DO UPDATE SET event_pk = excluded.event_pk, expires_at = excluded.expires_at
+WHERE k.expires_at <= %s
+RETURNING key
+"""
+SQL_INSERT_EVENTS = """
+INSERT INTO events (pk, event_id, idempotency_key, event_type, source, correlation_id,
+                    causation_id, hop, callback_url, received_at, body)
+SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                     %s::text[], %s::bigint[], %s::text[], %s::float8[], %s::bytea[])
+"""
+SQL_INSERT_RUNS = """
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
+                  updated_at)
+SELECT id, pk, n, agent, 'accepted', at, at, at
+FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::float8[])
+     AS u (id, pk, n, agent, at)
+"""
+SQL_RUNS_OF_KEYS = """
+SELECT k.key, r.run_id, r.agent, r.status FROM idempotency_keys k
+JOIN runs r ON r.event_pk = k.event_pk
+WHERE k.key = ANY(%s) AND k.expires_at > %s ORDER BY k.key, r.ordinal
+"""
+SQL_FINISH_RUNS = """
+UPDATE runs AS r SET status = u.status, lease_owner = NULL, lease_expires_at = NULL,
+       next_attempt_at = u.next_at, updated_at = u.at, completed_at = u.completed,
+       result = u.result, error_code = u.code, error_message = u.message
+FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::text[],
+            %s::text[], %s::text[], %s::text[], %s::bigint[])
+     AS u (run_id, status, next_at, at, completed, result, code, message, owner, attempt)
+WHERE r.run_id = u.run_id AND r.status = 'processing' AND r.lease_owner = u.owner
+  AND r.attempt = u.attempt
+RETURNING r.run_id, r.event_pk, r.attempt_started_at, r.agent
+"""
+SQL_RECORD_ATTEMPTS = """
+INSERT INTO attempts (run_id, attempt, owner, started_at, finished_at, outcome, error_code,
+                      error_message)
+SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::float8[],
+                     %s::text[], %s::text[], %s::text[])
+ON CONFLICT (run_id, attempt) DO UPDATE SET owner = excluded.owner,
+    started_at = excluded.started_at, finished_at = excluded.finished_at,
+    outcome = excluded.outcome, error_code = excluded.error_code,
+    error_message = excluded.error_message
+"""
+SQL_EVENTS_FIELDS = """
+SELECT pk, event_id, event_type, source, callback_url FROM events WHERE pk = ANY(%s)
+"""
+
+
+@dataclass(frozen=True)
+class _Ingest:
+    """An event to store; a batch's ingests are written together (`bulk`)."""
+
+    env: Envelope
+    body: bytes
+    agents: tuple[str, ...]
+    now: float
+    expires_at: float
+    max_pending: int
+
+    def __call__(self, db: Db, state: Batch) -> IngestResult:
+        assert isinstance(db, PgDb)
+        ok, value = self.bulk(db, state, [self])[0]
+        if not ok:
+            raise value
+        result: IngestResult = value
+        return result
+
+    @staticmethod
+    def bulk(db: PgDb, state: Batch, items: list[_Ingest]) -> list[tuple[bool, Any]]:
+        """What the shared ingest operation does, for many events in five statements:
+        admit, claim the keys (a key held by another writer waits for its commit,
+        then counts as a duplicate), insert events and runs, look up duplicates."""
+        conn = db.conn
+        answers: list[tuple[bool, Any] | None] = [None] * len(items)
+        first: dict[str, int] = {}
+        admitted: list[int] = []
+        refused: list[int] = []
+        for index, item in enumerate(items):
+            key = item.env.idempotency_key
+            if key in first:
+                continue  # the same key twice in one batch: answered like the first
+            first[key] = index
+            if state.active + len(item.agents) > item.max_pending:
+                refused.append(index)  # unless it turns out to be a duplicate
+                continue
+            state.active += len(item.agents)
+            admitted.append(index)
+        now = min(item.now for item in items)
+        if admitted:
+            pks = [row[0] for row in conn.execute(SQL_NEXT_EVENT_PKS, (len(admitted),))]
+            claimed = {row[0] for row in conn.execute(SQL_CLAIM_KEYS, (
+                [items[i].env.idempotency_key for i in admitted], pks,
+                [items[i].expires_at for i in admitted], now))}
+            new = [(i, pk) for i, pk in zip(admitted, pks, strict=True)
+                   if items[i].env.idempotency_key in claimed]
+            for i in admitted:
+                if items[i].env.idempotency_key not in claimed:
+                    state.active -= len(items[i].agents)  # a duplicate after all
+            if new:
+                _insert_events(conn, [(items[i], pk) for i, pk in new])
+                state.runs_ready = True
+                runs = _insert_runs(conn, [(items[i], pk) for i, pk in new])
+                for (i, _), refs in zip(new, runs, strict=True):
+                    answers[i] = (True, IngestResult(refs, duplicate=False))
+        unanswered = [i for i in (*admitted, *refused) if answers[i] is None]
+        if unanswered:
+            found: dict[str, list[RunRef]] = {}
+            for key, run_id, agent, status in conn.execute(SQL_RUNS_OF_KEYS, (
+                    [items[i].env.idempotency_key for i in unanswered], now)):
+                found.setdefault(key, []).append(RunRef(run_id, agent, status))
+            for i in unanswered:
+                key = items[i].env.idempotency_key
+                if key in found or i not in refused:
+                    answers[i] = (True, IngestResult(found.get(key, []), duplicate=True))
+                else:
+                    answers[i] = (False, AdmissionRefused(state.active, items[i].max_pending))
+        settled: list[tuple[bool, Any]] = []
+        for index, item in enumerate(items):
+            answer = answers[index]
+            if answer is None:  # a repeat within the batch
+                ok, value = answers[first[item.env.idempotency_key]]  # type: ignore[misc]
+                answer = (ok, IngestResult(value.runs, duplicate=True) if ok else value)
+            settled.append(answer)
+        return settled
+
+
+def _insert_events(conn: psycopg.Connection[Any], rows: list[tuple[_Ingest, int]]) -> None:
+    columns: list[list[Any]] = [[] for _ in range(11)]
+    for item, pk in rows:
+        env = item.env
+        for column, value in zip(columns, (
+                pk, env.event_id, env.idempotency_key, env.event_type, env.source,
+                env.correlation_id, env.causation_id, env.hop, env.callback_url, item.now,
+                item.body), strict=True):
+            column.append(value)
+    conn.execute(SQL_INSERT_EVENTS, columns)
+
+
+def _insert_runs(conn: psycopg.Connection[Any], rows: list[tuple[_Ingest, int]]
+                 ) -> list[list[RunRef]]:
+    columns: list[list[Any]] = [[] for _ in range(5)]
+    refs: list[list[RunRef]] = []
+    for item, pk in rows:
+        refs.append([])
+        for ordinal, agent in enumerate(item.agents):
+            run_id = new_run_id()
+            for column, value in zip(columns, (run_id, pk, ordinal, agent, item.now),
+                                     strict=True):
+                column.append(value)
+            refs[-1].append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
+    conn.execute(SQL_INSERT_RUNS, columns)
+    return refs
+
+
+@dataclass(frozen=True)
+class _Finish:
+    """An attempt's outcome without follow-up events; a batch's are written together."""
+
+    run_id: str
+    owner: str
+    attempt: int
+    target: RunStatus
+    next_attempt_at: float | None
+    result_json: str | None
+    outcome: Outcome
+    now: float
+    notify_due: float
+
+    def __call__(self, db: Db, state: Batch) -> Transition | None:
+        assert isinstance(db, PgDb)
+        ok, value = self.bulk(db, state, [self])[0]
+        if not ok:
+            raise value
+        transition: Transition | None = value
+        return transition
+
+    @staticmethod
+    def bulk(db: PgDb, state: Batch, items: list[_Finish]) -> list[tuple[bool, Any]]:
+        """What the shared finish operation does, for many runs in three statements
+        (plus one per callback owed)."""
+        conn = db.conn
+        columns: list[list[Any]] = [[] for _ in range(10)]
+        for item in items:
+            for column, value in zip(columns, (
+                    item.run_id, item.target.value, item.next_attempt_at, item.now,
+                    item.now if item.target.terminal else None, item.result_json,
+                    item.outcome.error_code, item.outcome.error_message, item.owner,
+                    item.attempt), strict=True):
+                column.append(value)
+        landed = {run_id: (pk, started, agent) for run_id, pk, started, agent in
+                  conn.execute(SQL_FINISH_RUNS, columns)}
+        if not landed:
+            return [(True, None)] * len(items)  # every lease lost
+        attempts: list[list[Any]] = [[] for _ in range(8)]
+        for item in items:
+            if item.run_id in landed:
+                for column, value in zip(attempts, (
+                        item.run_id, item.attempt, item.owner, landed[item.run_id][1],
+                        item.now, item.target.value, item.outcome.error_code,
+                        item.outcome.error_message), strict=True):
+                    column.append(value)
+        conn.execute(SQL_RECORD_ATTEMPTS, attempts)
+        events = {pk: rest for pk, *rest in conn.execute(
+            SQL_EVENTS_FIELDS, ([pk for pk, _, _ in landed.values()],))}
+        answers: list[tuple[bool, Any]] = []
+        for item in items:
+            if item.run_id not in landed:
+                answers.append((True, None))  # lease lost: another holder owns this run now
+                continue
+            event_pk, _, agent = landed[item.run_id]
+            event_id, event_type, source, callback_url = events[event_pk]
+            if item.target.terminal:
+                state.active -= 1
+            else:
+                state.runs_ready = True
+            notify = _queue_callback(db, state, callback_url, item.run_id, item.target.value,
+                                     item.attempt, event_id, item.now, item.notify_due,
+                                     item.outcome.result, item.outcome.error_code)
+            answers.append((True, Transition(item.run_id, item.target.value, item.attempt,
+                                             event_id, event_type, source, agent,
+                                             item.outcome.error_code, notify)))
+        return answers
 
 
 def _transitions(value: Any) -> list[Transition]:

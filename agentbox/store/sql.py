@@ -653,15 +653,7 @@ class SqlStore(Store):
     async def finish(
         self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
     ) -> Transition | None:
-        target = RunStatus(outcome.status)
-        if target is RunStatus.PROCESSING:  # only a lease reclaim stays processing
-            raise InvalidTransition(run_id, RunStatus.PROCESSING, target)
-        check_transition(run_id, RunStatus.PROCESSING, target)
-        # A retry with no time given is due at once, never stranded without one.
-        next_attempt_at = (outcome.next_attempt_at or now
-                           if target is RunStatus.FAILED_RETRYABLE else None)
-        result_json = None if outcome.result is None else json.dumps(
-            outcome.result, separators=(",", ":"), sort_keys=True)
+        target, next_attempt_at, result_json = finish_values(run_id, outcome, now)
 
         def op(conn: Db, state: Batch) -> Transition | None:
             completed_at = now if target.terminal else None
@@ -991,6 +983,21 @@ class SqlStore(Store):
             if found:
                 problems.append(f"{what}: {', '.join(found)}")
         return problems
+
+
+def finish_values(run_id: str, outcome: Outcome, now: float
+                  ) -> tuple[RunStatus, float | None, str | None]:
+    """An outcome's target state (checked), next attempt time and result as stored."""
+    target = RunStatus(outcome.status)
+    if target is RunStatus.PROCESSING:  # only a lease reclaim stays processing
+        raise InvalidTransition(run_id, RunStatus.PROCESSING, target)
+    check_transition(run_id, RunStatus.PROCESSING, target)
+    # A retry with no time given is due at once, never stranded without one.
+    next_attempt_at = (outcome.next_attempt_at or now
+                       if target is RunStatus.FAILED_RETRYABLE else None)
+    result_json = None if outcome.result is None else json.dumps(
+        outcome.result, separators=(",", ":"), sort_keys=True)
+    return target, next_attempt_at, result_json
 
 
 def _runs_of_claimed_key(conn: Db, key: str, now: float) -> list[RunRef] | None:

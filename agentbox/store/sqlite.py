@@ -60,7 +60,7 @@ class SqliteStore(SqlStore):
 
     @property
     def description(self) -> str:
-        return f"sqlite {self.path}"
+        return str(self.path)
 
     # -- life cycle -----------------------------------------------------------------
 

@@ -50,6 +50,7 @@ from agentbox.store import (
     NotReplayable,
     Outcome,
     RunNotFound,
+    SchemaTooNew,
     StorageUnavailable,
     Store,
     notification,
@@ -84,6 +85,9 @@ class Engine(Protocol):
     def dispose(self) -> None:
         """Drop the database (after every store is closed)."""
 
+    def set_schema_version(self, version: int) -> None:
+        """Mark the database as migrated to `version` (as a newer agentbox would)."""
+
 
 class SqliteEngine:
     """A SQLite file in a fresh directory."""
@@ -105,6 +109,10 @@ class SqliteEngine:
 
     def dispose(self) -> None:
         pass
+
+    def set_schema_version(self, version: int) -> None:
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
+            conn.execute(f"PRAGMA user_version = {version}")
 
 
 class PostgresEngine:
@@ -135,6 +143,14 @@ class PostgresEngine:
         if self._conn is not None:
             self._conn.close()
         postgres.drop_database(self.admin_url, self.url)
+
+    def set_schema_version(self, version: int) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("DELETE FROM agentbox_schema")
+            conn.execute("INSERT INTO agentbox_schema (version, applied_at) VALUES (%s, 0)",
+                         (version,))
 
 
 ENGINES: dict[str, Callable[[Path], Engine]] = {"sqlite": SqliteEngine,
@@ -1201,6 +1217,70 @@ def test_second_store_on_the_same_database_is_refused(
     aio(ingest(first, "e1"))  # the refused second store did not disturb the first
     aio(first.close())
     assert aio(make_store().stats())["active"] == 1
+
+
+def stores_on_one_database(engine: Engine, make_store: Callable[[], Store]) -> list[Store]:
+    """Three stores on the database where the engine allows it (instances), else one."""
+    return [make_store()] if engine.single_process else [make_store() for _ in range(3)]
+
+
+def test_concurrent_deliveries_of_one_key_make_one_event(
+    engine: Engine, make_store: Callable[[], Store], aio: Any
+) -> None:
+    stores = stores_on_one_database(engine, make_store)
+
+    async def deliver() -> list[IngestResult]:
+        return await asyncio.gather(*(ingest(stores[i % len(stores)], "same")
+                                      for i in range(30)))
+
+    results = aio(deliver())
+    assert sum(not result.duplicate for result in results) == 1
+    assert {result.runs[0].run_id for result in results} == {results[0].runs[0].run_id}
+    assert aio(stores[0].stats())["runs"]["accepted"] == 1
+
+
+def test_concurrent_claims_never_take_one_run_twice(
+    engine: Engine, make_store: Callable[[], Store], aio: Any
+) -> None:
+    stores = stores_on_one_database(engine, make_store)
+    for n in range(40):
+        aio(ingest(stores[n % len(stores)], f"e{n}"))
+
+    async def claim_all() -> list[ClaimResult]:
+        return await asyncio.gather(*(claim(stores[i % len(stores)], f"w{i}", limit=7)
+                                      for i in range(8)))
+
+    claimed = [run.run_id for result in aio(claim_all()) for run in result.claimed]
+    assert len(claimed) == len(set(claimed)) == 40
+    leases = engine.leases()
+    assert all(status == "processing" for status, _, _ in leases.values())
+
+
+def test_a_database_from_a_newer_agentbox_is_refused_untouched(
+    engine: Engine, make_store: Callable[[], Store], aio: Any
+) -> None:
+    store = make_store()
+    run_id = aio(ingest(store, "e1")).runs[0].run_id
+    aio(store.close())
+    engine.set_schema_version(99)
+    newer = engine.new_store()
+    with pytest.raises(SchemaTooNew, match="newer"):
+        aio(newer.open())
+    engine.set_schema_version(1)  # as it was: the refusal changed nothing
+    reopened = make_store()
+    assert aio(reopened.get_run(run_id))["status"] == "accepted"
+
+
+def test_a_database_from_before_schema_versions_is_migrated_in_place(
+    engine: Engine, make_store: Callable[[], Store], aio: Any
+) -> None:
+    store = make_store()
+    run_id = aio(ingest(store, "e1")).runs[0].run_id
+    aio(store.close())
+    engine.set_schema_version(0)  # tables there, no version recorded: the first releases
+    reopened = make_store()  # applies version 1 again: it only adds what is missing
+    assert aio(reopened.get_run(run_id))["status"] == "accepted"
+    assert not aio(ingest(reopened, "e2")).duplicate
 
 
 def test_reads_after_close_raise_storage_unavailable(store: Store, aio: Any) -> None:

@@ -445,6 +445,7 @@ class PostgresStore(SqlStore):
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand other instances' notifications to the event loop; reconnect when cut."""
         backoff = 0.5
+        own = json.dumps({"from": self.instance_id})[:-1] + ","  # how our payloads start
         while not self._stop_listening.is_set():
             try:
                 with self._connect() as conn:
@@ -454,7 +455,8 @@ class PostgresStore(SqlStore):
                     loop.call_soon_threadsafe(self._remote, None)
                     while not self._stop_listening.is_set():
                         for note in conn.notifies(timeout=LISTEN_POLL_SECONDS):
-                            loop.call_soon_threadsafe(self._remote, note.payload)
+                            if not note.payload.startswith(own):  # ours: announced here
+                                loop.call_soon_threadsafe(self._remote, note.payload)
             except psycopg.Error as exc:
                 if self._stop_listening.is_set():
                     return
@@ -473,8 +475,6 @@ class PostgresStore(SqlStore):
                 message = json.loads(payload)
             except ValueError:
                 return
-            if message.get("from") == self.instance_id:
-                return  # our own commit: announced here already
             change = RemoteChange(
                 bool(message.get("runs")), bool(message.get("outbox")),
                 tuple(Transition(*row) for row in message.get("changes", ())))

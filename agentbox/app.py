@@ -26,6 +26,7 @@ from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.openapi import document
 from agentbox.receiver import Receiver, error_response
+from agentbox.runs import SteadyClock
 from agentbox.store.engines import create_store
 from agentbox.store.sql import RemoteChange
 from agentbox.ui import StatusPages, TokenGuard
@@ -36,8 +37,12 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest g
 
 
 def create_app(
-    settings: Settings, admin_token: str, clock: Callable[[], float] = time.time
+    settings: Settings, admin_token: str, clock: Callable[[], float] | None = None,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Starlette:
+    """`clock` times leases, retries and records (default: a SteadyClock, which a
+    step of the system clock does not move); `wall_clock` checks signature windows."""
+    clock = clock or SteadyClock(wall_clock)
     if not settings.webhook_secret or not settings.callback_secret:
         raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
                           "ensure_callback_secret first")
@@ -52,7 +57,8 @@ def create_app(
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
     deliverer.pause_listeners.append(alerts.on_pause)
-    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics)
+    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics,
+                        wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
 
     pages = StatusPages(settings, store, dispatcher, admin_token)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import random
+import time
+from collections.abc import Callable
 
 
 class RunStatus(enum.StrEnum):
@@ -69,3 +71,24 @@ def backoff_seconds(
     if exponential * 1.2 >= cap:
         return cap * rng.uniform(0.8, 1.0)  # jitter below the cap, never above it
     return exponential * rng.uniform(0.8, 1.2)
+
+
+class SteadyClock:
+    """Unix time that a step of the system clock does not move.
+
+    It reads the wall clock once, at start, and from then on advances with the
+    monotonic clock: when NTP or a person sets the clock an hour forward or
+    back, leases do not expire early (or late) and retries do not fire early (or
+    late). Times stored in the database stay Unix times, so a restart (or
+    another instance) reads them right. Signature windows compare the sender's
+    clock with the wall clock itself: the receiver checks them against
+    `time.time`, not this.
+    """
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._offset = wall() - monotonic()
+
+    def __call__(self) -> float:
+        return self._offset + self._monotonic()

@@ -40,8 +40,8 @@ def main() -> None:
                     subtype="PCM_24")
     old = time.time() - 60
     os.utime(mix, (old, old))
-    server = Server(home, {"AGENTBOX_AGENTS": f"mix.review_requested=tests.support.agents:"
-                                              f"scripted"}).start()
+    server = Server(home, {"AGENTBOX_AGENTS": "mix.review_requested=tests.support.agents:"
+                                              "scripted"}).start()
     try:
         for project in ("ok", "fail-1", "always-fail"):
             server.post(make_event(project_id=project, event_type="mix.review_requested"))

@@ -1,6 +1,6 @@
 """scripts/soak: kill agentbox with -9 at random moments, many times, under load.
 
-    .venv/bin/python scripts/soak.py [--kills 100] [--seed N]
+    .venv/bin/python scripts/soak.py [--kills 100] [--seed N] [--database-url URL]
 
 Each round starts a real `agentbox serve` on 127.0.0.1 (the same data directory
 every time), sends signed events from several threads (with duplicates of
@@ -14,6 +14,10 @@ server drains everything, and the script checks and prints:
 - agent starts after the run was terminal, from the agents' journal (0)
 - callbacks never delivered (0)
 - dead letters, by reason
+
+With --database-url (an empty PostgreSQL database) the same runs on PostgreSQL,
+with 2-second leases: there a restarted instance does not release its previous
+life's leases (another instance might hold them), it waits for them to expire.
 
 It exits 1 when a must-be-0 figure is not 0. All traffic stays on 127.0.0.1.
 """
@@ -74,7 +78,8 @@ class Sender(threading.Thread):
                     self.acknowledged.add(event["event_id"])
 
 
-def soak(kills: int, seed: int, home: Path | None = None, quiet: bool = False) -> dict[str, Any]:
+def soak(kills: int, seed: int, home: Path | None = None, quiet: bool = False,
+         database_url: str | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     home = home or Path(tempfile.mkdtemp(prefix="agentbox-soak-"))
     receiver = CallbackReceiver(CALLBACK_SECRET)
@@ -85,6 +90,8 @@ def soak(kills: int, seed: int, home: Path | None = None, quiet: bool = False) -
            "AGENTBOX_CALLBACK_PAUSE_AFTER_FAILURES": "100000",
            "AGENTBOX_RETRY_BASE_SECONDS": "0.05", "AGENTBOX_RETRY_MAX_SECONDS": "0.2",
            "AGENTBOX_LOG_LEVEL": "warning"}
+    if database_url:
+        env.update(AGENTBOX_DATABASE_URL=database_url, AGENTBOX_LEASE_SECONDS="2")
     sent: list[dict[str, Any]] = []
     acknowledged: set[str] = set()
     lock = threading.Lock()
@@ -115,14 +122,21 @@ def soak(kills: int, seed: int, home: Path | None = None, quiet: bool = False) -
 
         wait_until(settled, 1800, "every run and callback to settle", interval=0.5)
         server.stop()
-        return check(home, acknowledged, server)
+        return check(home, acknowledged, server, database_url)
     finally:
         server.close()
         receiver.close()
 
 
-def check(home: Path, acknowledged: set[str], server: Server) -> dict[str, Any]:
-    conn = sqlite3.connect(home / "data" / "agentbox.sqlite3")
+def check(home: Path, acknowledged: set[str], server: Server,
+          database_url: str | None = None) -> dict[str, Any]:
+    conn: Any
+    if database_url:
+        import psycopg
+
+        conn = psycopg.connect(database_url)
+    else:
+        conn = sqlite3.connect(home / "data" / "agentbox.sqlite3")
     stored = {row[0] for row in conn.execute("SELECT event_id FROM events")}
     doubled = conn.execute(
         "SELECT count(*) FROM (SELECT event_pk FROM runs GROUP BY event_pk, agent "
@@ -159,11 +173,14 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--database-url", default=None,
+                        help="soak on this (empty) PostgreSQL database instead of SQLite")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     started = time.monotonic()
-    report = soak(args.kills, seed)
-    report.update(kills=args.kills, seed=seed,
+    report = soak(args.kills, seed, database_url=args.database_url)
+    report.update(kills=args.kills, seed=seed, engine="postgresql" if args.database_url
+                  else "sqlite",
                   minutes=round((time.monotonic() - started) / 60, 1))
     print(json.dumps(report, indent=2))
     failed = [name for name in MUST_BE_ZERO if report[name]]

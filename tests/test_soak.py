@@ -5,17 +5,35 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from tests.conftest import ROOT
 
 
-def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
+def load_soak() -> ModuleType:
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import soak  # scripts/soak.py
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+    return soak
+
+
+def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
+    soak = load_soak()
     report = soak.soak(kills=4, seed=20261203, home=tmp_path, quiet=True)
+    assert report["events_acknowledged"] > 50, report
+    for name in soak.MUST_BE_ZERO:
+        assert report[name] == 0, report
+
+
+@pytest.mark.postgres
+def test_a_short_soak_on_postgresql_loses_nothing(tmp_path: Path, postgres_url: str) -> None:
+    soak = load_soak()
+    report = soak.soak(kills=3, seed=20261204, home=tmp_path, quiet=True,
+                       database_url=postgres_url)
     assert report["events_acknowledged"] > 50, report
     for name in soak.MUST_BE_ZERO:
         assert report[name] == 0, report

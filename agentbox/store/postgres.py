@@ -788,6 +788,7 @@ async def verify_url(url: str) -> list[str]:
     store._pool = psycopg_pool.ConnectionPool(url, min_size=1, max_size=1, open=False,
                                               kwargs={"autocommit": True})
     try:
+        store._connect().close()  # an unreachable server fails now, not after the pool's wait
         await asyncio.get_running_loop().run_in_executor(store._readers, store._open_pool)
         return await store.integrity_problems()
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:

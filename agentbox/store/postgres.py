@@ -516,57 +516,81 @@ class _RunAgain(Exception):
     pass
 
 
-SQL_NEXT_EVENT_PKS = (
-    "SELECT nextval(pg_get_serial_sequence('events', 'pk')) FROM generate_series(1, %s)")
-# Keys in the order given (sorted): concurrent writers lock them in one order.
-SQL_CLAIM_KEYS = """
-INSERT INTO idempotency_keys AS k (key, event_pk, expires_at)
-SELECT * FROM unnest(%s::text[], %s::bigint[], %s::float8[])
-ON CONFLICT (key) DO UPDATE SET event_pk = excluded.event_pk, expires_at = excluded.expires_at
-WHERE k.expires_at <= %s
-RETURNING key
-"""
-SQL_INSERT_EVENTS = """
-INSERT INTO events (pk, event_id, idempotency_key, event_type, source, correlation_id,
-                    causation_id, hop, callback_url, received_at, body)
-SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                     %s::text[], %s::bigint[], %s::text[], %s::float8[], %s::bytea[])
-"""
-SQL_INSERT_RUNS = """
-INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
-                  updated_at)
-SELECT id, pk, n, agent, 'accepted', at, at, at
-FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::float8[])
-     AS u (id, pk, n, agent, at)
+# One statement stores a batch's events: each takes an event id, then claims its key
+# (in the order given, sorted: concurrent writers lock keys in one order; a key held
+# by another writer's transaction waits for its commit and then is not claimed);
+# the claimed ones get their event and runs. Foreign keys are checked at the end of
+# the statement, when the events are in.
+SQL_STORE_EVENTS = """
+WITH input AS MATERIALIZED (
+    SELECT i.*, nextval('events_pk_seq') AS pk
+    FROM unnest(%(keys)s::text[], %(expires)s::float8[], %(event_ids)s::text[],
+                %(types)s::text[], %(sources)s::text[], %(correlations)s::text[],
+                %(causations)s::text[], %(hops)s::bigint[], %(callbacks)s::text[],
+                %(bodies)s::bytea[])
+         WITH ORDINALITY AS i (key, expires_at, event_id, event_type, source,
+                               correlation_id, causation_id, hop, callback_url, body, n)
+),
+claimed AS (
+    INSERT INTO idempotency_keys AS k (key, event_pk, expires_at)
+    SELECT key, pk, expires_at FROM input ORDER BY n
+    ON CONFLICT (key) DO UPDATE SET event_pk = excluded.event_pk,
+                                    expires_at = excluded.expires_at
+    WHERE k.expires_at <= %(now)s
+    RETURNING key, event_pk
+),
+new_events AS (
+    INSERT INTO events (pk, event_id, idempotency_key, event_type, source, correlation_id,
+                        causation_id, hop, callback_url, received_at, body)
+    SELECT i.pk, i.event_id, i.key, i.event_type, i.source, i.correlation_id,
+           i.causation_id, i.hop, i.callback_url, %(now)s, i.body
+    FROM input i JOIN claimed c ON c.event_pk = i.pk
+),
+new_runs AS (
+    INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at,
+                      accepted_at, updated_at)
+    SELECT r.run_id, c.event_pk, r.ordinal, r.agent, 'accepted', %(now)s, %(now)s, %(now)s
+    FROM unnest(%(run_keys)s::text[], %(run_ids)s::text[], %(ordinals)s::bigint[],
+                %(agents)s::text[]) AS r (key, run_id, ordinal, agent)
+    JOIN claimed c ON c.key = r.key
+)
+SELECT key FROM claimed
 """
 SQL_RUNS_OF_KEYS = """
 SELECT k.key, r.run_id, r.agent, r.status FROM idempotency_keys k
 JOIN runs r ON r.event_pk = k.event_pk
 WHERE k.key = ANY(%s) AND k.expires_at > %s ORDER BY k.key, r.ordinal
 """
+# One statement records a batch's outcomes: the runs (only where the lease is still
+# the caller's), their attempts, and what the transitions report about the events.
 SQL_FINISH_RUNS = """
-UPDATE runs AS r SET status = u.status, lease_owner = NULL, lease_expires_at = NULL,
-       next_attempt_at = u.next_at, updated_at = u.at, completed_at = u.completed,
-       result = u.result, error_code = u.code, error_message = u.message
-FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::text[],
-            %s::text[], %s::text[], %s::text[], %s::bigint[])
-     AS u (run_id, status, next_at, at, completed, result, code, message, owner, attempt)
-WHERE r.run_id = u.run_id AND r.status = 'processing' AND r.lease_owner = u.owner
-  AND r.attempt = u.attempt
-RETURNING r.run_id, r.event_pk, r.attempt_started_at, r.agent
-"""
-SQL_RECORD_ATTEMPTS = """
-INSERT INTO attempts (run_id, attempt, owner, started_at, finished_at, outcome, error_code,
-                      error_message)
-SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::float8[],
-                     %s::text[], %s::text[], %s::text[])
-ON CONFLICT (run_id, attempt) DO UPDATE SET owner = excluded.owner,
-    started_at = excluded.started_at, finished_at = excluded.finished_at,
-    outcome = excluded.outcome, error_code = excluded.error_code,
-    error_message = excluded.error_message
-"""
-SQL_EVENTS_FIELDS = """
-SELECT pk, event_id, event_type, source, callback_url FROM events WHERE pk = ANY(%s)
+WITH u AS MATERIALIZED (
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[],
+                         %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])
+         AS u (run_id, status, next_at, at, completed, result, code, message, owner, attempt)
+),
+done AS (
+    UPDATE runs AS r SET status = u.status, lease_owner = NULL, lease_expires_at = NULL,
+           next_attempt_at = u.next_at, updated_at = u.at, completed_at = u.completed,
+           result = u.result, error_code = u.code, error_message = u.message
+    FROM u
+    WHERE r.run_id = u.run_id AND r.status = 'processing' AND r.lease_owner = u.owner
+      AND r.attempt = u.attempt
+    RETURNING r.run_id, r.event_pk, r.attempt_started_at, r.agent
+),
+recorded AS (
+    INSERT INTO attempts (run_id, attempt, owner, started_at, finished_at, outcome,
+                          error_code, error_message)
+    SELECT d.run_id, u.attempt, u.owner, d.attempt_started_at, u.at, u.status, u.code,
+           u.message
+    FROM done d JOIN u ON u.run_id = d.run_id
+    ON CONFLICT (run_id, attempt) DO UPDATE SET owner = excluded.owner,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        outcome = excluded.outcome, error_code = excluded.error_code,
+        error_message = excluded.error_message
+)
+SELECT d.run_id, d.agent, e.event_id, e.event_type, e.source, e.callback_url
+FROM done d JOIN events e ON e.pk = d.event_pk
 """
 
 
@@ -591,9 +615,9 @@ class _Ingest:
 
     @staticmethod
     def bulk(db: PgDb, state: Batch, items: list[_Ingest]) -> list[tuple[bool, Any]]:
-        """What the shared ingest operation does, for many events in five statements:
-        admit, claim the keys (a key held by another writer waits for its commit,
-        then counts as a duplicate), insert events and runs, look up duplicates."""
+        """What the shared ingest operation does, for many events in one statement
+        (two when some are duplicates): admit, claim the keys, store the events and
+        runs whose key was claimed, then look up the runs of the duplicates."""
         conn = db.conn
         answers: list[tuple[bool, Any] | None] = [None] * len(items)
         first: dict[str, int] = {}
@@ -611,21 +635,16 @@ class _Ingest:
             admitted.append(index)
         now = min(item.now for item in items)
         if admitted:
-            pks = [row[0] for row in conn.execute(SQL_NEXT_EVENT_PKS, (len(admitted),))]
-            claimed = {row[0] for row in conn.execute(SQL_CLAIM_KEYS, (
-                [items[i].env.idempotency_key for i in admitted], pks,
-                [items[i].expires_at for i in admitted], now))}
-            new = [(i, pk) for i, pk in zip(admitted, pks, strict=True)
-                   if items[i].env.idempotency_key in claimed]
+            runs = {i: [RunRef(new_run_id(), agent, RunStatus.ACCEPTED.value)
+                        for agent in items[i].agents] for i in admitted}
+            claimed = {row[0] for row in conn.execute(
+                SQL_STORE_EVENTS, _store_parameters(items, admitted, runs, now))}
             for i in admitted:
-                if items[i].env.idempotency_key not in claimed:
+                if items[i].env.idempotency_key in claimed:
+                    answers[i] = (True, IngestResult(runs[i], duplicate=False))
+                    state.runs_ready = True
+                else:
                     state.active -= len(items[i].agents)  # a duplicate after all
-            if new:
-                _insert_events(conn, [(items[i], pk) for i, pk in new])
-                state.runs_ready = True
-                runs = _insert_runs(conn, [(items[i], pk) for i, pk in new])
-                for (i, _), refs in zip(new, runs, strict=True):
-                    answers[i] = (True, IngestResult(refs, duplicate=False))
         unanswered = [i for i in (*admitted, *refused) if answers[i] is None]
         if unanswered:
             found: dict[str, list[RunRef]] = {}
@@ -648,32 +667,27 @@ class _Ingest:
         return settled
 
 
-def _insert_events(conn: psycopg.Connection[Any], rows: list[tuple[_Ingest, int]]) -> None:
-    columns: list[list[Any]] = [[] for _ in range(11)]
-    for item, pk in rows:
-        env = item.env
-        for column, value in zip(columns, (
-                pk, env.event_id, env.idempotency_key, env.event_type, env.source,
-                env.correlation_id, env.causation_id, env.hop, env.callback_url, item.now,
-                item.body), strict=True):
-            column.append(value)
-    conn.execute(SQL_INSERT_EVENTS, columns)
-
-
-def _insert_runs(conn: psycopg.Connection[Any], rows: list[tuple[_Ingest, int]]
-                 ) -> list[list[RunRef]]:
-    columns: list[list[Any]] = [[] for _ in range(5)]
-    refs: list[list[RunRef]] = []
-    for item, pk in rows:
-        refs.append([])
-        for ordinal, agent in enumerate(item.agents):
-            run_id = new_run_id()
-            for column, value in zip(columns, (run_id, pk, ordinal, agent, item.now),
-                                     strict=True):
-                column.append(value)
-            refs[-1].append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
-    conn.execute(SQL_INSERT_RUNS, columns)
-    return refs
+def _store_parameters(items: list[_Ingest], admitted: list[int],
+                      runs: dict[int, list[RunRef]], now: float) -> dict[str, Any]:
+    """SQL_STORE_EVENTS' arrays: one element per event, and per run."""
+    columns: dict[str, list[Any]] = {name: [] for name in (
+        "keys", "expires", "event_ids", "types", "sources", "correlations", "causations",
+        "hops", "callbacks", "bodies", "run_keys", "run_ids", "ordinals", "agents")}
+    for i in admitted:
+        item, env = items[i], items[i].env
+        for name, value in (
+                ("keys", env.idempotency_key), ("expires", item.expires_at),
+                ("event_ids", env.event_id), ("types", env.event_type),
+                ("sources", env.source), ("correlations", env.correlation_id),
+                ("causations", env.causation_id), ("hops", env.hop),
+                ("callbacks", env.callback_url), ("bodies", item.body)):
+            columns[name].append(value)
+        for ordinal, ref in enumerate(runs[i]):
+            columns["run_keys"].append(env.idempotency_key)
+            columns["run_ids"].append(ref.run_id)
+            columns["ordinals"].append(ordinal)
+            columns["agents"].append(ref.agent)
+    return {**columns, "now": now}
 
 
 @dataclass(frozen=True)
@@ -700,7 +714,7 @@ class _Finish:
 
     @staticmethod
     def bulk(db: PgDb, state: Batch, items: list[_Finish]) -> list[tuple[bool, Any]]:
-        """What the shared finish operation does, for many runs in three statements
+        """What the shared finish operation does, for many runs in one statement
         (plus one per callback owed)."""
         conn = db.conn
         columns: list[list[Any]] = [[] for _ in range(10)]
@@ -711,28 +725,13 @@ class _Finish:
                     item.outcome.error_code, item.outcome.error_message, item.owner,
                     item.attempt), strict=True):
                 column.append(value)
-        landed = {run_id: (pk, started, agent) for run_id, pk, started, agent in
-                  conn.execute(SQL_FINISH_RUNS, columns)}
-        if not landed:
-            return [(True, None)] * len(items)  # every lease lost
-        attempts: list[list[Any]] = [[] for _ in range(8)]
-        for item in items:
-            if item.run_id in landed:
-                for column, value in zip(attempts, (
-                        item.run_id, item.attempt, item.owner, landed[item.run_id][1],
-                        item.now, item.target.value, item.outcome.error_code,
-                        item.outcome.error_message), strict=True):
-                    column.append(value)
-        conn.execute(SQL_RECORD_ATTEMPTS, attempts)
-        events = {pk: rest for pk, *rest in conn.execute(
-            SQL_EVENTS_FIELDS, ([pk for pk, _, _ in landed.values()],))}
+        landed = {run_id: rest for run_id, *rest in conn.execute(SQL_FINISH_RUNS, columns)}
         answers: list[tuple[bool, Any]] = []
         for item in items:
             if item.run_id not in landed:
                 answers.append((True, None))  # lease lost: another holder owns this run now
                 continue
-            event_pk, _, agent = landed[item.run_id]
-            event_id, event_type, source, callback_url = events[event_pk]
+            agent, event_id, event_type, source, callback_url = landed[item.run_id]
             if item.target.terminal:
                 state.active -= 1
             else:

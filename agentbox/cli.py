@@ -27,6 +27,12 @@ def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings
         raise click.ClickException(str(exc)) from None
 
 
+DATABASE_URL_OPTION = click.option(
+    "--database-url", default=None, metavar="URL",
+    help="postgresql://... to share one PostgreSQL database between instances "
+         "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def main() -> None:
@@ -40,9 +46,7 @@ def main() -> None:
               help="Where the database lives (AGENTBOX_DATA_DIR).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help="TOML config file (default: agentbox.toml in the config directory).")
-@click.option("--database-url", default=None, metavar="URL",
-              help="postgresql://... to share one PostgreSQL database between instances "
-                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+@DATABASE_URL_OPTION
 def serve(host: str | None, port: int | None, data_dir: Path | None,
           config_file: Path | None, database_url: str | None) -> None:
     """Receive webhooks, run agents, serve the API."""
@@ -384,9 +388,7 @@ def show(run_id: str, url: str, as_json: bool) -> None:
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-@click.option("--database-url", default=None, metavar="URL",
-              help="postgresql://... to share one PostgreSQL database between instances "
-                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+@DATABASE_URL_OPTION
 def verify(data_dir: Path | None, config_file: Path | None, database_url: str | None) -> None:
     """Check the store's integrity (read-only; safe while the server runs)."""
     from agentbox.store import StoreError, engines
@@ -406,9 +408,7 @@ def verify(data_dir: Path | None, config_file: Path | None, database_url: str | 
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-@click.option("--database-url", default=None, metavar="URL",
-              help="postgresql://... to share one PostgreSQL database between instances "
-                   "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+@DATABASE_URL_OPTION
 def migrate(data_dir: Path | None, config_file: Path | None, database_url: str | None) -> None:
     """Bring the database schema up to date (serve does this at start too).
 

@@ -217,20 +217,23 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
         monitors = [Monitor(server.process.pid) for server in servers]
         for monitor in monitors:
             monitor.start()
-        shares = split_events(events, instances)
-        results: list[dict[str, Any]] = [{} for _ in servers]
+        loaded = min(instances, connections)  # 1 connection loads one instance
+        shares = split_events(events, loaded)
+        results: list[dict[str, Any]] = [{} for _ in range(loaded)]
 
         def load(index: int) -> None:
-            share = connections // instances + (1 if index < connections % instances else 0)
+            share = connections // loaded + (1 if index < connections % loaded else 0)
             results[index] = run_wrk(servers[index].url, shares[index], share, duration)
 
-        threads = [threading.Thread(target=load, args=(i,)) for i in range(instances)]
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(loaded)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         for monitor in monitors:
             monitor.finish()
+        if not all(results):
+            raise SystemExit("a wrk run failed (its error is above)")
         statuses: dict[str, int] = {}
         errors: dict[str, int] = {}
         for result in results:

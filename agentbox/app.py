@@ -25,8 +25,9 @@ from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.openapi import document
-from agentbox.receiver import Receiver, error_response
+from agentbox.receiver import STORAGE_RETRY_AFTER_SECONDS, Receiver, error_response
 from agentbox.runs import SteadyClock
+from agentbox.store import StorageUnavailable
 from agentbox.store.engines import create_store
 from agentbox.store.sql import RemoteChange
 from agentbox.ui import StatusPages, TokenGuard
@@ -113,7 +114,8 @@ def create_app(
             Route("/metrics", api.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_json, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={HTTPException: _http_error, StorageUnavailable: _storage_error,
+                            Exception: _internal_error},
         middleware=[Middleware(TokenGuard, pages=pages)],
         lifespan=lifespan,
     )
@@ -142,6 +144,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     codes = {404: "not_found", 405: "method_not_allowed"}
     return error_response(exc.status_code, codes.get(exc.status_code, "http_error"),
                           str(exc.detail), headers=dict(exc.headers or {}))
+
+
+async def _storage_error(request: Request, exc: Exception) -> Response:
+    """A read the database could not answer (PostgreSQL down, say): 503, never a 500."""
+    return error_response(503, "storage_unavailable", "The store cannot be read right now; "
+                          "retry later. /healthz says why.",
+                          headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)})
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

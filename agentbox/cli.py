@@ -29,8 +29,9 @@ def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings
 
 DATABASE_URL_OPTION = click.option(
     "--database-url", default=None, metavar="URL",
-    help="postgresql://... to share one PostgreSQL database between instances "
-         "(AGENTBOX_DATABASE_URL); without it, SQLite in the data dir.")
+    help="postgresql://... to share one PostgreSQL database between instances; without "
+         "it, SQLite in the data dir. Prefer AGENTBOX_DATABASE_URL: a flag, password and "
+         "all, shows in the process list.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

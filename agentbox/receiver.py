@@ -164,7 +164,8 @@ class Receiver:
         if url is None:
             return
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii():
+        if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
+                or not url.isprintable()):  # no control characters (NUL, newlines, ...)
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", [{"loc": ["callback_url"], "type": "url_invalid",
                                             "msg": "must be an absolute http(s) URL in ASCII "

@@ -73,22 +73,38 @@ def backoff_seconds(
     return exponential * rng.uniform(0.8, 1.2)
 
 
-class SteadyClock:
-    """Unix time that a step of the system clock does not move.
+def _since_boot() -> float:
+    """Seconds that also count while the machine sleeps (Linux); else monotonic."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
 
-    It reads the wall clock once, at start, and from then on advances with the
-    monotonic clock: when NTP or a person sets the clock an hour forward or
-    back, leases do not expire early (or late) and retries do not fire early (or
-    late). Times stored in the database stay Unix times, so a restart (or
-    another instance) reads them right. Signature windows compare the sender's
-    clock with the wall clock itself: the receiver checks them against
-    `time.time`, not this.
+
+class SteadyClock:
+    """Unix time that a step of the system clock does not jump.
+
+    It advances with a clock that never steps (time since boot, suspend
+    included) and slews towards the wall clock by at most SLEW seconds per
+    second: when NTP or a person sets the clock an hour forward or back, leases
+    do not expire early and retries do not fire early or an hour late; the hour
+    is caught up over ten. Times stored in the database stay Unix times, so a
+    restart (or another instance) reads them right. Signature windows compare
+    the sender's clock with the wall clock itself: the receiver checks them
+    against `time.time`, not this.
     """
 
+    SLEW = 0.1
+
     def __init__(self, wall: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._monotonic = monotonic
-        self._offset = wall() - monotonic()
+                 steady: Callable[[], float] = _since_boot) -> None:
+        self._wall, self._steady = wall, steady
+        self._tick = steady()
+        self._now = wall()
 
     def __call__(self) -> float:
-        return self._offset + self._monotonic()
+        tick = self._steady()
+        elapsed = max(0.0, tick - self._tick)
+        self._tick = tick
+        step = self._wall() - (self._now + elapsed)  # how far the wall clock is off
+        self._now += elapsed + max(-elapsed * self.SLEW, min(elapsed * self.SLEW, step))
+        return self._now

@@ -114,6 +114,7 @@ class RunsApi:
         return Response(body, media_type=self._metrics.content_type)
 
     async def healthz(self, request: Request) -> Response:
+        await self.store.probe()  # unhealthy and idle: is the database back?
         body: dict[str, Any] = {"status": "ok", "engine": self.store.engine,
                                 "instance_id": self.instance_id,
                                 "inflight": self.dispatcher.inflight}

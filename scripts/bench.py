@@ -211,9 +211,10 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
     """`instances` agentbox servers on one fresh database, each loaded by its own wrk
     with its share of the connections: accepted/s adds up, latency is the worst one's."""
     url = pg.create()
+    servers: list[Server] = []
     try:
-        servers = [Server("agentbox", work / f"pg-{instances}-{connections}-{i}", url)
-                   for i in range(instances)]
+        servers += [Server("agentbox", work / f"pg-{instances}-{connections}-{i}", url)
+                    for i in range(instances)]
         monitors = [Monitor(server.process.pid) for server in servers]
         for monitor in monitors:
             monitor.start()
@@ -255,6 +256,7 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
         figures.update(settle(servers[0]))
         for server in servers:
             server.stop()
+        servers.clear()
         for share in shares:
             share.unlink()
         stored, runs, not_done = pg.counts(url)
@@ -265,6 +267,8 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
             "ok": 0 <= in_flight <= connections and runs == stored and not_done == 0}
         return figures
     finally:
+        for server in servers:  # a phase that failed: leave no server behind
+            server.process.kill()
         pg.drop(url)
 
 

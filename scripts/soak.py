@@ -140,7 +140,7 @@ def check(home: Path, acknowledged: set[str], server: Server,
     stored = {row[0] for row in conn.execute("SELECT event_id FROM events")}
     doubled = conn.execute(
         "SELECT count(*) FROM (SELECT event_pk FROM runs GROUP BY event_pk, agent "
-        "HAVING count(*) > 1)").fetchone()[0]
+        "HAVING count(*) > 1) AS doubled").fetchone()[0]
     completed = dict(conn.execute(
         "SELECT run_id, completed_at FROM runs WHERE completed_at IS NOT NULL"))
     dead = Counter(code for (code,) in conn.execute(

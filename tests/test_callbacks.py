@@ -351,9 +351,11 @@ def test_bad_input_to_the_callbacks_api_gets_clear_errors(
                                       headers=auth)
         assert response.status_code == 422, (body[:40], response.text)
         assert response.json()["error_code"] == "invalid_request"
-    accepted = server.post(make_event(callback_url="https://bücher.example/cb"))
-    assert accepted.status_code == 422
-    assert accepted.json()["errors"][0]["loc"] == ["callback_url"]
+    for url in ("https://bücher.example/cb", "https://ok.example/a\u0000",
+                "https://ok.example/a\nb"):  # no control characters: NUL, newlines
+        refused = server.post(make_event(callback_url=url))
+        assert refused.status_code == 422, (url, refused.text)
+        assert refused.json()["errors"][0]["loc"] == ["callback_url"]
 
 
 def test_operator_alerts_for_dead_letters_and_paused_destinations(

@@ -36,17 +36,27 @@ class SteppedWall:
         return time.time() + self.offset
 
 
-def test_steady_clock_ignores_steps_of_the_wall_clock() -> None:
-    wall = SteppedWall()
-    ticks = [100.0]
+def test_steady_clock_slews_over_steps_of_the_wall_clock() -> None:
+    ticks, step = [100.0], [0.0]
+
+    def wall() -> float:  # a wall clock that runs with the ticks, plus its steps
+        return 1_785_000_000 + ticks[0] + step[0]
+
     clock = SteadyClock(wall, lambda: ticks[0])
     start = clock()
-    assert abs(start - time.time()) < 1
-    wall.offset = HOUR
-    assert clock() == start
+    assert start == wall()
+    step[0] = HOUR
+    assert clock() == start  # no time passed: no jump
     ticks[0] += 2.5
-    wall.offset = -HOUR
-    assert clock() == start + 2.5
+    assert clock() == pytest.approx(start + 2.5 * 1.1)  # 10 % fast, not an hour ahead
+    step[0] = -HOUR
+    before = clock()
+    ticks[0] += 10
+    assert clock() == pytest.approx(before + 10 * 0.9)  # 10 % slow, never backwards
+    for _ in range(400):  # the step is caught up at 0.1 s per second
+        ticks[0] += 100
+        clock()
+    assert clock() == pytest.approx(wall())
 
 
 def test_clock_steps_neither_expire_leases_nor_move_retries(

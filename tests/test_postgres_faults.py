@@ -96,3 +96,30 @@ def test_cli_errors_never_show_the_database_password(tmp_path: Path) -> None:
         assert done.returncode != 0, command
         assert PASSWORD not in done.stdout + done.stderr, command
         assert "127.0.0.1" in done.stderr and "***" in done.stderr, done.stderr
+
+
+def test_an_unreachable_database_answers_503_on_every_read(
+        server_factory: Callable[..., Server], postgres_admin_url: str,
+        postgres_url: str) -> None:
+    server = server_factory({"AGENTBOX_DATABASE_URL": postgres_url}).start()
+    run_id = server.post(make_event()).json()["run_id"]
+    name = database_name(postgres_url)
+    with psycopg.connect(postgres_admin_url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = %s", (name,))
+    try:
+        for path in ("/runs", f"/runs/{run_id}", "/callbacks", "/callbacks/destinations",
+                     "/healthz"):
+            answer = server.client.get(path)
+            assert answer.status_code == 503, (path, answer.text)
+        answer = server.client.get("/runs")
+        assert answer.json()["error_code"] == "storage_unavailable"
+        assert int(answer.headers["retry-after"]) > 0
+        assert server.post(make_event()).status_code == 503
+    finally:
+        with psycopg.connect(postgres_admin_url, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+    wait_until(lambda: server.client.get("/healthz").status_code == 200, 30, "recovery")
+    assert server.wait_terminal(run_id)["status"] == "succeeded"
+    assert server.post(make_event()).status_code == 202

@@ -19,10 +19,14 @@ rewritten for PostgreSQL's parameter style and locking. What differs:
   sends one `NOTIFY agentbox`; each instance LISTENs, so an idle one starts a
   run another instance accepted at once, and status pages on every instance
   see every change.
-- The database is `shared`: at start-up an instance releases no leases but its
-  own, since another instance may be alive and holding them. A dead instance's
-  runs are taken over when their leases expire (the holder renews them while
-  an agent runs).
+- The database is `shared`: an instance releases no leases at start-up (any
+  other instance may be alive and holding them, and its own previous life had
+  another owner id). A dead instance's runs are taken over when their leases
+  expire (the holder renews them while an agent runs).
+- Every writer connection pins READ COMMITTED and `synchronous_commit`, whatever
+  the server's defaults. A run's row is the lock that orders its writers: state
+  changes update it, and recording a callback's delivery locks it first, so the
+  next notification of the run is never left waiting for one already sent.
 """
 
 from __future__ import annotations
@@ -39,11 +43,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote
 
 import psycopg
 import psycopg_pool
 from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict
 
 from agentbox.events import Envelope, Event
 from agentbox.runs import InvalidTransition, RunStatus
@@ -78,10 +83,15 @@ NOTIFY_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
 MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
 ACTIVE_RECOUNT_SECONDS = 1.0  # other instances change the count of unfinished runs
 BATCH_TRIES = 5
+PROBE_INTERVAL_SECONDS = 1.0
+# A real write (a new row version, WAL to flush) that changes nothing.
+SQL_PROBE = "UPDATE agentbox_schema SET applied_at = applied_at WHERE version = 1"
 WRITERS = 2
 LISTEN_POLL_SECONDS = 0.1  # how soon the listener notices the store closing
 READERS = 4
 CONNECT_TIMEOUT_SECONDS = 10
+# A read waits this long for a connection; a database that refuses them answers 503.
+READ_WAIT_SECONDS = 3
 
 
 def _derive_schema(sqlite_schema: str) -> str:
@@ -119,7 +129,7 @@ WHERE completed_at >= %s GROUP BY 1
 }
 _TOKENS = re.compile(
     r"(?P<literal>'(?:[^']|'')*')"
-    r"|(?P<skip_locked>/\*FOR UPDATE SKIP LOCKED\*/)"
+    r"|/\*(?P<lock>FOR (?:UPDATE SKIP LOCKED|UPDATE|SHARE))\*/"
     r"|(?P<hint>INDEXED BY \w+)"
     r"|(?P<body_text>CAST\((?P<table>\w+\.)?body AS TEXT\))"
     r"|(?P<qmark>\?)"
@@ -140,8 +150,8 @@ def translate(sql: str) -> str:
             kind = "body_text"
         if kind == "literal":
             return match.group().replace("%", "%%")
-        if kind == "skip_locked":
-            return "FOR UPDATE SKIP LOCKED"
+        if kind == "lock":
+            return match.group("lock")
         if kind == "hint":
             return ""
         if kind == "body_text":
@@ -169,14 +179,20 @@ class PgDb:
             cursor.executemany(translate(sql), parameters)
 
 
-def redact(url: str) -> str:
-    """The database URL without its password, for logs, errors and pages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+def redact(text: str, url: str | None = None) -> str:
+    """`text` (by default the database URL itself) without the URL's password, for
+    logs, errors and pages. The password is the one libpq reads (in the user
+    part, whatever characters it holds, or as a `password=` parameter)."""
+    url = text if url is None else url
+    try:
+        password = str(conninfo_to_dict(url).get("password") or "")
+    except psycopg.ProgrammingError:  # not a URL libpq can read: show nothing of it
+        return "***" if url == text else text.replace(url, "***")
+    if not password:
+        return text
+    for form in {password, quote(password, safe=""), quote(password)}:
+        text = text.replace(form, "***")
+    return text
 
 
 class PostgresStore(SqlStore):
@@ -201,6 +217,7 @@ class PostgresStore(SqlStore):
         self._listener: threading.Thread | None = None
         self._stop_listening = threading.Event()
         self._counted_at = 0.0
+        self._probed_at = 0.0
 
     @property
     def description(self) -> str:
@@ -215,21 +232,29 @@ class PostgresStore(SqlStore):
             self._pool = psycopg_pool.ConnectionPool(
                 self.url, min_size=1, max_size=READERS, open=False,
                 kwargs={"autocommit": True}, name="agentbox-readers",
+                # a database that refused connections for a while is tried again soon
+                # after (the pool's backoff would otherwise reach minutes)
+                reconnect_timeout=READ_WAIT_SECONDS,
                 # after a restart of the server, readers find out before a page does
                 check=psycopg_pool.ConnectionPool.check_connection)
             await loop.run_in_executor(self._readers, self._open_pool)
         except psycopg.Error as exc:
-            await self._close_connections()
+            await self._abandon_open()
             raise StorageUnavailable(f"cannot open {redact(self.url)}: "
                                      f"{self._reason(exc)}") from None
         except BaseException:
-            await self._close_connections()
+            await self._abandon_open()
             raise
         self._stop_listening.clear()
         self._listener = threading.Thread(target=self._listen, args=(loop,),
                                           name="agentbox-listener", daemon=True)
         self._listener.start()
         self._start_writer()
+
+    async def _abandon_open(self) -> None:
+        await self._close_connections()
+        self._executor.shutdown(wait=False)
+        self._readers.shutdown(wait=False)
 
     def _open_writer(self) -> None:
         conn = self._connect()
@@ -245,8 +270,12 @@ class PostgresStore(SqlStore):
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                application_name=f"agentbox {self.instance_id}"[:63])
+        # Whatever the server's defaults: the claims and duplicate checks rely on
+        # each statement seeing what committed before it.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
 
     async def close(self) -> None:
         await self._stop_writer()
@@ -318,8 +347,8 @@ class PostgresStore(SqlStore):
             try:
                 with conn.transaction():
                     state = self._batch_state(conn)
-                    if not durable:
-                        conn.execute("SET LOCAL synchronous_commit TO OFF")
+                    # A 202 waits for the WAL flush, whatever the server's default says.
+                    conn.execute(f"SET LOCAL synchronous_commit TO {'ON' if durable else 'OFF'}")
                     results = self._run_ops(db, state, batch, failed)
                     if results is None:
                         raise _RunAgain
@@ -440,6 +469,20 @@ class PostgresStore(SqlStore):
             run_id, owner, attempt, target, next_attempt_at, result_json, outcome, now,
             now + self.notification_delay), order=run_id)
 
+    async def probe(self) -> None:
+        """When unhealthy: try a small durable write, at most once a second. An idle
+        instance (a balancer sends it nothing while /healthz says 503) thus finds
+        out by itself that the database takes writes again."""
+        if self.healthy or time.monotonic() - self._probed_at < PROBE_INTERVAL_SECONDS:
+            return
+        self._probed_at = time.monotonic()
+
+        def op(conn: Db, state: Batch) -> None:
+            conn.execute(SQL_PROBE)
+
+        with contextlib.suppress(StorageUnavailable):
+            await self._write(op)
+
     # -- LISTEN ---------------------------------------------------------------------
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -499,7 +542,7 @@ class PostgresStore(SqlStore):
 
     def _read(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         assert self._pool is not None
-        with self._pool.connection(timeout=CONNECT_TIMEOUT_SECONDS) as conn:
+        with self._pool.connection(timeout=READ_WAIT_SECONDS) as conn:
             rows: list[Any] = conn.execute(translate(sql), params or None).fetchall()
             return rows
 
@@ -507,9 +550,7 @@ class PostgresStore(SqlStore):
 def _reason(exc: BaseException, url: str) -> str:
     """An error's kind and first line, never the password."""
     lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    password = urlsplit(url).password
-    return text.replace(password, "***") if password else text
+    return redact(f"{type(exc).__name__}: {lines[0] if lines else ''}", url)
 
 
 class _RunAgain(Exception):

@@ -3,10 +3,11 @@
 SQLite and PostgreSQL run the same operations (plain functions of a connection
 and the batch they commit in) with the same SQL, written once in the form both
 dialects accept. The few words that differ are marked in the statements and
-rewritten by the PostgreSQL engine: `INDEXED BY` hints (SQLite only) and
-`/*FOR UPDATE SKIP LOCKED*/` (PostgreSQL only: concurrent instances skip the
-rows another one is claiming). Each engine brings its connection, its writer
-(group commit) and its reads; `SqlStore` does the rest.
+rewritten by the PostgreSQL engine: `INDEXED BY` hints (SQLite only), and
+row locks in comments that PostgreSQL makes real: `/*FOR UPDATE SKIP LOCKED*/`
+(concurrent instances skip the rows another one is claiming), `/*FOR UPDATE*/`
+and `/*FOR SHARE*/` (SQLite's writer is alone: it needs none). Each engine brings
+its connection, its writer (group commit) and its reads; `SqlStore` does the rest.
 """
 
 from __future__ import annotations
@@ -267,6 +268,12 @@ WHERE run_id = ? AND status = 'processing' AND lease_owner = ? AND attempt = ?
 RETURNING event_pk, attempt_started_at, agent
 """
 SQL_EVENT_FIELDS = "SELECT event_id, event_type, source, callback_url FROM events WHERE pk = ?"
+# What serialises the writers of a run's rows on PostgreSQL: whoever changes a run's
+# state, or its callbacks' readiness, holds its row until commit.
+SQL_LOCK_RUN = "SELECT status, attempt FROM runs WHERE run_id = ? /*FOR UPDATE*/"
+# A callback queued while its destination is being paused or resumed waits for that.
+SQL_LOCK_DESTINATION = (
+    "SELECT state FROM callback_destinations WHERE destination = ? /*FOR SHARE*/")
 SQL_EXTEND_LEASE = """
 UPDATE runs SET lease_expires_at = ?
 WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
@@ -692,7 +699,9 @@ class SqlStore(Store):
 
     async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
         def op(conn: Db, state: Batch) -> None:
-            conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner) for run_id in run_ids])
+            # In run_id order, as the other writers take run rows: no deadlock.
+            conn.executemany(SQL_EXTEND_LEASE,
+                             [(until, run_id, owner) for run_id in sorted(run_ids)])
 
         await self._write(op, durable=False)
 
@@ -707,6 +716,7 @@ class SqlStore(Store):
 
     async def replay(self, run_id: str, now: float) -> Transition:
         def op(conn: Db, state: Batch) -> Transition:
+            conn.execute(SQL_LOCK_RUN, (run_id,))  # a concurrent replay or claim waits
             row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
@@ -732,8 +742,7 @@ class SqlStore(Store):
     async def discard(self, run_id: str, reason: str, now: float) -> None:
         """Set a dead letter aside with a reason (it stays, out of the dead-letter list)."""
         def op(conn: Db, state: Batch) -> None:
-            row = conn.execute("SELECT status, attempt FROM runs WHERE run_id = ?",
-                               (run_id,)).fetchone()
+            row = conn.execute(SQL_LOCK_RUN, (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
             if row[0] != RunStatus.DEAD_LETTERED:
@@ -768,6 +777,9 @@ class SqlStore(Store):
         delivered = result.state == "delivered"
 
         def op(conn: Db, state: Batch) -> str | None:
+            # The run's row first (as its state changes take it): a notification the
+            # run queues meanwhile sees this one still pending, or after its commit.
+            conn.execute(SQL_LOCK_RUN, (notification.run_id,))
             landed = conn.execute(SQL_RECORD_DELIVERY, (
                 result.state, now, now if delivered else None,
                 result.next_attempt_at if result.state == "pending" else None,
@@ -975,6 +987,9 @@ class SqlStore(Store):
             for d, st, f, r, p, e, u in await self._rows(SQL_DESTINATIONS)
         ]
 
+    async def probe(self) -> None:
+        """Unhealthy: find out whether writes are taken again (see PostgresStore)."""
+
     async def integrity_problems(self) -> list[str]:
         """The invariants that no normal operation breaks, checked read-only."""
         problems = []
@@ -1168,9 +1183,11 @@ def _queue_callback(
     state.outbox_ready = True
     notification_id, body = notification(run_id, status, attempt, event_id, result, error_code,
                                          now)
+    destination = origin_of(callback_url)
+    conn.execute(SQL_LOCK_DESTINATION, (destination,))
     conn.execute(SQL_INSERT_NOTIFICATION, {
         "id": notification_id, "run_id": run_id, "status": status,
-        "destination": origin_of(callback_url), "url": callback_url, "body": body, "now": now,
+        "destination": destination, "url": callback_url, "body": body, "now": now,
         "due": due})
     return True
 

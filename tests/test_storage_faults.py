@@ -72,6 +72,44 @@ def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_read_only_database_answers_503_and_recovers(tmp_path: Path) -> None:
+    settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
+                                      "AGENTBOX_WEBHOOK_SECRET": SECRET,
+                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret",
+                                      "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
+                                      "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "0.2"},
+                             overrides={"config_dir": tmp_path / "config"})
+    app = create_app(settings, admin_token="t")
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=transport, base_url="http://agentbox") as client:
+            store: SqliteStore = app.state.store
+            first = await post(client, make_event(project_id="sleep-30"))
+            assert first.status_code == 202
+            conn = store._conn  # the real writer connection: it may no longer write
+            assert conn is not None
+            conn.execute("PRAGMA query_only = 1")
+            lost = make_event(project_id="sleep-30")
+            refused = await post(client, lost)
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["Retry-After"]) > 0
+            health = await client.get("/healthz")
+            assert health.status_code == 503 and "readonly" in health.json()["reason"]
+            assert "Events cannot be stored" in (await client.get("/")).text
+            conn.execute("PRAGMA query_only = 0")
+            again = await post(client, make_event(project_id="sleep-30"))
+            assert again.status_code == 202
+            assert (await client.get("/healthz")).status_code == 200
+            runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
+            ids = {r["run_id"] for r in runs}
+            assert {first.json()["run_id"], again.json()["run_id"]} <= ids
+            assert lost["event_id"] not in {r["event_id"] for r in runs}
+
+    asyncio.run(scenario())
+
+
 def test_a_removed_data_directory_answers_503_not_202(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory().start()

@@ -342,6 +342,8 @@ UPDATE outbox SET ready = CASE WHEN EXISTS (
 WHERE pk = (SELECT pk FROM outbox INDEXED BY outbox_pending_run
             WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT 1)
 """
+SQL_DESTINATION_STATE = (
+    "SELECT state, consecutive_failures FROM callback_destinations WHERE destination = ?")
 SQL_COUNT_DESTINATION_ATTEMPT = """
 INSERT INTO callback_destinations (destination, consecutive_failures, last_error, updated_at)
 VALUES (:destination, :failures, :error, :now)
@@ -788,10 +790,16 @@ class SqlStore(Store):
             )).rowcount
             if not landed:
                 return None  # the lease ran out and someone else has it now
-            dest_state, failures = conn.execute(SQL_COUNT_DESTINATION_ATTEMPT, {
-                "destination": notification.destination, "failures": 0 if delivered else 1,
-                "error": result.error, "now": now,
-            }).fetchone()
+            known = conn.execute(SQL_DESTINATION_STATE, (notification.destination,)).fetchone()
+            if delivered and known is not None and known[1] == 0 and result.pause_reason is None:
+                # Nothing to count: no write, so no lock on the destination's row, which
+                # every writer queueing a callback to it reads (no waits, no deadlocks).
+                dest_state, failures = known
+            else:
+                dest_state, failures = conn.execute(SQL_COUNT_DESTINATION_ATTEMPT, {
+                    "destination": notification.destination, "failures": 0 if delivered else 1,
+                    "error": result.error, "now": now,
+                }).fetchone()
             reason = result.pause_reason
             if reason is None and not delivered and failures >= pause_after_failures:
                 reason = f"{failures} failures in a row"

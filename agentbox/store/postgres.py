@@ -271,7 +271,11 @@ class PostgresStore(SqlStore):
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                               application_name=f"agentbox {self.instance_id}"[:63])
+                               application_name=f"agentbox {self.instance_id}"[:63],
+                               # a connection whose peer vanished (the listener's, above
+                               # all) is found dead within a minute, not hours
+                               keepalives=1, keepalives_idle=30, keepalives_interval=10,
+                               keepalives_count=3)
         # Whatever the server's defaults: the claims and duplicate checks rely on
         # each statement seeing what committed before it.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

@@ -217,11 +217,6 @@ INSERT INTO run_history (run_id, at, status, attempt, note) VALUES (?, ?, ?, ?, 
 SQL_COUNT_ACTIVE = (
     "SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')"
 )
-SQL_DUE_WAITING = """
-SELECT run_id FROM runs
-WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at <= ?
-ORDER BY next_attempt_at LIMIT ?
-"""
 SQL_DUE_EXPIRED = """
 SELECT run_id FROM runs INDEXED BY runs_leased
 WHERE status = 'processing' AND lease_expires_at <= ?
@@ -249,7 +244,6 @@ WHERE run_id IN (
     ORDER BY next_attempt_at LIMIT :limit /*FOR UPDATE SKIP LOCKED*/)
 RETURNING run_id, agent, attempt, attempt_base, accepted_at, event_pk
 """
-CLAIMED_FROM = ("accepted", "failed_retryable")  # the states SQL_CLAIM_WAITING takes
 SQL_EVENTS_BY_PK = (
     "SELECT pk, body, event_id, event_type, source, callback_url FROM events WHERE pk IN ({})")
 SQL_RECORD_ATTEMPT = """

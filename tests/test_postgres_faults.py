@@ -84,15 +84,34 @@ def test_a_read_only_database_answers_503_and_recovers(
         assert PASSWORD not in text
 
 
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")},
+            "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "AGENTBOX_DATA_DIR": str(tmp_path / "data")}
+
+
+def agentbox(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentbox", *args], env=cli_env(tmp_path),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_verify_checks_a_postgresql_store_read_only(tmp_path: Path, postgres_url: str) -> None:
+    assert agentbox(tmp_path, "migrate", "--database-url", postgres_url).returncode == 0
+    clean = agentbox(tmp_path, "verify", "--database-url", postgres_url)
+    assert clean.returncode == 0 and clean.stdout.strip().endswith(": ok"), clean.stdout
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # damage: an event, no run
+        conn.execute("INSERT INTO events (event_id, idempotency_key, event_type, source, "
+                     "received_at, body) VALUES ('orphan', 'k', 't', 's', 0, '\\x00')")
+    damaged = agentbox(tmp_path, "verify", "--database-url", postgres_url)
+    assert damaged.returncode == 1
+    assert "events without any run: orphan" in damaged.stdout
+
+
 def test_cli_errors_never_show_the_database_password(tmp_path: Path) -> None:
     free = "postgresql://agentbox:" + PASSWORD + "@127.0.0.1:1/agentbox"  # nothing listens
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")},
-           "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-           "AGENTBOX_DATA_DIR": str(tmp_path / "data")}
     for command in (["migrate", "--database-url", free], ["verify", "--database-url", free],
                     ["serve", "--port", "1", "--database-url", free]):
-        done = subprocess.run([sys.executable, "-m", "agentbox", *command], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = agentbox(tmp_path, *command)
         assert done.returncode != 0, command
         assert PASSWORD not in done.stdout + done.stderr, command
         assert "127.0.0.1" in done.stderr and "***" in done.stderr, done.stderr

@@ -3,7 +3,6 @@ AGENTBOX_DATABASE_URL (`--database-url`) is set."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from agentbox.config import ConfigError, Settings
@@ -54,7 +53,7 @@ def migrate(settings: Settings) -> tuple[int, int]:
 def verify(settings: Settings) -> list[str]:
     """The store's invariants, checked read-only: one line per problem."""
     if settings.database_url:
-        problems: list[str] = asyncio.run(_postgres().verify_url(settings.database_url))
+        problems: list[str] = _postgres().verify_url(settings.database_url)
         return problems
     from agentbox.store.sqlite import verify_database
 

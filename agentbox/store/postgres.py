@@ -74,6 +74,7 @@ from agentbox.store.sql import (
     SqlStore,
     _queue_callback,
     finish_values,
+    integrity_problems,
     log,
     new_run_id,
 )
@@ -826,18 +827,11 @@ def migrate_url(url: str) -> tuple[int, int]:
         raise StorageUnavailable(f"cannot migrate {redact(url)}: {_reason(exc, url)}") from None
 
 
-async def verify_url(url: str) -> list[str]:
+def verify_url(url: str) -> list[str]:
     """`agentbox verify` for a PostgreSQL store: the shared invariants, read-only."""
-    store = PostgresStore(url)
-    store._pool = psycopg_pool.ConnectionPool(url, min_size=1, max_size=1, open=False,
-                                              kwargs={"autocommit": True})
     try:
-        store._connect().close()  # an unreachable server fails now, not after the pool's wait
-        await asyncio.get_running_loop().run_in_executor(store._readers, store._open_pool)
-        return await store.integrity_problems()
-    except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-        raise StorageUnavailable(f"cannot read {redact(url)}: {store._reason(exc)}") from None
-    finally:
-        await store._close_connections()
-        store._executor.shutdown()
-        store._readers.shutdown()
+        with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                             options="-c default_transaction_read_only=on") as conn:
+            return integrity_problems(lambda sql: conn.execute(translate(sql)).fetchall())
+    except psycopg.Error as exc:
+        raise StorageUnavailable(f"cannot read {redact(url)}: {_reason(exc, url)}") from None

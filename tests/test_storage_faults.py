@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,14 @@ async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Respon
                              headers=sign_headers(SECRET, body, int(time.time())))
 
 
-def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
-    # Agents that take their time: no outcome is written between a refusal and the
-    # health check (a small write may still fit, and a durable one vouches for health).
+Scenario = Callable[[httpx.AsyncClient, sqlite3.Connection], Awaitable[None]]
+
+
+def run_in_app(tmp_path: Path, scenario: Scenario) -> None:
+    """Run `scenario(client, the store's real writer connection)` against an app in
+    this process. Its agents take their time: no outcome is written between a
+    refusal and the health check (a small write may still fit, and a durable one
+    vouches for health)."""
     settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
                                       "AGENTBOX_WEBHOOK_SECRET": SECRET,
                                       "AGENTBOX_CALLBACK_SECRET": "callback-secret",
@@ -39,75 +45,68 @@ def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
                              overrides={"config_dir": tmp_path / "config"})
     app = create_app(settings, admin_token="t")
 
-    async def scenario() -> None:
-        transport = httpx.ASGITransport(app=app)
+    async def run() -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=transport, base_url="http://agentbox") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://agentbox") as client:
             store: SqliteStore = app.state.store
-            assert (await post(client, make_event(project_id="sleep-30"))).status_code == 202
-            conn = store._conn  # the real writer connection: make its file "full"
-            assert conn is not None
-            pages = conn.execute("PRAGMA page_count").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count = {pages}")
-            accepted = []
-            for _ in range(1000):  # the pages left fill up within a few events
-                big = make_event(project_id="sleep-30")
-                big["payload"]["mix_url"] = "/" + "m" * 2000
-                refused = await post(client, big)
-                if refused.status_code != 202:
-                    break
-                accepted.append(refused.json()["run_id"])
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error_code"] == "storage_unavailable"
-            assert int(refused.headers["Retry-After"]) > 0
-            health = await client.get("/healthz")
-            assert health.status_code == 503 and "full" in health.json()["reason"], health.text
-            runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
-            assert big["event_id"] not in {r["event_id"] for r in runs}
-            assert set(accepted) <= {r["run_id"] for r in runs}
-            conn.execute("PRAGMA max_page_count = 1073741823")
-            assert (await post(client, big)).status_code == 202
-            assert (await client.get("/healthz")).status_code == 200
+            assert store._conn is not None
+            await scenario(client, store._conn)
 
-    asyncio.run(scenario())
+    asyncio.run(run())
+
+
+def test_full_storage_answers_503_and_recovers(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, conn: sqlite3.Connection) -> None:
+        assert (await post(client, make_event(project_id="sleep-30"))).status_code == 202
+        # the writer's file is "full": it may not grow
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        accepted = []
+        for _ in range(1000):  # the pages left fill up within a few events
+            big = make_event(project_id="sleep-30")
+            big["payload"]["mix_url"] = "/" + "m" * 2000
+            refused = await post(client, big)
+            if refused.status_code != 202:
+                break
+            accepted.append(refused.json()["run_id"])
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error_code"] == "storage_unavailable"
+        assert int(refused.headers["Retry-After"]) > 0
+        health = await client.get("/healthz")
+        assert health.status_code == 503 and "full" in health.json()["reason"], health.text
+        runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
+        assert big["event_id"] not in {r["event_id"] for r in runs}
+        assert set(accepted) <= {r["run_id"] for r in runs}
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        assert (await post(client, big)).status_code == 202
+        assert (await client.get("/healthz")).status_code == 200
+
+    run_in_app(tmp_path, scenario)
 
 
 def test_a_read_only_database_answers_503_and_recovers(tmp_path: Path) -> None:
-    settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
-                                      "AGENTBOX_WEBHOOK_SECRET": SECRET,
-                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret",
-                                      "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
-                                      "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "0.2"},
-                             overrides={"config_dir": tmp_path / "config"})
-    app = create_app(settings, admin_token="t")
+    async def scenario(client: httpx.AsyncClient, conn: sqlite3.Connection) -> None:
+        first = await post(client, make_event(project_id="sleep-30"))
+        assert first.status_code == 202
+        # the writer may no longer write at all
+        conn.execute("PRAGMA query_only = 1")
+        lost = make_event(project_id="sleep-30")
+        refused = await post(client, lost)
+        assert refused.status_code == 503, refused.text
+        assert int(refused.headers["Retry-After"]) > 0
+        health = await client.get("/healthz")
+        assert health.status_code == 503 and "readonly" in health.json()["reason"]
+        assert "Events cannot be stored" in (await client.get("/")).text
+        conn.execute("PRAGMA query_only = 0")
+        again = await post(client, make_event(project_id="sleep-30"))
+        assert again.status_code == 202
+        assert (await client.get("/healthz")).status_code == 200
+        runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
+        ids = {r["run_id"] for r in runs}
+        assert {first.json()["run_id"], again.json()["run_id"]} <= ids
+        assert lost["event_id"] not in {r["event_id"] for r in runs}
 
-    async def scenario() -> None:
-        transport = httpx.ASGITransport(app=app)
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=transport, base_url="http://agentbox") as client:
-            store: SqliteStore = app.state.store
-            first = await post(client, make_event(project_id="sleep-30"))
-            assert first.status_code == 202
-            conn = store._conn  # the real writer connection: it may no longer write
-            assert conn is not None
-            conn.execute("PRAGMA query_only = 1")
-            lost = make_event(project_id="sleep-30")
-            refused = await post(client, lost)
-            assert refused.status_code == 503, refused.text
-            assert int(refused.headers["Retry-After"]) > 0
-            health = await client.get("/healthz")
-            assert health.status_code == 503 and "readonly" in health.json()["reason"]
-            assert "Events cannot be stored" in (await client.get("/")).text
-            conn.execute("PRAGMA query_only = 0")
-            again = await post(client, make_event(project_id="sleep-30"))
-            assert again.status_code == 202
-            assert (await client.get("/healthz")).status_code == 200
-            runs = (await client.get("/runs", params={"limit": 500})).json()["runs"]
-            ids = {r["run_id"] for r in runs}
-            assert {first.json()["run_id"], again.json()["run_id"]} <= ids
-            assert lost["event_id"] not in {r["event_id"] for r in runs}
-
-    asyncio.run(scenario())
+    run_in_app(tmp_path, scenario)
 
 
 def test_a_removed_data_directory_answers_503_not_202(

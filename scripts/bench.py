@@ -186,14 +186,6 @@ class Postgres:
         with self.psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def counts(self, url: str) -> tuple[int, int, int]:
-        with self.psycopg.connect(url) as conn:
-            events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
-            not_done = conn.execute(
-                "SELECT count(*) FROM runs WHERE status != 'succeeded'").fetchone()[0]
-        return events, runs, not_done
-
 
 def split_events(events: Path, parts: int) -> list[Path]:
     """Every instance gets its own share of the unique events."""
@@ -259,12 +251,8 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
         servers.clear()
         for share in shares:
             share.unlink()
-        stored, runs, not_done = pg.counts(url)
-        in_flight = stored - statuses.get("202", 0)
-        figures["store_check"] = {
-            "events": stored, "runs": runs, "accepted": statuses.get("202", 0),
-            "not_succeeded": not_done, "uncounted_in_flight": in_flight,
-            "ok": 0 <= in_flight <= connections and runs == stored and not_done == 0}
+        figures["store_check"] = check_store(work, statuses.get("202", 0), connections,
+                                             database_url=url)
         return figures
     finally:
         for server in servers:  # a phase that failed: leave no server behind
@@ -276,17 +264,7 @@ def postgres_drain_phase(pg: Postgres, work: Path, events: Path, rate: float,
                          duration: float, connections: int = 64) -> dict[str, Any]:
     url = pg.create()
     try:
-        server = Server("agentbox", work / "pg-drain", url)
-        monitor = Monitor(server.process.pid)
-        monitor.start()
-        wrk = run_wrk(server.url, events, connections, duration, connections / rate * 1000)
-        monitor.finish()
-        settle(server)
-        server.stop()
-        with pg.psycopg.connect(url) as conn:
-            rows = conn.execute("SELECT accepted_at, completed_at FROM runs "
-                                "WHERE status = 'succeeded'").fetchall()
-        return _drain_figures(rate, wrk, rows, monitor)
+        return drain_phase(work / "pg-drain", events, rate, duration, connections, url)
     finally:
         pg.drop(url)
 
@@ -328,13 +306,27 @@ def settle(server: Server, timeout: float = 300) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def check_store(data_dir: Path, accepted: int, connections: int,
-                baseline: int = 0) -> dict[str, Any]:
+def store_rows(data_dir: Path, database_url: str | None, sql: str,
+               params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """A query's rows from the store: the SQLite file in `data_dir`, or PostgreSQL."""
+    if database_url:
+        import psycopg
+
+        with psycopg.connect(database_url) as conn:
+            return conn.execute(sql.replace("?", "%s"), params).fetchall()
     conn = sqlite3.connect(data_dir / "agentbox.sqlite3")
-    events = conn.execute("SELECT count(*) FROM events").fetchone()[0] - baseline
-    runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0] - baseline
-    not_done = conn.execute("SELECT count(*) FROM runs WHERE status != 'succeeded'").fetchone()[0]
-    conn.close()
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def check_store(data_dir: Path, accepted: int, connections: int, baseline: int = 0,
+                database_url: str | None = None) -> dict[str, Any]:
+    (events, runs, not_done), = store_rows(data_dir, database_url, (
+        "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM runs), "
+        "(SELECT count(*) FROM runs WHERE status != 'succeeded')"))
+    events, runs = events - baseline, runs - baseline
     # wrk stops at its deadline without waiting for the requests still in flight: the
     # server may have stored (and answered) up to one per connection that wrk never counted.
     in_flight = events - accepted
@@ -344,10 +336,10 @@ def check_store(data_dir: Path, accepted: int, connections: int,
 
 
 def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
-                connections: int = 64) -> dict[str, Any]:
+                connections: int = 64, database_url: str | None = None) -> dict[str, Any]:
     """Offer `rate` events/s and measure 202 -> succeeded from the store's own timestamps."""
     since = time.time()
-    server = Server("agentbox", data_dir)
+    server = Server("agentbox", data_dir, database_url)
     monitor = Monitor(server.process.pid)
     monitor.start()
     pace_ms = connections / rate * 1000
@@ -355,15 +347,8 @@ def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
     monitor.finish()
     settle(server)
     server.stop()
-    conn = sqlite3.connect(data_dir / "agentbox.sqlite3")
-    rows = conn.execute("SELECT accepted_at, completed_at FROM runs WHERE accepted_at >= ? "
-                        "AND status = 'succeeded'", (since,)).fetchall()
-    conn.close()
-    return _drain_figures(rate, wrk, rows, monitor)
-
-
-def _drain_figures(rate: float, wrk: dict[str, Any], rows: list[tuple[float, float]],
-                   monitor: Monitor) -> dict[str, Any]:
+    rows = store_rows(data_dir, database_url, "SELECT accepted_at, completed_at FROM runs "
+                      "WHERE accepted_at >= ? AND status = 'succeeded'", (since,))
     latencies = sorted((done - accepted) * 1000 for accepted, done in rows)
     span = max(d for _, d in rows) - min(a for a, _ in rows)
     return {
@@ -674,11 +659,7 @@ def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path
 
 
 def _count_runs(data_dir: Path) -> int:
-    conn = sqlite3.connect(data_dir / "agentbox.sqlite3")
-    try:
-        return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
-    finally:
-        conn.close()
+    return int(store_rows(data_dir, None, "SELECT count(*) FROM runs")[0][0])
 
 
 if __name__ == "__main__":

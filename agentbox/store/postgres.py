@@ -428,21 +428,21 @@ class PostgresStore(SqlStore):
         transitions = [t for ok, value in results if ok for t in _transitions(value)]
         if not (state.runs_ready or state.outbox_ready or transitions):
             return
-        payloads = []
         head = {"from": self.instance_id, "runs": state.runs_ready,
                 "outbox": state.outbox_ready}
-        chunk: list[list[Any]] = []
+        # Each change is encoded once; payloads are chunks of them under the size limit.
+        chunks: list[list[str]] = [[]]
         size = 0
         for t in transitions:
-            row = [t.run_id, t.status, t.attempt, t.event_id, t.event_type, t.source, t.agent,
-                   t.error_code]
-            row_size = len(json.dumps(row))
-            if chunk and size + row_size > NOTIFY_PAYLOAD_BYTES:
-                payloads.append(json.dumps({**head, "changes": chunk}))
-                chunk, size = [], 0
-            chunk.append(row)
-            size += row_size + 1
-        payloads.append(json.dumps({**head, "changes": chunk}))
+            row = json.dumps([t.run_id, t.status, t.attempt, t.event_id, t.event_type,
+                              t.source, t.agent, t.error_code])
+            if chunks[-1] and size + len(row) > NOTIFY_PAYLOAD_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(row)
+            size += len(row) + 1
+        opening = json.dumps(head)[:-1] + ', "changes": ['
+        payloads = [opening + ",".join(chunk) + "]}" for chunk in chunks]
         db.execute("SELECT pg_notify(?, p) FROM unnest(CAST(? AS text[])) AS p",
                    (CHANNEL, payloads))
 

@@ -177,10 +177,11 @@ def _url_with_database(url: str, name: str) -> str:
 
 
 def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    """The URL without its password, as agentbox shows it (psycopg is there whenever
+    a URL is used)."""
+    from agentbox.store.postgres import redact
+
+    return redact(url)
 
 
 def database_name(url: str) -> str:

@@ -58,7 +58,7 @@ def create_app(
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
     deliverer.pause_listeners.append(alerts.on_pause)
-    receiver = Receiver(settings, store, registry, dispatcher.accepted, clock, metrics,
+    receiver = Receiver(settings, store, registry, dispatcher, clock, metrics,
                         wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
 

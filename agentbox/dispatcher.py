@@ -3,6 +3,10 @@
 It is woken in-process when a run is committed (no polling delay when idle)
 and otherwise sleeps until the next retry time or lease end. Retries are
 scheduled in the store (a next-attempt time), never by sleeping in a worker.
+
+When it has slots free and knows of nothing older waiting, the receiver stores
+a new event's runs already claimed (`lease_for`, then `started`): the agent
+starts as the 202 goes out, and the run costs no claim of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from agentbox.runs import RunStatus, backoff_seconds
 from agentbox.store import (
     ClaimedRun,
     Emitted,
+    IngestResult,
+    Lease,
     Outcome,
     StorageUnavailable,
     Store,
@@ -43,6 +49,9 @@ MAX_IDLE_WAIT_SECONDS = 5.0
 MAX_ERROR_MESSAGE_CHARS = 500
 PRUNE_BATCH = 1000
 EVENT_CACHE_SIZE = 10_000  # beyond it (a backlog), claimed runs parse their stored body
+# An instance holds up to this many times AGENTBOX_WORKER_CONCURRENCY runs claimed:
+# the next ones are claimed while agents run, and start, in claim order, as slots free.
+PREFETCH = 4
 
 Listener = Callable[[Transition], None]
 
@@ -66,9 +75,20 @@ class Dispatcher:
         self.listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        # Attempts claimed here, until their outcome is stored (their leases are renewed).
         self._inflight: dict[str, tuple[asyncio.Task[None], AgentContext]] = {}
+        # Agents running at once: at most AGENTBOX_WORKER_CONCURRENCY. A slot frees
+        # when its agent returns, not when the outcome's write commits.
+        self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._held = 0  # claimed runs whose agent has not returned (waiting or running)
         self._loops: list[asyncio.Task[None]] = []
         self._events: dict[str, Event] = {}  # run_id -> event, for runs not yet claimed
+        self._reserved = 0  # slots promised to leases handed out by `lease_for`
+        self._claiming = False
+        # The store may hold runs due that this dispatcher has not claimed: new events
+        # then wait their turn as accepted rather than being claimed as they arrive.
+        self._backlog = True
+        self._next_due: float | None = None  # when the next retry or lease end falls due
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -108,6 +128,7 @@ class Dispatcher:
             await self.store.release_leases(self.owner, self.clock())
 
     def wake(self) -> None:
+        self._backlog = True
         self._wake.set()
 
     async def replay(self, run_id: str) -> None:
@@ -116,15 +137,52 @@ class Dispatcher:
         self._wake.set()
 
     def accepted(self, event: Event, run_ids: Sequence[str]) -> None:
-        """The receiver committed runs for `event`: keep the validated event for them
-        (so the common case parses each body once) and claim at once."""
+        """Runs for `event` were committed as accepted: keep the validated event for
+        them (so the common case parses each body once) and claim at once."""
+        self._keep(event, run_ids)
+        self.wake()
+
+    def _keep(self, event: Event, run_ids: Sequence[str]) -> None:
         if len(self._events) >= EVENT_CACHE_SIZE:
             # A backlog, or runs another instance claimed (PostgreSQL): start over;
             # runs whose event is not kept parse their stored body.
             self._events.clear()
         for run_id in run_ids:
             self._events[run_id] = event
-        self._wake.set()
+
+    def lease_for(self, runs: int) -> Lease | None:
+        """A lease under which a new event's `runs` runs are stored already claimed,
+        if they can start here at once: slots free, and nothing older known to be
+        waiting (that goes first). Else None: they are stored accepted and claimed
+        in turn. Every lease asked for is settled by one `started` call."""
+        due = self._next_due is not None and self._next_due <= self.clock()
+        if self._stop.is_set() or self._claiming or self._backlog or due or self._free() < runs:
+            return None
+        self._reserved += runs
+        return Lease(self.owner, self.clock() + self.settings.lease_seconds)
+
+    def started(self, event: Event, lease: Lease | None, runs: int,
+                result: IngestResult | None) -> None:
+        """The receiver's ingest with `lease_for(runs)`'s answer ended (`result` None:
+        it failed): start what it claimed, claim what it left accepted."""
+        if lease is not None:
+            self._reserved -= runs
+        if result is None or result.duplicate:
+            return
+        for transition in result.transitions:
+            self._announce(transition)
+        claimed = {run.run_id for run in result.claimed}
+        if claimed and not self._stop.is_set():  # else their lease runs out: run again
+            self._keep(event, list(claimed))
+            for run in result.claimed:
+                self._spawn(run)
+        waiting = [ref.run_id for ref in result.runs
+                   if ref.status == RunStatus.ACCEPTED and ref.run_id not in claimed]
+        if waiting:
+            self.accepted(event, waiting)
+
+    def _free(self) -> int:
+        return self.settings.worker_concurrency * PREFETCH - self._held - self._reserved
 
     @property
     def inflight(self) -> int:
@@ -136,8 +194,9 @@ class Dispatcher:
         s = self.settings
         while not self._stop.is_set():
             self._wake.clear()
-            free = s.worker_concurrency - len(self._inflight)
+            free = self._free()
             if free > 0:
+                self._claiming = True
                 try:
                     result = await self.store.claim(
                         self.owner, free, self.clock(), s.lease_seconds, s.max_retries + 1
@@ -149,13 +208,17 @@ class Dispatcher:
                     log.exception("claiming runs failed")
                     await self._sleep(1.0)
                     continue
+                finally:
+                    self._claiming = False
                 for transition in result.transitions:
                     self._announce(transition)
                 for claimed in result.claimed:
                     self._spawn(claimed)
-                if len(result.claimed) == free:
-                    continue  # there may be more due: claim again once slots free up
-                await self._sleep(self._until(result.next_due_at))
+                # All slots filled: more may be due (claim again once slots free up).
+                self._backlog = len(result.claimed) == free or self._wake.is_set()
+                self._next_due = result.next_due_at
+                if not self._backlog:
+                    await self._sleep(self._until(result.next_due_at))
             else:
                 await self._sleep(MAX_IDLE_WAIT_SECONDS)  # a finishing run wakes us
 
@@ -180,18 +243,26 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = (task, ctx)
+        self._held += 1
         task.add_done_callback(lambda _: self._finished(claimed.run_id))
 
     def _finished(self, run_id: str) -> None:
         self._inflight.pop(run_id, None)
-        self._wake.set()
 
     # -- running one attempt ----------------------------------------------------------
 
     async def _execute(self, claimed: ClaimedRun, ctx: AgentContext) -> None:
-        started = time.monotonic()
-        outcome = await self._attempt(claimed, ctx)
-        duration_ms = (time.monotonic() - started) * 1000
+        try:
+            async with self._slots:
+                if self._stop.is_set():
+                    return  # not started: released with this instance's leases
+                started = time.monotonic()
+                outcome = await self._attempt(claimed, ctx)
+                duration_ms = (time.monotonic() - started) * 1000
+        finally:
+            self._held -= 1
+            if self._backlog:  # room to claim what waits
+                self._wake.set()
         try:
             transition = await self._record(claimed, outcome)
         except Exception:  # a bug; the lease runs out and the run is attempted again
@@ -201,6 +272,8 @@ class Dispatcher:
             self.metrics.attempt(claimed.agent, duration_ms / 1000,
                                  None if transition is None else transition.status,
                                  claimed.accepted_at)
+        if transition is None or not RunStatus(transition.status).terminal:
+            self._wake.set()  # lost, or a retry: when it falls due, the claim loop knows
         if transition is not None:
             self._announce(transition, duration_ms=round(duration_ms, 3))
             for spawned in transition.spawned:

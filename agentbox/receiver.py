@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,12 +21,12 @@ from starlette.responses import JSONResponse, Response
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import DestinationPolicy
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
+from agentbox.dispatcher import Dispatcher
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
-from agentbox.runs import RunStatus
 from agentbox.signing import SignatureError, Verifier
-from agentbox.store import AdmissionRefused, IngestResult, StorageUnavailable, Store
+from agentbox.store import AdmissionRefused, IngestResult, Lease, StorageUnavailable, Store
 
 log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
@@ -65,7 +65,7 @@ class Receiver:
         settings: Settings,
         store: Store,
         registry: AgentRegistry,
-        on_commit: Callable[[Event, Sequence[str]], None],
+        dispatcher: Dispatcher,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         wall_clock: Callable[[], float] = time.time,
@@ -74,7 +74,7 @@ class Receiver:
         self.wall_clock = wall_clock  # signature windows: the sender's clock is a wall clock
         self.store = store
         self.registry = registry
-        self.on_commit = on_commit
+        self.dispatcher = dispatcher  # starts the runs: claimed as stored when it can
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.verifier = Verifier(settings.webhook_secret, settings.signature_max_age_seconds)
@@ -185,11 +185,32 @@ class Receiver:
         if not agents:
             raise Rejected(422, "no_agent", f"No agent is configured for "
                            f"{event.envelope.event_type}; see AGENTBOX_AGENTS.")
+        # Runs that can start here at once are stored already claimed.
+        lease = self.dispatcher.lease_for(len(agents))
+        try:
+            result = await self._ingest(event, body, agents, lease)
+        except BaseException:
+            self.dispatcher.started(event, lease, len(agents), None)
+            raise
+        env = event.envelope
+        if log.isEnabledFor(logging.INFO):
+            log.info("event duplicate" if result.duplicate else "event accepted", extra={
+                "event_id": env.event_id, "event_type": env.event_type, "source": env.source,
+                "run_ids": [run.run_id for run in result.runs]})
+        if result.duplicate:
+            self.metrics.duplicates.inc()
+        else:
+            self.metrics.accepted.labels(event.envelope.event_type).inc()
+        self.dispatcher.started(event, lease, len(agents), result)
+        return result
+
+    async def _ingest(self, event: Event, body: bytes, agents: list[str],
+                      lease: Lease | None) -> IngestResult:
         s = self.settings
         try:
-            result = await self.store.ingest(event, body, agents, self.clock(),
-                                             s.idempotency_ttl_seconds, s.max_pending,
-                                             s.max_hops)
+            return await self.store.ingest(event, body, agents, self.clock(),
+                                           s.idempotency_ttl_seconds, s.max_pending,
+                                           s.max_hops, lease)
         except AdmissionRefused:
             raise Rejected(
                 429, "too_many_pending",
@@ -200,18 +221,6 @@ class Receiver:
                 503, "storage_unavailable",
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
-        env = event.envelope
-        if log.isEnabledFor(logging.INFO):
-            log.info("event duplicate" if result.duplicate else "event accepted", extra={
-                "event_id": env.event_id, "event_type": env.event_type, "source": env.source,
-                "run_ids": [run.run_id for run in result.runs]})
-        if result.duplicate:
-            self.metrics.duplicates.inc()
-        else:
-            self.metrics.accepted.labels(event.envelope.event_type).inc()
-            self.on_commit(event, [run.run_id for run in result.runs
-                                   if run.status == RunStatus.ACCEPTED])
-        return result
 
 
 def _too_large(limit: int) -> Rejected:

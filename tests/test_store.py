@@ -46,6 +46,7 @@ from agentbox.store import (
     DestinationNotFound,
     Emitted,
     IngestResult,
+    Lease,
     Notification,
     NotReplayable,
     Outcome,
@@ -231,10 +232,11 @@ def event_body(event_id: str, mix_url: str = "/tmp/m.wav",
 async def ingest(
     store: Store, event_id: str, *, agents: Sequence[str] = ("mix_review",), now: float = T0,
     ttl: float = TTL, max_pending: int = MAX_PENDING, mix_url: str = "/tmp/m.wav",
-    callback_url: str | None = None,
+    callback_url: str | None = None, lease: Lease | None = None,
 ) -> IngestResult:
     body = event_body(event_id, mix_url, callback_url)
-    return await store.ingest(parse_event(body), body, list(agents), now, ttl, max_pending)
+    return await store.ingest(parse_event(body), body, list(agents), now, ttl, max_pending,
+                              lease=lease)
 
 
 async def claim(
@@ -590,6 +592,72 @@ async def test_terminal_runs_are_never_claimed(store: Store, aio: Any) -> None:
     assert await store.next_due_at() is None
     result = await claim(store, now=T0 + 10_000)
     assert (result.claimed, result.transitions) == ([], [])
+
+
+# -- claimed as accepted (ingest with a lease) ----------------------------------------------
+
+
+@async_test
+async def test_ingest_with_a_lease_stores_the_runs_claimed(
+        engine: Engine, store: Store, aio: Any) -> None:
+    agents = ["mix_review", "loudness"]
+    result = await ingest(store, "e1", agents=agents, lease=Lease("w1", T0 + LEASE))
+    assert not result.duplicate
+    # The answer reports them as accepted (what the 202 says); they are processing.
+    assert [(r.agent, r.status) for r in result.runs] == [(a, "accepted") for a in agents]
+    assert [(c.run_id, c.agent, c.attempt, c.round_attempt) for c in result.claimed] == [
+        (r.run_id, r.agent, 1, 1) for r in result.runs]
+    for claimed in result.claimed:
+        assert claimed.event_body == event_body("e1")
+        assert (claimed.event_id, claimed.accepted_at) == ("e1", ms(T0))
+    assert [(t.run_id, t.status, t.attempt, t.notify) for t in result.transitions] == [
+        (r.run_id, "processing", 1, False) for r in result.runs]
+    for ref in result.runs:
+        assert engine.leases()[ref.run_id] == ("processing", "w1", ms(T0 + LEASE))
+        view = await store.get_run(ref.run_id)
+        assert view is not None
+        assert (view["status"], view["attempt"], view["retry_count"]) == ("processing", 1, 0)
+        assert at(view["started_at"]) == ms(T0) and at(view["accepted_at"]) == ms(T0)
+    stats = await store.stats()
+    assert (stats["runs"]["processing"], stats["active"]) == (2, 2)
+    # Nobody else claims them while the lease holds; the holder's outcome lands.
+    assert (await claim(store, "w2", now=T0 + LEASE - 0.1)).claimed == []
+    first = result.claimed[0]
+    done = await store.finish(first.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    assert done is not None and done.status == "succeeded"
+    assert [(a["attempt"], a["worker"], a["outcome"]) for a in
+            await store.attempts(first.run_id)] == [(1, "w1", "succeeded")]
+    # A holder that died: the other run is taken over after the lease, attempt 2.
+    again = await claim_one(store, "w2", now=T0 + LEASE)
+    assert (again.run_id, again.attempt) == (result.claimed[1].run_id, 2)
+
+
+@async_test
+async def test_a_duplicate_with_a_lease_claims_nothing(store: Store, aio: Any) -> None:
+    first = await ingest(store, "e1")
+    again = await ingest(store, "e1", now=T0 + 1, lease=Lease("w1", T0 + LEASE))
+    assert again.duplicate and (again.claimed, again.transitions) == ((), ())
+    assert [r.run_id for r in again.runs] == [r.run_id for r in first.runs]
+    assert await status_of(store, first.runs[0].run_id) == "accepted"
+
+
+@async_test
+async def test_a_run_claimed_as_accepted_owes_its_processing_callback(
+        store: Store, aio: Any) -> None:
+    result = await ingest(store, "e1", callback_url=HOOK, lease=Lease("w1", T0 + LEASE))
+    [claimed] = result.claimed
+    assert result.transitions[0].notify
+    [sending] = await take(store)
+    assert sending.notification_id == f"{claimed.run_id}:processing:0"
+    assert sending.body == notification(claimed.run_id, "processing", 1, "e1", None, None, T0)[1]
+
+
+@async_test
+async def test_runs_claimed_as_accepted_count_for_admission(store: Store, aio: Any) -> None:
+    await ingest(store, "e1", max_pending=2, lease=Lease("w1", T0 + LEASE))
+    await ingest(store, "e2", max_pending=2)
+    with pytest.raises(AdmissionRefused):
+        await ingest(store, "e3", max_pending=2, lease=Lease("w1", T0 + LEASE))
 
 
 # -- finish ------------------------------------------------------------------------------

@@ -69,9 +69,11 @@ class RunRef:
 
 
 @dataclass(frozen=True)
-class IngestResult:
-    runs: Sequence[RunRef]
-    duplicate: bool
+class Lease:
+    """Who holds a run, and until when (renewed while its agent runs)."""
+
+    owner: str
+    until: float
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,16 @@ class Transition:
     # runs created with this change for the events the agent emitted (agent chains)
     spawned: tuple[Transition, ...] = ()
     emitted: tuple[tuple[Event, tuple[str, ...]], ...] = ()  # (event, its new run ids)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    runs: Sequence[RunRef]  # as accepted: the 202 reports them so
+    duplicate: bool
+    # Runs that went straight to processing under the caller's lease (`ingest(lease=)`),
+    # and those changes, for the caller to start and announce.
+    claimed: Sequence[ClaimedRun] = ()
+    transitions: Sequence[Transition] = ()
 
 
 @dataclass(frozen=True)
@@ -213,7 +225,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def ingest(
         self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None,
+        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
     ) -> IngestResult:
         """Claim the idempotency key and store event + runs atomically and durably.
 
@@ -221,6 +233,10 @@ class Store(abc.ABC):
         `duplicate=True` and writes nothing. Raises AdmissionRefused when
         `max_pending` runs are not yet terminal. An event whose `hop` is past
         `max_hops` is stored with its runs dead_lettered (loop_detected).
+
+        With a `lease`, the runs are claimed in the same transaction (attempt 1,
+        processing, leased to its owner): the caller has slots free to start
+        them at once, which spares each run a claim. They come back in `claimed`.
         """
 
     @abc.abstractmethod

@@ -56,6 +56,7 @@ from agentbox.store import (
     AdmissionRefused,
     ClaimResult,
     IngestResult,
+    Lease,
     Outcome,
     RunRef,
     SchemaTooNew,
@@ -73,6 +74,7 @@ from agentbox.store.sql import (
     RemoteChange,
     SqlStore,
     _queue_callback,
+    claimed_at_acceptance,
     finish_values,
     integrity_problems,
     log,
@@ -456,12 +458,13 @@ class PostgresStore(SqlStore):
 
     async def ingest(
         self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None,
+        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
     ) -> IngestResult:
         env = event.envelope
         if max_hops is not None and env.hop > max_hops:  # stopped runs: the shared way
             return await super().ingest(event, body, agents, now, ttl, max_pending, max_hops)
-        return await self._write(_Ingest(env, body, tuple(agents), now, now + ttl, max_pending),
+        return await self._write(_Ingest(env, body, tuple(agents), now, now + ttl, max_pending,
+                                         lease, now + self.notification_delay),
                                  order=env.idempotency_key)
 
     async def finish(
@@ -593,11 +596,19 @@ new_events AS (
     FROM input i JOIN claimed c ON c.event_pk = i.pk
 ),
 new_runs AS (
-    INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at,
-                      accepted_at, updated_at)
-    SELECT r.run_id, c.event_pk, r.ordinal, r.agent, 'accepted', %(now)s, %(now)s, %(now)s
+    -- accepted, or (with an owner: claimed as accepted) processing, attempt 1, leased
+    INSERT INTO runs (run_id, event_pk, ordinal, agent, status, attempt, lease_owner,
+                      lease_expires_at, next_attempt_at, accepted_at, started_at,
+                      attempt_started_at, updated_at)
+    SELECT r.run_id, c.event_pk, r.ordinal, r.agent,
+           CASE WHEN r.owner IS NULL THEN 'accepted' ELSE 'processing' END,
+           CASE WHEN r.owner IS NULL THEN 0 ELSE 1 END, r.owner, r.lease_until,
+           CASE WHEN r.owner IS NULL THEN %(now)s END, %(now)s,
+           CASE WHEN r.owner IS NOT NULL THEN %(now)s END,
+           CASE WHEN r.owner IS NOT NULL THEN %(now)s END, %(now)s
     FROM unnest(%(run_keys)s::text[], %(run_ids)s::text[], %(ordinals)s::bigint[],
-                %(agents)s::text[]) AS r (key, run_id, ordinal, agent)
+                %(agents)s::text[], %(owners)s::text[], %(lease_untils)s::float8[])
+         AS r (key, run_id, ordinal, agent, owner, lease_until)
     JOIN claimed c ON c.key = r.key
 )
 SELECT key FROM claimed
@@ -650,6 +661,8 @@ class _Ingest:
     now: float
     expires_at: float
     max_pending: int
+    lease: Lease | None  # claim the runs as they are accepted
+    notify_due: float  # a claimed run's callback: when it may first be sent
 
     def __call__(self, db: Db, state: Batch) -> IngestResult:
         assert isinstance(db, PgDb)
@@ -686,11 +699,19 @@ class _Ingest:
             claimed = {row[0] for row in conn.execute(
                 SQL_STORE_EVENTS, _store_parameters(items, admitted, runs, now))}
             for i in admitted:
-                if items[i].env.idempotency_key in claimed:
+                item = items[i]
+                if item.env.idempotency_key not in claimed:
+                    state.active -= len(item.agents)  # a duplicate after all
+                elif item.lease is None:
                     answers[i] = (True, IngestResult(runs[i], duplicate=False))
                     state.runs_ready = True
                 else:
-                    state.active -= len(items[i].agents)  # a duplicate after all
+                    for ref in runs[i]:
+                        _queue_callback(db, state, item.env.callback_url, ref.run_id,
+                                        "processing", 1, item.env.event_id, item.now,
+                                        item.notify_due)
+                    answers[i] = (True, claimed_at_acceptance(item.env, item.body, runs[i],
+                                                              item.now))
         unanswered = [i for i in (*admitted, *refused) if answers[i] is None]
         if unanswered:
             found: dict[str, list[RunRef]] = {}
@@ -718,7 +739,8 @@ def _store_parameters(items: list[_Ingest], admitted: list[int],
     """SQL_STORE_EVENTS' arrays: one element per event, and per run."""
     columns: dict[str, list[Any]] = {name: [] for name in (
         "keys", "expires", "event_ids", "types", "sources", "correlations", "causations",
-        "hops", "callbacks", "bodies", "run_keys", "run_ids", "ordinals", "agents")}
+        "hops", "callbacks", "bodies", "run_keys", "run_ids", "ordinals", "agents",
+        "owners", "lease_untils")}
     for i in admitted:
         item, env = items[i], items[i].env
         for name, value in (
@@ -733,6 +755,8 @@ def _store_parameters(items: list[_Ingest], admitted: list[int],
             columns["run_ids"].append(ref.run_id)
             columns["ordinals"].append(ordinal)
             columns["agents"].append(ref.agent)
+            columns["owners"].append(item.lease and item.lease.owner)
+            columns["lease_untils"].append(item.lease and item.lease.until)
     return {**columns, "now": now}
 
 
@@ -795,8 +819,8 @@ def _transitions(value: Any) -> list[Transition]:
     """The run changes an operation's answer carries, spawned runs included."""
     if isinstance(value, Transition):
         return [value, *value.spawned]
-    if isinstance(value, ClaimResult):
-        return value.transitions
+    if isinstance(value, ClaimResult | IngestResult):
+        return list(value.transitions)
     return []  # accepted runs show once claimed, as on the instance that accepted them
 
 

@@ -33,6 +33,7 @@ from agentbox.store import (
     DestinationNotFound,
     Emitted,
     IngestResult,
+    Lease,
     Notification,
     NotReplayable,
     Outcome,
@@ -191,6 +192,12 @@ SQL_INSERT_RUN = """
 INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
                   updated_at)
 VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?)
+"""
+# A run claimed as it is accepted (its instance had a slot free): attempt 1, leased.
+SQL_INSERT_CLAIMED_RUN = """
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, attempt, lease_owner,
+                  lease_expires_at, accepted_at, started_at, attempt_started_at, updated_at)
+VALUES (?, ?, ?, ?, 'processing', 1, ?, ?, ?, ?, ?, ?)
 """
 # Which agent handled which event type on the way to an event: its ancestors,
 # found by following causation ids back from the emitting run's event, within
@@ -609,7 +616,7 @@ class SqlStore(Store):
 
     async def ingest(
         self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None,
+        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
     ) -> IngestResult:
         env = event.envelope
 
@@ -624,11 +631,14 @@ class SqlStore(Store):
                 too_far = (f"the event is {env.hop} hops down its chain; AGENTBOX_MAX_HOPS is "
                            f"{max_hops}")
             refs = _insert_event(conn, state, env, body, agents, now, now + ttl,
-                                 lambda agent: too_far, now + self.notification_delay)
+                                 lambda agent: too_far, now + self.notification_delay,
+                                 None if too_far else lease)
             if refs is None:  # claimed meanwhile by another instance's transaction
                 return IngestResult(_runs_of_claimed_key(conn, env.idempotency_key, now) or [],
                                     duplicate=True)
-            return IngestResult(refs, duplicate=False)
+            if too_far or lease is None:
+                return IngestResult(refs, duplicate=False)
+            return claimed_at_acceptance(env, body, refs, now)
 
         return await self._write(op, order=env.idempotency_key)
 
@@ -1128,9 +1138,10 @@ def _store_emitted(conn: Db, state: Batch, item: Emitted, now: float,
 def _insert_event(
     conn: Db, state: Batch, env: Envelope, body: bytes, agents: Sequence[str],
     now: float, key_expires_at: float, stop_reason: Callable[[str], str | None],
-    notify_due: float,
+    notify_due: float, lease: Lease | None = None,
 ) -> list[RunRef] | None:
-    """Write an event, its idempotency claim and one run per agent: accepted, or,
+    """Write an event, its idempotency claim and one run per agent: accepted (with
+    a `lease`: processing, claimed by its owner, with the callback that owes), or,
     when `stop_reason` gives one, recorded dead_lettered (loop_detected) and
     never run, with the callback that state owes.
 
@@ -1152,10 +1163,16 @@ def _insert_event(
         run_id = new_run_id()
         reason = stop_reason(agent)
         if reason is None:
-            conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
             state.active += 1
-            state.runs_ready = True
             refs.append(RunRef(run_id, agent, RunStatus.ACCEPTED.value))
+            if lease is None:
+                conn.execute(SQL_INSERT_RUN, (run_id, event_pk, ordinal, agent, now, now, now))
+                state.runs_ready = True
+                continue
+            conn.execute(SQL_INSERT_CLAIMED_RUN, (run_id, event_pk, ordinal, agent, lease.owner,
+                                                  lease.until, now, now, now, now))
+            _queue_callback(conn, state, env.callback_url, run_id, "processing", 1,
+                            env.event_id, now, notify_due)
             continue
         check_transition(run_id, RunStatus.ACCEPTED, RunStatus.DEAD_LETTERED)
         conn.execute(SQL_INSERT_STOPPED_RUN,
@@ -1164,6 +1181,17 @@ def _insert_event(
                         now, notify_due, error_code="loop_detected")
         refs.append(RunRef(run_id, agent, RunStatus.DEAD_LETTERED.value))
     return refs
+
+
+def claimed_at_acceptance(env: Envelope, body: bytes, refs: Sequence[RunRef],
+                          now: float) -> IngestResult:
+    """An accepted event whose runs were claimed in its transaction (attempt 1)."""
+    claimed = [ClaimedRun(ref.run_id, ref.agent, 1, 1, body, now, env.event_id, env.event_type,
+                          env.source) for ref in refs]
+    transitions = [Transition(ref.run_id, RunStatus.PROCESSING.value, 1, env.event_id,
+                              env.event_type, env.source, ref.agent,
+                              notify=env.callback_url is not None) for ref in refs]
+    return IngestResult(refs, duplicate=False, claimed=claimed, transitions=transitions)
 
 
 def _queue_callback(

@@ -1,0 +1,118 @@
+"""How a real server starts runs: claimed as they are accepted when a slot is free,
+in acceptance order, never more than AGENTBOX_WORKER_CONCURRENCY agents at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentbox.app import create_app
+from agentbox.config import load_settings
+from agentbox.dispatcher import Dispatcher
+from agentbox.events import parse_event
+from agentbox.store.sqlite import SqliteStore
+from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event
+
+
+def starts_and_returns(server: Server) -> dict[str, tuple[float, float]]:
+    """run_id -> (agent start, agent return), from the test agents' journal."""
+    spans: dict[str, list[float]] = {}
+    for line in server.journal_lines():
+        span = spans.setdefault(line["run_id"], [0.0, 0.0])
+        span[0 if line["kind"] == "start" else 1] = line["t"]
+    return {run_id: (start, end) for run_id, (start, end) in spans.items()}
+
+
+def post_all(server: Server, events: list[dict[str, Any]]) -> list[str]:
+    run_ids = []
+    for event in events:
+        response = server.post(event)
+        assert response.status_code == 202, response.text
+        run_ids.append(response.json()["run_id"])
+    return run_ids
+
+
+def test_an_idle_server_claims_the_run_as_it_accepts_it(server: Server) -> None:
+    response = server.post(make_event(project_id="ok"))
+    assert response.status_code == 202
+    assert response.json()["runs"][0]["status"] == "accepted"  # the wire answer is unchanged
+    run = server.wait_terminal(response.json()["run_id"])
+    assert run["status"] == "succeeded"
+    # Started in the transaction that accepted it: no claim in between.
+    assert run["started_at"] == run["accepted_at"]
+    history = server.client.get(f"/runs/{run['run_id']}", params={"history": 1}).json()
+    assert [a["attempt"] for a in history["attempts"]] == [1]
+
+
+def test_no_more_agents_run_at_once_than_the_concurrency(server_factory: Any) -> None:
+    server = server_factory({"AGENTBOX_WORKER_CONCURRENCY": "2"}).start()
+    events = [make_event(project_id="sleep-0.3") for _ in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(server.post, events))
+    assert [r.status_code for r in responses] == [202] * 12
+    for response in responses:
+        assert server.wait_terminal(response.json()["run_id"])["status"] == "succeeded"
+    spans = starts_and_returns(server)
+    assert len(spans) == 12
+    running_at_each_start = [sum(1 for s, e in spans.values() if s <= start < e)
+                             for start, _ in spans.values()]
+    assert max(running_at_each_start) == 2, running_at_each_start
+
+
+def test_runs_start_in_the_order_they_were_accepted(server_factory: Any) -> None:
+    # One slot: the first event's run starts at once, the next ones wait (some claimed
+    # ahead, the rest accepted), and none overtakes an earlier one.
+    server = server_factory({"AGENTBOX_WORKER_CONCURRENCY": "1"}).start()
+    run_ids = post_all(server, [make_event(project_id="sleep-0.1") for _ in range(10)])
+    for run_id in run_ids:
+        server.wait_terminal(run_id)
+    spans = starts_and_returns(server)
+    assert sorted(spans, key=lambda run_id: spans[run_id][0]) == run_ids
+
+
+def test_new_events_are_not_claimed_ahead_of_runs_already_waiting(tmp_path: Path) -> None:
+    """In-process, to see the moment a lease is asked for: runs left waiting in the
+    store (by a previous process, say) go first; only an idle dispatcher that knows
+    nothing is waiting claims new runs as they are accepted."""
+    settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
+                                      "AGENTBOX_WEBHOOK_SECRET": SECRET,
+                                      "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
+                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret",
+                                      "AGENTBOX_WORKER_CONCURRENCY": "1"},
+                             overrides={"config_dir": tmp_path / "config"})
+
+    async def scenario() -> None:
+        app = create_app(settings, admin_token="t")
+        dispatcher: Dispatcher = app.state.dispatcher
+        [agent] = dispatcher.registry.for_event_type("session.exported")
+        body = encode(make_event(project_id="sleep-0.05"))
+        waiting = SqliteStore(settings.database_path)
+        await waiting.open()
+        for _ in range(6):  # accepted while no dispatcher ran
+            body = encode(make_event(project_id="sleep-0.05"))
+            await waiting.ingest(parse_event(body), body, [agent.name], time.time(), 60, 100)
+        await waiting.close()
+        assert dispatcher.lease_for(1) is None  # not yet looked at the store
+        async with app.router.lifespan_context(app):
+            store: SqliteStore = app.state.store
+            deadline = time.monotonic() + 20
+            asked = 0
+            while (await store.stats())["runs"]["accepted"]:  # older runs wait
+                lease = dispatcher.lease_for(1)
+                dispatcher.started(parse_event(body), lease, 1, None)
+                assert lease is None
+                asked += 1
+                assert time.monotonic() < deadline, "the waiting runs were never claimed"
+                await asyncio.sleep(0.005)
+            assert asked  # the store did hold waiting runs
+            while (await store.stats())["runs"]["succeeded"] < 6:
+                assert time.monotonic() < deadline, await store.stats()
+                await asyncio.sleep(0.01)
+            lease = dispatcher.lease_for(1)  # idle, nothing waiting: claim as accepted
+            assert lease is not None and lease.owner == dispatcher.owner
+            dispatcher.started(parse_event(body), lease, 1, None)
+
+    asyncio.run(scenario())

@@ -155,8 +155,7 @@ class Dispatcher:
         if they can start here at once: slots free, and nothing older known to be
         waiting (that goes first). Else None: they are stored accepted and claimed
         in turn. Every lease asked for is settled by one `started` call."""
-        due = self._next_due is not None and self._next_due <= self.clock()
-        if self._stop.is_set() or self._claiming or self._backlog or due or self._free() < runs:
+        if self._stop.is_set() or self._claiming or self._waiting() or self._free() < runs:
             return None
         self._reserved += runs
         return Lease(self.owner, self.clock() + self.settings.lease_seconds)
@@ -180,6 +179,10 @@ class Dispatcher:
                    if ref.status == RunStatus.ACCEPTED and ref.run_id not in claimed]
         if waiting:
             self.accepted(event, waiting)
+
+    def _waiting(self) -> bool:
+        """Runs may be due in the store: a backlog, or a retry or lease end passed."""
+        return self._backlog or (self._next_due is not None and self._next_due <= self.clock())
 
     def _free(self) -> int:
         return self.settings.worker_concurrency * PREFETCH - self._held - self._reserved
@@ -261,7 +264,7 @@ class Dispatcher:
                 duration_ms = (time.monotonic() - started) * 1000
         finally:
             self._held -= 1
-            if self._backlog:  # room to claim what waits
+            if self._waiting():  # room to claim what waits
                 self._wake.set()
         try:
             transition = await self._record(claimed, outcome)

@@ -4,6 +4,7 @@ in acceptance order, never more than AGENTBOX_WORKER_CONCURRENCY agents at once.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +15,7 @@ from agentbox.config import load_settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import parse_event
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event
+from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event, wait_until
 
 
 def starts_and_returns(server: Server) -> dict[str, tuple[float, float]]:
@@ -116,3 +117,24 @@ def test_new_events_are_not_claimed_ahead_of_runs_already_waiting(tmp_path: Path
             dispatcher.started(parse_event(body), lease, 1, None)
 
     asyncio.run(scenario())
+
+
+def test_claimed_runs_not_started_by_shutdown_run_after_the_restart(server_factory: Any) -> None:
+    server = server_factory({"AGENTBOX_WORKER_CONCURRENCY": "1",
+                             "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "10"}).start()
+    run_ids = post_all(server, [make_event(project_id="sleep-0.5") for _ in range(4)])
+    # One agent runs; the other three are claimed here too, waiting for its slot.
+    wait_until(lambda: all(server.run(run_id)["status"] == "processing" for run_id in run_ids),
+               5, "the four runs to be claimed")
+    assert server.stop() in (0, -signal.SIGTERM)
+    assert [line["run_id"] for line in server.journal_lines() if line["kind"] == "start"] == [
+        run_ids[0]]  # the running agent finished; the waiting ones did not start
+    server.start()
+    for run_id in run_ids:
+        assert server.wait_terminal(run_id)["status"] == "succeeded"
+    starts = [(line["run_id"], line["attempt"]) for line in server.journal_lines()
+              if line["kind"] == "start"]
+    assert starts == [(run_ids[0], 1), *[(run_id, 2) for run_id in run_ids[1:]]]
+    history = server.client.get(f"/runs/{run_ids[1]}", params={"history": 1}).json()
+    assert [(a["attempt"], a["outcome"]) for a in history["attempts"]] == [
+        (1, "lease_expired"), (2, "succeeded")]

@@ -81,6 +81,7 @@ class Dispatcher:
         # when its agent returns, not when the outcome's write commits.
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._held = 0  # claimed runs whose agent has not returned (waiting or running)
+        self._unstarted: list[tuple[str, int]] = []  # claimed, never started (at shutdown)
         self._loops: list[asyncio.Task[None]] = []
         self._events: dict[str, Event] = {}  # run_id -> event, for runs not yet claimed
         self._reserved = 0  # slots promised to leases handed out by `lease_for`
@@ -125,7 +126,7 @@ class Dispatcher:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
-            await self.store.release_leases(self.owner, self.clock())
+            await self.store.release_leases(self.owner, self.clock(), self._unstarted)
 
     def wake(self) -> None:
         self._backlog = True
@@ -134,7 +135,7 @@ class Dispatcher:
     async def replay(self, run_id: str) -> None:
         """Send a dead-lettered or failed run back to accepted (the API and the page)."""
         self._announce(await self.store.replay(run_id, self.clock()))
-        self._wake.set()
+        self.wake()
 
     def accepted(self, event: Event, run_ids: Sequence[str]) -> None:
         """Runs for `event` were committed as accepted: keep the validated event for
@@ -255,15 +256,19 @@ class Dispatcher:
     # -- running one attempt ----------------------------------------------------------
 
     async def _execute(self, claimed: ClaimedRun, ctx: AgentContext) -> None:
+        ran = False
         try:
             async with self._slots:
                 if self._stop.is_set():
-                    return  # not started: released with this instance's leases
+                    return  # not started: given back with this instance's leases
+                ran = True
                 started = time.monotonic()
                 outcome = await self._attempt(claimed, ctx)
                 duration_ms = (time.monotonic() - started) * 1000
         finally:
             self._held -= 1
+            if not ran:  # shutting down (or cancelled at its end) before a slot came
+                self._unstarted.append((claimed.run_id, claimed.attempt))
             if self._waiting():  # room to claim what waits
                 self._wake.set()
         try:
@@ -275,6 +280,9 @@ class Dispatcher:
             self.metrics.attempt(claimed.agent, duration_ms / 1000,
                                  None if transition is None else transition.status,
                                  claimed.accepted_at)
+        if outcome.next_attempt_at is not None and transition is not None:  # a retry
+            due = outcome.next_attempt_at
+            self._next_due = due if self._next_due is None else min(self._next_due, due)
         if transition is None or not RunStatus(transition.status).terminal:
             self._wake.set()  # lost, or a retry: when it falls due, the claim loop knows
         if transition is not None:

@@ -192,16 +192,18 @@ class Receiver:
         except BaseException:
             self.dispatcher.started(event, lease, len(agents), None)
             raise
-        env = event.envelope
-        if log.isEnabledFor(logging.INFO):
-            log.info("event duplicate" if result.duplicate else "event accepted", extra={
-                "event_id": env.event_id, "event_type": env.event_type, "source": env.source,
-                "run_ids": [run.run_id for run in result.runs]})
-        if result.duplicate:
-            self.metrics.duplicates.inc()
-        else:
-            self.metrics.accepted.labels(event.envelope.event_type).inc()
-        self.dispatcher.started(event, lease, len(agents), result)
+        try:
+            env = event.envelope
+            if log.isEnabledFor(logging.INFO):
+                log.info("event duplicate" if result.duplicate else "event accepted", extra={
+                    "event_id": env.event_id, "event_type": env.event_type,
+                    "source": env.source, "run_ids": [run.run_id for run in result.runs]})
+            if result.duplicate:
+                self.metrics.duplicates.inc()
+            else:
+                self.metrics.accepted.labels(event.envelope.event_type).inc()
+        finally:  # whatever happens, the runs it claimed start
+            self.dispatcher.started(event, lease, len(agents), result)
         return result
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],

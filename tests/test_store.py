@@ -633,6 +633,27 @@ async def test_ingest_with_a_lease_stores_the_runs_claimed(
 
 
 @async_test
+async def test_an_attempt_given_back_unstarted_is_neither_lost_nor_counted(
+        engine: Engine, store: Store, aio: Any) -> None:
+    result = await ingest(store, "e1", lease=Lease("w1", T0 + LEASE))
+    [claimed] = result.claimed
+    await ingest(store, "e2", lease=Lease("w1", T0 + LEASE))
+    # Shutting down: e1's agent never started, e2's did (its attempt is lost).
+    assert await store.release_leases("w1", T0 + 1, [(claimed.run_id, 1)]) == 2
+    again = await claim(store, "w2", now=T0 + 1, max_attempts=1)
+    by_run = {c.run_id: c for c in again.claimed}
+    assert (by_run[claimed.run_id].attempt, by_run[claimed.run_id].round_attempt) == (1, 1)
+    assert [(a["attempt"], a["outcome"]) for a in await store.attempts(claimed.run_id)] == [
+        (1, None)]
+    # e2's lost attempt used its only one: dead-lettered, as after a crash.
+    assert [(t.status, t.error_code) for t in again.transitions
+            if t.run_id != claimed.run_id] == [("dead_lettered", "lease_expired")]
+    # Given back only by its holder, and only for that attempt.
+    assert await store.release_leases("w9", T0 + 2, [(claimed.run_id, 1)]) == 0
+    assert engine.leases()[claimed.run_id] == ("processing", "w2", ms(T0 + 1 + LEASE))
+
+
+@async_test
 async def test_a_duplicate_with_a_lease_claims_nothing(store: Store, aio: Any) -> None:
     first = await ingest(store, "e1")
     again = await ingest(store, "e1", now=T0 + 1, lease=Lease("w1", T0 + LEASE))

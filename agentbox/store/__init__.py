@@ -261,8 +261,13 @@ class Store(abc.ABC):
         """Keep long-running attempts leased."""
 
     @abc.abstractmethod
-    async def release_leases(self, owner: str, now: float) -> int:
-        """Expire every lease `owner` holds (shutdown, or start-up of the same store)."""
+    async def release_leases(self, owner: str, now: float,
+                             unstarted: Sequence[tuple[str, int]] = ()) -> int:
+        """Expire every lease `owner` holds (shutdown, or start-up of the same store).
+
+        `unstarted` lists (run_id, attempt) claimed by `owner` whose agent never
+        started: they give that attempt back (it is neither recorded as lost nor
+        counted against the retry budget when the run is claimed again)."""
 
     @abc.abstractmethod
     async def replay(self, run_id: str, now: float) -> Transition:

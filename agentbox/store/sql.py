@@ -282,6 +282,13 @@ WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
 SQL_RELEASE_LEASES = """
 UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
 """
+# A claimed attempt whose agent never started is given back (attempt_started_at NULL
+# tells the next claim there is no lost attempt to record).
+SQL_GIVE_BACK_ATTEMPT = """
+UPDATE runs SET attempt = attempt - 1, attempt_started_at = NULL, lease_expires_at = ?,
+       started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END
+WHERE run_id = ? AND lease_owner = ? AND attempt = ? AND status = 'processing'
+"""
 SQL_RELEASE_ALL_LEASES = "UPDATE runs SET lease_expires_at = ? WHERE status = 'processing'"
 SQL_REPLAY = """
 UPDATE runs SET status = 'accepted', next_attempt_at = ?, updated_at = ?, completed_at = NULL,
@@ -711,9 +718,12 @@ class SqlStore(Store):
 
         await self._write(op, durable=False)
 
-    async def release_leases(self, owner: str, now: float) -> int:
+    async def release_leases(self, owner: str, now: float,
+                             unstarted: Sequence[tuple[str, int]] = ()) -> int:
         def op(conn: Db, state: Batch) -> int:
             state.runs_ready = True
+            conn.executemany(SQL_GIVE_BACK_ATTEMPT, [
+                (now, run_id, owner, attempt) for run_id, attempt in sorted(unstarted)])
             if owner == "*":
                 return int(conn.execute(SQL_RELEASE_ALL_LEASES, (now,)).rowcount)
             return int(conn.execute(SQL_RELEASE_LEASES, (now, owner)).rowcount)
@@ -1075,8 +1085,9 @@ def _reclaim_expired(
     with its attempts spent, dead-letter it."""
     (run_id, agent, status, attempt, accepted_at, attempt_base, body, event_id, event_type,
      source, old_owner, attempt_started_at, callback_url) = row
-    conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, old_owner or "", attempt_started_at or now,
-                                      now, "lease_expired", "lease_expired", None))
+    if attempt_started_at is not None:  # else the attempt was given back unstarted
+        conn.execute(SQL_RECORD_ATTEMPT, (run_id, attempt, old_owner or "", attempt_started_at,
+                                          now, "lease_expired", "lease_expired", None))
     if attempt - attempt_base >= max_attempts:
         check_transition(run_id, status, RunStatus.DEAD_LETTERED)
         message = f"the worker running attempt {attempt} stopped before finishing it"

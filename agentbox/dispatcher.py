@@ -248,10 +248,12 @@ class Dispatcher:
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = (task, ctx)
         self._held += 1
-        task.add_done_callback(lambda _: self._finished(claimed.run_id))
+        task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
 
-    def _finished(self, run_id: str) -> None:
-        self._inflight.pop(run_id, None)
+    def _finished(self, run_id: str, task: asyncio.Task[None]) -> None:
+        # Only its own entry: after a lost lease the run may be claimed here again.
+        if run_id in self._inflight and self._inflight[run_id][0] is task:
+            del self._inflight[run_id]
 
     # -- running one attempt ----------------------------------------------------------
 

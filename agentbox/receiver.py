@@ -187,12 +187,9 @@ class Receiver:
                            f"{event.envelope.event_type}; see AGENTBOX_AGENTS.")
         # Runs that can start here at once are stored already claimed.
         lease = self.dispatcher.lease_for(len(agents))
+        result = None
         try:
             result = await self._ingest(event, body, agents, lease)
-        except BaseException:
-            self.dispatcher.started(event, lease, len(agents), None)
-            raise
-        try:
             env = event.envelope
             if log.isEnabledFor(logging.INFO):
                 log.info("event duplicate" if result.duplicate else "event accepted", extra={
@@ -202,9 +199,9 @@ class Receiver:
                 self.metrics.duplicates.inc()
             else:
                 self.metrics.accepted.labels(event.envelope.event_type).inc()
-        finally:  # whatever happens, the runs it claimed start
+            return result
+        finally:  # whatever happens, the lease is settled and the runs it claimed start
             self.dispatcher.started(event, lease, len(agents), result)
-        return result
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],
                       lease: Lease | None) -> IngestResult:

@@ -279,8 +279,9 @@ class PostgresStore(SqlStore):
                                # all) is found dead within a minute, not hours
                                keepalives=1, keepalives_idle=30, keepalives_interval=10,
                                keepalives_count=3)
-        # Whatever the server's defaults: the claims and duplicate checks rely on
-        # each statement seeing what committed before it.
+        # Whatever the server's defaults: the migration (conn.transaction() at open)
+        # reads the schema version after waiting for the advisory lock and must see
+        # what committed meanwhile. Write batches say so in their own BEGIN.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
 
@@ -353,7 +354,8 @@ class PostgresStore(SqlStore):
         # The transaction's edges share round trips with their neighbours (several
         # statements in one simple query): a writer thread that waits on the server
         # less often also waits less for the GIL.
-        # A 202 waits for the WAL flush, whatever the server's default says.
+        # Whatever the server's defaults: the claims and duplicate checks rely on each
+        # statement seeing what committed before it, and a 202 waits for the WAL flush.
         begin = ("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO "
                  + ("ON" if durable else "OFF"))
         for attempt in range(1, BATCH_TRIES + len(batch) + 1):

@@ -639,7 +639,7 @@ class SqlStore(Store):
                            f"{max_hops}")
             refs = _insert_event(conn, state, env, body, agents, now, now + ttl,
                                  lambda agent: too_far, now + self.notification_delay,
-                                 None if too_far else lease)
+                                 lease)  # unused when too far: every run is stopped
             if refs is None:  # claimed meanwhile by another instance's transaction
                 return IngestResult(_runs_of_claimed_key(conn, env.idempotency_key, now) or [],
                                     duplicate=True)

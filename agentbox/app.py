@@ -120,6 +120,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
+    app.state.receiver = receiver
     return app
 
 

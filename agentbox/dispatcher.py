@@ -77,6 +77,8 @@ class Dispatcher:
         self._stop = asyncio.Event()
         # Attempts claimed here, until their outcome is stored (their leases are renewed).
         self._inflight: dict[str, tuple[asyncio.Task[None], AgentContext]] = {}
+        # How long each one's lease is known to last (its claim, or the last renewal).
+        self._leased_until: dict[str, float] = {}
         # Agents running at once: at most AGENTBOX_WORKER_CONCURRENCY. A slot frees
         # when its agent returns, not when the outcome's write commits.
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
@@ -172,10 +174,10 @@ class Dispatcher:
         for transition in result.transitions:
             self._announce(transition)
         claimed = {run.run_id for run in result.claimed}
-        if claimed and not self._stop.is_set():  # else their lease runs out: run again
+        if claimed and lease is not None and not self._stop.is_set():
             self._keep(event, list(claimed))
             for run in result.claimed:
-                self._spawn(run)
+                self._spawn(run, lease.until)
         waiting = [ref.run_id for ref in result.runs
                    if ref.status == RunStatus.ACCEPTED and ref.run_id not in claimed]
         if waiting:
@@ -201,9 +203,10 @@ class Dispatcher:
             free = self._free()
             if free > 0:
                 self._claiming = True
+                now = self.clock()
                 try:
                     result = await self.store.claim(
-                        self.owner, free, self.clock(), s.lease_seconds, s.max_retries + 1
+                        self.owner, free, now, s.lease_seconds, s.max_retries + 1
                     )
                 except StorageUnavailable:
                     await self._sleep(1.0)
@@ -217,7 +220,7 @@ class Dispatcher:
                 for transition in result.transitions:
                     self._announce(transition)
                 for claimed in result.claimed:
-                    self._spawn(claimed)
+                    self._spawn(claimed, now + s.lease_seconds)
                 # All slots filled: more may be due (claim again once slots free up).
                 self._backlog = len(result.claimed) == free or self._wake.is_set()
                 self._next_due = result.next_due_at
@@ -235,7 +238,7 @@ class Dispatcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
 
-    def _spawn(self, claimed: ClaimedRun) -> None:
+    def _spawn(self, claimed: ClaimedRun, leased_until: float) -> None:
         ctx = AgentContext(
             run_id=claimed.run_id,
             attempt=claimed.attempt,
@@ -247,6 +250,7 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = (task, ctx)
+        self._leased_until[claimed.run_id] = leased_until
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
 
@@ -254,22 +258,26 @@ class Dispatcher:
         # Only its own entry: after a lost lease the run may be claimed here again.
         if run_id in self._inflight and self._inflight[run_id][0] is task:
             del self._inflight[run_id]
+            del self._leased_until[run_id]
 
     # -- running one attempt ----------------------------------------------------------
 
     async def _execute(self, claimed: ClaimedRun, ctx: AgentContext) -> None:
-        ran = False
+        ran = lost = False
         try:
             async with self._slots:
                 if self._stop.is_set():
                     return  # not started: given back with this instance's leases
+                if not await self._still_held(claimed):
+                    lost = True
+                    return
                 ran = True
                 started = time.monotonic()
                 outcome = await self._attempt(claimed, ctx)
                 duration_ms = (time.monotonic() - started) * 1000
         finally:
             self._held -= 1
-            if not ran:  # shutting down (or cancelled at its end) before a slot came
+            if not ran and not lost:  # shutting down (or cancelled) before a slot came
                 self._unstarted.append((claimed.run_id, claimed.attempt))
             if self._waiting():  # room to claim what waits
                 self._wake.set()
@@ -294,6 +302,31 @@ class Dispatcher:
             for event, run_ids in transition.emitted:
                 if run_ids:
                     self.accepted(event, run_ids)
+
+    async def _still_held(self, claimed: ClaimedRun) -> bool:
+        """Whether a run that waited for a slot may start: its lease may have run out
+        meanwhile (renewals failing in a storage outage) and the run been claimed
+        again, by another instance or by this one as a later attempt. Starting it
+        then would run its agent twice (only one outcome would land)."""
+        current = self._inflight.get(claimed.run_id)
+        if current is None or current[0] is not asyncio.current_task():
+            return False  # claimed here again meanwhile: that attempt runs it
+        now = self.clock()
+        if now < self._leased_until[claimed.run_id] - self.settings.lease_seconds / 3:
+            return True  # renewed on time: no renewal missed
+        until = now + self.settings.lease_seconds
+        try:
+            held = claimed.run_id in await self.store.extend_leases(
+                self.owner, [claimed.run_id], until)
+        except StorageUnavailable:
+            held = False  # cannot tell: leave it to whoever claims it once the lease ends
+        if held:
+            self._leased_until[claimed.run_id] = until
+        else:
+            log.warning("a claimed run's lease ran out while it waited for a slot; not "
+                        "starting it here", extra={"run_id": claimed.run_id,
+                                                   "attempt": claimed.attempt})
+        return held
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)
@@ -386,10 +419,14 @@ class Dispatcher:
             await asyncio.sleep(interval)
             if not self._inflight:
                 continue
-            # On failure, try again next beat; a lease lost meanwhile makes finish a no-op.
+            # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
+            # (and keeps a run still waiting for a slot from starting: `_still_held`).
+            until = self.clock() + self.settings.lease_seconds
             with contextlib.suppress(StorageUnavailable):
-                await self.store.extend_leases(self.owner, list(self._inflight),
-                                               self.clock() + self.settings.lease_seconds)
+                for run_id in await self.store.extend_leases(self.owner, list(self._inflight),
+                                                             until):
+                    if run_id in self._leased_until:  # not finished meanwhile
+                        self._leased_until[run_id] = until
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():

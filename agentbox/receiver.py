@@ -187,9 +187,20 @@ class Receiver:
                            f"{event.envelope.event_type}; see AGENTBOX_AGENTS.")
         # Runs that can start here at once are stored already claimed.
         lease = self.dispatcher.lease_for(len(agents))
+        ingest = asyncio.ensure_future(self._ingest(event, body, agents, lease))
+        # Settled when the write ends, even if this request is cancelled meanwhile
+        # (a shutdown, a dropped connection): a write already queued still commits,
+        # and its runs must start, not wait leased until the lease runs out.
+        ingest.add_done_callback(lambda done: self._stored(event, lease, len(agents), done))
+        return await asyncio.shield(ingest)
+
+    def _stored(self, event: Event, lease: Lease | None, runs: int,
+                ingest: asyncio.Future[IngestResult]) -> None:
         result = None
         try:
-            result = await self._ingest(event, body, agents, lease)
+            if ingest.cancelled() or ingest.exception() is not None:
+                return
+            result = ingest.result()
             env = event.envelope
             if log.isEnabledFor(logging.INFO):
                 log.info("event duplicate" if result.duplicate else "event accepted", extra={
@@ -198,10 +209,9 @@ class Receiver:
             if result.duplicate:
                 self.metrics.duplicates.inc()
             else:
-                self.metrics.accepted.labels(event.envelope.event_type).inc()
-            return result
+                self.metrics.accepted.labels(env.event_type).inc()
         finally:  # whatever happens, the lease is settled and the runs it claimed start
-            self.dispatcher.started(event, lease, len(agents), result)
+            self.dispatcher.started(event, lease, runs, result)
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],
                       lease: Lease | None) -> IngestResult:

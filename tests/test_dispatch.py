@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.app import create_app
-from agentbox.config import load_settings
+from agentbox.config import Settings, load_settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import parse_event
 from agentbox.store.sqlite import SqliteStore
@@ -74,16 +74,21 @@ def test_runs_start_in_the_order_they_were_accepted(server_factory: Any) -> None
     assert sorted(spans, key=lambda run_id: spans[run_id][0]) == run_ids
 
 
+def in_process_settings(tmp_path: Path, **environ: str) -> Settings:
+    """One agent slot, the test agents."""
+    return load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
+                                  "AGENTBOX_WEBHOOK_SECRET": SECRET,
+                                  "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
+                                  "AGENTBOX_CALLBACK_SECRET": "callback-secret",
+                                  "AGENTBOX_WORKER_CONCURRENCY": "1", **environ},
+                         overrides={"config_dir": tmp_path / "config"})
+
+
 def test_new_events_are_not_claimed_ahead_of_runs_already_waiting(tmp_path: Path) -> None:
     """In-process, to see the moment a lease is asked for: runs left waiting in the
     store (by a previous process, say) go first; only an idle dispatcher that knows
     nothing is waiting claims new runs as they are accepted."""
-    settings = load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
-                                      "AGENTBOX_WEBHOOK_SECRET": SECRET,
-                                      "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
-                                      "AGENTBOX_CALLBACK_SECRET": "callback-secret",
-                                      "AGENTBOX_WORKER_CONCURRENCY": "1"},
-                             overrides={"config_dir": tmp_path / "config"})
+    settings = in_process_settings(tmp_path)
 
     async def scenario() -> None:
         app = create_app(settings, admin_token="t")
@@ -141,3 +146,75 @@ def test_claimed_runs_not_started_by_shutdown_run_after_the_restart_as_attempt_1
         history = server.client.get(f"/runs/{run_id}", params={"history": 1}).json()
         assert [(a["attempt"], a["outcome"]) for a in history["attempts"]] == [(1, "succeeded")]
         assert history["retry_count"] == 0
+
+
+def test_a_request_cancelled_while_its_write_commits_still_starts_its_runs(
+        tmp_path: Path) -> None:
+    """A write queued before the request was cancelled (a shutdown, a dropped
+    connection) commits; its runs, stored claimed, must start now, not wait leased
+    for the lease (60 s) to run out and then run as a second attempt."""
+    settings = in_process_settings(tmp_path)
+
+    async def scenario() -> None:
+        app = create_app(settings, admin_token="t")
+        async with app.router.lifespan_context(app):
+            store: SqliteStore = app.state.store
+            body = encode(make_event(project_id="ok"))
+            request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
+            while not store._queue:  # the event's write is queued for the next batch
+                await asyncio.sleep(0)
+            request.cancel()
+            try:
+                await request
+                raise AssertionError("the request was not cancelled")
+            except asyncio.CancelledError:
+                pass
+            deadline = time.monotonic() + 10
+            while (await store.stats())["runs"]["succeeded"] < 1:
+                assert time.monotonic() < deadline, await store.stats()
+                await asyncio.sleep(0.01)
+            [run] = await store.list_runs(None, 10)
+            assert run["attempt"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Two runs claimed, one slot: while the first runs, the second's lease runs out
+    unrenewed (the clock jumps past it, as in a storage outage that stops the
+    heartbeats) and another instance claims it. When the slot frees, this instance
+    must not start it too: its agent would run twice."""
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv("AGENTBOX_TEST_JOURNAL", str(journal))
+    settings = in_process_settings(tmp_path, AGENTBOX_LEASE_SECONDS="30")
+    offset = [0.0]
+
+    def clock() -> float:
+        return time.time() + offset[0]
+
+    async def scenario() -> None:
+        app = create_app(settings, admin_token="t", clock=clock)
+        async with app.router.lifespan_context(app):
+            store: SqliteStore = app.state.store
+            receiver = app.state.receiver
+            first, second = (encode(make_event(project_id=p)) for p in ("sleep-0.5", "ok"))
+            await receiver._store(parse_event(first), first)
+            await receiver._store(parse_event(second), second)  # waits for the slot
+            deadline = time.monotonic() + 10
+            while not journal.exists():
+                assert time.monotonic() < deadline, "the first agent never started"
+                await asyncio.sleep(0.01)
+            offset[0] = 31.0  # both leases ran out, unrenewed
+            other = await store.claim("other-instance", 2, clock(), 30, 10)
+            assert len(other.claimed) == 2
+            while app.state.dispatcher._held:
+                assert time.monotonic() < deadline, "the waiting run never left"
+                await asyncio.sleep(0.01)
+            starts = [line for line in journal.read_text().splitlines() if '"start"' in line]
+            assert len(starts) == 1  # the first, already running; not the second
+            runs = await store.list_runs(None, 10)
+            assert sorted((r["attempt"], r["status"]) for r in runs) == [
+                (2, "processing"), (2, "processing")]  # the other instance's attempts
+
+    asyncio.run(scenario())

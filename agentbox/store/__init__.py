@@ -257,8 +257,10 @@ class Store(abc.ABC):
         """Record an attempt's outcome; None if `owner` no longer holds that attempt."""
 
     @abc.abstractmethod
-    async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
-        """Keep long-running attempts leased."""
+    async def extend_leases(self, owner: str, run_ids: Sequence[str],
+                            until: float) -> list[str]:
+        """Keep long-running attempts leased; answer those still held by `owner`
+        (the others were taken over after their lease ran out, or finished)."""
 
     @abc.abstractmethod
     async def release_leases(self, owner: str, now: float,

@@ -278,6 +278,7 @@ SQL_LOCK_DESTINATION = (
 SQL_EXTEND_LEASE = """
 UPDATE runs SET lease_expires_at = ?
 WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
+RETURNING run_id
 """
 SQL_RELEASE_LEASES = """
 UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
@@ -710,13 +711,14 @@ class SqlStore(Store):
 
         return await self._write(op)
 
-    async def extend_leases(self, owner: str, run_ids: Sequence[str], until: float) -> None:
-        def op(conn: Db, state: Batch) -> None:
+    async def extend_leases(self, owner: str, run_ids: Sequence[str],
+                            until: float) -> list[str]:
+        def op(conn: Db, state: Batch) -> list[str]:
             # In run_id order, as the other writers take run rows: no deadlock.
-            conn.executemany(SQL_EXTEND_LEASE,
-                             [(until, run_id, owner) for run_id in sorted(run_ids)])
+            return [run_id for run_id in sorted(run_ids)
+                    if conn.execute(SQL_EXTEND_LEASE, (until, run_id, owner)).fetchone()]
 
-        await self._write(op, durable=False)
+        return await self._write(op, durable=False)
 
     async def release_leases(self, owner: str, now: float,
                              unstarted: Sequence[tuple[str, int]] = ()) -> int:

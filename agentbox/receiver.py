@@ -4,19 +4,24 @@ The order matters: the body's size is checked before it is read whole, the
 signature before the body is parsed (unauthenticated senders learn nothing of
 the contract), and the 202 is sent only after the store's commit is durable.
 No agent work and no outbound calls happen here.
+
+The receiver is a plain ASGI app, served ahead of Starlette's middleware and
+routing (the app's `__call__`): on this, the hot path, they cost more than
+verifying the signature and validating the event together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import DestinationPolicy
@@ -45,18 +50,36 @@ class Rejected(Exception):
         self.status, self.code, self.message = status, code, message
         self.errors, self.headers = errors, headers
 
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.code, self.message, self.errors, self.headers)
+    def body(self) -> dict[str, Any]:
+        return error_body(self.code, self.message, self.errors)
+
+
+def error_body(code: str, message: str,
+               errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "rejected", "error_code": code, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return body
 
 
 def error_response(
     status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"status": "rejected", "error_code": code, "message": message}
-    if errors is not None:
-        body["errors"] = errors
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(code, message, errors), status_code=status, headers=headers)
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any],
+                    headers: dict[str, str] | None = None) -> None:
+    """A JSON response, encoded as Starlette's JSONResponse encodes it."""
+    content = json.dumps(body, ensure_ascii=False, allow_nan=False,
+                         separators=(",", ":")).encode()
+    raw = [(b"content-length", str(len(content)).encode()),
+           (b"content-type", b"application/json")]
+    raw += [(name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})
 
 
 class Receiver:
@@ -87,12 +110,20 @@ class Receiver:
         self.destinations = DestinationPolicy(settings.callback_allowed,
                                               settings.callback_allowed_local)
 
-    async def handle(self, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            return await self._receive(request)
+            result = await self._receive(scope, receive)
         except Rejected as rejected:
             self.metrics.refused.labels(rejected.code).inc()
-            return rejected.response()
+            await send_json(send, rejected.status, rejected.body(), rejected.headers)
+            return
+        except Exception:  # a bug: say so in the log, answer as the app's other routes do
+            log.exception("unhandled error", extra={"path": scope["path"]})
+            await send_json(send, 500, error_body(
+                "internal_error", "agentbox failed to handle this request; the error is in "
+                                  "its log."))
+            return
+        await send_json(send, 200 if result.duplicate else 202, _accepted(result))
 
     def _secret_stamp(self) -> tuple[int, int] | None:
         if self._secret_file is None:
@@ -119,11 +150,14 @@ class Receiver:
         self.verifier = Verifier(found, self.settings.signature_max_age_seconds)
         log.info("webhook secrets reloaded", extra={"secrets": len(found)})
 
-    async def _receive(self, request: Request) -> Response:
+    async def _receive(self, scope: Scope, receive: Receive) -> IngestResult:
         self._reload_secrets()
-        body = await self._read_body(request)
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:  # the first of repeated headers, as Starlette
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        body = await self._read_body(headers, receive)
         try:
-            self.verifier.verify(request.headers, body, self.wall_clock())
+            self.verifier.verify(headers, body, self.wall_clock())
         except SignatureError as exc:
             raise Rejected(401, exc.code, exc.message) from None
         try:
@@ -132,12 +166,11 @@ class Receiver:
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", exc.errors) from None
         self._check_callback(event.envelope.callback_url)
-        result = await self._store(event, body)
-        return _accepted(result)
+        return await self._store(event, body)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
         chunks, size = [], 0
@@ -146,13 +179,17 @@ class Receiver:
             # connection and its buffers for as long as it likes: the whole body
             # must arrive within AGENTBOX_BODY_TIMEOUT_SECONDS.
             async with asyncio.timeout(self.settings.body_timeout_seconds):
-                async for chunk in request.stream():
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise Rejected(400, "client_disconnected", "The body ended early.")
+                    chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
                         raise _too_large(limit)
                     chunks.append(chunk)
-        except ClientDisconnect:
-            raise Rejected(400, "client_disconnected", "The body ended early.") from None
+                    if not message.get("more_body", False):
+                        break
         except TimeoutError:
             raise Rejected(408, "body_timeout",
                            f"The body did not arrive within {self.settings.body_timeout_seconds:g}"
@@ -237,9 +274,9 @@ def _too_large(limit: int) -> Rejected:
                     f"The body is larger than {limit} bytes (AGENTBOX_MAX_BODY_BYTES).")
 
 
-def _accepted(result: IngestResult) -> JSONResponse:
+def _accepted(result: IngestResult) -> dict[str, Any]:
     first = result.runs[0]
-    body = {
+    return {
         "status": first.status,
         "run_id": first.run_id,
         "duplicate": result.duplicate,
@@ -250,4 +287,3 @@ def _accepted(result: IngestResult) -> JSONResponse:
             for r in result.runs
         ],
     }
-    return JSONResponse(body, status_code=200 if result.duplicate else 202)

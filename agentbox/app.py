@@ -112,6 +112,7 @@ def create_app(
         try:
             yield
         finally:
+            await receiver.settle(settings.shutdown_grace_seconds)
             await dispatcher.stop()
             await deliverer.stop()
             await store.close()

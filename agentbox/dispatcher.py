@@ -174,7 +174,9 @@ class Dispatcher:
         for transition in result.transitions:
             self._announce(transition)
         claimed = {run.run_id for run in result.claimed}
-        if claimed and lease is not None and not self._stop.is_set():
+        if self._stop.is_set():  # committed as the instance stopped: given back at exit
+            self._unstarted += [(run.run_id, run.attempt) for run in result.claimed]
+        elif claimed and lease is not None:
             self._keep(event, list(claimed))
             for run in result.claimed:
                 self._spawn(run, lease.until)
@@ -269,7 +271,7 @@ class Dispatcher:
                 if self._stop.is_set():
                     return  # not started: given back with this instance's leases
                 if not await self._still_held(claimed):
-                    lost = True
+                    lost = not self._stop.is_set()  # else given back, if still held here
                     return
                 ran = True
                 started = time.monotonic()
@@ -308,25 +310,37 @@ class Dispatcher:
         meanwhile (renewals failing in a storage outage) and the run been claimed
         again, by another instance or by this one as a later attempt. Starting it
         then would run its agent twice (only one outcome would land)."""
-        current = self._inflight.get(claimed.run_id)
-        if current is None or current[0] is not asyncio.current_task():
-            return False  # claimed here again meanwhile: that attempt runs it
-        now = self.clock()
-        if now < self._leased_until[claimed.run_id] - self.settings.lease_seconds / 3:
-            return True  # renewed on time: no renewal missed
-        until = now + self.settings.lease_seconds
-        try:
-            held = claimed.run_id in await self.store.extend_leases(
-                self.owner, [claimed.run_id], until)
-        except StorageUnavailable:
-            held = False  # cannot tell: leave it to whoever claims it once the lease ends
-        if held:
-            self._leased_until[claimed.run_id] = until
-        else:
-            log.warning("a claimed run's lease ran out while it waited for a slot; not "
-                        "starting it here", extra={"run_id": claimed.run_id,
-                                                   "attempt": claimed.attempt})
-        return held
+        run_id, delay = claimed.run_id, 0.1
+        while self._holds(run_id):
+            now = self.clock()
+            known_until = self._leased_until[run_id]
+            if now < known_until - self.settings.lease_seconds / 3:
+                return True  # renewed on time: no renewal missed
+            until = now + self.settings.lease_seconds
+            try:
+                held = run_id in await self.store.extend_leases(self.owner, [run_id], until)
+            except StorageUnavailable:
+                if now < known_until:
+                    return True  # still leased here: as safe as an agent already running
+                if self._stop.is_set():
+                    return False  # given back at shutdown, if the storage lets it
+                await asyncio.sleep(delay)  # wait for the storage to tell
+                delay = min(delay * 2, 5.0)
+                continue
+            # A claim that took the run here as a later attempt was settled before this
+            # renewal (the same writer, or an earlier commit), so it is known by now.
+            if not held or not self._holds(run_id):
+                break
+            self._leased_until[run_id] = until
+            return True
+        log.warning("a claimed run's lease ran out while it waited for a slot; not "
+                    "starting it here", extra={"run_id": run_id, "attempt": claimed.attempt})
+        return False
+
+    def _holds(self, run_id: str) -> bool:
+        """Whether the calling task runs `run_id`'s attempt in flight here."""
+        current = self._inflight.get(run_id)
+        return current is not None and current[0] is asyncio.current_task()
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)

@@ -109,6 +109,14 @@ class Receiver:
         # The same rules the callback deliverer applies again before every attempt.
         self.destinations = DestinationPolicy(settings.callback_allowed,
                                               settings.callback_allowed_local)
+        self._writing: set[asyncio.Future[IngestResult]] = set()  # ingests not yet settled
+
+    async def settle(self, timeout: float) -> None:
+        """Wait for ingests still writing (their requests may have been cancelled by
+        the server's shutdown): at shutdown, before the dispatcher stops, so that
+        the runs they commit start or are given back, not left leased."""
+        if self._writing:
+            await asyncio.wait(self._writing, timeout=timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -152,9 +160,10 @@ class Receiver:
 
     async def _receive(self, scope: Scope, receive: Receive) -> IngestResult:
         self._reload_secrets()
-        headers: dict[str, str] = {}
-        for name, value in scope["headers"]:  # the first of repeated headers, as Starlette
-            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        # Names come lower-cased; of a repeated header the last counts (as before, when
+        # the verifier read Starlette's headers as a dict).
+        headers = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in scope["headers"]}
         body = await self._read_body(headers, receive)
         try:
             self.verifier.verify(headers, body, self.wall_clock())
@@ -225,18 +234,29 @@ class Receiver:
         # Runs that can start here at once are stored already claimed.
         lease = self.dispatcher.lease_for(len(agents))
         ingest = asyncio.ensure_future(self._ingest(event, body, agents, lease))
-        # Settled when the write ends, even if this request is cancelled meanwhile
-        # (a shutdown, a dropped connection): a write already queued still commits,
-        # and its runs must start, not wait leased until the lease runs out.
-        ingest.add_done_callback(lambda done: self._stored(event, lease, len(agents), done))
-        return await asyncio.shield(ingest)
+        self._writing.add(ingest)
+        try:
+            result = await asyncio.shield(ingest)
+        except asyncio.CancelledError:
+            # The request is gone (a dropped connection, the server's shutdown), but a
+            # write already queued still commits: its runs must start when it does,
+            # not wait leased until the lease runs out.
+            ingest.add_done_callback(lambda done: self._stored(event, lease, len(agents), done))
+            raise
+        except BaseException:
+            self._stored(event, lease, len(agents), ingest)
+            raise
+        # Here, not in a callback: the agents start once this task has sent the answer.
+        self._stored(event, lease, len(agents), ingest)
+        return result
 
     def _stored(self, event: Event, lease: Lease | None, runs: int,
                 ingest: asyncio.Future[IngestResult]) -> None:
+        self._writing.discard(ingest)
         result = None
         try:
             if ingest.cancelled() or ingest.exception() is not None:
-                return
+                return  # nothing stored: the request answers why (if it is still there)
             result = ingest.result()
             env = event.envelope
             if log.isEnabledFor(logging.INFO):
@@ -247,8 +267,14 @@ class Receiver:
                 self.metrics.duplicates.inc()
             else:
                 self.metrics.accepted.labels(env.event_type).inc()
+        except Exception:  # a bug: in a callback, nobody else would say so
+            log.exception("settling an ingest failed")
         finally:  # whatever happens, the lease is settled and the runs it claimed start
-            self.dispatcher.started(event, lease, runs, result)
+            try:
+                self.dispatcher.started(event, lease, runs, result)
+            except Exception:
+                log.exception("starting an event's runs failed; they run once their "
+                              "lease ends", extra={"event_id": event.envelope.event_id})
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],
                       lease: Lease | None) -> IngestResult:

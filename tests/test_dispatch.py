@@ -4,11 +4,14 @@ in acceptance order, never more than AGENTBOX_WORKER_CONCURRENCY agents at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agentbox.app import create_app
 from agentbox.config import Settings, load_settings
@@ -179,12 +182,43 @@ def test_a_request_cancelled_while_its_write_commits_still_starts_its_runs(
     asyncio.run(scenario())
 
 
+def test_a_write_still_committing_at_shutdown_runs_its_event_once_as_attempt_1(
+        tmp_path: Path) -> None:
+    """The server's shutdown cancels a request whose write is queued: the shutdown
+    waits for that write, so its run either runs now or is given back, and after a
+    restart it has run exactly once, as attempt 1 (no lost attempt recorded)."""
+    settings = in_process_settings(tmp_path)
+
+    async def scenario() -> None:
+        app = create_app(settings, admin_token="t")
+        async with app.router.lifespan_context(app):
+            store: SqliteStore = app.state.store
+            body = encode(make_event(project_id="ok"))
+            request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
+            while not store._queue:
+                await asyncio.sleep(0)
+            request.cancel()
+        again = create_app(settings, admin_token="t")
+        async with again.router.lifespan_context(again):
+            store = again.state.store
+            deadline = time.monotonic() + 10
+            while (await store.stats())["runs"]["succeeded"] < 1:
+                assert time.monotonic() < deadline, await store.stats()
+                await asyncio.sleep(0.01)
+            [run] = await store.list_runs(None, 10)
+            assert [a["attempt"] for a in await store.attempts(run["run_id"])] == [1]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("taken_by", ["another instance", "this instance"])
 def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
-        tmp_path: Path, monkeypatch: Any) -> None:
+        tmp_path: Path, monkeypatch: Any, taken_by: str) -> None:
     """Two runs claimed, one slot: while the first runs, the second's lease runs out
     unrenewed (the clock jumps past it, as in a storage outage that stops the
-    heartbeats) and another instance claims it. When the slot frees, this instance
-    must not start it too: its agent would run twice."""
+    heartbeats) and the run is claimed again, by another instance or by this one as
+    its next attempt. When the slot frees, the stale claim must not start: the
+    agent would run twice for one attempt's worth of work."""
     journal = tmp_path / "journal.jsonl"
     monkeypatch.setenv("AGENTBOX_TEST_JOURNAL", str(journal))
     settings = in_process_settings(tmp_path, AGENTBOX_LEASE_SECONDS="30")
@@ -206,15 +240,27 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
                 assert time.monotonic() < deadline, "the first agent never started"
                 await asyncio.sleep(0.01)
             offset[0] = 31.0  # both leases ran out, unrenewed
-            other = await store.claim("other-instance", 2, clock(), 30, 10)
-            assert len(other.claimed) == 2
-            while app.state.dispatcher._held:
-                assert time.monotonic() < deadline, "the waiting run never left"
-                await asyncio.sleep(0.01)
-            starts = [line for line in journal.read_text().splitlines() if '"start"' in line]
-            assert len(starts) == 1  # the first, already running; not the second
-            runs = await store.list_runs(None, 10)
-            assert sorted((r["attempt"], r["status"]) for r in runs) == [
-                (2, "processing"), (2, "processing")]  # the other instance's attempts
+            dispatcher = app.state.dispatcher
+            [waiting] = [run_id for run_id, (task, _) in dispatcher._inflight.items()
+                         if not any(run_id in line for line in journal.read_text().splitlines())]
+            if taken_by == "another instance":
+                other = await store.claim("other-instance", 2, clock(), 30, 10)
+                assert len(other.claimed) == 2
+                while dispatcher._held:
+                    assert time.monotonic() < deadline, "the waiting run never left"
+                    await asyncio.sleep(0.01)
+                runs = await store.list_runs(None, 10)
+                assert sorted((r["attempt"], r["status"]) for r in runs) == [
+                    (2, "processing"), (2, "processing")]  # the other instance's attempts
+            else:
+                dispatcher.wake()  # this instance's claim loop takes both back, attempt 2
+                while (await store.stats())["runs"]["succeeded"] < 2:
+                    assert time.monotonic() < deadline, await store.stats()
+                    await asyncio.sleep(0.01)
+            starts = [json.loads(line) for line in journal.read_text().splitlines()
+                      if '"start"' in line]
+            # The waiting run never started under its first claim.
+            assert [s["attempt"] for s in starts if s["run_id"] == waiting] == (
+                [] if taken_by == "another instance" else [2])
 
     asyncio.run(scenario())

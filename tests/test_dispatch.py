@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.app import create_app
+from agentbox.app import App, create_app
 from agentbox.config import Settings, load_settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import parse_event
@@ -151,6 +151,29 @@ def test_claimed_runs_not_started_by_shutdown_run_after_the_restart_as_attempt_1
         assert history["retry_count"] == 0
 
 
+async def cancel_a_request_whose_write_is_queued(app: App) -> None:
+    """Send an event in-process and cancel its request once its write is queued."""
+    store: SqliteStore = app.state.store
+    body = encode(make_event(project_id="ok"))
+    request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
+    while not store._queue:  # the event's write waits for the next batch
+        await asyncio.sleep(0)
+    request.cancel()
+    try:
+        await request
+        raise AssertionError("the request was not cancelled")
+    except asyncio.CancelledError:
+        pass
+
+
+async def wait_for_succeeded(store: SqliteStore, count: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 10
+    while (await store.stats())["runs"]["succeeded"] < count:
+        assert time.monotonic() < deadline, await store.stats()
+        await asyncio.sleep(0.01)
+    return await store.list_runs(None, count)
+
+
 def test_a_request_cancelled_while_its_write_commits_still_starts_its_runs(
         tmp_path: Path) -> None:
     """A write queued before the request was cancelled (a shutdown, a dropped
@@ -161,22 +184,8 @@ def test_a_request_cancelled_while_its_write_commits_still_starts_its_runs(
     async def scenario() -> None:
         app = create_app(settings, admin_token="t")
         async with app.router.lifespan_context(app):
-            store: SqliteStore = app.state.store
-            body = encode(make_event(project_id="ok"))
-            request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
-            while not store._queue:  # the event's write is queued for the next batch
-                await asyncio.sleep(0)
-            request.cancel()
-            try:
-                await request
-                raise AssertionError("the request was not cancelled")
-            except asyncio.CancelledError:
-                pass
-            deadline = time.monotonic() + 10
-            while (await store.stats())["runs"]["succeeded"] < 1:
-                assert time.monotonic() < deadline, await store.stats()
-                await asyncio.sleep(0.01)
-            [run] = await store.list_runs(None, 10)
+            await cancel_a_request_whose_write_is_queued(app)
+            [run] = await wait_for_succeeded(app.state.store, 1)
             assert run["attempt"] == 1
 
     asyncio.run(scenario())
@@ -192,21 +201,11 @@ def test_a_write_still_committing_at_shutdown_runs_its_event_once_as_attempt_1(
     async def scenario() -> None:
         app = create_app(settings, admin_token="t")
         async with app.router.lifespan_context(app):
-            store: SqliteStore = app.state.store
-            body = encode(make_event(project_id="ok"))
-            request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
-            while not store._queue:
-                await asyncio.sleep(0)
-            request.cancel()
+            await cancel_a_request_whose_write_is_queued(app)
         again = create_app(settings, admin_token="t")
         async with again.router.lifespan_context(again):
-            store = again.state.store
-            deadline = time.monotonic() + 10
-            while (await store.stats())["runs"]["succeeded"] < 1:
-                assert time.monotonic() < deadline, await store.stats()
-                await asyncio.sleep(0.01)
-            [run] = await store.list_runs(None, 10)
-            assert [a["attempt"] for a in await store.attempts(run["run_id"])] == [1]
+            [run] = await wait_for_succeeded(again.state.store, 1)
+            assert [a["attempt"] for a in await again.state.store.attempts(run["run_id"])] == [1]
 
     asyncio.run(scenario())
 
@@ -254,9 +253,7 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
                     (2, "processing"), (2, "processing")]  # the other instance's attempts
             else:
                 dispatcher.wake()  # this instance's claim loop takes both back, attempt 2
-                while (await store.stats())["runs"]["succeeded"] < 2:
-                    assert time.monotonic() < deadline, await store.stats()
-                    await asyncio.sleep(0.01)
+                await wait_for_succeeded(store, 2)
             starts = [json.loads(line) for line in journal.read_text().splitlines()
                       if '"start"' in line]
             # The waiting run never started under its first claim.

@@ -270,7 +270,7 @@ class Dispatcher:
             async with self._slots:
                 if self._stop.is_set():
                     return  # not started: given back with this instance's leases
-                if not await self._still_held(claimed):
+                if not await self._still_held(claimed, ctx):
                     lost = not self._stop.is_set()  # else given back, if still held here
                     return
                 ran = True
@@ -305,13 +305,13 @@ class Dispatcher:
                 if run_ids:
                     self.accepted(event, run_ids)
 
-    async def _still_held(self, claimed: ClaimedRun) -> bool:
+    async def _still_held(self, claimed: ClaimedRun, ctx: AgentContext) -> bool:
         """Whether a run that waited for a slot may start: its lease may have run out
         meanwhile (renewals failing in a storage outage) and the run been claimed
         again, by another instance or by this one as a later attempt. Starting it
         then would run its agent twice (only one outcome would land)."""
         run_id, delay = claimed.run_id, 0.1
-        while self._holds(run_id):
+        while self._holds(run_id, ctx):
             now = self.clock()
             known_until = self._leased_until[run_id]
             if now < known_until - self.settings.lease_seconds / 3:
@@ -329,7 +329,7 @@ class Dispatcher:
                 continue
             # A claim that took the run here as a later attempt was settled before this
             # renewal (the same writer, or an earlier commit), so it is known by now.
-            if not held or not self._holds(run_id):
+            if not held or not self._holds(run_id, ctx):
                 break
             self._leased_until[run_id] = until
             return True
@@ -337,10 +337,10 @@ class Dispatcher:
                     "starting it here", extra={"run_id": run_id, "attempt": claimed.attempt})
         return False
 
-    def _holds(self, run_id: str) -> bool:
-        """Whether the calling task runs `run_id`'s attempt in flight here."""
+    def _holds(self, run_id: str, ctx: AgentContext) -> bool:
+        """Whether the attempt of `ctx` is still `run_id`'s attempt in flight here."""
         current = self._inflight.get(run_id)
-        return current is not None and current[0] is asyncio.current_task()
+        return current is not None and current[1] is ctx
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)

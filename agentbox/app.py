@@ -27,7 +27,12 @@ from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
 from agentbox.openapi import document
-from agentbox.receiver import STORAGE_RETRY_AFTER_SECONDS, Receiver, error_response
+from agentbox.receiver import (
+    INTERNAL_ERROR_MESSAGE,
+    STORAGE_RETRY_AFTER_SECONDS,
+    Receiver,
+    error_response,
+)
 from agentbox.runs import SteadyClock
 from agentbox.store import StorageUnavailable
 from agentbox.store.engines import create_store
@@ -183,5 +188,4 @@ async def _storage_error(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
-    return error_response(500, "internal_error", "agentbox failed to handle this request; "
-                          "the error is in its log.")
+    return error_response(500, "internal_error", INTERNAL_ERROR_MESSAGE)

@@ -37,6 +37,7 @@ log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
 ADMISSION_RETRY_AFTER_SECONDS = 5
 STORAGE_RETRY_AFTER_SECONDS = 30
+INTERNAL_ERROR_MESSAGE = "agentbox failed to handle this request; the error is in its log."
 
 
 class Rejected(Exception):
@@ -127,9 +128,7 @@ class Receiver:
             return
         except Exception:  # a bug: say so in the log, answer as the app's other routes do
             log.exception("unhandled error", extra={"path": scope["path"]})
-            await send_json(send, 500, error_body(
-                "internal_error", "agentbox failed to handle this request; the error is in "
-                                  "its log."))
+            await send_json(send, 500, error_body("internal_error", INTERNAL_ERROR_MESSAGE))
             return
         await send_json(send, 200 if result.duplicate else 202, _accepted(result))
 

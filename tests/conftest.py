@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentbox.config import Settings, load_settings
 from agentbox.signing import sign_headers
 from tests import postgres
 
@@ -207,3 +208,15 @@ def postgres_url(postgres_admin_url: str) -> Iterator[str]:
     url = postgres.fresh_database(postgres_admin_url)
     yield url
     postgres.drop_database(postgres_admin_url, url)
+
+
+def in_process_settings(tmp_path: Path, **environ: str) -> Settings:
+    """Settings for an app run in the test's own process: one agent slot, the
+    test agents. (For what a real server cannot show: a request cancelled at a
+    chosen moment, an injected clock, a bug.)"""
+    return load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
+                                  "AGENTBOX_WEBHOOK_SECRET": SECRET,
+                                  "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
+                                  "AGENTBOX_CALLBACK_SECRET": "callback-secret",
+                                  "AGENTBOX_WORKER_CONCURRENCY": "1", **environ},
+                         overrides={"config_dir": tmp_path / "config"})

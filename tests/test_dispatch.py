@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from agentbox.app import App, create_app
-from agentbox.config import Settings, load_settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import parse_event
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event, wait_until
+from tests.conftest import Server, encode, in_process_settings, make_event, wait_until
 
 
 def starts_and_returns(server: Server) -> dict[str, tuple[float, float]]:
@@ -75,16 +74,6 @@ def test_runs_start_in_the_order_they_were_accepted(server_factory: Any) -> None
         server.wait_terminal(run_id)
     spans = starts_and_returns(server)
     assert sorted(spans, key=lambda run_id: spans[run_id][0]) == run_ids
-
-
-def in_process_settings(tmp_path: Path, **environ: str) -> Settings:
-    """One agent slot, the test agents."""
-    return load_settings(environ={"AGENTBOX_DATA_DIR": str(tmp_path / "data"),
-                                  "AGENTBOX_WEBHOOK_SECRET": SECRET,
-                                  "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
-                                  "AGENTBOX_CALLBACK_SECRET": "callback-secret",
-                                  "AGENTBOX_WORKER_CONCURRENCY": "1", **environ},
-                         overrides={"config_dir": tmp_path / "config"})
 
 
 def test_new_events_are_not_claimed_ahead_of_runs_already_waiting(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -9,9 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
-from agentbox.signing import standard_signature
-from tests.conftest import SECRET, Server, encode, make_event, wait_until
+from agentbox.app import create_app
+from agentbox.receiver import INTERNAL_ERROR_MESSAGE
+from agentbox.signing import sign_headers, standard_signature
+from tests.conftest import (
+    SECRET,
+    Server,
+    encode,
+    in_process_settings,
+    make_event,
+    wait_until,
+)
 
 
 def test_signed_event_runs_to_succeeded(server: Server) -> None:
@@ -298,3 +309,32 @@ def test_one_json_log_line_per_state_change(server: Server) -> None:
             assert line[field], field
     assert "duration_ms" in found[1] and "duration_ms" in found[3]
     assert SECRET not in server.log_path.read_text()
+
+
+def test_a_bug_in_the_receiver_answers_500_and_says_so_in_the_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process, to plant the bug: the receiver serves its path outside Starlette's
+    middleware, so it must answer a failure itself, as the app's other routes do."""
+    def broken(body: bytes) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr("agentbox.receiver.parse_event", broken)
+    app = create_app(in_process_settings(tmp_path), admin_token="t")
+    body = encode(make_event())
+
+    async def scenario() -> httpx.Response:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.post("/webhooks/events", content=body, headers={
+                    "Content-Type": "application/json",
+                    **sign_headers(SECRET, body, int(time.time()))})
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 500
+    assert response.json() == {"status": "rejected", "error_code": "internal_error",
+                               "message": INTERNAL_ERROR_MESSAGE}
+    assert "planted" not in response.text
+    assert any(record.getMessage() == "unhandled error" and record.exc_info
+               for record in caplog.records)

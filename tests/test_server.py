@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -338,3 +339,48 @@ def test_a_bug_in_the_receiver_answers_500_and_says_so_in_the_log(
     assert "planted" not in response.text
     assert any(record.getMessage() == "unhandled error" and record.exc_info
                for record in caplog.records)
+
+
+def raw_exchange(server: Server, head: bytes, body: bytes = b"",
+                 expect_continue: bool = False) -> bytes:
+    """One request on a raw socket; the whole answer (the server closes after it)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+        conn.sendall(head)
+        if expect_continue:
+            assert conn.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n")
+        conn.sendall(body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+        return answer
+
+
+def signed_head(body: bytes, *lines: str) -> bytes:
+    headers = {"Host": "127.0.0.1", "Content-Type": "application/json", "Connection": "close",
+               **sign_headers(SECRET, body, int(time.time()))}
+    text = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"POST /webhooks/events HTTP/1.1\r\n{text}{''.join(lines)}\r\n".encode()
+
+
+def test_chunked_bodies_and_expect_100_continue_are_read_like_any_other(
+        server: Server) -> None:
+    body = encode(make_event())
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 40]), body[i:i + 40])
+                       for i in range(0, len(body), 40)) + b"0\r\n\r\n"
+    answer = raw_exchange(server, signed_head(body, "Transfer-Encoding: chunked\r\n"), chunked)
+    assert answer.startswith(b"HTTP/1.1 202 "), answer[:200]
+    run_id = json.loads(answer.split(b"\r\n\r\n", 1)[1])["run_id"]
+    assert server.wait_terminal(run_id)["status"] == "succeeded"
+
+    body = encode(make_event())
+    answer = raw_exchange(server, signed_head(body, "Expect: 100-continue\r\n",
+                                              f"Content-Length: {len(body)}\r\n"),
+                          body, expect_continue=True)
+    assert answer.startswith(b"HTTP/1.1 202 "), answer[:200]
+
+    # Streamed without a length, a body one byte over AGENTBOX_MAX_BODY_BYTES (1 MiB)
+    # is refused as that byte arrives.
+    big = b"1\r\n{\r\n" + b"%x\r\n%s\r\n" % (64 * 1024, b" " * 64 * 1024) * 16 + b"0\r\n\r\n"
+    answer = raw_exchange(server, signed_head(b"{", "Transfer-Encoding: chunked\r\n"), big)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b'"error_code":"body_too_large"' in answer

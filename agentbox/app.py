@@ -43,6 +43,7 @@ from agentbox.web import RunsApi
 log = get_logger("app")
 GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest generation
 RECEIVER_PATH = "/webhooks/events"
+INGEST_SETTLE_SECONDS = 5.0  # at shutdown, for writes still in flight (milliseconds, usually)
 
 
 class App(Starlette):
@@ -117,7 +118,10 @@ def create_app(
         try:
             yield
         finally:
-            await receiver.settle(settings.shutdown_grace_seconds)
+            # Writes of requests the server cancelled commit first, so that their runs
+            # start or are given back (one that commits even later stays leased to
+            # this instance until its lease ends, then runs as the next attempt).
+            await receiver.settle(INGEST_SETTLE_SECONDS)
             await dispatcher.stop()
             await deliverer.stop()
             await store.close()

@@ -273,6 +273,8 @@ class Dispatcher:
                 if not await self._still_held(claimed, ctx):
                     lost = not self._stop.is_set()  # else given back, if still held here
                     return
+                if self._stop.is_set():
+                    return  # stopping began while the lease was checked: given back
                 ran = True
                 started = time.monotonic()
                 outcome = await self._attempt(claimed, ctx)
@@ -318,7 +320,8 @@ class Dispatcher:
                 return True  # renewed on time: no renewal missed
             until = now + self.settings.lease_seconds
             try:
-                held = run_id in await self.store.extend_leases(self.owner, [run_id], until)
+                held = run_id in await self.store.extend_leases(
+                    self.owner, [(run_id, claimed.attempt)], until)
             except StorageUnavailable:
                 if now < known_until:
                     return True  # still leased here: as safe as an agent already running
@@ -327,8 +330,6 @@ class Dispatcher:
                 await asyncio.sleep(delay)  # wait for the storage to tell
                 delay = min(delay * 2, 5.0)
                 continue
-            # A claim that took the run here as a later attempt was settled before this
-            # renewal (the same writer, or an earlier commit), so it is known by now.
             if not held or not self._holds(run_id, ctx):
                 break
             self._leased_until[run_id] = until
@@ -436,11 +437,12 @@ class Dispatcher:
             # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
             # (and keeps a run still waiting for a slot from starting: `_still_held`).
             until = self.clock() + self.settings.lease_seconds
+            attempts = [(run_id, ctx.attempt) for run_id, (_, ctx) in self._inflight.items()]
             with contextlib.suppress(StorageUnavailable):
-                for run_id in await self.store.extend_leases(self.owner, list(self._inflight),
-                                                             until):
-                    if run_id in self._leased_until:  # not finished meanwhile
-                        self._leased_until[run_id] = until
+                for run_id in await self.store.extend_leases(self.owner, attempts, until):
+                    current = self._inflight.get(run_id)
+                    if current is not None and (run_id, current[1].attempt) in attempts:
+                        self._leased_until[run_id] = until  # the attempt renewed, still here
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():

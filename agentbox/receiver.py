@@ -122,6 +122,7 @@ class Receiver:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             result = await self._receive(scope, receive)
+            status, answer = (200 if result.duplicate else 202), _accepted(result)
         except Rejected as rejected:
             self.metrics.refused.labels(rejected.code).inc()
             await send_json(send, rejected.status, rejected.body(), rejected.headers)
@@ -130,7 +131,7 @@ class Receiver:
             log.exception("unhandled error", extra={"path": scope["path"]})
             await send_json(send, 500, error_body("internal_error", INTERNAL_ERROR_MESSAGE))
             return
-        await send_json(send, 200 if result.duplicate else 202, _accepted(result))
+        await send_json(send, status, answer)
 
     def _secret_stamp(self) -> tuple[int, int] | None:
         if self._secret_file is None:
@@ -179,7 +180,8 @@ class Receiver:
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if (declared is not None and declared.isascii() and declared.isdecimal()
+                and int(declared) > limit):
             raise _too_large(limit)
         chunks, size = [], 0
         try:

@@ -141,12 +141,21 @@ def test_claimed_runs_not_started_by_shutdown_run_after_the_restart_as_attempt_1
 
 
 async def cancel_a_request_whose_write_is_queued(app: App) -> None:
-    """Send an event in-process and cancel its request once its write is queued."""
+    """Send an event in-process, its run to be stored claimed, and cancel its request
+    once its write is queued."""
     store: SqliteStore = app.state.store
+    dispatcher: Dispatcher = app.state.dispatcher
     body = encode(make_event(project_id="ok"))
+    deadline = time.monotonic() + 10
+    while (lease := dispatcher.lease_for(1)) is None:  # until it knows nothing waits
+        assert time.monotonic() < deadline, "the dispatcher never became idle"
+        await asyncio.sleep(0.01)
+    dispatcher.started(parse_event(body), lease, 1, None)  # given back unused
     request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
     while not store._queue:  # the event's write waits for the next batch
+        assert time.monotonic() < deadline, "the write was never queued"
         await asyncio.sleep(0)
+    assert dispatcher._reserved == 1  # its run is being stored claimed
     request.cancel()
     try:
         await request
@@ -220,7 +229,8 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
         async with app.router.lifespan_context(app):
             store: SqliteStore = app.state.store
             receiver = app.state.receiver
-            first, second = (encode(make_event(project_id=p)) for p in ("sleep-0.5", "ok"))
+            # The first agent runs long enough for the claims below to land meanwhile.
+            first, second = (encode(make_event(project_id=p)) for p in ("sleep-2", "ok"))
             await receiver._store(parse_event(first), first)
             await receiver._store(parse_event(second), second)  # waits for the slot
             deadline = time.monotonic() + 10

@@ -792,8 +792,10 @@ async def test_finish_dead_lettered_and_permanent(store: Store, aio: Any) -> Non
 @async_test
 async def test_extend_leases_keeps_runs_leased(store: Store, aio: Any) -> None:
     run = await ingest_and_claim(store, "e1", "w1")
-    await store.extend_leases("w1", [run.run_id], T0 + 100)
-    await store.extend_leases("intruder", [run.run_id], T0 + 1000)  # not its lease: no effect
+    assert await store.extend_leases("w1", [(run.run_id, 1)], T0 + 100) == [run.run_id]
+    # Not its lease, or not the attempt it holds: no effect, and said so.
+    assert await store.extend_leases("intruder", [(run.run_id, 1)], T0 + 1000) == []
+    assert await store.extend_leases("w1", [(run.run_id, 2)], T0 + 1000) == []
     assert await store.next_due_at() == ms(T0 + 100)
     assert (await claim(store, "w2", now=T0 + 99)).claimed == []
     assert (await claim_one(store, "w2", now=T0 + 100)).attempt == 2
@@ -1616,13 +1618,18 @@ class StoreMachine(RuleBasedStateMachine):
         for run in held:
             run.lease_until = self.now
 
-    @rule(owner=st.sampled_from(OWNERS), seconds=st.sampled_from([LEASE, 3 * LEASE]))
-    def extend(self, owner: str, seconds: float) -> None:
+    @rule(owner=st.sampled_from(OWNERS), seconds=st.sampled_from([LEASE, 3 * LEASE]),
+          stale=st.booleans())
+    def extend(self, owner: str, seconds: float, stale: bool) -> None:
         processing = self.ids_with(RunStatus.PROCESSING)  # other owners' runs are ignored
-        self.aio(self.store.extend_leases(owner, processing, self.now + seconds))
-        for run_id in processing:
-            if self.runs[run_id].owner == owner:
-                self.runs[run_id].lease_until = self.now + seconds
+        # `stale`: an earlier attempt's holder asks (its run was claimed again since).
+        attempts = [(run_id, self.runs[run_id].attempt - stale) for run_id in processing]
+        held = self.aio(self.store.extend_leases(owner, attempts, self.now + seconds))
+        renewed = [] if stale else [run_id for run_id in processing
+                                    if self.runs[run_id].owner == owner]
+        assert held == sorted(renewed)
+        for run_id in renewed:
+            self.runs[run_id].lease_until = self.now + seconds
 
     @rule()
     def reopen(self) -> None:

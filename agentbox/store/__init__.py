@@ -257,10 +257,11 @@ class Store(abc.ABC):
         """Record an attempt's outcome; None if `owner` no longer holds that attempt."""
 
     @abc.abstractmethod
-    async def extend_leases(self, owner: str, run_ids: Sequence[str],
+    async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
                             until: float) -> list[str]:
-        """Keep long-running attempts leased; answer those still held by `owner`
-        (the others were taken over after their lease ran out, or finished)."""
+        """Keep attempts (run_id, attempt) leased; answer the run_ids whose attempt
+        `owner` still holds (the others finished, or were claimed again after their
+        lease ran out: by another owner, or by this one as a later attempt)."""
 
     @abc.abstractmethod
     async def release_leases(self, owner: str, now: float,

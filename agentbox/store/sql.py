@@ -277,9 +277,10 @@ SQL_LOCK_DESTINATION = (
     "SELECT state FROM callback_destinations WHERE destination = ? /*FOR SHARE*/")
 SQL_EXTEND_LEASE = """
 UPDATE runs SET lease_expires_at = ?
-WHERE run_id = ? AND lease_owner = ? AND status = 'processing'
+WHERE run_id = ? AND lease_owner = ? AND attempt = ? AND status = 'processing'
 """
-SQL_HELD_LEASES = "SELECT run_id FROM runs WHERE status = 'processing' AND lease_owner = ?"
+SQL_HELD_LEASES = (
+    "SELECT run_id, attempt FROM runs WHERE status = 'processing' AND lease_owner = ?")
 SQL_RELEASE_LEASES = """
 UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'processing'
 """
@@ -711,15 +712,17 @@ class SqlStore(Store):
 
         return await self._write(op)
 
-    async def extend_leases(self, owner: str, run_ids: Sequence[str],
+    async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
                             until: float) -> list[str]:
         def op(conn: Db, state: Batch) -> list[str]:
             # In run_id order, as the other writers take run rows: no deadlock.
-            ordered = sorted(run_ids)
-            conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner) for run_id in ordered])
+            ordered = sorted(attempts)
+            conn.executemany(SQL_EXTEND_LEASE, [(until, run_id, owner, attempt)
+                                                for run_id, attempt in ordered])
             # Two statements whatever the number of runs (round trips, on PostgreSQL).
-            held = {row[0] for row in conn.execute(SQL_HELD_LEASES, (owner,)).fetchall()}
-            return [run_id for run_id in ordered if run_id in held]
+            held = {(run_id, attempt) for run_id, attempt
+                    in conn.execute(SQL_HELD_LEASES, (owner,)).fetchall()}
+            return [run_id for run_id, attempt in ordered if (run_id, attempt) in held]
 
         return await self._write(op, durable=False)
 

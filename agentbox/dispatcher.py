@@ -19,6 +19,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentbox.agents import (
@@ -56,6 +57,15 @@ PREFETCH = 4
 Listener = Callable[[Transition], None]
 
 
+@dataclass
+class InFlight:
+    """An attempt claimed here, until its outcome is stored."""
+
+    task: asyncio.Task[None]
+    ctx: AgentContext
+    leased_until: float  # as far as this instance knows: its claim, or the last renewal
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -75,10 +85,8 @@ class Dispatcher:
         self.listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        # Attempts claimed here, until their outcome is stored (their leases are renewed).
-        self._inflight: dict[str, tuple[asyncio.Task[None], AgentContext]] = {}
-        # How long each one's lease is known to last (its claim, or the last renewal).
-        self._leased_until: dict[str, float] = {}
+        # Attempts claimed here, by run_id (their leases are renewed).
+        self._inflight: dict[str, InFlight] = {}
         # Agents running at once: at most AGENTBOX_WORKER_CONCURRENCY. A slot frees
         # when its agent returns, not when the outcome's write commits.
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
@@ -115,9 +123,9 @@ class Dispatcher:
         and leave the rest to lease recovery."""
         self._stop.set()
         self._wake.set()
-        for _, ctx in self._inflight.values():
-            ctx.cancelled.set()  # agents that watch it can wrap up within the grace
-        running = [task for task, _ in self._inflight.values()]
+        for attempt in self._inflight.values():
+            attempt.ctx.cancelled.set()  # agents that watch it can wrap up within the grace
+        running = [attempt.task for attempt in self._inflight.values()]
         if running:
             log.info("waiting for running agents", extra={"runs": len(running)})
             _, pending = await asyncio.wait(running, timeout=self.settings.shutdown_grace_seconds)
@@ -251,16 +259,14 @@ class Dispatcher:
             settings=self.settings,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
-        self._inflight[claimed.run_id] = (task, ctx)
-        self._leased_until[claimed.run_id] = leased_until
+        self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
 
     def _finished(self, run_id: str, task: asyncio.Task[None]) -> None:
         # Only its own entry: after a lost lease the run may be claimed here again.
-        if run_id in self._inflight and self._inflight[run_id][0] is task:
+        if run_id in self._inflight and self._inflight[run_id].task is task:
             del self._inflight[run_id]
-            del self._leased_until[run_id]
 
     # -- running one attempt ----------------------------------------------------------
 
@@ -268,13 +274,11 @@ class Dispatcher:
         ran = lost = False
         try:
             async with self._slots:
-                if self._stop.is_set():
-                    return  # not started: given back with this instance's leases
-                if not await self._still_held(claimed, ctx):
+                if not self._stop.is_set() and not await self._still_held(claimed, ctx):
                     lost = not self._stop.is_set()  # else given back, if still held here
                     return
                 if self._stop.is_set():
-                    return  # stopping began while the lease was checked: given back
+                    return  # not started: given back with this instance's leases
                 ran = True
                 started = time.monotonic()
                 outcome = await self._attempt(claimed, ctx)
@@ -313,9 +317,9 @@ class Dispatcher:
         again, by another instance or by this one as a later attempt. Starting it
         then would run its agent twice (only one outcome would land)."""
         run_id, delay = claimed.run_id, 0.1
-        while self._holds(run_id, ctx):
+        while (attempt := self._inflight.get(run_id)) is not None and attempt.ctx is ctx:
             now = self.clock()
-            known_until = self._leased_until[run_id]
+            known_until = attempt.leased_until
             if now < known_until - self.settings.lease_seconds / 3:
                 return True  # renewed on time: no renewal missed
             until = now + self.settings.lease_seconds
@@ -330,18 +334,13 @@ class Dispatcher:
                 await asyncio.sleep(delay)  # wait for the storage to tell
                 delay = min(delay * 2, 5.0)
                 continue
-            if not held or not self._holds(run_id, ctx):
-                break
-            self._leased_until[run_id] = until
+            if not held or self._inflight.get(run_id) is not attempt:
+                break  # taken by another, or claimed here again meanwhile
+            attempt.leased_until = until
             return True
         log.warning("a claimed run's lease ran out while it waited for a slot; not "
                     "starting it here", extra={"run_id": run_id, "attempt": claimed.attempt})
         return False
-
-    def _holds(self, run_id: str, ctx: AgentContext) -> bool:
-        """Whether the attempt of `ctx` is still `run_id`'s attempt in flight here."""
-        current = self._inflight.get(run_id)
-        return current is not None and current[1] is ctx
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)
@@ -437,12 +436,12 @@ class Dispatcher:
             # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
             # (and keeps a run still waiting for a slot from starting: `_still_held`).
             until = self.clock() + self.settings.lease_seconds
-            attempts = [(run_id, ctx.attempt) for run_id, (_, ctx) in self._inflight.items()]
+            asked = dict(self._inflight)
             with contextlib.suppress(StorageUnavailable):
-                for run_id in await self.store.extend_leases(self.owner, attempts, until):
-                    current = self._inflight.get(run_id)
-                    if current is not None and (run_id, current[1].attempt) in attempts:
-                        self._leased_until[run_id] = until  # the attempt renewed, still here
+                for run_id in await self.store.extend_leases(
+                        self.owner, [(run_id, a.ctx.attempt) for run_id, a in asked.items()],
+                        until):
+                    asked[run_id].leased_until = until  # if it finished meanwhile: harmless
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():

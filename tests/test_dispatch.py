@@ -239,7 +239,7 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
                 await asyncio.sleep(0.01)
             offset[0] = 31.0  # both leases ran out, unrenewed
             dispatcher = app.state.dispatcher
-            [waiting] = [run_id for run_id, (task, _) in dispatcher._inflight.items()
+            [waiting] = [run_id for run_id in dispatcher._inflight
                          if not any(run_id in line for line in journal.read_text().splitlines())]
             if taken_by == "another instance":
                 other = await store.claim("other-instance", 2, clock(), 30, 10)

@@ -496,6 +496,27 @@ def mix_phase(work: Path, minutes: float, duration: float, rate: float = 200,
 # -- report -----------------------------------------------------------------------
 
 
+def history_cost(report: dict[str, Any]) -> dict[str, Any]:
+    """The seeded store's figures against the empty store's, each the mean of its
+    two rounds (run empty, seeded, seeded, empty): the change in percent (the
+    target: within 10 % either way)."""
+    def mean(rows: list[dict[str, Any]], store: str, figure: str, **match: Any) -> float | None:
+        found = [r[figure] for r in rows if r.get("store") == store and r.get(
+            "target", "agentbox") == "agentbox" and all(r[k] == v for k, v in match.items())]
+        return sum(found) / len(found) if len(found) == 2 else None
+
+    changes: dict[str, float] = {}
+    for rows, figure, match in [
+            *((report["load"], f, {"connections": c}) for c in (16, 64)
+              for f in ("accepted_per_s", "p99_ms")),
+            (report["drain"], "completed_per_s", {}), (report["drain"], "succeeded_p50_ms", {})]:
+        empty, seeded = mean(rows, "empty", figure, **match), mean(rows, "seeded", figure, **match)
+        if empty and seeded:
+            name = figure + "".join(f"_{v}" for v in match.values())
+            changes[name] = round(100 * (seeded - empty) / empty, 1)
+    return changes
+
+
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nagentbox benchmark, {report['duration_s']} s per phase, {os.cpu_count()} cores\n")
     print(f"{'store':>8} {'conns':>5} {'target':>9} {'accepted/s':>10} {'ratio':>6} "
@@ -511,7 +532,8 @@ def print_table(report: dict[str, Any]) -> None:
         non_202 = sum(n for s, n in row["statuses"].items() if s != "202") + sum(
             row["errors"].values())
         check = row.get("store_check", {}).get("ok", "")
-        print(f"{row.get('store', '-'):>8} {row['connections']:>5} {row['target']:>9} "
+        store = row.get("store", "-") + ("" if row.get("round", 1) == 1 else f"#{row['round']}")
+        print(f"{store:>8} {row['connections']:>5} {row['target']:>9} "
               f"{row['accepted_per_s']:>10} {ratio:>6} {row['p50_ms']:>7.2f} "
               f"{row['p99_ms']:>7.2f} {row['p999_ms']:>8.2f} {p99x:>6} "
               f"{row['server_cpu_percent']:>6} {row['max_rss_mb']:>6} {non_202:>7} {check!s:>6}")
@@ -527,8 +549,13 @@ def print_table(report: dict[str, Any]) -> None:
               f" events/s offered: p50 {row['before']['p50_ms']:.2f} -> "
               f"{row['during']['p50_ms']:.2f} ms, p99 {row['before']['p99_ms']:.2f} -> "
               f"{row['during']['p99_ms']:.2f} ms")
+    if report.get("history"):
+        print("\nseeded store against the empty one, back to back: " + ", ".join(
+            f"{name} {value:+.1f} %"
+            for name, value in report["history"].items()))
     for row in report["drain"]:
-        print(f"\ndrain ({row['store']} store): offered {row['offered_per_s']}/s, "
+        store = row["store"] + ("" if row.get("round", 1) == 1 else f" #{row['round']}")
+        print(f"\ndrain ({store} store): offered {row['offered_per_s']}/s, "
               f"accepted {row['accepted_per_s']}/s, completed {row['completed_per_s']}/s, "
               f"202->succeeded p50 {row['succeeded_p50_ms']} ms p99 {row['succeeded_p99_ms']} ms, "
               f"cpu {row['server_cpu_percent']} %, rss {row['max_rss_mb']} MB")
@@ -559,54 +586,66 @@ def main() -> None:
                                                                                 time.gmtime())}
     failed = False
     count = int(MAX_EVENTS_PER_SECOND * args.duration)
-    stores = [("empty", None)] + ([("seeded", args.seed_runs)] if args.seed_runs else [])
     if args.postgres_only:
-        stores = []
-        args.backlog = args.mix_minutes = 0
-        for connections in levels:
-            events = work / f"events-ceiling-{connections}.tsv"
-            write_events(events, count, f"ceiling-{connections}-{uuid.uuid4().hex[:6]}")
-            print(f"{connections} connections: ceiling ...", file=sys.stderr)
-            row = load_phase("ceiling", work / f"ceiling-{connections}", events, connections,
-                             args.duration)
-            row["store"] = "empty"
+        args.seed_runs = args.backlog = args.mix_minutes = 0
+    seeded_dir = work / "seeded"
+    if args.seed_runs:
+        # Seeded first, so that each concurrency's phases (ceiling, empty store, seeded
+        # store) run back to back: this machine's speed drifts within minutes, and
+        # neighbours compare fairly where phases minutes apart do not.
+        print(f"seeding a store with {args.seed_runs} runs ...", file=sys.stderr)
+        seed(seeded_dir, args.seed_runs)
+    for connections in levels:
+        phases = [("ceiling", "empty", 1)] + ([] if args.postgres_only else [
+            ("agentbox", "empty", 1)])
+        if args.seed_runs and connections in (16, 64):
+            # In the order empty, seeded, seeded, empty: a drift of the machine's speed
+            # over the four weighs on both stores alike.
+            phases += [("agentbox", "seeded", 1), ("agentbox", "seeded", 2),
+                       ("agentbox", "empty", 2)]
+        events = {}
+        for round_ in {r for _, _, r in phases}:  # a store sees each event once
+            events[round_] = work / f"events-{connections}-{round_}.tsv"
+            write_events(events[round_], count,
+                         f"load-{connections}-{round_}-{uuid.uuid4().hex[:6]}")
+        for kind, store, round_ in phases:
+            print(f"{store} store, {connections} connections: {kind} ...", file=sys.stderr)
+            seeded = store == "seeded"
+            data_dir = seeded_dir if seeded else work / f"{kind}-{connections}-{round_}"
+            baseline = _count_runs(seeded_dir) if seeded else 0
+            row = load_phase(kind, data_dir, events[round_], connections, args.duration)
+            if seeded:
+                row["store_check"] = check_store(
+                    data_dir, row["statuses"].get("202", 0), connections, baseline)
+            row["store"], row["round"] = store, round_
             report["load"].append(row)
-            events.unlink()
-    for store, seeded in stores:
-        seeded_dir = work / "seeded"
-        if seeded:
-            print(f"seeding a store with {seeded} runs ...", file=sys.stderr)
-            seed(seeded_dir, seeded)
-        for connections in levels if store == "empty" else [c for c in levels if c in (16, 64)]:
-            events = work / f"events-{store}-{connections}.tsv"
-            write_events(events, count, f"{store}-{connections}-{uuid.uuid4().hex[:6]}")
-            targets = ["ceiling", "agentbox"] if store == "empty" else ["agentbox"]
-            for kind in targets:
-                print(f"{store} store, {connections} connections: {kind} ...", file=sys.stderr)
-                data_dir = seeded_dir if seeded else work / f"{kind}-{connections}"
-                baseline = _count_runs(data_dir) if seeded else 0
-                row = load_phase(kind, data_dir, events, connections, args.duration)
-                if seeded:
-                    row["store_check"] = check_store(
-                        data_dir, row["statuses"].get("202", 0), connections, baseline)
-                row["store"] = store
-                report["load"].append(row)
-                failed |= set(row["statuses"]) != {"202"} or any(row["errors"].values())
-                failed |= not row.get("store_check", {"ok": True})["ok"]
-            events.unlink()
-        best = max((r for r in report["load"] if r["target"] == "agentbox"
-                    and r["connections"] == 64 and r["store"] == store), default=None,
-                   key=lambda r: r["accepted_per_s"])
-        if best:
-            events = work / f"events-drain-{store}.tsv"
-            write_events(events, count, f"drain-{store}-{uuid.uuid4().hex[:6]}")
+            failed |= set(row["statuses"]) != {"202"} or any(row["errors"].values())
+            failed |= not row.get("store_check", {"ok": True})["ok"]
+        for path in events.values():
+            path.unlink()
+    best = max((r for r in report["load"] if r["target"] == "agentbox"
+                and r["connections"] == 64 and r["store"] == "empty"), default=None,
+               key=lambda r: r["accepted_per_s"])
+    if best:
+        # Both stores at the same offered load, in the same order as above.
+        drains = [("empty", 1)] + ([("seeded", 1), ("seeded", 2), ("empty", 2)]
+                                   if args.seed_runs else [])
+        events = {}
+        for round_ in {r for _, r in drains}:
+            events[round_] = work / f"events-drain-{round_}.tsv"
+            write_events(events[round_], count, f"drain-{round_}-{uuid.uuid4().hex[:6]}")
+        for store, round_ in drains:
             print(f"{store} store: drain at half load ...", file=sys.stderr)
-            data_dir = seeded_dir if seeded else work / "drain"
-            row = drain_phase(data_dir, events, best["accepted_per_s"] / 2, args.duration)
-            row["store"] = store
+            data_dir = seeded_dir if store == "seeded" else work / f"drain-{round_}"
+            row = drain_phase(data_dir, events[round_], best["accepted_per_s"] / 2,
+                              args.duration)
+            row["store"], row["round"] = store, round_
             report["drain"].append(row)
             failed |= set(row["statuses"]) != {"202"}
-            events.unlink()
+        for path in events.values():
+            path.unlink()
+    if args.seed_runs:
+        report["history"] = history_cost(report)
     if args.database_url:
         failed |= postgres_phases(args, report, work, levels, count)
     if args.backlog:

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -674,7 +675,8 @@ def main() -> None:
         args.json.write_text(text)
     if failed:
         raise SystemExit("FAILED: a request was not answered 202, or the store does not "
-                         "hold exactly one event and one run per 202")
+                         f"hold exactly one event and one run per 202 (logs and stores: {work})")
+    shutil.rmtree(work)  # a seeded store alone is most of a gigabyte
 
 
 def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path,

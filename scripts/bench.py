@@ -343,15 +343,14 @@ def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
     server = Server("agentbox", data_dir, database_url)
     # wrk waits the pace after each answer, so a connection sends once per pace plus
     # latency: a short first run at this load measures that latency, and the pace of
-    # the measured run is shortened by it (else the offered load falls short by ~15 %).
+    # the measured run is shortened by it (else the offered load fell short by ~15 %).
     pace_ms = connections / rate * 1000
     calibration = events.with_name(events.stem + "-calibration.tsv")
     write_events(calibration, int(rate * CALIBRATION_SECONDS) + connections,
                  f"calibration-{uuid.uuid4().hex[:6]}")
     first = run_wrk(server.url, calibration, connections, CALIBRATION_SECONDS, pace_ms)
     calibration.unlink()
-    latency_ms = connections / max(first["per_second"], 1e-3) * 1000 - pace_ms
-    pace_ms = max(pace_ms - latency_ms, 0.1)
+    pace_ms = max(pace_ms - first["p50_us"] / 1000, 0.1)  # the median: robust to a stall
     since = time.time()
     monitor = Monitor(server.process.pid)
     monitor.start()

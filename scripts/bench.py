@@ -129,6 +129,7 @@ class Monitor(threading.Thread):
         self.cpu_start = self._cpu()
         self.wall_start = time.monotonic()
         self.cpu_percent = 0.0
+        self.cpu_seconds = 0.0
 
     def _cpu(self) -> float:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -143,8 +144,8 @@ class Monitor(threading.Thread):
     def finish(self) -> None:
         self.stop_event.set()
         self.join()
-        self.cpu_percent = 100 * (self._cpu() - self.cpu_start) / (
-            time.monotonic() - self.wall_start)
+        self.cpu_seconds = self._cpu() - self.cpu_start
+        self.cpu_percent = 100 * self.cpu_seconds / (time.monotonic() - self.wall_start)
 
 
 def run_wrk(url: str, events: Path, connections: int, duration: float,
@@ -246,6 +247,9 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
             "statuses": statuses, "errors": errors,
             "server_cpu_percent": round(sum(m.cpu_percent for m in monitors)),
             "max_rss_mb": round(max(m.max_rss_mb for m in monitors)),
+            # agentbox's processes only: PostgreSQL's backends come on top
+            "cpu_us_per_request": round(sum(m.cpu_seconds for m in monitors) * 1e6 / max(
+                sum(statuses.values()), 1)),
         }
         figures.update(settle(servers[0]))
         for server in servers:
@@ -286,6 +290,9 @@ def load_phase(kind: str, data_dir: Path, events: Path, connections: int,
         "p50_ms": wrk["p50_us"] / 1000, "p99_ms": wrk["p99_us"] / 1000,
         "p999_ms": wrk["p999_us"] / 1000, "statuses": wrk["statuses"], "errors": wrk["errors"],
         "server_cpu_percent": round(monitor.cpu_percent), "max_rss_mb": round(monitor.max_rss_mb),
+        # what one request costs the server's process, whatever the machine's speed was
+        "cpu_us_per_request": round(monitor.cpu_seconds * 1e6 / max(
+            sum(wrk["statuses"].values()), 1)),
     }
     if kind == "agentbox":
         figures.update(settle(server))
@@ -531,7 +538,8 @@ def history_cost(report: dict[str, Any]) -> dict[str, Any]:
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nagentbox benchmark, {report['duration_s']} s per phase, {os.cpu_count()} cores\n")
     print(f"{'store':>8} {'conns':>5} {'target':>9} {'accepted/s':>10} {'ratio':>6} "
-          f"{'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'p99 x':>6} {'cpu %':>6} {'rss MB':>6} "
+          f"{'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'p99 x':>6} {'cpu %':>6} "
+          f"{'cpu us/req':>10} {'rss MB':>6} "
           f"{'non-202':>7} {'store':>6}")
     for row in report["load"]:
         ceiling = next((c for c in report["load"] if c["target"] == "ceiling"
@@ -547,7 +555,8 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{store:>8} {row['connections']:>5} {row['target']:>9} "
               f"{row['accepted_per_s']:>10} {ratio:>6} {row['p50_ms']:>7.2f} "
               f"{row['p99_ms']:>7.2f} {row['p999_ms']:>8.2f} {p99x:>6} "
-              f"{row['server_cpu_percent']:>6} {row['max_rss_mb']:>6} {non_202:>7} {check!s:>6}")
+              f"{row['server_cpu_percent']:>6} {row.get('cpu_us_per_request', ''):>10} "
+              f"{row['max_rss_mb']:>6} {non_202:>7} {check!s:>6}")
     if "backlog" in report:
         row = report["backlog"]
         print(f"\nbacklog drain: {row['succeeded']} of {row['backlog']} no-op runs succeeded at "

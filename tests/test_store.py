@@ -56,6 +56,7 @@ from agentbox.store import (
     Store,
     notification,
 )
+from agentbox.store.sql import SCHEMA, SQL_STATUS_COUNTS
 from agentbox.store.sqlite import SqliteStore
 from tests import postgres
 
@@ -1247,6 +1248,17 @@ async def test_attempts_record_the_history(store: Store, aio: Any) -> None:
     assert [(at(a["started_at"]), at(a["finished_at"])) for a in attempts] == [
         (ms(T0), ms(T0 + 1.5)), (ms(T0 + 10), ms(T0 + 12))]
     assert [a["duration_ms"] for a in attempts] == [ms(1500), ms(2000)]
+
+
+def test_runs_are_counted_from_the_status_index_alone(tmp_path: Path) -> None:
+    """/healthz, the status page and the metrics count runs by state: from the status
+    index, not by reading every row (a million runs: 70 ms against 490 ms here)."""
+    conn = sqlite3.connect(tmp_path / "plan.sqlite3")
+    conn.executescript(SCHEMA)
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL_STATUS_COUNTS)]
+    conn.close()
+    assert "SCAN runs USING COVERING INDEX runs_status" in plan
+    assert "SEARCH runs USING INDEX runs_status (status=?)" in plan  # the waiting ones only
 
 
 @async_test

@@ -2,11 +2,12 @@
 
 For each concurrency, the same pre-signed unique events are fired with wrk at a
 fresh ceiling server and at a fresh agentbox server (no-op agent), each for a
-bounded time. Then, for agentbox only: the drain (202 -> succeeded) at a
-steady offered load of half the maximum, and the same figures with the store
-already holding --seed-runs runs. Every request must be answered 202, and the
-store must hold exactly as many events and runs as there were 202s.
-All traffic stays on 127.0.0.1.
+bounded time; at 16 and 64 connections also at a store already holding
+--seed-runs runs, in the order empty, seeded, seeded, empty. Then, for
+agentbox only: the drain (202 -> succeeded) at a steady offered load of half
+the maximum, on both stores in the same order. Every request must be answered
+202, and the store must hold exactly as many events and runs as there were
+202s. All traffic stays on 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -607,8 +607,10 @@ def main() -> None:
                                                                                 time.gmtime())}
     failed = False
     count = int(MAX_EVENTS_PER_SECOND * args.duration)
+    if args.postgres_only or not {16, 64} & set(levels):  # the seeded store's levels
+        args.seed_runs = 0
     if args.postgres_only:
-        args.seed_runs = args.backlog = args.mix_minutes = 0
+        args.backlog = args.mix_minutes = 0
     seeded_dir = work / "seeded"
     if args.seed_runs:
         # Seeded first, so that each concurrency's phases (ceiling, empty store, seeded

@@ -1251,14 +1251,14 @@ async def test_attempts_record_the_history(store: Store, aio: Any) -> None:
 
 
 def test_runs_are_counted_from_the_status_index_alone(tmp_path: Path) -> None:
-    """/healthz, the status page and the metrics count runs by state: from the status
-    index, not by reading every row (a million runs: 70 ms against 490 ms here)."""
+    """/healthz, the status page and the metrics count runs by state: on SQLite from the
+    status index, not by reading every row (a million runs: 70 ms against 490 ms here)."""
     conn = sqlite3.connect(tmp_path / "plan.sqlite3")
     conn.executescript(SCHEMA)
     plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL_STATUS_COUNTS)]
     conn.close()
-    assert "SCAN runs USING COVERING INDEX runs_status" in plan
-    assert "SEARCH runs USING INDEX runs_status (status=?)" in plan  # the waiting ones only
+    assert any("COVERING INDEX runs_status" in step for step in plan), plan
+    assert any("INDEX runs_status (status=?)" in step for step in plan), plan  # the waiting
 
 
 @async_test

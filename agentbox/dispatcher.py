@@ -322,10 +322,8 @@ class Dispatcher:
             known_until = attempt.leased_until
             if now < known_until - self.settings.lease_seconds / 3:
                 return True  # renewed on time: no renewal missed
-            until = now + self.settings.lease_seconds
             try:
-                held = run_id in await self.store.extend_leases(
-                    self.owner, [(run_id, claimed.attempt)], until)
+                held = run_id in await self._renew({run_id: attempt})
             except StorageUnavailable:
                 if now < known_until:
                     return True  # still leased here: as safe as an agent already running
@@ -336,7 +334,6 @@ class Dispatcher:
                 continue
             if not held or self._inflight.get(run_id) is not attempt:
                 break  # taken by another, or claimed here again meanwhile
-            attempt.leased_until = until
             return True
         log.warning("a claimed run's lease ran out while it waited for a slot; not "
                     "starting it here", extra={"run_id": run_id, "attempt": claimed.attempt})
@@ -435,13 +432,18 @@ class Dispatcher:
                 continue
             # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
             # (and keeps a run still waiting for a slot from starting: `_still_held`).
-            until = self.clock() + self.settings.lease_seconds
-            asked = dict(self._inflight)
             with contextlib.suppress(StorageUnavailable):
-                for run_id in await self.store.extend_leases(
-                        self.owner, [(run_id, a.ctx.attempt) for run_id, a in asked.items()],
-                        until):
-                    asked[run_id].leased_until = until  # if it finished meanwhile: harmless
+                await self._renew(dict(self._inflight))
+
+    async def _renew(self, attempts: dict[str, InFlight]) -> list[str]:
+        """Extend these attempts' leases and note the new end on each still held (on
+        one that finished or was replaced meanwhile: harmless). The run_ids held."""
+        until = self.clock() + self.settings.lease_seconds
+        held = await self.store.extend_leases(
+            self.owner, [(run_id, a.ctx.attempt) for run_id, a in attempts.items()], until)
+        for run_id in held:
+            attempts[run_id].leased_until = until
+        return held
 
     async def _maintenance_loop(self) -> None:
         while not self._stop.is_set():

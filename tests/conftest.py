@@ -3,6 +3,8 @@ and a real, disposable PostgreSQL server (`postgres_admin_url`, `postgres_url`).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import signal
@@ -46,6 +48,22 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_until_async(condition: Callable[[], Any], timeout: float, what: str,
+                           interval: float = 0.01) -> Any:
+    """`wait_until` for a test on the event loop, which goes on serving the app while
+    it waits; `condition` may answer an awaitable (interval 0: every loop turn)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def make_event(event_id: str | None = None, project_id: str = "ok", source: str = "studio",

@@ -17,7 +17,14 @@ from agentbox.app import App, create_app
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import parse_event
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import Server, encode, in_process_settings, make_event, wait_until
+from tests.conftest import (
+    Server,
+    encode,
+    in_process_settings,
+    make_event,
+    wait_until,
+    wait_until_async,
+)
 
 
 def starts_and_returns(server: Server) -> dict[str, tuple[float, float]]:
@@ -146,15 +153,12 @@ async def cancel_a_request_whose_write_is_queued(app: App) -> None:
     store: SqliteStore = app.state.store
     dispatcher: Dispatcher = app.state.dispatcher
     body = encode(make_event(project_id="ok"))
-    deadline = time.monotonic() + 10
-    while (lease := dispatcher.lease_for(1)) is None:  # until it knows nothing waits
-        assert time.monotonic() < deadline, "the dispatcher never became idle"
-        await asyncio.sleep(0.01)
+    lease = await wait_until_async(lambda: dispatcher.lease_for(1), 5,
+                                   "the dispatcher to know nothing waits")
     dispatcher.started(parse_event(body), lease, 1, None)  # given back unused
     request = asyncio.create_task(app.state.receiver._store(parse_event(body), body))
-    while not store._queue:  # the event's write waits for the next batch
-        assert time.monotonic() < deadline, "the write was never queued"
-        await asyncio.sleep(0)
+    # The event's write waits for the next batch.
+    await wait_until_async(lambda: store._queue, 5, "the write to be queued", interval=0)
     assert dispatcher._reserved == 1  # its run is being stored claimed
     request.cancel()
     try:
@@ -165,10 +169,10 @@ async def cancel_a_request_whose_write_is_queued(app: App) -> None:
 
 
 async def wait_for_succeeded(store: SqliteStore, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 10
-    while (await store.stats())["runs"]["succeeded"] < count:
-        assert time.monotonic() < deadline, await store.stats()
-        await asyncio.sleep(0.01)
+    async def succeeded() -> bool:
+        return bool((await store.stats())["runs"]["succeeded"] >= count)
+
+    await wait_until_async(succeeded, 10, f"{count} runs to succeed")
     return await store.list_runs(None, count)
 
 
@@ -233,10 +237,7 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
             first, second = (encode(make_event(project_id=p)) for p in ("sleep-2", "ok"))
             await receiver._store(parse_event(first), first)
             await receiver._store(parse_event(second), second)  # waits for the slot
-            deadline = time.monotonic() + 10
-            while not journal.exists():
-                assert time.monotonic() < deadline, "the first agent never started"
-                await asyncio.sleep(0.01)
+            await wait_until_async(journal.exists, 5, "the first agent to start")
             offset[0] = 31.0  # both leases ran out, unrenewed
             dispatcher = app.state.dispatcher
             [waiting] = [run_id for run_id in dispatcher._inflight
@@ -244,9 +245,8 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
             if taken_by == "another instance":
                 other = await store.claim("other-instance", 2, clock(), 30, 10)
                 assert len(other.claimed) == 2
-                while dispatcher._held:
-                    assert time.monotonic() < deadline, "the waiting run never left"
-                    await asyncio.sleep(0.01)
+                await wait_until_async(lambda: not dispatcher._held, 5,
+                                       "the waiting run to leave")
                 runs = await store.list_runs(None, 10)
                 assert sorted((r["attempt"], r["status"]) for r in runs) == [
                     (2, "processing"), (2, "processing")]  # the other instance's attempts

@@ -53,14 +53,18 @@ def free_port() -> int:
 # -- events -----------------------------------------------------------------------
 
 
-def write_events(path: Path, count: int, prefix: str) -> None:
-    """One pre-signed request per line: timestamp, signature, body (tab separated)."""
+def write_events(work: Path, name: str, count: int) -> Path:
+    """`count` pre-signed requests, one per line: timestamp, signature, body (tab
+    separated), in work/events-<name>.tsv. Their events are new to any store: the
+    ids hold a random part, so no phase's events repeat another's."""
+    path = work / f"events-{name}.tsv"
     key = SECRET.encode()
     ts = str(int(time.time()))
     head = '{"schema_version":"v1","event_id":"'
+    unique = f"{name}-{uuid.uuid4().hex[:6]}"
     with open(path, "w") as f:
         for i in range(count):
-            event_id = f"{prefix}-{i}"
+            event_id = f"{unique}-{i}"
             body = (
                 f'{head}{event_id}","idempotency_key":"bench:session.exported:{event_id}",'
                 '"event_type":"session.exported","source":"bench",'
@@ -69,6 +73,7 @@ def write_events(path: Path, count: int, prefix: str) -> None:
             )
             signature = hmac.new(key, f"{ts}.{body}".encode(), hashlib.sha256).hexdigest()
             f.write(f"{ts}\t{signature}\t{body}\n")
+    return path
 
 
 # -- servers ----------------------------------------------------------------------
@@ -356,9 +361,8 @@ def drain_phase(data_dir: Path, events: Path, rate: float, duration: float,
     # latency: a short first run at this load measures that latency, and the pace of
     # the measured run is shortened by it (else the offered load fell short by ~15 %).
     pace_ms = connections / rate * 1000
-    calibration = events.with_name(events.stem + "-calibration.tsv")
-    write_events(calibration, int(rate * CALIBRATION_SECONDS) + connections,
-                 f"calibration-{uuid.uuid4().hex[:6]}")
+    calibration = write_events(events.parent, "calibration",
+                               int(rate * CALIBRATION_SECONDS) + connections)
     first = run_wrk(server.url, calibration, connections, CALIBRATION_SECONDS, pace_ms)
     calibration.unlink()
     # The median: robust to a stall. wrk takes whole milliseconds (0 would be no pace).
@@ -482,9 +486,8 @@ def mix_phase(work: Path, minutes: float, duration: float, rate: float = 200,
     write_mix(mix, minutes)
     server = Server("agentbox", work / "mix")
     pace_ms = connections / rate * 1000
-    before_events, during_events = work / "mix-before.tsv", work / "mix-during.tsv"
-    write_events(before_events, int(rate * duration * 2), f"mix-a-{uuid.uuid4().hex[:6]}")
-    write_events(during_events, int(rate * duration * 2), f"mix-b-{uuid.uuid4().hex[:6]}")
+    before_events, during_events = (write_events(work, name, int(rate * duration * 2))
+                                    for name in ("mix-before", "mix-during"))
     before = run_wrk(server.url, before_events, connections, duration, pace_ms)
     event_id = uuid.uuid4().hex
     body = json.dumps({
@@ -633,11 +636,8 @@ def main() -> None:
             # over the four weighs on both stores alike.
             phases += [("agentbox", "seeded", 1), ("agentbox", "seeded", 2),
                        ("agentbox", "empty", 2)]
-        events = {}
-        for round_ in {r for _, _, r in phases}:  # a store sees each event once
-            events[round_] = work / f"events-{connections}-{round_}.tsv"
-            write_events(events[round_], count,
-                         f"load-{connections}-{round_}-{uuid.uuid4().hex[:6]}")
+        events = {round_: write_events(work, f"load-{connections}-{round_}", count)
+                  for round_ in {r for _, _, r in phases}}  # a store sees each event once
         for kind, store, round_ in phases:
             print(f"{store} store, {connections} connections: {kind} ...", file=sys.stderr)
             seeded = store == "seeded"
@@ -660,10 +660,8 @@ def main() -> None:
         # Both stores at the same offered load, in the same order as above.
         drains = [("empty", 1)] + ([("seeded", 1), ("seeded", 2), ("empty", 2)]
                                    if args.seed_runs else [])
-        events = {}
-        for round_ in {r for _, r in drains}:
-            events[round_] = work / f"events-drain-{round_}.tsv"
-            write_events(events[round_], count, f"drain-{round_}-{uuid.uuid4().hex[:6]}")
+        events = {round_: write_events(work, f"drain-{round_}", count)
+                  for round_ in {r for _, r in drains}}
         for store, round_ in drains:
             print(f"{store} store: drain at half load ...", file=sys.stderr)
             data_dir = seeded_dir if store == "seeded" else work / f"drain-{round_}"
@@ -705,8 +703,7 @@ def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path
     failed = False
     for instances in [int(n) for n in args.instances.split(",")]:
         for connections in levels:
-            events = work / f"events-pg-{instances}-{connections}.tsv"
-            write_events(events, count, f"pg-{instances}-{connections}-{uuid.uuid4().hex[:6]}")
+            events = write_events(work, f"pg-{instances}-{connections}", count)
             print(f"postgresql, {instances} instance(s), {connections} connections ...",
                   file=sys.stderr)
             row = postgres_load_phase(pg, work, events, connections, args.duration, instances)
@@ -717,8 +714,7 @@ def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path
     best = max((r for r in report["load"] if r.get("store") == "pg x1"
                 and r["connections"] == 64), default=None, key=lambda r: r["accepted_per_s"])
     if best:
-        events = work / "events-pg-drain.tsv"
-        write_events(events, count, f"pg-drain-{uuid.uuid4().hex[:6]}")
+        events = write_events(work, "pg-drain", count)
         print("postgresql: drain at half load ...", file=sys.stderr)
         row = postgres_drain_phase(pg, work, events, best["accepted_per_s"] / 2, args.duration)
         row["store"] = "pg x1"

@@ -66,6 +66,7 @@ from agentbox.store import (
 )
 from agentbox.store.sql import (
     SCHEMA,
+    SCHEMA_CHANGES,
     SQL_COUNT_ACTIVE,
     SQL_FINISHED_COUNTS,
     Batch,
@@ -114,7 +115,7 @@ def _derive_schema(sqlite_schema: str) -> str:
 
 
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], recorded in agentbox_schema.
-MIGRATIONS: tuple[str, ...] = (_derive_schema(SCHEMA),)
+MIGRATIONS: tuple[str, ...] = tuple(_derive_schema(sql) for sql in (SCHEMA, *SCHEMA_CHANGES))
 
 SQL_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS agentbox_schema (

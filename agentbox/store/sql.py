@@ -166,6 +166,16 @@ CREATE TABLE IF NOT EXISTS callback_destinations (
     updated_at           REAL NOT NULL
 ) WITHOUT ROWID;
 """
+# What each later version adds to the one before, in words both engines take.
+SCHEMA_CHANGES: tuple[str, ...] = (
+    # 2: the oldest waiting run in one index step. Without it the run counts read
+    # every waiting run's row for its accepted_at: 500 ms with half a million
+    # waiting, on every /healthz.
+    """
+CREATE INDEX IF NOT EXISTS runs_waiting ON runs (accepted_at)
+    WHERE status IN ('accepted', 'failed_retryable');
+""",
+)
 
 ACTIVE = ("accepted", "processing", "failed_retryable")
 
@@ -438,9 +448,9 @@ SQL_BODY_HAS_PROJECT = (
     "(CAST(e.body AS TEXT) LIKE ? ESCAPE '\\' OR CAST(e.body AS TEXT) LIKE ? ESCAPE '\\')")
 # Runs by state, counted on SQLite from the status index alone (a million runs: 70 ms
 # here, against 490 ms when every row was read for its accepted_at), and the oldest
-# waiting run's acceptance (its age), read from the waiting runs only.
+# waiting run's acceptance (its age), the first entry of the waiting runs' index.
 SQL_STATUS_COUNTS = """
-SELECT status, count(*), (SELECT min(accepted_at) FROM runs
+SELECT status, count(*), (SELECT min(accepted_at) FROM runs INDEXED BY runs_waiting
                           WHERE status IN ('accepted', 'failed_retryable'))
 FROM runs INDEXED BY runs_status GROUP BY status
 """

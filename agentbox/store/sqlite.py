@@ -21,6 +21,7 @@ from typing import IO, Any
 from agentbox.store import SchemaTooNew, StorageUnavailable
 from agentbox.store.sql import (
     SCHEMA,
+    SCHEMA_CHANGES,
     SQL_COUNT_ACTIVE,
     Batch,
     Operation,
@@ -36,7 +37,7 @@ WRITER_CACHE_KIB = 32 * 1024
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
 # version 1's tables already; its statements only add what is missing.
-MIGRATIONS: tuple[str, ...] = (SCHEMA,)
+MIGRATIONS: tuple[str, ...] = (SCHEMA, *SCHEMA_CHANGES)
 
 
 class SqliteStore(SqlStore):

@@ -533,23 +533,28 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
 @click.option("--existing", is_flag=True, help="Also send the files already there at start.")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
+@click.option("--retries", default=5, show_default=True,
+              help="Retries per file on 429, 503 and connection errors, with backoff.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def watch(folder: Path, url: str, project: str | None, profile: str | None, source: str,
-          settle: float, interval: float, existing: bool, once: bool,
+          settle: float, interval: float, existing: bool, once: bool, retries: int,
           config_file: Path | None) -> None:
     """Watch an export folder and send session.exported for each finished mix.
 
     A file counts as finished when its size and modification time have stayed
     the same for --settle seconds. Its event id comes from its path, size and
     content: restarting the watcher or touching the file is a duplicate, not a
-    second run. WAV, FLAC and AIFF files; hidden files are skipped.
+    second run. WAV, FLAC and AIFF files; hidden files are skipped. While
+    agentbox cannot be reached a file is tried again at the next scan; with
+    --once it is given up, and the exit status says so as `send`'s does (1: a
+    file was refused, 3: agentbox unreachable or busy).
     """
     from agentbox.watch import Watcher, content_id, project_of
 
     settings, _ = cfg.ensure_webhook_secret(_settings(config_file))
     watcher = Watcher(folder, settle, existing)
     click.echo(f"agentbox: watching {folder.resolve()} (Ctrl-C stops)", err=True)
-    idle = 0
+    idle, status = 0, EXIT_OK
     try:
         while True:
             ready = watcher.poll()
@@ -560,19 +565,23 @@ def watch(folder: Path, url: str, project: str | None, profile: str | None, sour
                            **({"profile": profile} if profile else {})}
                 event = build_event("session.exported", source, content_id(path, size), payload)
                 body = json.dumps(event, separators=(",", ":")).encode()
-                response = deliver(url, settings.webhook_secret[0], body, retries=5)
+                response = deliver(url, settings.webhook_secret[0], body, retries)
                 if response is None:
-                    continue  # unavailable: try again at the next scan
-                if response.status_code < 300:
+                    if not once:
+                        continue  # unavailable: try again at the next scan
+                    click.echo(f"{path.name}: not sent (agentbox unavailable)", err=True)
+                    status = EXIT_UNAVAILABLE
+                elif response.status_code < 300:
                     answer = response.json()
                     what = "duplicate" if answer["duplicate"] else "accepted"
                     click.echo(f"{path.name}: {what} {answer['run_id']}")
                 else:
                     click.echo(f"{path.name}: refused: {response.text}", err=True)
+                    status = max(status, EXIT_REFUSED)
                 watcher.sent(path)
             idle = 0 if ready or watcher.busy else idle + 1
             if once and idle >= 2:
-                return
+                sys.exit(status)
             time.sleep(interval)
     except KeyboardInterrupt:
         return

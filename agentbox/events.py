@@ -12,12 +12,14 @@ import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = "v1"
 MAX_HOPS_FIELD = 1000
@@ -30,6 +32,19 @@ _ID = r"^[A-Za-z0-9][A-Za-z0-9._:\-~/+=@]*$"
 
 Token = Annotated[str, Field(min_length=1, max_length=128, pattern=_TOKEN)]
 Identifier = Annotated[str, Field(min_length=1, max_length=256, pattern=_ID)]
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable() or value != value.strip():
+        raise PydanticCustomError(
+            "name_invalid", "must be printable text (no control or invisible characters), "
+            "not starting or ending with a space")
+    return value
+
+
+# What people call things (a DAW's project "Night Drive (final)"): any printable
+# text, spaces inside it included; nothing a log line or a page could be fooled by.
+Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_printable)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 
@@ -40,7 +55,7 @@ class Strict(BaseModel):
 class SessionExported(Strict):
     """A DAW finished rendering a mix; `mix_url` is a local path or file:// URL."""
 
-    project_id: Identifier
+    project_id: Name
     mix_url: Text
     profile: Token | None = None
     session_name: Annotated[str, Field(max_length=256)] | None = None
@@ -49,7 +64,7 @@ class SessionExported(Strict):
 class MixReviewRequested(Strict):
     """Somebody asks for a (new) review of a rendered mix."""
 
-    project_id: Identifier
+    project_id: Name
     mix_url: Text
     profile: Token | None = None
     requested_by: Annotated[str, Field(max_length=256)] | None = None

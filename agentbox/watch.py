@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".aif", ".aiff"})
-_NOT_ID = re.compile(r"[^A-Za-z0-9._:\-~/+=@]+")
 
 Stamp = tuple[int, int]  # size, mtime_ns
 
@@ -49,9 +47,10 @@ def content_id(path: Path, size: int) -> str:
 
 
 def project_of(path: Path) -> str:
-    """A project_id from the file name (characters an id cannot hold become '-')."""
-    cleaned = _NOT_ID.sub("-", path.stem).strip("-._") or "mix"
-    return cleaned[:200]
+    """A project_id from the file name: its stem as written, characters a project
+    name cannot hold (control and invisible ones) replaced by a space."""
+    cleaned = "".join(c if c.isprintable() else " " for c in path.stem)
+    return " ".join(cleaned.split())[:256].rstrip() or "mix"
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -113,6 +114,10 @@ def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
     assert run["event_id"] == "export-7"
     again = agentbox(server, *args)  # re-running the script: a duplicate, not a new run
     assert again.returncode == 0 and _two_json_documents(again.stdout)[0]["duplicate"] is True
+    named = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
+                     "--project", "Night Drive (final)", "--mix", str(mix), "--wait")
+    assert named.returncode == 0, named.stderr  # the README's hooks pass names like this
+    assert _two_json_documents(named.stdout)[1]["result"]["project_id"] == "Night Drive (final)"
     failed = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
                       "--project", "permanent", "--mix", str(mix), "--wait")
     assert failed.returncode == 4
@@ -217,6 +222,28 @@ def test_watch_sends_each_finished_file_once(server: Server, tmp_path: Path) -> 
     assert again.returncode == 0, again.stderr
     assert "night-drive.wav: duplicate" in again.stdout  # a restarted watcher: no new run
     assert "old.wav: accepted" in again.stdout
+
+
+def test_watch_once_gives_up_on_an_unreachable_agentbox(server: Server, tmp_path: Path
+                                                        ) -> None:
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "My Song (final mix).wav").write_bytes(b"rendered")
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    started = time.monotonic()
+    gone = agentbox(server, "watch", str(folder), "--url", nowhere, "--settle", "0.2",
+                    "--interval", "0.1", "--existing", "--once", "--retries", "1")
+    assert gone.returncode == 3, gone.stderr  # as `send`: unreachable
+    assert "My Song (final mix).wav: not sent (agentbox unavailable)" in gone.stderr
+    assert time.monotonic() - started < 30
+    sent = agentbox(server, "watch", str(folder), "--url", server.url, "--settle", "0.2",
+                    "--interval", "0.1", "--existing", "--once")
+    assert sent.returncode == 0, sent.stderr
+    run = server.wait_terminal(sent.stdout.split()[-1])
+    assert run["status"] == "succeeded", run  # the project named as the file is
+    assert run["result"]["project_id"] == "My Song (final mix)"
 
 
 def test_watcher_waits_for_a_file_to_settle(tmp_path: Path) -> None:

@@ -233,6 +233,40 @@ def test_identifier_patterns(field, value):
     assert (field,) in locs(errors_of(encode(obj)))
 
 
+@pytest.mark.parametrize("make", [base_event, review_event], ids=["exported", "review"])
+@pytest.mark.parametrize("name", ["Night Drive (final mix)", "Über Nacht", "夜のドライブ",
+                                  "a", "x" * 256, "it's 50% done"])
+def test_project_names_are_what_people_call_their_projects(make, name):
+    obj = make()
+    obj["payload"]["project_id"] = name
+    assert parse_event(encode(obj)).payload.project_id == name
+
+
+@pytest.mark.parametrize(("name", "type_"), [
+    ("", "string_too_short"), ("x" * 257, "string_too_long"), (" lead", "name_invalid"),
+    ("trail ", "name_invalid"), ("two\nlines", "name_invalid"), ("tab\there", "name_invalid"),
+    ("nul\x00", "name_invalid"), ("zero\u200bwidth", "name_invalid"),
+    ("right\u202eleft", "name_invalid"), ("line\u2028sep", "name_invalid"),
+])
+def test_project_names_refuse_what_would_fool_a_log_or_a_page(name, type_):
+    obj = base_event()
+    obj["payload"]["project_id"] = name
+    e = one_error(obj)
+    assert (tuple(e["loc"]), e["type"]) == (("payload", "project_id"), type_)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(min_size=1, max_size=256))
+def test_a_project_name_is_accepted_exactly_when_printable_and_trimmed(name):
+    obj = base_event()
+    obj["payload"]["project_id"] = name
+    body = encode(obj)
+    if name.isprintable() and name == name.strip():
+        assert parse_event(body).payload.project_id == name
+    else:
+        assert [tuple(e["loc"]) for e in errors_of(body)] == [("payload", "project_id")]
+
+
 @pytest.mark.parametrize("field", REQUIRED)
 def test_missing_envelope_field(field):
     obj = base_event()

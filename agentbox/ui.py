@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
+from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -36,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
+from agentbox.mix_review import MixReview
 from agentbox.runs import RunStatus
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
 from agentbox.store.sql import SqlStore
@@ -180,7 +182,7 @@ class StatusPages:
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
         run["callbacks"] = await self.store.notifications(run_id)
         event = redact(await self.store.event_of(run_id) or {})
-        review = run["result"] if _is_review(run["result"]) else None
+        review = _as_review(run["result"])
         chain_id = run["correlation_id"] or run["event_id"]
         chain = await self.store.search_runs(text=chain_id, limit=200)
         chain = [r for r in chain if chain_id in (r["correlation_id"], r["event_id"])]
@@ -341,9 +343,15 @@ def redact(value: Any) -> Any:
     return value
 
 
-def _is_review(result: Any) -> bool:
-    return isinstance(result, dict) and isinstance(result.get("metrics"), dict) and isinstance(
-        result.get("profile"), dict)
+def _as_review(result: Any) -> dict[str, Any] | None:
+    """A mix review's result, shown as one (notes, metrics, plot); any other result
+    (another agent's, even one with keys of the same names) is shown as JSON."""
+    if not (isinstance(result, dict) and "metrics" in result and "profile" in result):
+        return None
+    try:
+        return MixReview.model_validate(result).model_dump()
+    except ValidationError:
+        return None
 
 
 def _age(iso_time: str | None, now: float) -> str:

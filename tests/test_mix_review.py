@@ -465,6 +465,9 @@ def test_the_default_agent_reviews_a_mix_end_to_end(
     assert headers["authorization"] == "Bearer k-123"
     assert body["model"] == "stand-in" and "integrated_lufs" in body["messages"][1]["content"]
     assert "k-123" not in server.log_path.read_text()
+    page = server.client.get(f"/ui/runs/{run['run_id']}")
+    assert page.status_code == 200 and 'id="loudness-plot"' in page.text
+    assert "The low end is tidy." in page.text
     # the LLM failing never fails the run: the rule-based notes stand in
     llm.fail = True
     again = server.post(make_event(event_type="mix.review_requested", payload={
@@ -473,6 +476,15 @@ def test_the_default_agent_reviews_a_mix_end_to_end(
     assert run["status"] == "succeeded"
     assert run["result"]["notes_source"] == "rules" and run["result"]["profile"]["name"] == "club"
     assert any("clipping" in note for note in run["result"]["review_notes"])
+
+
+def test_the_run_page_shows_another_agents_result_named_like_a_review(
+        server: Server) -> None:
+    run_id = server.post(make_event(project_id="review-lookalike")).json()["run_id"]
+    assert server.wait_terminal(run_id)["status"] == "succeeded"
+    page = server.client.get(f"/ui/runs/{run_id}")
+    assert page.status_code == 200, page.text  # was a 500: drawn as a mix review
+    assert "bpm" in page.text and 'id="loudness-plot"' not in page.text
 
 
 def test_a_missing_mix_fails_permanently_end_to_end(server_factory: Callable[..., Server],

@@ -70,6 +70,9 @@ async def scripted(event: Event, ctx: AgentContext) -> Any:
             raise PermanentAgentError("scripted permanent failure", code="scripted_permanent")
         if project == "bad-output":
             return ["not", "an", "object"]
+        if project == "review-lookalike":  # a result with a mix review's key names only
+            return {"metrics": {"bpm": 120, "short_term_lufs": ["-14"]},
+                    "profile": {"name": "house"}, "summary": 3}
         if project.startswith("sleep-"):
             await asyncio.sleep(float(project.removeprefix("sleep-")))
         if project.startswith("slow-return-"):

@@ -444,8 +444,7 @@ SELECT attempt, lease_owner, attempt_started_at FROM runs
 WHERE run_id = ? AND status = 'processing'
 """
 SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY at"
-SQL_BODY_HAS_PROJECT = (
-    "(CAST(e.body AS TEXT) LIKE ? ESCAPE '\\' OR CAST(e.body AS TEXT) LIKE ? ESCAPE '\\')")
+SQL_BODY_HAS_PROJECT = "(" + " OR ".join(["CAST(e.body AS TEXT) LIKE ? ESCAPE '\\'"] * 4) + ")"
 # Runs by state, counted on SQLite from the status index alone (a million runs: 70 ms
 # here, against 490 ms when every row was read for its accepted_at), and the oldest
 # waiting run's acceptance (its age), the first entry of the waiting runs' index.
@@ -1059,10 +1058,15 @@ def _runs_of_claimed_key(conn: Db, key: str, now: float) -> list[RunRef] | None:
 
 
 def _project_patterns(project: str) -> list[str]:
-    """LIKE patterns for `"project_id":"X"` in a stored body, with or without a space."""
-    escaped = project.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    escaped = json.dumps(escaped)[1:-1]  # as the body spells it
-    return [f'%"project_id":"{escaped}"%', f'%"project_id": "{escaped}"%']
+    """The four LIKE patterns of SQL_BODY_HAS_PROJECT: `"project_id":"X"` as JSON
+    encoders spell it in a stored body (a space after the colon or not; letters
+    beyond ASCII as they are or as \\u escapes), the JSON's own backslashes and
+    LIKE's wildcards escaped."""
+    patterns = []
+    for spelled in dict.fromkeys([json.dumps(project), json.dumps(project, ensure_ascii=False)]):
+        escaped = spelled.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        patterns += [f'%"project_id":{escaped}%', f'%"project_id": {escaped}%']
+    return (patterns * 2)[:4]
 
 
 def _notification_view(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -287,6 +287,7 @@ class StatusPages:
         """The banners: storage trouble, dead letters waiting for a decision, paused
         destinations."""
         alerts = []
+        await self.store.probe()
         if not self.store.healthy:
             alerts.append(f"Events cannot be stored: {escape(self.store.last_error or '')}. "
                           "Senders get 503 and retry.")

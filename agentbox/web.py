@@ -110,7 +110,12 @@ class RunsApi:
         return JSONResponse(run, status_code=202)
 
     async def metrics(self, request: Request) -> Response:
-        body = self._metrics.render(await self.store.stats(), self.dispatcher.clock())
+        try:
+            stats = await self.store.stats()
+        except Exception as exc:  # as /healthz: a store that cannot be read is down
+            return error_response(503, "storage_unavailable",
+                                  f"The store cannot be read: {type(exc).__name__}.")
+        body = self._metrics.render(stats, self.dispatcher.clock())
         return Response(body, media_type=self._metrics.content_type)
 
     async def healthz(self, request: Request) -> Response:

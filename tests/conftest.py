@@ -110,23 +110,25 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
-    def start(self) -> Server:
+    def start(self, ready_path: str = "/healthz") -> Server:
+        """Start the server; ready once `ready_path` answers 200."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)],
             env=self.env, stdout=log, stderr=log, cwd=self.home,
         )
         log.close()
-        wait_until(self._ready, STARTUP_SECONDS, f"agentbox on {self.url} to start")
+        wait_until(lambda: self._ready(ready_path), STARTUP_SECONDS,
+                   f"agentbox on {self.url} to start")
         return self
 
-    def _ready(self) -> bool:
+    def _ready(self, path: str) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
             raise AssertionError(f"agentbox exited with {self.process.returncode}:\n"
                                  + self.log_path.read_text())
         try:
-            return self.client.get("/healthz").status_code == 200
+            return self.client.get(path).status_code == 200
         except httpx.TransportError:
             return False
 

@@ -109,6 +109,24 @@ def test_a_read_only_database_answers_503_and_recovers(tmp_path: Path) -> None:
     run_in_app(tmp_path, scenario)
 
 
+def test_a_database_file_removed_before_anything_was_counted(
+        server_factory: Callable[..., Server]) -> None:
+    """Nothing read the run counts before the removal (the counts' connection was
+    opened on first use: a 500 on the page and /metrics, and a new empty file)."""
+    server = server_factory().start(ready_path="/openapi.json")
+    database = server.home / "data" / "agentbox.sqlite3"
+    assert database.exists()
+    database.unlink()
+    page = server.client.get("/")
+    assert page.status_code == 200, page.text
+    assert "Events cannot be stored" in page.text and "removed" in page.text
+    assert server.client.get("/metrics").status_code == 200
+    health = server.client.get("/healthz")
+    assert health.status_code == 503 and "removed" in health.json()["reason"]
+    assert server.post(make_event()).status_code == 503
+    assert not database.exists()  # nothing made a new, empty one in its place
+
+
 def test_a_removed_data_directory_answers_503_not_202(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory().start()

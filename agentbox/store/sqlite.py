@@ -72,6 +72,10 @@ class SqliteStore(SqlStore):
         try:
             self._active = await loop.run_in_executor(self._executor, self._open_writer)
             self._reader = _connect(self.path)
+            # Now, not at the first count: opened after the file was removed, it would
+            # fail (a 500 on the page) and make a new, empty database in its place.
+            self._stats_conn = await loop.run_in_executor(self._stats_executor, _connect,
+                                                          self.path)
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
         except SchemaTooNew:
@@ -155,12 +159,8 @@ class SqliteStore(SqlStore):
         state = Batch(self._active)
         results: list[tuple[bool, Any]] = []
         durable = any(queued.durable for queued in batch)
-        if _file_identity(self.path) != self._identity:
-            # Deleted or replaced under us: SQLite would go on writing into a file
-            # nobody can open again, and a 202 would promise what a restart loses.
-            self.healthy = False
-            self.last_error = (f"storage unavailable: the database file {self.path} was "
-                               "removed or replaced; restart agentbox")
+        if not self._same_file():
+            assert self.last_error is not None
             return [(False, StorageUnavailable(self.last_error))] * len(batch)
         try:
             if durable != self._synchronous_full:
@@ -185,6 +185,22 @@ class SqliteStore(SqlStore):
 
     async def _abandon(self) -> None:
         _rollback(self._conn)
+
+    def _same_file(self) -> bool:
+        """Is the database file still the one we opened? Deleted or replaced under us,
+        SQLite would go on writing into a file nobody can open again, and a 202 would
+        promise what a restart loses: unhealthy, for good."""
+        if _file_identity(self.path) == self._identity:
+            return True
+        self.healthy = False
+        self.last_error = (f"storage unavailable: the database file {self.path} was "
+                           "removed or replaced; restart agentbox")
+        return False
+
+    async def probe(self) -> None:
+        """/healthz and the page learn of a removed file before any write does."""
+        if self.healthy and self._identity is not None:
+            self._same_file()
 
     @staticmethod
     def _run_op(conn: sqlite3.Connection, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
@@ -217,7 +233,7 @@ class SqliteStore(SqlStore):
 
     def _stats_read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         if self._stats_conn is None:
-            self._stats_conn = _connect(self.path)
+            raise StorageUnavailable("the store is closed")
         return self._stats_conn.execute(sql, params).fetchall()
 
 

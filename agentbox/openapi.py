@@ -132,10 +132,15 @@ def document() -> dict[str, Any]:
                               **_errors(400, 401, 403, 408, 413, 422, 429, 503)},
             }},
             "/runs": {"get": {
-                "summary": "The newest runs",
+                "summary": "The newest runs (of one chain, with correlation_id)",
                 "parameters": [{"name": "status", "in": "query", "required": False,
                                 "schema": {"type": "string",
-                                           "enum": [s.value for s in RunStatus]}}, _limit()],
+                                           "enum": [s.value for s in RunStatus]}}, _limit(),
+                               {"name": "correlation_id", "in": "query", "required": False,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+                                "description": "the runs of a chain: of the events carrying "
+                                               "this correlation_id, and of the event whose "
+                                               "event_id it is (the chain's first)"}],
                 "responses": {"200": _json("RunList", "runs, newest first"), **_errors(422)},
             }},
             "/runs/{run_id}": {"get": {

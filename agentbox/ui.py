@@ -184,8 +184,7 @@ class StatusPages:
         event = redact(await self.store.event_of(run_id) or {})
         review = _as_review(run["result"])
         chain_id = run["correlation_id"] or run["event_id"]
-        chain = await self.store.search_runs(text=chain_id, limit=200)
-        chain = [r for r in chain if chain_id in (r["correlation_id"], r["event_id"])]
+        chain = await self.store.search_runs(chain=chain_id, limit=200)
         chain.sort(key=lambda r: (r["hop"], r["run_id"]))
         return self._page(
             "run.html", run=run, event=event, review=review, chain=chain,

@@ -22,6 +22,7 @@ MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
 MAX_ADMIN_BODY_BYTES = 4096
+MAX_ID_LENGTH = 256  # as the event contract's identifiers
 
 
 class RunsApi:
@@ -54,8 +55,14 @@ class RunsApi:
         limit = _limit(request)
         if limit is None:
             return _bad_limit()
-        runs = await self.store.list_runs(status, limit)
-        return JSONResponse({"runs": runs})
+        chain = request.query_params.get("correlation_id")
+        if chain is None:
+            return JSONResponse({"runs": await self.store.list_runs(status, limit)})
+        if not 1 <= len(chain) <= MAX_ID_LENGTH:
+            return error_response(422, "invalid_query", "correlation_id must be 1 to "
+                                  f"{MAX_ID_LENGTH} characters")
+        return JSONResponse({"runs": await self.store.search_runs(status=status, chain=chain,
+                                                                  limit=limit)})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")

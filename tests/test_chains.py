@@ -26,23 +26,29 @@ def ping(label: str = "hello", **extra: Any) -> dict[str, Any]:
 
 
 def runs_of_chain(server: Server, root_event_id: str) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = server.client.get("/runs", params={"limit": 500}).json()["runs"]
-    return sorted((r for r in runs if root_event_id in (r["event_id"], r["correlation_id"])),
-                  key=lambda r: r["hop"])
+    runs: list[dict[str, Any]] = server.client.get(
+        "/runs", params={"correlation_id": root_event_id, "limit": 500}).json()["runs"]
+    return sorted(runs, key=lambda r: r["hop"])
 
 
 def test_a_chain_that_comes_back_to_an_agent_is_stopped(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory({"AGENTBOX_AGENTS": CHAIN}).start()
-    root = ping()
+    root, other = ping(), ping("another chain")
     response = server.post(root)
     assert response.status_code == 202, response.text
+    assert server.post(other).status_code == 202
 
-    def settled() -> list[dict[str, Any]] | None:
-        runs = runs_of_chain(server, root["event_id"])
+    def settled(event: dict[str, Any]) -> list[dict[str, Any]] | None:
+        runs = runs_of_chain(server, event["event_id"])
         return runs if len(runs) == 3 and all(r["terminal"] for r in runs) else None
 
-    a, b, again = wait_until(settled, 20, "the chain to settle")
+    a, b, again = wait_until(lambda: settled(root), 20, "the chain to settle")
+    others = wait_until(lambda: settled(other), 20, "the other chain to settle")
+    assert not {r["run_id"] for r in others} & {a["run_id"], b["run_id"], again["run_id"]}
+    for bad in ("", "x" * 257):
+        refused = server.client.get("/runs", params={"correlation_id": bad})
+        assert refused.status_code == 422 and refused.json()["error_code"] == "invalid_query"
     assert (a["agent"], a["status"], a["hop"]) == (f"{AGENTS}:ping_agent", "succeeded", 0)
     assert (b["agent"], b["event_type"], b["status"], b["hop"]) == (
         f"{AGENTS}:pong_agent", "chain.pong", "succeeded", 1)
@@ -55,7 +61,10 @@ def test_a_chain_that_comes_back_to_an_agent_is_stopped(
     assert "already handled chain.ping" in again["error_message"]
     assert again["attempt"] == 0  # recorded, never run
     dead = server.client.get("/runs", params={"status": "dead_lettered"}).json()["runs"]
-    assert [r["run_id"] for r in dead] == [again["run_id"]]
+    assert {r["run_id"] for r in dead} == {again["run_id"], others[2]["run_id"]}
+    in_chain = server.client.get("/runs", params={"status": "dead_lettered",
+                                                  "correlation_id": root["event_id"]})
+    assert [r["run_id"] for r in in_chain.json()["runs"]] == [again["run_id"]]
 
 
 def test_a_chain_longer_than_max_hops_is_stopped(server_factory: Callable[..., Server]) -> None:

@@ -893,10 +893,12 @@ class SqlStore(Store):
         self, *, status: str | None = None, event_type: str | None = None,
         agent: str | None = None, project: str | None = None, text: str | None = None,
         since: float | None = None, until: float | None = None, before: str | None = None,
-        include_discarded: bool = True, limit: int = 50,
+        chain: str | None = None, include_discarded: bool = True, limit: int = 50,
     ) -> list[dict[str, Any]]:
         """Newest first, filtered; `before` is the last run_id of the previous page
-        (keyset pagination: every page costs the same, however many runs there are)."""
+        (keyset pagination: every page costs the same, however many runs there are);
+        `chain` a correlation id: the runs of the events that carry it, and of the
+        event whose id it is (the chain's first)."""
         where: list[str] = []
         args: list[Any] = []
         if status:
@@ -911,6 +913,9 @@ class SqlStore(Store):
         if project:
             where.append(SQL_BODY_HAS_PROJECT)
             args += _project_patterns(project)
+        if chain:
+            where.append("(e.correlation_id = ? OR e.event_id = ?)")
+            args += [chain, chain]
         if text:
             where.append(f"(r.run_id = ? OR e.event_id = ? OR e.correlation_id = ? OR "
                          f"{SQL_BODY_HAS_PROJECT})")

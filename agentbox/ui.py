@@ -32,12 +32,13 @@ from markupsafe import escape
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
 from agentbox.mix_review import MixReview
+from agentbox.receiver import error_body
 from agentbox.runs import RunStatus
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
 from agentbox.store.sql import SqlStore
@@ -97,11 +98,39 @@ class StatusPages:
         given = token.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE, "")
         return hmac.compare_digest(given.encode(), self._token)
 
+    def addressed_as_this_machine(self, scope: Scope) -> bool:
+        """The request's Host names this machine's loopback (or the configured host).
+
+        A page open to this machine must not be open to a web site whose name was
+        made to point at 127.0.0.1 after the browser loaded it (DNS rebinding):
+        the browser would then treat agentbox's pages as that site's own, CSRF
+        token included. Such a request carries the site's name as its Host."""
+        host = next((value for name, value in scope["headers"] if name == b"host"), None)
+        if host is None:
+            return True  # HTTP/1.0 without a Host: no browser sends that
+        try:
+            name = urlsplit("//" + host.decode("latin-1")).hostname or ""
+        except ValueError:
+            return False
+        return is_loopback_host(name) or name == self.settings.host.lower()
+
     def guard(self, app: ASGIApp) -> ASGIApp:
-        """Middleware: beyond loopback, everything but the receiver needs the token."""
+        """Middleware: on loopback, only requests addressed to this machine; beyond
+        it, everything but the receiver needs the token."""
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or self.open_to_this_machine or scope["path"].startswith(
-                    OPEN_PATHS):
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            if self.open_to_this_machine:
+                if self.addressed_as_this_machine(scope):
+                    await app(scope, receive, send)
+                else:
+                    await JSONResponse(error_body(
+                        "host_not_allowed", "agentbox on a loopback address answers requests "
+                        "addressed to localhost or a loopback IP only (the Host header)."),
+                        status_code=400)(scope, receive, send)
+                return
+            if scope["path"].startswith(OPEN_PATHS):
                 await app(scope, receive, send)
                 return
             request = Request(scope, receive)

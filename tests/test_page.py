@@ -104,6 +104,32 @@ def test_forged_state_changes_are_refused(server: Server, page: Page) -> None:
     assert server.run(run_id)["replays"] == 0
 
 
+def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
+    """DNS rebinding: a site whose name now points at 127.0.0.1 would read the pages
+    (CSRF token included) as its own, and post with its own origin."""
+    run_id = server.post(make_event(project_id="always-fail")).json()["run_id"]
+    server.wait_terminal(run_id, timeout=30)
+    port = server.url.rsplit(":", 1)[1]
+    rebound = f"attacker.example:{port}"
+    for path in ("/", "/ui/dead-letters", f"/runs/{run_id}", "/healthz", "/metrics"):
+        refused = httpx.get(server.url + path, headers={"Host": rebound}, timeout=10)
+        assert refused.status_code == 400, path
+        assert refused.json()["error_code"] == "host_not_allowed"
+    page = httpx.get(server.url + "/ui/dead-letters", timeout=10).text
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    forged = httpx.post(server.url + "/ui/discard", timeout=10,
+                        data={"csrf": csrf, "run_id": run_id, "reason": "rebound"},
+                        headers={"Host": rebound, "Origin": f"http://{rebound}"})
+    assert forged.status_code == 400
+    assert server.client.get(f"/runs/{run_id}?history=1").json()["history"][-1]["note"] != \
+        "rebound"
+    for name in (f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.1:{port}",
+                 f"127.1.2.3:{port}", f"[::1]:{port}", "localhost"):
+        assert httpx.get(server.url + "/", headers={"Host": name}, timeout=10).status_code == 200
+    # the receiver stays open to any name: a signature, not a host, is what it checks
+    assert server.post(make_event(), headers={"Host": rebound}).status_code == 202
+
+
 def test_beyond_loopback_every_page_needs_the_token(
         server_factory: Callable[..., Server], page: Page) -> None:
     server = server_factory({"AGENTBOX_HOST": "0.0.0.0"}).start()  # traffic stays on 127.0.0.1

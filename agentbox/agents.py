@@ -74,6 +74,14 @@ class AgentContext:
     settings: Settings | None = None  # the server's configuration, for agents that need it
     event: Event | None = None  # the event this run handles
     emitted: list[tuple[Event, bytes]] = field(default_factory=list)
+    # When the run's time (AGENTBOX_RUN_TIMEOUT_SECONDS) is up, on the event loop's clock.
+    deadline: float | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds until the run is cut off as a timeout (None: no limit known)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - asyncio.get_running_loop().time()
 
     def emit(self, event_type: str, payload: BaseModel | Mapping[str, Any]) -> str:
         """Publish a follow-up event; returns its event_id.

@@ -31,7 +31,10 @@ from agentbox.events import Event
 from agentbox.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 SETTLE_SECONDS = 2.0  # a file modified more recently may still be being written
-LLM_TIMEOUT_SECONDS = 30.0  # the whole call; the run's own time limit still applies
+LLM_TIMEOUT_SECONDS = 30.0  # the whole call, at most
+# Left of the run's own time limit after the call, to finish the review: the call
+# is cut shorter when the run has less, so a slow model never times the run out.
+LLM_RESERVE_SECONDS = 1.0
 LLM_MAX_ANSWER_BYTES = 1 << 20
 
 
@@ -348,9 +351,15 @@ async def llm_notes(llm: LlmSettings, m: MixMetrics, profile: Profile, project_i
     headers = {"Idempotency-Key": ctx.run_id}  # a retried run asks the same question once
     if llm.api_key:
         headers["Authorization"] = f"Bearer {llm.api_key}"
+    left = ctx.time_left()
+    budget = LLM_TIMEOUT_SECONDS if left is None else min(LLM_TIMEOUT_SECONDS,
+                                                          left - LLM_RESERVE_SECONDS)
+    if budget <= 0:
+        ctx.log.warning("no time left for LLM notes; using the rule-based notes")
+        return None
     try:
-        async with asyncio.timeout(LLM_TIMEOUT_SECONDS), httpx.AsyncClient(
-                timeout=LLM_TIMEOUT_SECONDS, trust_env=False) as client, client.stream(
+        async with asyncio.timeout(budget), httpx.AsyncClient(
+                timeout=budget, trust_env=False) as client, client.stream(
                 "POST", f"{llm.base_url}/chat/completions", json=request,
                 headers=headers) as response:
             response.raise_for_status()

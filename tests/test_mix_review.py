@@ -478,6 +478,21 @@ def test_the_default_agent_reviews_a_mix_end_to_end(
     assert any("clipping" in note for note in run["result"]["review_notes"])
 
 
+def test_a_model_slower_than_the_run_may_take_never_times_the_run_out(
+        server_factory: Callable[..., Server], write: Callable[..., Path],
+        llm: StandInLlm) -> None:
+    llm.delay = 8.0  # well under the LLM's own 30 s, over the run's 3 s
+    path = write(sine(-14, 2))
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_LLM_BASE_URL": llm.url,
+                             "AGENTBOX_LLM_MODEL": "stand-in",
+                             "AGENTBOX_RUN_TIMEOUT_SECONDS": "3"}).start()
+    response = server.post(make_event(payload={"project_id": "p", "mix_url": str(path)}))
+    run = server.wait_terminal(response.json()["run_id"], timeout=30)
+    assert run["status"] == "succeeded" and run["attempt"] == 1, run  # was: timeout, retried
+    assert run["result"]["notes_source"] == "rules"
+    assert len(llm.requests) == 1  # it was asked, and given up on in time
+
+
 def test_the_run_page_shows_another_agents_result_named_like_a_review(
         server: Server) -> None:
     run_id = server.post(make_event(project_id="review-lookalike")).json()["run_id"]

@@ -35,6 +35,9 @@ LLM_TIMEOUT_SECONDS = 30.0  # the whole call, at most
 # Left of the run's own time limit after the call, to finish the review: the call
 # is cut shorter when the run has less, so a slow model never times the run out.
 LLM_RESERVE_SECONDS = 1.0
+# Stereo correlation near 0 is a wide or decorrelated mix (reverbs, doubled
+# guitars, noise), not a fault; clearly below it, the sides cancel each other.
+OUT_OF_PHASE_BELOW = -0.2
 LLM_MAX_ANSWER_BYTES = 1 << 20
 
 
@@ -297,7 +300,7 @@ def rule_notes(m: MixMetrics, p: Profile) -> list[str]:
     if abs(m.dc_offset) >= 0.001:
         notes.append(f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass "
                      "filter (or a DC-removal plug-in) on the master would reclaim headroom.")
-    if m.stereo_correlation is not None and m.stereo_correlation < 0:
+    if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
         notes.append(f"Stereo correlation {m.stereo_correlation:+.2f}: left and right are "
                      "largely out of phase; check polarity on stereo sources.")
     if m.channels == 2:

@@ -301,6 +301,12 @@ def test_problems_each_get_a_note() -> None:
         assert expected in notes
 
 
+@pytest.mark.parametrize("correlation", [-0.19, -0.003, 0.0, 0.3])
+def test_a_wide_mix_is_not_called_out_of_phase(correlation: float) -> None:
+    notes = rule_notes(metrics(stereo_correlation=correlation), PROFILES["streaming"])
+    assert not any("Stereo correlation" in note for note in notes), notes
+
+
 # -- the agent ----------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -84,6 +85,9 @@ class RunsApi:
             body = json.loads(await _small_body(request))
             given = body["destination"]
             if not isinstance(given, str) or not given.isascii():
+                raise ValueError
+            parts = urlsplit(given)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError
             destination = origin_of(given)
         except (ValueError, KeyError, TypeError, RecursionError, ClientDisconnect):

@@ -346,7 +346,8 @@ def test_bad_input_to_the_callbacks_api_gets_clear_errors(
     auth = {"Authorization": f"Bearer {_token(server)}"}
     for body in (b"", b"not json", b"[]", b'{"destination": 5}', b'{"other": 1}',
                  b'{"destination": "https://\\ud800.example"}', b"[" * 100_000,
-                 b'{"destination": "' + b"x" * 10_000 + b'"}'):
+                 b'{"destination": "' + b"x" * 10_000 + b'"}', b'{"destination": "garbage"}',
+                 b'{"destination": "ftp://files.example"}', b'{"destination": "https://"}'):
         response = server.client.post("/callbacks/destinations/resume", content=body,
                                       headers=auth)
         assert response.status_code == 422, (body[:40], response.text)

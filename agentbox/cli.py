@@ -366,24 +366,31 @@ def show(run_id: str, url: str, as_json: bool) -> None:
     click.echo(f"{run['run_id']}  {run['status']}  {run['event_type']} from {run['source']} "
                f"(event {run['event_id']})")
     click.echo(f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
-               + (f", {run['error_code']}: {run['error_message']}" if run["error_code"] else ""))
+               + (f", {run['error_code']}: {_line(run['error_message'])}"
+                  if run["error_code"] else ""))
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
                    f"hop {run['hop']}")
     click.echo("\nhistory:")
     for change in run["history"]:
-        note = f"  ({change['note']})" if change["note"] else ""
+        note = f"  ({_line(change['note'])})" if change["note"] else ""
         click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
     result = run.get("result")
     if isinstance(result, dict) and "review_notes" in result:
-        click.echo(f"\n{result.get('summary', '')}")
+        click.echo(f"\n{_line(result.get('summary', ''))}")
         for note in result["review_notes"]:
-            click.echo(f"  - {note}")
+            click.echo(f"  - {_line(note)}")
     elif result is not None:
         click.echo("\nresult: " + json.dumps(result))
     for c in run.get("callbacks", []):
         click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
-                   f"attempt(s){' - ' + c['last_error'] if c['last_error'] else ''}")
+                   f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
+
+
+def _line(value: Any) -> str:
+    """Text from a run (an agent's message, an event's data) as one line of output:
+    a newline in it cannot make a line of its own that looks like agentbox's."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 
 @main.command()

@@ -124,6 +124,18 @@ def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
     assert _two_json_documents(failed.stdout)[1]["status"] == "failed_permanent"
 
 
+def test_show_prints_a_run_s_text_on_one_line(server_factory: Any) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    forged = "/tmp/missing.wav\nagentbox: all runs succeeded"
+    run_id = server.post(make_event(payload={"project_id": "p", "mix_url": forged})
+                         ).json()["run_id"]
+    assert server.wait_terminal(run_id)["error_code"] == "mix_not_found"
+    shown = agentbox(server, "show", run_id, "--url", server.url)
+    assert shown.returncode == 0, shown.stderr
+    assert "missing.wav\\nagentbox: all runs succeeded" in shown.stdout
+    assert not any(line.startswith("agentbox:") for line in shown.stdout.splitlines())
+
+
 def test_send_waits_out_a_busy_server_then_gives_up(server_factory: Any, tmp_path: Path
                                                      ) -> None:
     server = server_factory({"AGENTBOX_MAX_PENDING": "1"}).start()

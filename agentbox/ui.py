@@ -98,21 +98,25 @@ class StatusPages:
         given = token.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE, "")
         return hmac.compare_digest(given.encode(), self._token)
 
-    def addressed_as_this_machine(self, scope: Scope) -> bool:
-        """The request's Host names this machine's loopback (or the configured host).
+    def rebound(self, scope: Scope) -> bool:
+        """A browser sent this for a site whose name now points at 127.0.0.1.
 
         A page open to this machine must not be open to a web site whose name was
         made to point at 127.0.0.1 after the browser loaded it (DNS rebinding):
-        the browser would then treat agentbox's pages as that site's own, CSRF
-        token included. Such a request carries the site's name as its Host."""
-        host = next((value for name, value in scope["headers"] if name == b"host"), None)
-        if host is None:
-            return True  # HTTP/1.0 without a Host: no browser sends that
-        try:
-            name = urlsplit("//" + host.decode("latin-1")).hostname or ""
-        except ValueError:
+        the browser would treat agentbox's pages as that site's own, CSRF token
+        included. Its requests carry the site's name as their Host. Programs on
+        this machine (scripts, test clients) may name it as they like: they could
+        reach it anyway; a browser is told by the headers pages cannot drop."""
+        headers = dict(scope["headers"])
+        browser = (b"sec-fetch-site" in headers or b"origin" in headers
+                   or headers.get(b"user-agent", b"").startswith(b"Mozilla/"))
+        if not browser or b"host" not in headers:
             return False
-        return is_loopback_host(name) or name == self.settings.host.lower()
+        try:
+            name = urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or ""
+        except ValueError:
+            return True
+        return not (is_loopback_host(name) or name == self.settings.host.lower())
 
     def guard(self, app: ASGIApp) -> ASGIApp:
         """Middleware: on loopback, only requests addressed to this machine; beyond
@@ -122,13 +126,13 @@ class StatusPages:
                 await app(scope, receive, send)
                 return
             if self.open_to_this_machine:
-                if self.addressed_as_this_machine(scope):
-                    await app(scope, receive, send)
-                else:
+                if self.rebound(scope):
                     await JSONResponse(error_body(
-                        "host_not_allowed", "agentbox on a loopback address answers requests "
-                        "addressed to localhost or a loopback IP only (the Host header)."),
+                        "host_not_allowed", "agentbox on a loopback address answers browsers "
+                        "only when addressed as localhost or a loopback IP (the Host header)."),
                         status_code=400)(scope, receive, send)
+                else:
+                    await app(scope, receive, send)
                 return
             if scope["path"].startswith(OPEN_PATHS):
                 await app(scope, receive, send)

@@ -234,7 +234,8 @@ class _Meter:
         correlation = None
         if self.channels >= 2:
             product, ll, rr = self.lr
-            correlation = round(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else 0.0
+            # A silent side correlates with nothing: undefined, not "uncorrelated" (0).
+            correlation = round(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
         short_term = _windows(programme, 30)
         per_second = [_lufs(short_term_at(programme, end)) for end in
                       range(10, len(programme) + 1, 10)]

@@ -231,6 +231,10 @@ def test_silence(write: Callable[..., Path]) -> None:
     m = measure(str(write(np.zeros((RATE * 3, 2)))))
     assert m.integrated_lufs is None and m.true_peak_dbtp is None
     assert m.short_term_lufs == [None, None, None]
+    assert m.stereo_correlation is None  # undefined, not 0 ("uncorrelated")
+    one_sided = np.zeros((RATE * 3, 2))
+    one_sided[:, 0] = sine(-20, 3)[:, 0]
+    assert measure(str(write(one_sided))).stereo_correlation is None
 
 
 def test_short_term_loudness_once_a_second(write: Callable[..., Path]) -> None:

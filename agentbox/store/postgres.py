@@ -135,6 +135,8 @@ _TOKENS = re.compile(
     r"(?P<literal>'(?:[^']|'')*')"
     r"|/\*(?P<lock>FOR (?:UPDATE SKIP LOCKED|UPDATE|SHARE))\*/"
     r"|(?P<hint>INDEXED BY \w+)"
+    r"|(?P<project>json_extract\(CAST\((?P<project_table>\w+\.)?body AS TEXT\), "
+    r"'\$\.payload\.project_id'\))"
     r"|(?P<body_text>CAST\((?P<table>\w+\.)?body AS TEXT\))"
     r"|(?P<qmark>\?)"
     r"|(?<![:\w]):(?P<name>[A-Za-z_]\w*)"
@@ -152,6 +154,8 @@ def translate(sql: str) -> str:
         kind = match.lastgroup
         if kind == "table":
             kind = "body_text"
+        if kind == "project_table":
+            kind = "project"
         if kind == "literal":
             return match.group().replace("%", "%%")
         if kind == "lock":
@@ -160,6 +164,13 @@ def translate(sql: str) -> str:
             return ""
         if kind == "body_text":
             return f"convert_from({match.group('table') or ''}body, 'UTF8')"
+        if kind == "project":
+            # PostgreSQL's JSON refuses a \u0000 anywhere in a document (SQLite's does
+            # not): only the project's own string is read as JSON, the text's first
+            # "project_id" key (the payload's, in the built-in event types; a quote
+            # inside another string is always escaped).
+            return (f"(substring(convert_from({match.group('project_table') or ''}body, 'UTF8') "
+                    """from '"project_id"\\s*:\\s*("(?:[^"\\\\]|\\\\.)*")')::json #>> '{}')""")
         if kind == "qmark":
             return "%s"
         if kind == "name":

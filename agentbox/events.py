@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -34,17 +35,31 @@ Token = Annotated[str, Field(min_length=1, max_length=128, pattern=_TOKEN)]
 Identifier = Annotated[str, Field(min_length=1, max_length=256, pattern=_ID)]
 
 
-def _printable(value: str) -> str:
-    if not value.isprintable() or value != value.strip():
+# Invisible characters that make text read otherwise than it is: bidirectional
+# marks and overrides, the zero-width space, the byte-order mark. Joiners (ZWJ,
+# ZWNJ) are not among them: emoji sequences and Persian words need them.
+_MISLEADING = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                        "\u2066\u2067\u2068\u2069\ufeff")
+
+
+def unfit_for_a_name(char: str) -> bool:
+    """Control characters (newlines, tabs, NUL), line and paragraph separators,
+    lone surrogates and the misleading invisibles: what a log line or a page
+    could be fooled by. The same on every Python (no "is it assigned" test)."""
+    return char in _MISLEADING or unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp")
+
+
+def _a_name(value: str) -> str:
+    if value != value.strip() or any(unfit_for_a_name(c) for c in value):
         raise PydanticCustomError(
-            "name_invalid", "must be printable text (no control or invisible characters), "
-            "not starting or ending with a space")
+            "name_invalid", "must be text without control or invisible characters "
+            "(newlines, tabs, direction marks), not starting or ending with a space")
     return value
 
 
-# What people call things (a DAW's project "Night Drive (final)"): any printable
-# text, spaces inside it included; nothing a log line or a page could be fooled by.
-Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_printable)]
+# What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):
+# any text, spaces inside it included.
+Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_a_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentbox.events import unfit_for_a_name
+
 AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".aif", ".aiff"})
 
 Stamp = tuple[int, int]  # size, mtime_ns
@@ -49,8 +51,8 @@ def content_id(path: Path, size: int) -> str:
 def project_of(path: Path) -> str:
     """A project_id from the file name: its stem as written, characters a project
     name cannot hold (control and invisible ones) replaced by a space."""
-    cleaned = "".join(c if c.isprintable() else " " for c in path.stem)
-    return " ".join(cleaned.split())[:256].rstrip() or "mix"
+    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in path.stem)
+    return cleaned.strip()[:256].strip() or "mix"
 
 
 @dataclass

@@ -16,6 +16,7 @@ import importlib.metadata
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -74,14 +75,15 @@ class AgentContext:
     settings: Settings | None = None  # the server's configuration, for agents that need it
     event: Event | None = None  # the event this run handles
     emitted: list[tuple[Event, bytes]] = field(default_factory=list)
-    # When the run's time (AGENTBOX_RUN_TIMEOUT_SECONDS) is up, on the event loop's clock.
+    # When the run's time (AGENTBOX_RUN_TIMEOUT_SECONDS) is up, on time.monotonic().
     deadline: float | None = None
 
     def time_left(self) -> float | None:
-        """Seconds until the run is cut off as a timeout (None: no limit known)."""
+        """Seconds until the run is cut off as a timeout (None: no limit known).
+        Callable from the agent's worker threads too."""
         if self.deadline is None:
             return None
-        return self.deadline - asyncio.get_running_loop().time()
+        return self.deadline - time.monotonic()
 
     def emit(self, event_type: str, payload: BaseModel | Mapping[str, Any]) -> str:
         """Publish a follow-up event; returns its event_id.

@@ -351,9 +351,9 @@ class Dispatcher:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="invalid_event",
                            error_message=_clip(str(exc)))
         ctx.event = event
-        ctx.deadline = asyncio.get_running_loop().time() + self.settings.run_timeout_seconds
+        ctx.deadline = time.monotonic() + self.settings.run_timeout_seconds
         try:
-            async with asyncio.timeout_at(ctx.deadline):
+            async with asyncio.timeout(self.settings.run_timeout_seconds):
                 value = await spec.function(event, ctx)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
                            emitted=self._emitted(ctx))

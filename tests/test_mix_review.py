@@ -491,16 +491,29 @@ def test_the_default_agent_reviews_a_mix_end_to_end(
 def test_a_model_slower_than_the_run_may_take_never_times_the_run_out(
         server_factory: Callable[..., Server], write: Callable[..., Path],
         llm: StandInLlm) -> None:
-    llm.delay = 8.0  # well under the LLM's own 30 s, over the run's 3 s
+    llm.delay = 12.0  # well under the LLM's own 30 s, over the run's 6 s
     path = write(sine(-14, 2))
     server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_LLM_BASE_URL": llm.url,
                              "AGENTBOX_LLM_MODEL": "stand-in",
-                             "AGENTBOX_RUN_TIMEOUT_SECONDS": "3"}).start()
+                             "AGENTBOX_RUN_TIMEOUT_SECONDS": "6"}).start()
     response = server.post(make_event(payload={"project_id": "p", "mix_url": str(path)}))
     run = server.wait_terminal(response.json()["run_id"], timeout=30)
     assert run["status"] == "succeeded" and run["attempt"] == 1, run  # was: timeout, retried
     assert run["result"]["notes_source"] == "rules"
     assert len(llm.requests) == 1  # it was asked, and given up on in time
+
+
+def test_an_agent_knows_its_time_left_on_the_loop_and_in_its_threads() -> None:
+    ctx = context()
+    assert ctx.time_left() is None  # no limit known
+    ctx.deadline = time.monotonic() + 10
+
+    async def agent() -> tuple[float | None, float | None]:
+        return ctx.time_left(), await asyncio.to_thread(ctx.time_left)
+
+    on_loop, in_thread = asyncio.run(agent())
+    assert on_loop is not None and in_thread is not None
+    assert 9 < in_thread <= on_loop <= 10
 
 
 def test_the_run_page_shows_another_agents_result_named_like_a_review(

@@ -140,7 +140,8 @@ def document() -> dict[str, Any]:
                                 "schema": {"type": "string", "minLength": 1, "maxLength": 256},
                                 "description": "the runs of a chain: of the events carrying "
                                                "this correlation_id, and of the event whose "
-                                               "event_id it is (the chain's first)"}],
+                                               "event_id it is if that one carries none "
+                                               "(the chain's first)"}],
                 "responses": {"200": _json("RunList", "runs, newest first"), **_errors(422)},
             }},
             "/runs/{run_id}": {"get": {

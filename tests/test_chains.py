@@ -34,17 +34,20 @@ def runs_of_chain(server: Server, root_event_id: str) -> list[dict[str, Any]]:
 def test_a_chain_that_comes_back_to_an_agent_is_stopped(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory({"AGENTBOX_AGENTS": CHAIN}).start()
-    root, other = ping(), ping("another chain")
+    # the other chain's first event names its chain itself: its followers carry that name
+    root, other = ping(), ping("another chain", correlation_id="tour-2026")
     response = server.post(root)
     assert response.status_code == 202, response.text
     assert server.post(other).status_code == 202
 
-    def settled(event: dict[str, Any]) -> list[dict[str, Any]] | None:
-        runs = runs_of_chain(server, event["event_id"])
+    def settled(chain: str) -> list[dict[str, Any]] | None:
+        runs = runs_of_chain(server, chain)
         return runs if len(runs) == 3 and all(r["terminal"] for r in runs) else None
 
-    a, b, again = wait_until(lambda: settled(root), 20, "the chain to settle")
-    others = wait_until(lambda: settled(other), 20, "the other chain to settle")
+    a, b, again = wait_until(lambda: settled(root["event_id"]), 20, "the chain to settle")
+    others = wait_until(lambda: settled("tour-2026"), 20, "the other chain to settle")
+    assert others[0]["event_id"] == other["event_id"]
+    assert runs_of_chain(server, other["event_id"]) == []  # not the chain's name
     assert not {r["run_id"] for r in others} & {a["run_id"], b["run_id"], again["run_id"]}
     for bad in ("", "x" * 257):
         refused = server.client.get("/runs", params={"correlation_id": bad})

@@ -899,8 +899,9 @@ class SqlStore(Store):
     ) -> list[dict[str, Any]]:
         """Newest first, filtered; `before` is the last run_id of the previous page
         (keyset pagination: every page costs the same, however many runs there are);
-        `chain` a correlation id: the runs of the events that carry it, and of the
-        event whose id it is (the chain's first)."""
+        `chain` a chain's correlation id: the runs of the events that carry it, and
+        of the event whose id it is when that one carries none (the chain's first:
+        its own correlation_id, or else its event_id, is what its followers carry)."""
         where: list[str] = []
         args: list[Any] = []
         if status:
@@ -916,7 +917,7 @@ class SqlStore(Store):
             where.append(SQL_PROJECT_IS)
             args.append(project)
         if chain:
-            where.append("(e.correlation_id = ? OR e.event_id = ?)")
+            where.append("(e.correlation_id = ? OR (e.event_id = ? AND e.correlation_id IS NULL))")
             args += [chain, chain]
         if text:
             where.append(f"(r.run_id = ? OR e.event_id = ? OR e.correlation_id = ? OR "

@@ -113,10 +113,13 @@ class StatusPages:
         if not browser or b"host" not in headers:
             return False
         try:
-            name = urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or ""
+            name = (urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or "")
         except ValueError:
             return True
-        return not (is_loopback_host(name) or name == self.settings.host.lower())
+        name = name.removesuffix(".")
+        # *.localhost: browsers resolve it to loopback themselves, no DNS to rebind.
+        return not (is_loopback_host(name) or name.endswith(".localhost")
+                    or name == self.settings.host.lower())
 
     def guard(self, app: ASGIApp) -> ASGIApp:
         """Middleware: on loopback, only requests addressed to this machine; beyond
@@ -178,7 +181,7 @@ class StatusPages:
     async def index(self, request: Request) -> Response:
         await self.refresh_alerts()
         q = request.query_params
-        query = {k: (q.get(k) or "").strip()[:200] or None for k in (
+        query = {k: (q.get(k) or "").strip()[:256] or None for k in (
             "q", "status", "event_type", "agent", "project", "since", "before")}
         if query["status"] not in {s.value for s in RunStatus}:
             query["status"] = None

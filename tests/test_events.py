@@ -237,7 +237,8 @@ def test_identifier_patterns(field, value):
 @pytest.mark.parametrize("make", [base_event, review_event], ids=["exported", "review"])
 @pytest.mark.parametrize("name", ["Night Drive (final mix)", "Über Nacht", "夜のドライブ",
                                   "a", "x" * 256, "it's 50% done", "👨\u200d👩\u200d👧 tour",
-                                  "می\u200cخواهم", "\U0001fa77 pink", "no\u00a0break"])
+                                  "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # ZWNJ
+                                  "\U0001fa77 pink", "no\u00a0break"])
 def test_project_names_are_what_people_call_their_projects(make, name):
     obj = make()
     obj["payload"]["project_id"] = name

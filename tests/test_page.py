@@ -127,7 +127,8 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
     assert server.client.get(f"/runs/{run_id}?history=1").json()["history"][-1]["note"] != \
         "rebound"
     for name in (f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.1:{port}",
-                 f"127.1.2.3:{port}", f"[::1]:{port}", "localhost"):
+                 f"127.1.2.3:{port}", f"[::1]:{port}", "localhost", f"localhost.:{port}",
+                 f"agentbox.localhost:{port}"):
         assert httpx.get(server.url + "/", headers={**browser, "Host": name},
                          timeout=10).status_code == 200, name
     # programs on this machine may name it as they like (a test client's "testserver")

@@ -9,13 +9,16 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
 
 from agentbox import config as cfg
 from agentbox.signing import sign_headers
+
+if TYPE_CHECKING:
+    from agentbox.mix_review import MixReview
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 
@@ -340,7 +343,7 @@ def runs(url: str, status: str | None, limit: int, as_json: bool) -> None:
     for run in found:
         click.echo(f"{run['run_id']}  {run['status']:<16} {run['event_type']:<22} "
                    f"{run['event_id'][:30]:<30} retries={run['retry_count']} "
-                   f"{run['error_code'] or ''}")
+                   f"{_line(run['error_code'] or '')}")
 
 
 @main.command("dead-letters")
@@ -366,7 +369,7 @@ def show(run_id: str, url: str, as_json: bool) -> None:
     click.echo(f"{run['run_id']}  {run['status']}  {run['event_type']} from {run['source']} "
                f"(event {run['event_id']})")
     click.echo(f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
-               + (f", {run['error_code']}: {_line(run['error_message'])}"
+               + (f", {_line(run['error_code'])}: {_line(run['error_message'])}"
                   if run["error_code"] else ""))
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
@@ -376,15 +379,28 @@ def show(run_id: str, url: str, as_json: bool) -> None:
         note = f"  ({_line(change['note'])})" if change["note"] else ""
         click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
     result = run.get("result")
-    if isinstance(result, dict) and "review_notes" in result:
-        click.echo(f"\n{_line(result.get('summary', ''))}")
-        for note in result["review_notes"]:
+    review = _as_review(result)
+    if review is not None:
+        click.echo(f"\n{_line(review.summary)}")
+        for note in review.review_notes:
             click.echo(f"  - {_line(note)}")
     elif result is not None:
         click.echo("\nresult: " + json.dumps(result))
     for c in run.get("callbacks", []):
         click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
                    f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
+
+
+def _as_review(result: Any) -> MixReview | None:
+    """A mix review's result (validated: another agent's may use the same key names)."""
+    from pydantic import ValidationError
+
+    from agentbox.mix_review import MixReview
+
+    try:
+        return MixReview.model_validate(result) if isinstance(result, dict) else None
+    except ValidationError:
+        return None
 
 
 def _line(value: Any) -> str:

@@ -13,6 +13,8 @@ import json
 import logging
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -523,6 +525,11 @@ def test_the_run_page_shows_another_agents_result_named_like_a_review(
     page = server.client.get(f"/ui/runs/{run_id}")
     assert page.status_code == 200, page.text  # was a 500: drawn as a mix review
     assert "bpm" in page.text and 'id="loudness-plot"' not in page.text
+    shown = subprocess.run([sys.executable, "-m", "agentbox", "show", run_id, "--url",
+                            server.url], env=server.env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr  # was a TypeError: printed as a review
+    assert '"bpm": 120' in shown.stdout
 
 
 def test_a_missing_mix_fails_permanently_end_to_end(server_factory: Callable[..., Server],

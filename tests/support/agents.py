@@ -72,7 +72,7 @@ async def scripted(event: Event, ctx: AgentContext) -> Any:
             return ["not", "an", "object"]
         if project == "review-lookalike":  # a result with a mix review's key names only
             return {"metrics": {"bpm": 120, "short_term_lufs": ["-14"]},
-                    "profile": {"name": "house"}, "summary": 3}
+                    "profile": {"name": "house"}, "summary": 3, "review_notes": 5}
         if project.startswith("sleep-"):
             await asyncio.sleep(float(project.removeprefix("sleep-")))
         if project.startswith("slow-return-"):

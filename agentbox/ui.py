@@ -322,7 +322,7 @@ class StatusPages:
         """The banners: storage trouble, dead letters waiting for a decision, paused
         destinations."""
         alerts = []
-        await self.store.probe()
+        self.store.look_around()
         if not self.store.healthy:
             alerts.append(f"Events cannot be stored: {escape(self.store.last_error or '')}. "
                           "Senders get 503 and retry.")

@@ -1039,7 +1039,13 @@ class SqlStore(Store):
         ]
 
     async def probe(self) -> None:
-        """Unhealthy: find out whether writes are taken again (see PostgresStore)."""
+        """Unhealthy: find out whether writes are taken again (see PostgresStore).
+        Healthy: look for trouble no write has met yet (see SqliteStore)."""
+        self.look_around()
+
+    def look_around(self) -> None:
+        """What `probe` learns without writing (for pages, which must not wait on a
+        write): nothing on this engine."""
 
 
 def finish_values(run_id: str, outcome: Outcome, now: float

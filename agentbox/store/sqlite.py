@@ -197,7 +197,7 @@ class SqliteStore(SqlStore):
                            "removed or replaced; restart agentbox")
         return False
 
-    async def probe(self) -> None:
+    def look_around(self) -> None:
         """/healthz and the page learn of a removed file before any write does."""
         if self.healthy and self._identity is not None:
             self._same_file()

@@ -256,7 +256,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--callback-url", default=None)
 @click.option("--file", "event_file", type=click.File("rb"), default=None,
               help="Send this complete event (JSON) as it is, '-' for stdin.")
-@click.option("--retries", default=5, show_default=True,
+@click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="Retries on 429, 503 and connection errors, with backoff.")
 @click.option("--wait", is_flag=True, help="Follow the run to its end and print it.")
 @click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
@@ -556,7 +556,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
 @click.option("--existing", is_flag=True, help="Also send the files already there at start.")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
-@click.option("--retries", default=5, show_default=True,
+@click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="Retries per file on 429, 503 and connection errors, with backoff.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def watch(folder: Path, url: str, project: str | None, profile: str | None, source: str,
@@ -588,7 +588,9 @@ def watch(folder: Path, url: str, project: str | None, profile: str | None, sour
                            **({"profile": profile} if profile else {})}
                 event = build_event("session.exported", source, content_id(path, size), payload)
                 body = json.dumps(event, separators=(",", ":")).encode()
-                response = deliver(url, settings.webhook_secret[0], body, retries)
+                # --once: after one file found agentbox unavailable, the rest are not tried.
+                response = (None if once and status == EXIT_UNAVAILABLE else
+                            deliver(url, settings.webhook_secret[0], body, retries))
                 if response is None:
                     if not once:
                         continue  # unavailable: try again at the next scan

@@ -241,15 +241,20 @@ def test_watch_once_gives_up_on_an_unreachable_agentbox(server: Server, tmp_path
     folder = tmp_path / "exports"
     folder.mkdir()
     (folder / "My Song (final mix).wav").write_bytes(b"rendered")
+    (folder / "b-side.wav").write_bytes(b"rendered too")
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}"
     started = time.monotonic()
     gone = agentbox(server, "watch", str(folder), "--url", nowhere, "--settle", "0.2",
-                    "--interval", "0.1", "--existing", "--once", "--retries", "1")
+                    "--interval", "0.1", "--existing", "--once", "--retries", "2")
     assert gone.returncode == 3, gone.stderr  # as `send`: unreachable
     assert "My Song (final mix).wav: not sent (agentbox unavailable)" in gone.stderr
+    assert "b-side.wav: not sent (agentbox unavailable)" in gone.stderr
+    assert gone.stderr.count("trying again") == 2  # one file's retries; not the next's
     assert time.monotonic() - started < 30
+    bad = agentbox(server, "watch", str(folder), "--once", "--retries", "-1")
+    assert bad.returncode == 2 and "--retries" in bad.stderr
     sent = agentbox(server, "watch", str(folder), "--url", server.url, "--settle", "0.2",
                     "--interval", "0.1", "--existing", "--once")
     assert sent.returncode == 0, sent.stderr

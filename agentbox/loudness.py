@@ -59,7 +59,7 @@ class Measurements:
     clipped_samples: int  # samples in runs of CLIP_RUN or more at full scale
     clipped_runs: int
     dc_offset: float  # the largest per-channel mean, as a fraction of full scale
-    stereo_correlation: float | None  # L/R; None for mono
+    stereo_correlation: float | None  # L/R; None for mono, or with a silent side
     mono_loudness_drop_lu: float | None  # stereo minus its mono fold; None if not stereo
     duration_seconds: float
     sample_rate: int

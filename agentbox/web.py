@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import origin_of
 from agentbox.dispatcher import Dispatcher
+from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
@@ -24,6 +25,8 @@ DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
 MAX_ADMIN_BODY_BYTES = 4096
 MAX_ID_LENGTH = 256  # as the event contract's identifiers
+
+log = get_logger("api")
 
 
 class RunsApi:
@@ -124,6 +127,7 @@ class RunsApi:
         try:
             stats = await self.store.stats()
         except Exception as exc:  # as /healthz: a store that cannot be read is down
+            log.warning("metrics: the store cannot be read", exc_info=True)
             return error_response(503, "storage_unavailable",
                                   f"The store cannot be read: {type(exc).__name__}.")
         body = self._metrics.render(stats, self.dispatcher.clock())

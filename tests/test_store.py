@@ -1470,7 +1470,8 @@ def test_a_version_1_database_is_migrated_to_the_newest(
     aio(store.close())
     engine.drop_index("runs_waiting")  # what version 2 added
     engine.set_schema_version(1)
-    assert engine.schema() == (1, engine.schema()[1] - {"runs_waiting"})
+    version, indexes = engine.schema()
+    assert version == 1 and "runs_waiting" not in indexes
     reopened = make_store()
     version, indexes = engine.schema()
     assert version == len(MIGRATIONS) == 2 and "runs_waiting" in indexes

@@ -76,12 +76,13 @@ class SqliteStore(SqlStore):
             # fail (a 500 on the page) and make a new, empty database in its place.
             self._stats_conn = await loop.run_in_executor(self._stats_executor, _connect,
                                                           self.path)
-        except sqlite3.Error as exc:
-            raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
-        except SchemaTooNew:
-            self._lock_file.close()
+        except (sqlite3.Error, SchemaTooNew) as exc:
+            await self._close_connections()
+            self._lock_file.close()  # another process may serve the store now
             self._lock_file = None
-            raise
+            if isinstance(exc, SchemaTooNew):
+                raise
+            raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
         self._start_writer()
         self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(),
                                                     name="agentbox-checkpoint")
@@ -92,21 +93,26 @@ class SqliteStore(SqlStore):
             await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             self._checkpoint_task = None
         await self._stop_writer()
-        if self._conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
-            self._conn = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        await self._close_connections()
         self._executor.shutdown(wait=True)
         self._checkpointer.shutdown(wait=True)
-        if self._stats_conn is not None:
-            self._stats_executor.submit(self._stats_conn.close).result()
-            self._stats_conn = None
         self._stats_executor.shutdown(wait=True)
         if self._lock_file is not None:
             self._lock_file.close()  # closing the descriptor drops the lock
             self._lock_file = None
+
+    async def _close_connections(self) -> None:
+        """Each on the thread that uses it."""
+        loop = asyncio.get_running_loop()
+        if self._conn is not None:
+            await loop.run_in_executor(self._executor, self._conn.close)
+            self._conn = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._stats_conn is not None:
+            await loop.run_in_executor(self._stats_executor, self._stats_conn.close)
+            self._stats_conn = None
 
     def _open_writer(self) -> int:
         conn = _connect(self.path)

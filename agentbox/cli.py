@@ -336,7 +336,10 @@ def _api(url: str, method: str, path: str, **kwargs: Any) -> Any:
 def runs(url: str, status: str | None, limit: int, as_json: bool) -> None:
     """List the newest runs."""
     params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
-    found = _api(url, "GET", "/runs", params=params)["runs"]
+    _print_runs(_api(url, "GET", "/runs", params=params)["runs"], as_json)
+
+
+def _print_runs(found: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -350,10 +353,12 @@ def runs(url: str, status: str | None, limit: int, as_json: bool) -> None:
 @click.option("--url", default=DEFAULT_URL, show_default=True)
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.pass_context
-def dead_letters(ctx: click.Context, url: str, limit: int, as_json: bool) -> None:
-    """List dead-lettered runs (replay them with `agentbox replay RUN_ID`)."""
-    ctx.invoke(runs, url=url, status="dead_lettered", limit=limit, as_json=as_json)
+def dead_letters(url: str, limit: int, as_json: bool) -> None:
+    """List dead-lettered runs that wait for a decision (replay them with `agentbox
+    replay RUN_ID`); those discarded on the status page are left out."""
+    found = _api(url, "GET", "/runs", params={"status": "dead_lettered", "limit": limit,
+                                             "discarded": "false"})["runs"]
+    _print_runs(found, as_json)
 
 
 @main.command()

@@ -141,7 +141,11 @@ def document() -> dict[str, Any]:
                                 "description": "the runs of a chain: of the events carrying "
                                                "this correlation_id, and of the event whose "
                                                "event_id it is if that one carries none "
-                                               "(the chain's first)"}],
+                                               "(the chain's first)"},
+                               {"name": "discarded", "in": "query", "required": False,
+                                "schema": {"type": "string", "enum": ["true", "false"]},
+                                "description": "false: leave out dead letters discarded "
+                                               "with a reason"}],
                 "responses": {"200": _json("RunList", "runs, newest first"), **_errors(422)},
             }},
             "/runs/{run_id}": {"get": {

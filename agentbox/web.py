@@ -60,13 +60,16 @@ class RunsApi:
         if limit is None:
             return _bad_limit()
         chain = request.query_params.get("correlation_id")
-        if chain is None:
-            return JSONResponse({"runs": await self.store.list_runs(status, limit)})
-        if not 1 <= len(chain) <= MAX_ID_LENGTH:
+        if chain is not None and not 1 <= len(chain) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query", "correlation_id must be 1 to "
                                   f"{MAX_ID_LENGTH} characters")
-        return JSONResponse({"runs": await self.store.search_runs(status=status, chain=chain,
-                                                                  limit=limit)})
+        discarded = request.query_params.get("discarded", "true")
+        if discarded not in ("true", "false"):
+            return error_response(422, "invalid_query", "discarded must be true or false")
+        if chain is None and discarded == "true":
+            return JSONResponse({"runs": await self.store.list_runs(status, limit)})
+        return JSONResponse({"runs": await self.store.search_runs(
+            status=status, chain=chain, include_discarded=discarded == "true", limit=limit)})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")

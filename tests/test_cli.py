@@ -136,6 +136,24 @@ def test_show_prints_a_run_s_text_on_one_line(server_factory: Any) -> None:
     assert not any(line.startswith("agentbox:") for line in shown.stdout.splitlines())
 
 
+def test_dead_letters_leaves_out_those_discarded_on_the_page(server: Server) -> None:
+    kept, dropped = (server.post(make_event(project_id="always-fail")).json()["run_id"]
+                     for _ in range(2))
+    for run_id in (kept, dropped):
+        assert server.wait_terminal(run_id, timeout=30)["status"] == "dead_lettered"
+    page = server.client.get("/ui/dead-letters").text
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    discarded = server.client.post("/ui/discard", data={
+        "csrf": csrf, "run_id": dropped, "reason": "a test render"})
+    assert discarded.status_code == 303
+    listed = agentbox(server, "dead-letters", "--url", server.url)
+    assert listed.returncode == 0 and kept in listed.stdout and dropped not in listed.stdout
+    every = agentbox(server, "runs", "--url", server.url, "--status", "dead_lettered")
+    assert kept in every.stdout and dropped in every.stdout  # still dead-lettered
+    bad = server.client.get("/runs", params={"discarded": "maybe"})
+    assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_query"
+
+
 def test_send_waits_out_a_busy_server_then_gives_up(server_factory: Any, tmp_path: Path
                                                      ) -> None:
     server = server_factory({"AGENTBOX_MAX_PENDING": "1"}).start()

@@ -113,7 +113,7 @@ class StatusPages:
         if not browser or b"host" not in headers:
             return False
         try:
-            name = (urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or "")
+            name = urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or ""
         except ValueError:
             return True
         name = name.removesuffix(".")
@@ -122,8 +122,8 @@ class StatusPages:
                     or name == self.settings.host.lower())
 
     def guard(self, app: ASGIApp) -> ASGIApp:
-        """Middleware: on loopback, only requests addressed to this machine; beyond
-        it, everything but the receiver needs the token."""
+        """Middleware: on loopback, no browser's request addressed to another name
+        (DNS rebinding); beyond it, everything but the receiver needs the token."""
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)

@@ -16,9 +16,13 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tests.conftest import Server, make_event
 
 CHROMIUM = os.environ.get("AGENTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
-# Without these, Chromium tries to reach Google's services at every start.
+# Without these, Chromium tries to reach Google's services at every start. The
+# resolver rule plays a DNS rebinding: that name answers 127.0.0.1, as an
+# attacker's would after the page loaded (nothing leaves this machine).
+REBOUND = "rebound.example"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"]
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +139,18 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
     assert httpx.get(server.url + "/", headers={"Host": "testserver"}).status_code == 200
     # the receiver stays open to any name: a signature, not a host, is what it checks
     assert server.post(make_event(), headers={**browser, "Host": rebound}).status_code == 202
+
+
+def test_a_real_browser_on_a_rebound_name_reads_nothing(server: Server, page: Page) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    answer = page.goto(f"http://{REBOUND}:{port}/ui/dead-letters")
+    assert answer is not None and answer.status == 400
+    assert "host_not_allowed" in page.content() and 'name="csrf"' not in page.content()
+    # the attacker's script, same origin as far as the browser knows
+    status = page.evaluate("fetch('/runs').then(r => r.status)")
+    assert status == 400
+    own = page.goto(f"http://localhost:{port}/")
+    assert own is not None and own.status == 200
 
 
 def test_beyond_loopback_every_page_needs_the_token(

@@ -35,18 +35,20 @@ Token = Annotated[str, Field(min_length=1, max_length=128, pattern=_TOKEN)]
 Identifier = Annotated[str, Field(min_length=1, max_length=256, pattern=_ID)]
 
 
-# Invisible characters that make text read otherwise than it is: bidirectional
-# marks and overrides, the zero-width space, the byte-order mark. Joiners (ZWJ,
-# ZWNJ) are not among them: emoji sequences and Persian words need them.
-_MISLEADING = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
-                        "\u2066\u2067\u2068\u2069\ufeff")
+# The joiners: emoji sequences and Persian words need them.
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def unfit_for_a_name(char: str) -> bool:
     """Control characters (newlines, tabs, NUL), line and paragraph separators,
-    lone surrogates and the misleading invisibles: what a log line or a page
-    could be fooled by. The same on every Python (no "is it assigned" test)."""
-    return char in _MISLEADING or unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp")
+    lone surrogates, and invisible format characters but the joiners (direction
+    marks and overrides, zero-width space, soft hyphen, byte-order mark, tag
+    characters that hide text from people but not from a language model): what
+    a log line, a page or a prompt could be fooled by. Unassigned code points
+    pass, so the answer does not depend on the running Python's Unicode tables."""
+    category = unicodedata.category(char)
+    return category in ("Cc", "Cs", "Zl", "Zp") or (category == "Cf"
+                                                   and char not in _JOINERS)
 
 
 def _a_name(value: str) -> str:

@@ -152,6 +152,11 @@ def test_dead_letters_leaves_out_those_discarded_on_the_page(server: Server) -> 
     assert kept in every.stdout and dropped in every.stdout  # still dead-lettered
     bad = server.client.get("/runs", params={"discarded": "maybe"})
     assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_query"
+    # replayed, it is no longer set aside: failing again, it waits for a decision again
+    assert agentbox(server, "replay", dropped, "--url", server.url).returncode == 0
+    assert server.wait_terminal(dropped, timeout=30)["status"] == "dead_lettered"
+    again = agentbox(server, "dead-letters", "--url", server.url)
+    assert dropped in again.stdout
 
 
 def test_send_waits_out_a_busy_server_then_gives_up(server_factory: Any, tmp_path: Path

@@ -1351,6 +1351,19 @@ async def test_runs_are_found_by_project_however_the_sender_spelled_it(
             result = await store.ingest(parse_event(body), body, ["mix_review"], T0, TTL,
                                         MAX_PENDING)
             runs[name].add(result.runs[0].run_id)
+    # A plugin's free-text project may hold a NUL, which PostgreSQL's JSON refuses:
+    # no search fails for it (what "nul" finds differs: SQLite ends the text at the
+    # NUL, PostgreSQL matches nothing), and no other name finds it.
+    event_id = "nul-project"
+    valid = event_body(event_id)
+    stored = valid.replace(b'"project_id": "p"', b'"project_id": "nul\\u0000"')
+    assert stored != valid
+    await store.ingest(parse_event(valid), stored, ["mix_review"], T0, TTL, MAX_PENDING)
+    assert len(await store.search_runs(project="nul")) <= 1
+    assert await store.search_runs(text="nul\u0000") == []  # asked with a NUL: nothing
+    assert await store.get_run("run_\u0000") is None
+    with pytest.raises(RunNotFound):
+        await store.replay("run_\u0000", T0)
     for name in names:
         found = {run["run_id"] for run in await store.search_runs(project=name)}
         assert found == runs[name], name  # exact: no wildcards, case counts, any spelling

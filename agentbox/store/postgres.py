@@ -168,9 +168,12 @@ def translate(sql: str) -> str:
             # PostgreSQL's JSON refuses a \u0000 anywhere in a document (SQLite's does
             # not): only the project's own string is read as JSON, the text's first
             # "project_id" key (the payload's, in the built-in event types; a quote
-            # inside another string is always escaped).
-            return (f"(substring(convert_from({match.group('project_table') or ''}body, 'UTF8') "
-                    """from '"project_id"\\s*:\\s*("(?:[^"\\\\]|\\\\.)*")')::json #>> '{}')""")
+            # inside another string is always escaped), and one holding a \u0000 (a
+            # plugin's free-text field) matches nothing rather than failing the query.
+            literal = (f"substring(convert_from({match.group('project_table') or ''}body, "
+                       """'UTF8') from '"project_id"\\s*:\\s*("(?:[^"\\\\]|\\\\.)*")')""")
+            return (f"(CASE WHEN {literal} ~ '\\\\u0000' THEN NULL "
+                    f"ELSE ({literal})::json #>> '{{}}' END)")
         if kind == "qmark":
             return "%s"
         if kind == "name":

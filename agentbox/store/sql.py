@@ -755,6 +755,9 @@ class SqlStore(Store):
         return await self._write(op, durable=False)
 
     async def replay(self, run_id: str, now: float) -> Transition:
+        if "\x00" in run_id:  # no run id holds one (and PostgreSQL cannot be asked)
+            raise RunNotFound(run_id)
+
         def op(conn: Db, state: Batch) -> Transition:
             conn.execute(SQL_LOCK_RUN, (run_id,))  # a concurrent replay or claim waits
             row = conn.execute(SQL_RUN_FOR_CLAIM, (run_id,)).fetchone()
@@ -765,6 +768,8 @@ class SqlStore(Store):
                 raise NotReplayable(run_id, status)
             check_transition(run_id, status, RunStatus.ACCEPTED)
             conn.execute(SQL_REPLAY, (now, now, run_id))
+            # Replayed, it is no longer set aside: should it fail again, it is listed again.
+            conn.execute("DELETE FROM discarded_runs WHERE run_id = ?", (run_id,))
             conn.execute(SQL_INSERT_HISTORY, (run_id, now, "accepted", attempt, "replayed"))
             state.active += 1
             state.runs_ready = True
@@ -888,6 +893,8 @@ class SqlStore(Store):
         return min(due) if due else None
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
+        if "\x00" in run_id:  # no run id holds one (and PostgreSQL cannot be asked)
+            return None
         rows = await self._rows(SQL_GET_RUN, (run_id,))
         return _run_view(rows[0]) if rows else None
 
@@ -902,6 +909,9 @@ class SqlStore(Store):
         `chain` a chain's correlation id: the runs of the events that carry it, and
         of the event whose id it is when that one carries none (the chain's first:
         its own correlation_id, or else its event_id, is what its followers carry)."""
+        if any("\x00" in value for value in (status, event_type, agent, project, text, before,
+                                               chain) if value):
+            return []  # no stored name holds a NUL (and PostgreSQL cannot be asked for one)
         where: list[str] = []
         args: list[Any] = []
         if status:

@@ -99,21 +99,21 @@ class StatusPages:
         return hmac.compare_digest(given.encode(), self._token)
 
     def rebound(self, scope: Scope) -> bool:
-        """A browser sent this for a site whose name now points at 127.0.0.1.
+        """The request names another host than this machine: a site whose name now
+        points at 127.0.0.1.
 
         A page open to this machine must not be open to a web site whose name was
         made to point at 127.0.0.1 after the browser loaded it (DNS rebinding):
         the browser would treat agentbox's pages as that site's own, CSRF token
-        included. Its requests carry the site's name as their Host. Programs on
-        this machine (scripts, test clients) may name it as they like: they could
-        reach it anyway; a browser is told by the headers pages cannot drop."""
-        headers = dict(scope["headers"])
-        browser = (b"sec-fetch-site" in headers or b"origin" in headers
-                   or headers.get(b"user-agent", b"").startswith(b"Mozilla/"))
-        if not browser or b"host" not in headers:
-            return False
+        included. Its requests carry the site's name as their Host, and nothing
+        else tells them from a program's: on plain http a browser sends no
+        Sec-Fetch headers and a same-origin GET no Origin, and some browsers let
+        a page set its User-Agent. So every request must name this machine."""
+        host = next((value for name, value in scope["headers"] if name == b"host"), None)
+        if host is None:
+            return False  # HTTP/1.0 without a Host: no browser sends that
         try:
-            name = urlsplit("//" + headers[b"host"].decode("latin-1")).hostname or ""
+            name = urlsplit("//" + host.decode("latin-1")).hostname or ""
         except ValueError:
             return True
         name = name.removesuffix(".")
@@ -122,8 +122,8 @@ class StatusPages:
                     or name == self.settings.host.lower())
 
     def guard(self, app: ASGIApp) -> ASGIApp:
-        """Middleware: on loopback, no browser's request addressed to another name
-        (DNS rebinding); beyond it, everything but the receiver needs the token."""
+        """Middleware: on loopback, no request addressed to another name (DNS
+        rebinding); beyond it, everything but the receiver needs the token."""
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
@@ -131,8 +131,8 @@ class StatusPages:
             if self.open_to_this_machine:
                 if self.rebound(scope):
                     await JSONResponse(error_body(
-                        "host_not_allowed", "agentbox on a loopback address answers browsers "
-                        "only when addressed as localhost or a loopback IP (the Host header)."),
+                        "host_not_allowed", "agentbox on a loopback address answers only "
+                        "when addressed as localhost or a loopback IP (the Host header)."),
                         status_code=400)(scope, receive, send)
                 else:
                     await app(scope, receive, send)

@@ -80,7 +80,7 @@ def test_clock_steps_neither_expire_leases_nor_move_retries(
 
     async def scenario() -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://agentbox") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
 
             async def post(event: dict[str, Any], at: float | None = None) -> httpx.Response:
                 body = encode(event)

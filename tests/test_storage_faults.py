@@ -47,7 +47,7 @@ def run_in_app(tmp_path: Path, scenario: Scenario) -> None:
 
     async def run() -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://agentbox") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
             store: SqliteStore = app.state.store
             assert store._conn is not None
             await scenario(client, store._conn)

@@ -599,14 +599,16 @@ def watch(folder: Path, url: str, project: str | None, profile: str | None, sour
                 if response is None:
                     if not once:
                         continue  # unavailable: try again at the next scan
-                    click.echo(f"{path.name}: not sent (agentbox unavailable)", err=True)
+                    click.echo(f"{_line(path.name)}: not sent (agentbox unavailable)",
+                               err=True)
                     status = EXIT_UNAVAILABLE
                 elif response.status_code < 300:
                     answer = response.json()
                     what = "duplicate" if answer["duplicate"] else "accepted"
-                    click.echo(f"{path.name}: {what} {answer['run_id']}")
+                    click.echo(f"{_line(path.name)}: {what} {answer['run_id']}")
                 else:
-                    click.echo(f"{path.name}: refused: {response.text}", err=True)
+                    click.echo(f"{_line(path.name)}: refused: {_line(response.text)}",
+                               err=True)
                     status = max(status, EXIT_REFUSED)
                 watcher.sent(path)
             idle = 0 if ready or watcher.busy else idle + 1

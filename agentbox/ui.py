@@ -181,7 +181,9 @@ class StatusPages:
     async def index(self, request: Request) -> Response:
         await self.refresh_alerts()
         q = request.query_params
-        query = {k: (q.get(k) or "").strip()[:256] or None for k in (
+        # Bounded, but past the longest name there is: cut shorter, a longer search
+        # could find what it is not (a name of its first 256 characters).
+        query = {k: (q.get(k) or "").strip()[:1024] or None for k in (
             "q", "status", "event_type", "agent", "project", "since", "before")}
         if query["status"] not in {s.value for s in RunStatus}:
             query["status"] = None

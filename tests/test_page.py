@@ -141,6 +141,15 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
     assert server.post(make_event(), headers={**browser, "Host": rebound}).status_code == 202
 
 
+def test_the_page_finds_a_project_by_its_whole_name(server: Server) -> None:
+    longest = "x" * 256
+    run_id = server.post(make_event(project_id=longest)).json()["run_id"]
+    assert run_id in server.client.get("/", params={"project": longest}).text
+    assert run_id in server.client.get("/", params={"q": longest}).text
+    for longer in (longest + "x", longest + "y" * 2000):  # not cut down to the name
+        assert run_id not in server.client.get("/", params={"project": longer}).text
+
+
 def test_a_real_browser_on_a_rebound_name_reads_nothing(server: Server, page: Page) -> None:
     port = server.url.rsplit(":", 1)[1]
     answer = page.goto(f"http://{REBOUND}:{port}/ui/dead-letters")

@@ -9,16 +9,13 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import httpx
 
 from agentbox import config as cfg
 from agentbox.signing import sign_headers
-
-if TYPE_CHECKING:
-    from agentbox.mix_review import MixReview
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 
@@ -384,7 +381,9 @@ def show(run_id: str, url: str, as_json: bool) -> None:
         note = f"  ({_line(change['note'])})" if change["note"] else ""
         click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
     result = run.get("result")
-    review = _as_review(result)
+    from agentbox.mix_review import as_review
+
+    review = as_review(result)
     if review is not None:
         click.echo(f"\n{_line(review.summary)}")
         for note in review.review_notes:
@@ -394,18 +393,6 @@ def show(run_id: str, url: str, as_json: bool) -> None:
     for c in run.get("callbacks", []):
         click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
                    f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
-
-
-def _as_review(result: Any) -> MixReview | None:
-    """A mix review's result (validated: another agent's may use the same key names)."""
-    from pydantic import ValidationError
-
-    from agentbox.mix_review import MixReview
-
-    try:
-        return MixReview.model_validate(result) if isinstance(result, dict) else None
-    except ValidationError:
-        return None
 
 
 def _line(value: Any) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.config import ConfigError, Settings
@@ -76,6 +76,17 @@ class MixReview(BaseModel):
     metrics: MixMetrics
     notes_source: str  # "rules", or "llm" when the configured model wrote the notes
     mix_url: str
+
+
+def as_review(result: Any) -> MixReview | None:
+    """A stored result as a mix review, if it is one: another agent's result may use
+    the same key names (and a review is drawn from its fields, so they must hold)."""
+    if not (isinstance(result, dict) and "metrics" in result and "profile" in result):
+        return None
+    try:
+        return MixReview.model_validate(result)
+    except ValidationError:
+        return None
 
 
 # -- the agent ----------------------------------------------------------------------------

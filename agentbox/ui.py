@@ -29,7 +29,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
-from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -37,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
-from agentbox.mix_review import MixReview
+from agentbox.mix_review import as_review
 from agentbox.receiver import error_body
 from agentbox.runs import RunStatus
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
@@ -220,7 +219,8 @@ class StatusPages:
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
         run["callbacks"] = await self.store.notifications(run_id)
         event = redact(await self.store.event_of(run_id) or {})
-        review = _as_review(run["result"])
+        found = as_review(run["result"])
+        review = found.model_dump() if found else None
         chain_id = run["correlation_id"] or run["event_id"]
         chain = await self.store.search_runs(chain=chain_id, limit=200)
         chain.sort(key=lambda r: (r["hop"], r["run_id"]))
@@ -379,17 +379,6 @@ def redact(value: Any) -> Any:
             port = f":{parts.port}" if parts.port else ""
             return f"{parts.scheme}://{host}{port}{parts.path}{'?•••' if parts.query else ''}"
     return value
-
-
-def _as_review(result: Any) -> dict[str, Any] | None:
-    """A mix review's result, shown as one (notes, metrics, plot); any other result
-    (another agent's, even one with keys of the same names) is shown as JSON."""
-    if not (isinstance(result, dict) and "metrics" in result and "profile" in result):
-        return None
-    try:
-        return MixReview.model_validate(result).model_dump()
-    except ValidationError:
-        return None
 
 
 def _age(iso_time: str | None, now: float) -> str:

@@ -755,7 +755,7 @@ class SqlStore(Store):
         return await self._write(op, durable=False)
 
     async def replay(self, run_id: str, now: float) -> Transition:
-        if "\x00" in run_id:  # no run id holds one (and PostgreSQL cannot be asked)
+        if _unaskable(run_id):
             raise RunNotFound(run_id)
 
         def op(conn: Db, state: Batch) -> Transition:
@@ -893,7 +893,7 @@ class SqlStore(Store):
         return min(due) if due else None
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        if "\x00" in run_id:  # no run id holds one (and PostgreSQL cannot be asked)
+        if _unaskable(run_id):
             return None
         rows = await self._rows(SQL_GET_RUN, (run_id,))
         return _run_view(rows[0]) if rows else None
@@ -909,9 +909,8 @@ class SqlStore(Store):
         `chain` a chain's correlation id: the runs of the events that carry it, and
         of the event whose id it is when that one carries none (the chain's first:
         its own correlation_id, or else its event_id, is what its followers carry)."""
-        if any("\x00" in value for value in (status, event_type, agent, project, text, before,
-                                               chain) if value):
-            return []  # no stored name holds a NUL (and PostgreSQL cannot be asked for one)
+        if _unaskable(status, event_type, agent, project, text, before, chain):
+            return []
         where: list[str] = []
         args: list[Any] = []
         if status:
@@ -1056,6 +1055,12 @@ class SqlStore(Store):
     def look_around(self) -> None:
         """What `probe` learns without writing (for pages, which must not wait on a
         write): nothing on this engine."""
+
+
+def _unaskable(*values: str | None) -> bool:
+    """A value holds a NUL: nothing stored does (ids, names and states refuse it), and
+    PostgreSQL cannot even be asked for one (it would fail the query, a 503)."""
+    return any("\x00" in value for value in values if value)
 
 
 def finish_values(run_id: str, outcome: Outcome, now: float

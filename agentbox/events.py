@@ -32,7 +32,8 @@ _TOKEN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:\-~/+=@]*$"
 
 Token = Annotated[str, Field(min_length=1, max_length=128, pattern=_TOKEN)]
-Identifier = Annotated[str, Field(min_length=1, max_length=256, pattern=_ID)]
+MAX_ID_LENGTH = 256  # identifiers and names (project_id): what a search may ask for
+Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID)]
 
 
 # The joiners: emoji sequences and Persian words need them.
@@ -61,7 +62,7 @@ def _a_name(value: str) -> str:
 
 # What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):
 # any text, spaces inside it included.
-Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_a_name)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_a_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-from agentbox.events import PAYLOAD_MODELS, Envelope
+from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
 from agentbox.runs import RunStatus
 
 REF = "#/components/schemas/{model}"
@@ -137,7 +137,8 @@ def document() -> dict[str, Any]:
                                 "schema": {"type": "string",
                                            "enum": [s.value for s in RunStatus]}}, _limit(),
                                {"name": "correlation_id", "in": "query", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+                                "schema": {"type": "string", "minLength": 1,
+                                           "maxLength": MAX_ID_LENGTH},
                                 "description": "the runs of a chain: of the events carrying "
                                                "this correlation_id, and of the event whose "
                                                "event_id it is if that one carries none "

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import origin_of
 from agentbox.dispatcher import Dispatcher
+from agentbox.events import MAX_ID_LENGTH
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
@@ -24,7 +25,6 @@ MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
 MAX_ADMIN_BODY_BYTES = 4096
-MAX_ID_LENGTH = 256  # as the event contract's identifiers
 
 log = get_logger("api")
 

@@ -157,6 +157,11 @@ class Monitor(threading.Thread):
         self.cpu_percent = 100 * self.cpu_seconds / (time.monotonic() - self.wall_start)
 
 
+def us_per_request(cpu_seconds: float, statuses: dict[str, int]) -> int:
+    """What one request cost the server's processes, whatever the machine's speed was."""
+    return round(cpu_seconds * 1e6 / max(sum(statuses.values()), 1))
+
+
 def run_wrk(url: str, events: Path, connections: int, duration: float,
             pace_ms: float = 0.0) -> dict[str, Any]:
     threads = 1 if connections == 1 else 2
@@ -257,8 +262,8 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
             "server_cpu_percent": round(sum(m.cpu_percent for m in monitors)),
             "max_rss_mb": round(max(m.max_rss_mb for m in monitors)),
             # agentbox's processes only: PostgreSQL's backends come on top
-            "cpu_us_per_request": round(sum(m.cpu_seconds for m in monitors) * 1e6 / max(
-                sum(statuses.values()), 1)),
+            "cpu_us_per_request": us_per_request(sum(m.cpu_seconds for m in monitors),
+                                                 statuses),
         }
         figures.update(settle(servers[0]))
         for server in servers:
@@ -299,9 +304,7 @@ def load_phase(kind: str, data_dir: Path, events: Path, connections: int,
         "p50_ms": wrk["p50_us"] / 1000, "p99_ms": wrk["p99_us"] / 1000,
         "p999_ms": wrk["p999_us"] / 1000, "statuses": wrk["statuses"], "errors": wrk["errors"],
         "server_cpu_percent": round(monitor.cpu_percent), "max_rss_mb": round(monitor.max_rss_mb),
-        # what one request costs the server's process, whatever the machine's speed was
-        "cpu_us_per_request": round(monitor.cpu_seconds * 1e6 / max(
-            sum(wrk["statuses"].values()), 1)),
+        "cpu_us_per_request": us_per_request(monitor.cpu_seconds, wrk["statuses"]),
     }
     if kind == "agentbox":
         figures.update(settle(server))

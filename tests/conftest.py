@@ -151,6 +151,11 @@ class Server:
         return self.client.post("/webhooks/events", content=body, headers={
             "Content-Type": "application/json", **signed, **(headers or {})})
 
+    def csrf(self) -> str:
+        """The CSRF token the status page's forms carry."""
+        page = self.client.get("/ui/dead-letters").text
+        return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
     def run(self, run_id: str) -> dict[str, Any]:
         response = self.client.get(f"/runs/{run_id}")
         assert response.status_code == 200, response.text

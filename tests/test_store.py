@@ -57,8 +57,8 @@ from agentbox.store import (
     Store,
     notification,
 )
-from agentbox.store.sql import SQL_STATUS_COUNTS
-from agentbox.store.sqlite import MIGRATIONS, SqliteStore, migrate
+
+from agentbox.store.sqlite import MIGRATIONS, SQL, SqliteStore, migrate
 from tests import postgres
 
 T = TypeVar("T")
@@ -1290,7 +1290,7 @@ def test_runs_are_counted_from_the_status_index_alone(tmp_path: Path) -> None:
     and find the oldest waiting run in one step of the waiting runs' index."""
     conn = sqlite3.connect(tmp_path / "plan.sqlite3")
     migrate(conn, tmp_path / "plan.sqlite3")
-    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL_STATUS_COUNTS)]
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL["status_counts"])]
     conn.close()
     assert any("COVERING INDEX runs_status" in step for step in plan), plan
     assert any("SEARCH runs USING INDEX runs_waiting" in step for step in plan), plan
@@ -1487,7 +1487,7 @@ def test_a_version_1_database_is_migrated_to_the_newest(
     assert version == 1 and "runs_waiting" not in indexes
     reopened = make_store()
     version, indexes = engine.schema()
-    assert version == len(MIGRATIONS) == 2 and "runs_waiting" in indexes
+    assert version == len(MIGRATIONS) == 3 and "runs_waiting" in indexes
     assert aio(reopened.get_run(first))["status"] == "accepted"
     stats = aio(reopened.stats())
     assert stats["runs"]["accepted"] == 2

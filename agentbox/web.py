@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -26,7 +28,6 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
 )
-from agentbox.store.views import View
 
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
@@ -167,9 +168,9 @@ class RunsApi:
             token.strip().encode(), self._admin_token)
 
 
-def _dump(views: list[Any]) -> list[dict[str, Any]]:
+def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:
     """Views as the API's JSON shows them."""
-    return [view.model_dump(mode="json") for view in views if isinstance(view, View)]
+    return [view.model_dump(mode="json") for view in views]
 
 
 def _limit(request: Request) -> int | None:

@@ -9,12 +9,11 @@ in a power cut only means the run is claimed again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from agentbox.runs import RunStatus, check_transition
 from agentbox.store import ClaimedRun, ClaimResult, Transition
 from agentbox.store.outbox import Callback, queue_callback
-from agentbox.store.writer import Batch, Db
+from agentbox.store.writer import Batch, Db, named
 
 
 def claim(db: Db, state: Batch, *, owner: str, limit: int, now: float, lease_seconds: float,
@@ -93,14 +92,6 @@ def _reclaim_expired(db: Db, state: Batch, run_id: str, *, owner: str, now: floa
         url=row["callback_url"], run_id=run_id, status="processing", attempt=attempt,
         event_id=row["event_id"], now=now, due=notify_due))
     return Transition(**{**change, "attempt": attempt}, status="processing", notify=notify)
-
-
-def named(cursor: Any) -> dict[str, Any] | None:
-    """A cursor's first row by column name (None: no row)."""
-    row = cursor.fetchone()
-    if row is None:
-        return None
-    return dict(zip((column[0] for column in cursor.description), row, strict=True))
 
 
 def next_due(db: Db) -> float | None:

@@ -172,8 +172,9 @@ def _stored(db: Db, state: Batch, item: Ingest, planned: NewEvent) -> IngestResu
                 event_id=env.event_id, now=item.now, due=item.notify_due))
         else:
             state.runs_ready = True
+        # The 202 reports a run claimed as it was accepted as accepted.
         shown = RunStatus.DEAD_LETTERED if run.status == RunStatus.DEAD_LETTERED else (
-            RunStatus.ACCEPTED)  # the 202 reports a run claimed as accepted so
+            RunStatus.ACCEPTED)
         refs.append(RunRef(run_id=run.run_id, agent=run.agent, status=shown.value))
     if item.lease is None or any(item.stop_reasons):
         return IngestResult(runs=refs, duplicate=False)

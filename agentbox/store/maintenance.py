@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from agentbox.runs import RunStatus, check_transition
 from agentbox.store import NotReplayable, RunNotFound, Transition
-from agentbox.store.claims import named
-from agentbox.store.writer import Batch, Db
+from agentbox.store.writer import Batch, Db, named
 
 REPLAYED = "replayed"
 

@@ -504,8 +504,7 @@ class PostgresStore(SqlStore):
                 return
             change = RemoteChange(
                 runs_ready=bool(message.get("runs")), outbox_ready=bool(message.get("outbox")),
-                transitions=
-                tuple(Transition(**change) for change in message.get("changes", ())))
+                transitions=_announced_changes(message.get("changes", ())))
         for listener in list(self.remote_listeners):
             try:
                 listener(change)
@@ -548,6 +547,19 @@ def _announced(transition: Transition) -> dict[str, Any]:
     return {field.name: getattr(transition, field.name)
             for field in dataclasses.fields(transition)
             if field.name not in ("spawned", "emitted")}
+
+
+def _announced_changes(changes: Any) -> tuple[Transition, ...]:
+    """The changes another instance announced, read back by name. One in a form
+    this version does not read (an older agentbox's, during an upgrade) is left
+    out: the page then learns of it at its next refresh."""
+    found = []
+    for change in changes:
+        try:
+            found.append(Transition(**change))
+        except TypeError:
+            continue
+    return tuple(found)
 
 
 def _transitions(value: Any) -> list[Transition]:

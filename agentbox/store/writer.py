@@ -170,6 +170,14 @@ class GroupCommit(abc.ABC):
         """Roll back whatever the failed batch left open."""
 
 
+def named(cursor: Any) -> dict[str, Any] | None:
+    """A cursor's first row by column name (None: no row)."""
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return dict(zip((column[0] for column in cursor.description), row, strict=True))
+
+
 def answer(settled: tuple[bool, Any]) -> Any:
     """An operation's value out of its (ok, value) answer: raise a refusal."""
     ok, value = settled

@@ -52,6 +52,16 @@ def test_each_os_venv_layout() -> None:
     assert setup.venv_bin(venv, "agentbox", windows=True) == venv / "Scripts" / "agentbox.exe"
 
 
+def test_an_install_with_more_extras_counts_until_pyproject_changes(tmp_path: Path) -> None:
+    setup = load_setup()
+    (tmp_path / ".agentbox-installed-test-dev").touch()
+    assert setup._installed(tmp_path, "") and setup._installed(tmp_path, "dev,test")
+    assert not setup._installed(tmp_path, "postgres")
+    changed = (ROOT / "pyproject.toml").stat().st_mtime
+    os.utime(tmp_path / ".agentbox-installed-test-dev", (changed - 1, changed - 1))
+    assert not setup._installed(tmp_path, "")  # pyproject.toml is newer: install again
+
+
 def test_picks_a_python_new_enough() -> None:
     command = load_setup().pick_python()
     done = subprocess.run([*command, "-c", "import sys; print(sys.version_info >= (3, 11))"],

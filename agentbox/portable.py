@@ -28,9 +28,12 @@ import filelock
 
 log = logging.getLogger("agentbox.portable")
 
-WINDOWS = sys.platform == "win32"
-MACOS = sys.platform == "darwin"
-LINUX = sys.platform.startswith("linux")
+PLATFORM = sys.platform
+"""For code that must name the OS's own tools (which service manager starts
+agentbox at login); everything else asks for what it needs below."""
+WINDOWS = PLATFORM == "win32"
+MACOS = PLATFORM == "darwin"
+LINUX = PLATFORM.startswith("linux")
 
 # -- the data directory's lock --------------------------------------------------------
 

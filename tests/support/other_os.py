@@ -158,7 +158,7 @@ def report(system: str, directory: Path) -> dict[str, Any]:
     from agentbox.mix_review import local_path
 
     found: dict[str, Any] = {
-        "platform": sys.platform,
+        "platform": portable.PLATFORM,
         "modules": modules,
         "lock": filelock.FileLock.__name__,
         "flush": portable.durable_flush.__name__,

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+from agentbox import portable
 from agentbox.store import SchemaTooNew, StorageUnavailable
 from agentbox.store.outcomes import Landed
 from agentbox.store.queries import load
@@ -130,7 +130,7 @@ class SqliteStore(SqlStore):
         self._checkpointer = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="agentbox-checkpoint")
         self._checkpoint_task: asyncio.Task[None] | None = None
-        self._lock_file: IO[bytes] | None = None
+        self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
 
     @property
@@ -336,18 +336,15 @@ def migrate_file(path: Path) -> tuple[int, int]:
         conn.close()
 
 
-def _lock_exclusively(path: Path) -> IO[bytes]:
+def _lock_exclusively(path: Path) -> portable.HeldLock:
     """One process serves a SQLite store: a second one would break lease recovery,
     which treats every lease found at start-up as left by a dead process."""
-    lock_file = open(path, "ab")  # noqa: SIM115 - held open for the store's lifetime
     try:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock_file.close()
+        return portable.hold_lock(path)
+    except portable.LockHeld:
         raise StorageUnavailable(
             f"another agentbox process is already serving {path.parent}; stop it or use "
             "another --data-dir") from None
-    return lock_file
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -366,6 +363,7 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
         conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
+    portable.make_sqlite_durable(conn)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 

@@ -16,13 +16,12 @@ import logging
 import os
 import platform
 import signal
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import filelock
 
@@ -116,7 +115,13 @@ def write_durably(path: Path, text: str, mode: int = 0o600) -> None:
 SQLITE_FULLFSYNC = MACOS
 
 
-def make_sqlite_durable(conn: sqlite3.Connection) -> None:
+class _SqlConnection(Protocol):
+    """What make_sqlite_durable needs of a connection (the driver itself is the store's)."""
+
+    def execute(self, sql: str, /) -> Any: ...
+
+
+def make_sqlite_durable(conn: _SqlConnection) -> None:
     """On macOS, SQLite's own syncs (commits and checkpoints) use F_FULLFSYNC;
     elsewhere its fsync (Linux) and FlushFileBuffers (Windows) already are."""
     if SQLITE_FULLFSYNC:

@@ -22,8 +22,11 @@ never fsynced therefore survives a cut empty (or at its last synced size).
 Torn pages are not modelled either: a page is either written or lost whole.
 
 Run it as a process; its stdin is the control channel. A line `cut` freezes
-and discards, and the answer is one JSON line with the figures (pages and
-bytes discarded, fsyncs seen per file name). Unmount with `fusermount3 -u`.
+and discards now; `arm SUFFIX N` cuts right after the N-th write (from now on)
+to a file whose name ends with SUFFIX, e.g. between a WAL write and its fsync.
+At its cut it prints one JSON line with the figures (pages discarded per file
+name, fsyncs seen per file name); a second `cut` prints them again. Unmount
+with `fusermount3 -u`.
 
     python -m tests.support.lazyfs BACKING_DIR MOUNT_POINT
 """
@@ -134,6 +137,8 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         self.next_handle = 1
         self.frozen = False
         self.fsyncs: Counter[str] = Counter()
+        self.last_cut: dict[str, Any] | None = None
+        self.armed: tuple[str, int] | None = None  # (name suffix, writes left before the cut)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -167,8 +172,19 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
 
     def cut(self) -> dict[str, Any]:
         with self.mutex:
+            return self._cut()
+
+    def arm(self, suffix: str, writes: int) -> None:
+        """Cut the power right after the `writes`-th write to a file whose name ends
+        with `suffix` (e.g. between a WAL write and its fsync)."""
+        with self.mutex:
+            self.armed = (suffix, writes)
+
+    def _cut(self) -> dict[str, Any]:
+        if self.last_cut is None:
             self.frozen = True
-            pages = sum(len(node.dirty) for node in self.nodes.values())
+            pages = Counter({Path(path).name: len(node.dirty)
+                             for path, node in self.nodes.items() if node.dirty})
             resized = sum(node.size != node.synced_size or node.backing_limit != node.synced_size
                           for node in self.nodes.values())
             for node in {id(node): node for node in [*self.nodes.values(),
@@ -176,8 +192,9 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
                 os.close(node.fd)
             self.nodes.clear()
             self.handles.clear()
-            return {"discarded_pages": pages, "discarded_bytes": pages * PAGE,
-                    "files_resized_lost": resized, "fsyncs": dict(self.fsyncs)}
+            self.last_cut = {"discarded_pages": pages.total(), "discarded_by_file": dict(pages),
+                             "files_resized_lost": resized, "fsyncs": dict(self.fsyncs)}
+        return self.last_cut
 
     # -- metadata: straight to the backing directory --------------------------------
 
@@ -296,6 +313,11 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         with self.mutex:
             self._check()
             self.handles[fh].write(data, offset)
+            if self.armed is not None and path.endswith(self.armed[0]):
+                suffix, left = self.armed
+                self.armed = (suffix, left - 1) if left > 1 else None
+                if left == 1:
+                    _say(self._cut())  # this write went through; nothing after it does
             return len(data)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
@@ -336,10 +358,17 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
             return 0
 
 
+def _say(figures: dict[str, Any]) -> None:
+    print(json.dumps(figures), flush=True)
+
+
 def _control(fs: LazyFS) -> None:
     for line in sys.stdin:
-        if line.strip() == "cut":
-            print(json.dumps(fs.cut()), flush=True)
+        words = line.split()
+        if words == ["cut"]:
+            _say(fs.cut())
+        elif len(words) == 3 and words[0] == "arm":
+            fs.arm(words[1], int(words[2]))
 
 
 def main() -> None:

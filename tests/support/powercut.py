@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import ROOT, SECRET, Server, encode, make_event, wait_until
 from agentbox.signing import sign_headers
+from tests.conftest import ROOT, SECRET, Server, encode, make_event, wait_until
 
 BROKEN_COMMIT_SITE = Path(__file__).resolve().parent / "broken_commit"
 MOUNT_SECONDS = 20.0
@@ -83,11 +84,32 @@ class Disk:
             return any(line.split()[1] == str(self.mount_point) for line in mounts)
 
     def cut(self) -> dict[str, Any]:
-        """Freeze the filesystem and drop every unsynced write; answer its figures."""
-        assert self.process is not None and self.process.stdin and self.process.stdout
-        self.process.stdin.write(b"cut\n")
+        """Freeze the filesystem and drop every unsynced write; answer its figures
+        (those of the cut an `arm` made, if it came first)."""
+        self._send("cut")
+        return self._figures()
+
+    def arm(self, suffix: str, writes: int) -> None:
+        """Cut right after the `writes`-th write to a file whose name ends with `suffix`."""
+        self._send(f"arm {suffix} {writes}")
+
+    def wait_cut(self, timeout: float) -> dict[str, Any] | None:
+        """The figures of the cut an `arm` made, or None if it has not come in `timeout`."""
+        assert self.process is not None and self.process.stdout
+        readable, _, _ = select.select([self.process.stdout], [], [], timeout)
+        return self._figures() if readable else None
+
+    def _send(self, line: str) -> None:
+        assert self.process is not None and self.process.stdin
+        self.process.stdin.write(line.encode() + b"\n")
         self.process.stdin.flush()
-        figures: dict[str, Any] = json.loads(self.process.stdout.readline())
+
+    def _figures(self) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdout
+        line = self.process.stdout.readline()
+        if not line:
+            raise AssertionError("lazyfs exited:\n" + self.log_path.read_text())
+        figures: dict[str, Any] = json.loads(line)
         return figures
 
     def unmount(self) -> None:
@@ -159,15 +181,18 @@ class Sender(threading.Thread):
 class PowerCuts:
     """Rounds of load and power cuts over one data directory under `home`.
 
-    `broken` runs the server with the deliberately broken commit path
-    (tests/support/broken_commit): 202 before the commit's fsync."""
+    Each cut comes at a random moment 0.2-1.5 s (`cut_after`) after the round's
+    first 202, or (with probability `at_write`) right after a random one of the
+    next 400 writes to the WAL, if that comes first. `broken` runs the server with
+    the deliberately broken commit path (tests/support/broken_commit): 202 before
+    the commit's fsync."""
 
     def __init__(self, home: Path, seed: int, broken: bool = False, senders: int = 6,
                  per_sender: int = 300, cut_after: tuple[float, float] = (0.2, 1.5),
-                 say: Callable[[str], None] = lambda line: None) -> None:
+                 at_write: float = 0.5, say: Callable[[str], None] = lambda line: None) -> None:
         self.home, self.rng, self.broken = home, random.Random(seed), broken
-        self.senders, self.per_sender, self.cut_after, self.say = (
-            senders, per_sender, cut_after, say)
+        self.senders, self.per_sender, self.cut_after, self.at_write, self.say = (
+            senders, per_sender, cut_after, at_write, say)
         self.disk = Disk(home / "disk", home / "data", home / "lazyfs.log")
         env = {"AGENTBOX_LOG_LEVEL": "warning"}
         if broken:
@@ -203,9 +228,9 @@ class PowerCuts:
     def _check(self, acknowledged: dict[str, str]) -> None:
         for event_id, run_id in acknowledged.items():
             response = self.server.client.get(f"/runs/{run_id}")
-            if response.status_code != 200 or response.json()["event_id"] != event_id:
-                if event_id not in self.figures.lost:
-                    self.figures.lost.append(event_id)
+            found = response.status_code == 200 and response.json()["event_id"] == event_id
+            if not found and event_id not in self.figures.lost:
+                self.figures.lost.append(event_id)
         verify = subprocess.run(
             [sys.executable, "-m", "agentbox", "verify", "--data-dir",
              str(self.disk.mount_point)],
@@ -223,8 +248,21 @@ class PowerCuts:
             sender.start()
         wait_until(lambda: acknowledged or not any(s.is_alive() for s in senders),
                    MOUNT_SECONDS, "the first 202 of the round")
-        time.sleep(self.rng.uniform(*self.cut_after))  # the random point of the cut
-        dropped = self.disk.cut()
+        # The random point of the cut: a moment, or right after a write to the WAL
+        # (so often between a commit's write and its fsync), whichever comes first.
+        pause = self.rng.uniform(*self.cut_after)
+        at = "moment"
+        if self.rng.random() < self.at_write:
+            writes = self.rng.randint(1, 400)
+            self.disk.arm("-wal", writes)
+            dropped = self.disk.wait_cut(pause)
+            at = f"WAL write {writes}"
+        else:
+            time.sleep(pause)
+            dropped = None
+        if dropped is None:
+            dropped = self.disk.cut()
+            at = "moment"
         self.server.kill9()
         for sender in senders:
             sender.stop.set()
@@ -235,8 +273,8 @@ class PowerCuts:
             self.unchecked.update(acknowledged)
             self.everything.update(acknowledged)
         fsyncs = sum(dropped["fsyncs"].values())
-        cut = {"cut": number, "acknowledged": len(acknowledged),
-               "discarded_pages": dropped["discarded_pages"], "fsyncs": fsyncs}
+        cut = {"cut": number, "at": at, "acknowledged": len(acknowledged),
+               "discarded_pages": dropped["discarded_by_file"], "fsyncs": fsyncs}
         self.figures.cuts += 1
         self.figures.acknowledged += len(acknowledged)
         self.figures.discarded_pages += dropped["discarded_pages"]

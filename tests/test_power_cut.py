@@ -159,7 +159,9 @@ def test_every_202_survives_power_cuts(tmp_path: Path) -> None:
     assert figures.lost == [], context
     assert figures.verify_failures == [], context
     assert figures.acknowledged >= 8 * 10, context  # there was load at every cut
-    assert figures.discarded_pages > 0, context  # ... and unsynced data to lose
+    assert figures.at_wal_write >= 1, context
+    wal = [name for name in figures.discarded_pages if name.endswith("-wal")]
+    assert wal, context  # a cut came between a write to the WAL and its fsync
     assert figures.fsyncs > 0, context
 
 

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,18 +135,19 @@ class Disk:
 @dataclass
 class Figures:
     cuts: int = 0
-    acknowledged: int = 0
+    at_wal_write: int = 0  # cuts that came right after a write to the WAL
+    acknowledged: int = 0  # events answered 202
     lost: list[str] = field(default_factory=list)  # event ids answered 202, not in the store
     verify_failures: list[str] = field(default_factory=list)
-    discarded_pages: int = 0  # unsynced pages dropped at the cuts
+    discarded_pages: Counter[str] = field(default_factory=Counter)  # unsynced, per file name
     fsyncs: int = 0  # fsyncs lazyfs received from the servers
     seconds: float = 0.0
-    per_cut: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        return {"cuts": self.cuts, "acknowledged": self.acknowledged, "lost": len(self.lost),
+        return {"cuts": self.cuts, "at_wal_write": self.at_wal_write,
+                "acknowledged": self.acknowledged, "lost": len(self.lost),
                 "verify_failures": len(self.verify_failures),
-                "discarded_pages": self.discarded_pages, "fsyncs": self.fsyncs,
+                "discarded_pages": dict(self.discarded_pages), "fsyncs": self.fsyncs,
                 "seconds": round(self.seconds, 1)}
 
 
@@ -181,35 +183,40 @@ class Sender(threading.Thread):
 class PowerCuts:
     """Rounds of load and power cuts over one data directory under `home`.
 
-    Each cut comes at a random moment 0.2-1.5 s (`cut_after`) after the round's
-    first 202, or (with probability `at_write`) right after a random one of the
-    next 400 writes to the WAL, if that comes first. `broken` runs the server with
-    the deliberately broken commit path (tests/support/broken_commit): 202 before
-    the commit's fsync."""
+    Odd cuts come at a random moment 0.2-1.5 s (`cut_after`) after the round's
+    first 202; even ones right after a random one of the next 400 writes to the
+    WAL (often between a commit's write and its fsync, a window a random moment
+    seldom hits), or at such a moment if that comes first. `broken` runs the
+    server with the deliberately broken commit path (tests/support/broken_commit):
+    202 before the commit's fsync."""
 
     def __init__(self, home: Path, seed: int, broken: bool = False, senders: int = 6,
                  per_sender: int = 300, cut_after: tuple[float, float] = (0.2, 1.5),
-                 at_write: float = 0.5, say: Callable[[str], None] = lambda line: None) -> None:
+                 say: Callable[[str], None] = lambda line: None) -> None:
         self.home, self.rng, self.broken = home, random.Random(seed), broken
-        self.senders, self.per_sender, self.cut_after, self.at_write, self.say = (
-            senders, per_sender, cut_after, at_write, say)
+        self.senders, self.per_sender, self.cut_after, self.say = (
+            senders, per_sender, cut_after, say)
         self.disk = Disk(home / "disk", home / "data", home / "lazyfs.log")
         env = {"AGENTBOX_LOG_LEVEL": "warning"}
         if broken:
             env["PYTHONPATH"] = os.pathsep.join([str(BROKEN_COMMIT_SITE), str(ROOT)])
         self.server = Server(home, env)  # its data directory: home / "data", the mount
         self.figures = Figures()
-        self.unchecked: dict[str, str] = {}  # acknowledged since the last check
-        self.everything: dict[str, str] = {}
+        self.everything: dict[str, str] = {}  # event id -> run id, every 202 of the run
 
     def run(self, cuts: int) -> Figures:
         started = time.monotonic()
         try:
+            cut: dict[str, Any] | None = None
             for number in range(1, cuts + 1):
                 self._power_on()
-                self._cut(number)
+                if cut is not None:
+                    self._report(cut)
+                cut = self._load_and_cut(number)
             self._power_on()
-            self._check(self.everything)
+            if cut is not None:
+                self._report(cut)
+            self._check(self.everything)  # the earlier rounds' events are still there
         finally:
             self.close()
             self.figures.seconds = time.monotonic() - started
@@ -222,15 +229,21 @@ class PowerCuts:
     def _power_on(self) -> None:
         self.disk.mount()
         self.server.start()
-        self._check(self.unchecked)
-        self.unchecked = {}
 
-    def _check(self, acknowledged: dict[str, str]) -> None:
+    def _report(self, cut: dict[str, Any]) -> None:
+        """After the restart that follows a cut: its lost events, its line."""
+        cut["lost"] = self._check(cut.pop("acknowledged_ids"))
+        self.say(json.dumps(cut))
+
+    def _check(self, acknowledged: dict[str, str]) -> int:
+        """Count the events of `acknowledged` not in the store; run `agentbox verify`."""
+        lost = 0
         for event_id, run_id in acknowledged.items():
             response = self.server.client.get(f"/runs/{run_id}")
-            found = response.status_code == 200 and response.json()["event_id"] == event_id
-            if not found and event_id not in self.figures.lost:
-                self.figures.lost.append(event_id)
+            if response.status_code != 200 or response.json()["event_id"] != event_id:
+                lost += 1
+                if event_id not in self.figures.lost:
+                    self.figures.lost.append(event_id)
         verify = subprocess.run(
             [sys.executable, "-m", "agentbox", "verify", "--data-dir",
              str(self.disk.mount_point)],
@@ -238,8 +251,9 @@ class PowerCuts:
             capture_output=True, text=True, check=False)
         if verify.returncode != 0:
             self.figures.verify_failures.append(verify.stdout + verify.stderr)
+        return lost
 
-    def _cut(self, number: int) -> None:
+    def _load_and_cut(self, number: int) -> dict[str, Any]:
         acknowledged: dict[str, str] = {}
         lock = threading.Lock()
         senders = [Sender(self.server, self.per_sender, acknowledged, lock)
@@ -248,21 +262,7 @@ class PowerCuts:
             sender.start()
         wait_until(lambda: acknowledged or not any(s.is_alive() for s in senders),
                    MOUNT_SECONDS, "the first 202 of the round")
-        # The random point of the cut: a moment, or right after a write to the WAL
-        # (so often between a commit's write and its fsync), whichever comes first.
-        pause = self.rng.uniform(*self.cut_after)
-        at = "moment"
-        if self.rng.random() < self.at_write:
-            writes = self.rng.randint(1, 400)
-            self.disk.arm("-wal", writes)
-            dropped = self.disk.wait_cut(pause)
-            at = f"WAL write {writes}"
-        else:
-            time.sleep(pause)
-            dropped = None
-        if dropped is None:
-            dropped = self.disk.cut()
-            at = "moment"
+        at, dropped = self._cut(at_write=number % 2 == 0)
         self.server.kill9()
         for sender in senders:
             sender.stop.set()
@@ -270,17 +270,30 @@ class PowerCuts:
             sender.join(30)
         self.disk.unmount()
         with lock:
-            self.unchecked.update(acknowledged)
-            self.everything.update(acknowledged)
+            acknowledged = dict(acknowledged)
+        self.everything.update(acknowledged)
         fsyncs = sum(dropped["fsyncs"].values())
-        cut = {"cut": number, "at": at, "acknowledged": len(acknowledged),
-               "discarded_pages": dropped["discarded_by_file"], "fsyncs": fsyncs}
         self.figures.cuts += 1
+        self.figures.at_wal_write += at != "moment"
         self.figures.acknowledged += len(acknowledged)
-        self.figures.discarded_pages += dropped["discarded_pages"]
+        self.figures.discarded_pages.update(dropped["discarded_by_file"])
         self.figures.fsyncs += fsyncs
-        self.figures.per_cut.append(cut)
-        self.say(json.dumps(cut))
+        return {"cut": number, "at": at, "acknowledged": len(acknowledged),
+                "discarded_pages": dropped["discarded_by_file"], "fsyncs": fsyncs,
+                "acknowledged_ids": acknowledged}
+
+    def _cut(self, at_write: bool) -> tuple[str, dict[str, Any]]:
+        """Cut the power at this round's random point: (where, lazyfs's figures)."""
+        pause = self.rng.uniform(*self.cut_after)
+        if at_write:
+            writes = self.rng.randint(1, 400)
+            self.disk.arm("-wal", writes)
+            dropped = self.disk.wait_cut(pause)
+            if dropped is not None:
+                return f"WAL write {writes}", dropped
+        else:
+            time.sleep(pause)
+        return "moment", self.disk.cut()
 
 
 def server_log(home: Path) -> str:

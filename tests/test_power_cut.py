@@ -24,7 +24,20 @@ from hypothesis import strategies as st
 
 from tests.support.powercut import Disk, PowerCuts, fuse_missing, server_log
 
-needs_fuse = pytest.mark.skipif(fuse_missing() is not None, reason=fuse_missing() or "")
+REQUIRE_ENV = "AGENTBOX_TEST_REQUIRE_FUSE"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuse_here() -> None:
+    """Skip without FUSE (not Linux, no /dev/fuse, no fusermount3, no mfusepy), or
+    fail when AGENTBOX_TEST_REQUIRE_FUSE=1, as CI should."""
+    missing = fuse_missing()
+    if missing and os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_ENV}=1 makes a missing FUSE a failure: {missing}",
+                    pytrace=False)
+    if missing:
+        pytest.skip(missing)
+
 
 PAGE = 4096
 
@@ -39,7 +52,6 @@ operations = st.lists(st.one_of(
 ), max_size=30)
 
 
-@needs_fuse
 @given(initial=st.binary(max_size=2 * PAGE + 10), ops=operations)
 @settings(max_examples=150, deadline=None)
 def test_node_keeps_unsynced_writes_off_the_disk(tmp_path_factory: pytest.TempPathFactory,
@@ -82,7 +94,6 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
     disk.unmount()
 
 
-@needs_fuse
 def test_a_cut_keeps_what_was_fsynced_and_drops_the_rest(disk: Disk) -> None:
     mnt = disk.mount_point
     (mnt / "never-synced").write_bytes(b"a" * 10_000)
@@ -112,7 +123,6 @@ def test_a_cut_keeps_what_was_fsynced_and_drops_the_rest(disk: Disk) -> None:
     assert (mnt / "truncated").read_bytes() == b"b" * 9000
 
 
-@needs_fuse
 def test_sqlite_wal_on_lazyfs_keeps_exactly_the_synced_commits(disk: Disk) -> None:
     """SQLite's WAL works here (its -shm is mmap'd: lazyfs mounts without direct_io),
     and a commit made without its fsync is gone after the cut."""
@@ -149,23 +159,21 @@ def test_sqlite_wal_on_lazyfs_keeps_exactly_the_synced_commits(disk: Disk) -> No
 # -- the promise, under load ----------------------------------------------------------------
 
 
-@needs_fuse
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_202_survives_power_cuts(tmp_path: Path) -> None:
     seed = random.randrange(2**32)
-    figures = PowerCuts(tmp_path, seed).run(cuts=8)
+    figures = PowerCuts(tmp_path, seed).run(cuts=6)
     context = f"seed {seed}: {figures.summary()}"
     assert figures.lost == [], context
     assert figures.verify_failures == [], context
-    assert figures.acknowledged >= 8 * 10, context  # there was load at every cut
+    assert figures.acknowledged >= 6 * 10, context  # there was load at every cut
     assert figures.at_wal_write >= 1, context
     wal = [name for name in figures.discarded_pages if name.endswith("-wal")]
     assert wal, context  # a cut came between a write to the WAL and its fsync
     assert figures.fsyncs > 0, context
 
 
-@needs_fuse
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_power_cuts_catch_a_202_sent_before_its_fsync(tmp_path: Path) -> None:

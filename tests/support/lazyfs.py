@@ -206,7 +206,7 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
             except OSError as exc:
                 raise fuse.FuseOSError(exc.errno) from None
             attrs = {key: getattr(st, key) for key in (
-                "st_mode", "st_nlink", "st_uid", "st_gid", "st_size",
+                "st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_size",
                 "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
             for key in ("st_atime", "st_mtime", "st_ctime"):
                 attrs[key] = attrs.pop(key + "_ns")
@@ -375,7 +375,9 @@ def main() -> None:
     backing, mount = Path(sys.argv[1]).resolve(), sys.argv[2]
     fs = LazyFS(backing)
     threading.Thread(target=_control, args=(fs,), daemon=True).start()
-    fuse.FUSE(fs, mount, foreground=True, nothreads=False, fsname="lazyfs")
+    # use_ino: a file keeps its backing inode number, which agentbox compares to
+    # notice a database file replaced under it. No direct_io: SQLite mmaps its -shm.
+    fuse.FUSE(fs, mount, foreground=True, nothreads=False, fsname="lazyfs", use_ino=True)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,6 @@ def test_every_202_survives_power_cuts(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_power_cuts_catch_a_202_sent_before_its_fsync(tmp_path: Path) -> None:
     seed = random.randrange(2**32)
-    figures = PowerCuts(tmp_path, seed, broken=True).run(cuts=3)
+    figures = PowerCuts(tmp_path, seed, broken=True).run(cuts=4)
     assert "power-cut test: broken commit path" in server_log(tmp_path)
     assert len(figures.lost) >= 1, f"seed {seed}: {figures.summary()}"

@@ -15,6 +15,8 @@ import contextlib
 import os
 import random
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.powercut import Disk, PowerCuts, fuse_missing, server_log
+from tests.conftest import ROOT
+from tests.support.powercut import (
+    BROKEN_COMMIT_SITE,
+    Disk,
+    PowerCuts,
+    fuse_missing,
+    server_log,
+)
 
 REQUIRE_ENV = "AGENTBOX_TEST_REQUIRE_FUSE"
 
@@ -123,6 +132,31 @@ def test_a_cut_keeps_what_was_fsynced_and_drops_the_rest(disk: Disk) -> None:
     assert (mnt / "truncated").read_bytes() == b"b" * 9000
 
 
+def test_an_armed_cut_comes_right_after_the_chosen_write(disk: Disk) -> None:
+    disk.arm("-wal", 2)
+    other = os.open(disk.mount_point / "other", os.O_RDWR | os.O_CREAT)
+    wal = os.open(disk.mount_point / "db-wal", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(other, b"x")  # not a file the cut waits for: not counted
+        os.pwrite(wal, b"1" * PAGE, 0)
+        os.fsync(wal)
+        assert disk.wait_cut(0.2) is None
+        os.pwrite(wal, b"2" * PAGE, PAGE)  # the second write: it goes through, then the cut
+        dropped = disk.wait_cut(10)
+        assert dropped is not None
+        assert dropped["discarded_by_file"] == {"db-wal": 1, "other": 1}
+        with pytest.raises(OSError):
+            os.pwrite(wal, b"3", 0)
+    finally:
+        for fd in (other, wal):
+            with contextlib.suppress(OSError):  # the power is off
+                os.close(fd)
+    disk.unmount()
+    disk.mount()
+    assert (disk.mount_point / "db-wal").read_bytes() == b"1" * PAGE
+    assert (disk.mount_point / "other").read_bytes() == b""
+
+
 def test_sqlite_wal_on_lazyfs_keeps_exactly_the_synced_commits(disk: Disk) -> None:
     """SQLite's WAL works here (its -shm is mmap'd: lazyfs mounts without direct_io),
     and a commit made without its fsync is gone after the cut."""
@@ -154,6 +188,27 @@ def test_sqlite_wal_on_lazyfs_keeps_exactly_the_synced_commits(disk: Disk) -> No
         assert [n for (n,) in after.execute("SELECT n FROM t ORDER BY n")] == list(range(50))
     finally:
         after.close()
+
+
+def test_the_broken_commit_path_hooks_sqlite_and_fsync(tmp_path: Path) -> None:
+    """What tests/support/broken_commit does to a process, whatever the store's code:
+    no `PRAGMA synchronous` it sets takes effect, and os.fsync does nothing."""
+    probe = (
+        "import os, sqlite3, sys\n"
+        "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "conn.execute('PRAGMA journal_mode = WAL')\n"
+        "conn.execute('PRAGMA synchronous = FULL')\n"
+        "conn.execute('PRAGMA main.synchronous = EXTRA')\n"
+        "print(conn.execute('PRAGMA synchronous').fetchone()[0], os.fsync.__name__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BROKEN_COMMIT_SITE), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "probe.sqlite3")],
+                          env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["1", "_no_sync"]  # 1: NORMAL
+    assert "broken commit path: synchronous=NORMAL" in done.stderr
+    env["PYTHONPATH"] = str(ROOT)  # and without it, the same probe gets what it asked
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "probe.sqlite3")],
+                          env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["3", "fsync"]  # 3: EXTRA
 
 
 # -- the promise, under load ----------------------------------------------------------------

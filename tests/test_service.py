@@ -20,12 +20,13 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from agentbox import service as svc
 from agentbox.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, wait_until
 
 NS = {"t": svc.TASK_NAMESPACE}
 
@@ -146,6 +147,36 @@ def test_the_units_exec_start_is_this_python_serving_with_the_config(tmp_path: P
     assert words == [os.path.abspath(sys.executable), "-m", "agentbox", "serve", "--config",
                      str(inst.config_file)]
     assert "WantedBy=default.target" in text and "Restart=on-failure" in text
+
+
+def test_the_units_command_serves_with_its_config(tmp_path: Path) -> None:
+    """What systemd would start: the ExecStart words run as they are, on a fresh home,
+    serve on the port that only the config file names."""
+    inst, port = installation(tmp_path), free_port()
+    assert inst.config_file is not None
+    inst.config_file.write_text(f"port = {port}\n")
+    exec_start = next(line for line in svc.Systemd(inst, tmp_path).render().splitlines()
+                      if line.startswith("ExecStart="))
+    words = [w.replace("$$", "$") for w in
+             shlex.split(exec_start.removeprefix("ExecStart=").replace("%%", "%"))]
+    home = a_home(tmp_path)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")},
+           **cli_env(home)}
+    server = subprocess.Popen(words, env=env, cwd=home, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _healthy(port) or server.poll() is not None, 60, "/healthz")
+        assert server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_a_frozen_agentbox_runs_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -614,10 +614,10 @@ def service() -> None:
     """Start agentbox at login: a systemd user unit, a launchd agent or a scheduled task."""
 
 
-def _service(action: Callable[[Any], list[str]], config_file: Path | None = None) -> None:
+def _service(action: Callable[[Any], list[str]], config_file: Path | None = None,
+             data_dir: Path | None = None) -> None:
     from agentbox import service as svc
 
-    data_dir = _settings(config_file).data_dir if sys.platform == "win32" else None
     manager = svc.manager_for(svc.Installation.this(config_file), data_dir=data_dir)
     try:
         click.echo("\n".join(action(manager)))
@@ -632,8 +632,8 @@ def _service(action: Callable[[Any], list[str]], config_file: Path | None = None
               "write nothing.")
 def service_install(config_file: Path | None, dry_run: bool) -> None:
     """Start this agentbox at login (and now), with this config."""
-    _settings(config_file)  # a config that cannot serve is refused here, not at login
-    _service(lambda m: m.install(dry_run=dry_run), config_file)
+    settings = _settings(config_file)  # a config that cannot serve is refused now
+    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir)
 
 
 @service.command("uninstall")

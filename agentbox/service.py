@@ -440,7 +440,8 @@ def _remove_if_empty(folder: Path) -> None:
 def manager_for(installation: Installation, platform: str | None = None,
                 home: Path | None = None, environ: Mapping[str, str] | None = None,
                 data_dir: Path | None = None, runner: Runner = run_command) -> Manager:
-    """The service manager of this OS (or of `platform`, for tests)."""
+    """The service manager of this OS (or of `platform`, for tests). `data_dir`: where
+    the Windows task's log goes (default: the default data directory)."""
     platform = sys.platform if platform is None else platform
     environ = os.environ if environ is None else environ
     home = Path.home() if home is None else home

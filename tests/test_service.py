@@ -350,3 +350,19 @@ def test_service_run_appends_agentboxs_output_to_the_log_file(tmp_path: Path) ->
                               text=True, timeout=60, check=False)
         assert done.returncode == 0 and done.stdout == "", done
     assert log.read_text().count("version 0.") == 2
+
+
+def test_each_os_gets_its_own_manager_and_places(tmp_path: Path) -> None:
+    inst, home = installation(tmp_path), tmp_path / "home"
+    env = {"USERDOMAIN": "STUDIO", "USERNAME": "ana"}
+    linux = svc.manager_for(inst, "linux", home, {})
+    assert isinstance(linux, svc.Systemd)
+    assert linux.where == str(home / ".config" / "systemd" / "user" / "agentbox.service")
+    xdg = svc.manager_for(inst, "linux", home, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert xdg.where == str(tmp_path / "cfg" / "systemd" / "user" / "agentbox.service")
+    mac = svc.manager_for(inst, "darwin", home, {})
+    assert isinstance(mac, svc.Launchd)
+    assert mac.where == str(home / "Library" / "LaunchAgents" / "local.agentbox.plist")
+    windows = svc.manager_for(inst, "win32", home, env, data_dir=tmp_path / "data")
+    assert isinstance(windows, svc.TaskScheduler) and windows.user == "STUDIO\\ana"
+    assert windows.log_file == tmp_path / "data" / "logs" / "agentbox.log"

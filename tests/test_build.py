@@ -116,3 +116,11 @@ def test_the_executable_cleans_up_after_itself(executable: Path, home: dict[str,
                              text=True, timeout=300, check=False)
     assert version.returncode == 0 and "version" in version.stdout
     assert os.listdir(home["TMPDIR"]) == []  # its unpacked files are gone when it exits
+
+
+def test_the_executables_service_runs_the_executable(executable: Path,
+                                                     home: dict[str, str]) -> None:
+    planned = subprocess.run([str(executable), "service", "install", "--dry-run"], env=home,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert planned.returncode == 0, planned.stderr
+    assert f"ExecStart={executable} serve\n" in planned.stdout

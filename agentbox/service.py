@@ -86,7 +86,7 @@ class Installation:
         executable = os.path.abspath(sys.executable)
         program = (executable,) if getattr(sys, "frozen", False) else (
             executable, "-m", "agentbox")
-        return cls(program, None if config_file is None else config_file.resolve())
+        return cls(program, None if config_file is None else config_file.expanduser().resolve())
 
     def serve_args(self) -> list[str]:
         config = [] if self.config_file is None else ["--config", str(self.config_file)]

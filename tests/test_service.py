@@ -90,11 +90,13 @@ class FakeSchtasks(Recorder):
         super().__init__()
         self.tasks: dict[str, ET.Element] = {}
         self.running: set[str] = set()
+        self.read_from: Path | None = None
 
     def answer(self, args: list[str]) -> svc.CommandResult:
         verb, name = args[1], args[args.index("/TN") + 1]
         if verb == "/Create":
-            xml = Path(args[args.index("/XML") + 1]).read_bytes()
+            self.read_from = Path(args[args.index("/XML") + 1])
+            xml = self.read_from.read_bytes()
             assert xml.startswith(b"\xff\xfe")  # UTF-16 with its BOM, as schtasks reads it
             self.tasks[name] = ET.fromstring(xml.decode("utf-16"))
             return svc.CommandResult(0, "SUCCESS")
@@ -278,9 +280,12 @@ def test_launchd_uninstall_keeps_logs_that_were_written(tmp_path: Path) -> None:
     assert not manager.path.exists()
 
 
-def test_task_install_and_uninstall_are_idempotent_and_leave_nothing(tmp_path: Path) -> None:
-    home, schtasks = a_home(tmp_path), FakeSchtasks()
-    before, temp_before = files_under(home), set(os.listdir(svc.tempfile.gettempdir()))
+def test_task_install_and_uninstall_are_idempotent_and_leave_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, schtasks, temp = a_home(tmp_path), FakeSchtasks(), tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(svc.tempfile, "tempdir", str(temp))  # where the XML file goes
+    before = files_under(home)
     manager = svc.TaskScheduler(installation(tmp_path), home / "data", "STUDIO\\ana", schtasks)
     manager.install()
     manager.install()
@@ -292,7 +297,8 @@ def test_task_install_and_uninstall_are_idempotent_and_leave_nothing(tmp_path: P
     assert manager.uninstall() == [f"not installed (no task {svc.TASK_NAME})"]
     assert schtasks.tasks == {} and not manager.status().installed
     assert files_under(home) == before
-    assert set(os.listdir(svc.tempfile.gettempdir())) <= temp_before  # the XML is gone
+    assert schtasks.read_from is not None and schtasks.read_from.parent == temp
+    assert os.listdir(temp) == []  # the XML file schtasks read is gone
 
 
 def test_a_failed_registration_says_what_schtasks_said(tmp_path: Path) -> None:

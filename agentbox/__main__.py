@@ -1,3 +1,9 @@
+import multiprocessing
+
 from agentbox.cli import main
 
-main()
+if __name__ == "__main__":
+    # The one-file build starts the analysis process ("spawn") as this executable
+    # again; freeze_support makes that child run the analysis, not the CLI.
+    multiprocessing.freeze_support()
+    main()

@@ -605,3 +605,55 @@ def watch(folder: Path, url: str, project: str | None, profile: str | None, sour
             time.sleep(interval)
     except KeyboardInterrupt:
         return
+
+
+# -- start at login (the logic is in agentbox/service.py) ------------------------------------
+
+
+@main.group()
+def service() -> None:
+    """Start agentbox at login: a systemd user unit, a launchd agent or a scheduled task."""
+
+
+def _service(action: Callable[[Any], list[str]], config_file: Path | None = None,
+             data_dir: Path | None = None) -> None:
+    from agentbox import service as svc
+
+    manager = svc.manager_for(svc.Installation.this(config_file), data_dir=data_dir)
+    try:
+        click.echo("\n".join(action(manager)))
+    except svc.ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@service.command("install")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help="The config file it serves with (default: the one `serve` would read).")
+@click.option("--dry-run", is_flag=True, help="Print the file it would write, and where; "
+              "write nothing.")
+def service_install(config_file: Path | None, dry_run: bool) -> None:
+    """Start this agentbox at login (and now), with this config."""
+    settings = _settings(config_file)  # a config that cannot serve is refused now
+    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir)
+
+
+@service.command("uninstall")
+def service_uninstall() -> None:
+    """Stop starting agentbox at login; stop it and remove the service's file."""
+    _service(lambda m: m.uninstall())
+
+
+@service.command("status")
+def service_status() -> None:
+    """Installed or not, where, and whether it runs."""
+    _service(lambda m: m.status().lines())
+
+
+@service.command("run", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.option("--log-file", type=click.Path(path_type=Path), required=True)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def service_run(log_file: Path, args: tuple[str, ...]) -> None:
+    """Run agentbox with its output appended to a file (how the Windows task logs)."""
+    from agentbox.service import run_logged
+
+    run_logged(log_file, args)

@@ -267,6 +267,13 @@ request_stop: Callable[[int], None] = _ctrl_break if WINDOWS else _sigterm
 """Ask the process `pid` (an agentbox server) to stop gracefully."""
 
 
+def user_id() -> int | None:
+    """The user's numeric id where the OS has one (launchd's gui/<uid> domain); None on
+    Windows."""
+    getuid = getattr(os, "getuid", None)
+    return None if getuid is None else int(getuid())
+
+
 # -- the event loop and file URLs ----------------------------------------------------
 
 EVENT_LOOP = "auto"

@@ -1,0 +1,126 @@
+"""The one-file executable (scripts/build), used as a musician would: `agentbox serve`
+with a fresh home, `agentbox send --wait` of a real WAV, the review, the page.
+
+Slow: PyInstaller takes minutes, so the executable is built once per test session,
+into a temporary folder (not the checkout's dist/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.conftest import ROOT, free_port, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+BUILD_SECONDS = 1500
+START_SECONDS = 120.0  # unpacking ~90 MB on a busy machine; typically a few seconds
+
+
+@pytest.fixture(scope="module")
+def executable(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("build")
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build"), "--python", sys.executable,
+         "--dist", str(out / "dist"), "--work", str(out / "work")],
+        capture_output=True, text=True, timeout=BUILD_SECONDS, check=False)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    name = "agentbox.exe" if os.name == "nt" else "agentbox"
+    assert os.listdir(out / "dist") == [name]  # one file, nothing beside it
+    return out / "dist" / name
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> dict[str, str]:
+    """A musician's fresh account: nothing configured, nothing stored yet."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
+    for name, folder in (("HOME", "home"), ("XDG_CONFIG_HOME", "home/.config"),
+                         ("XDG_DATA_HOME", "home/.local/share"),
+                         ("XDG_STATE_HOME", "home/.local/state"),
+                         ("XDG_CACHE_HOME", "home/.cache"), ("TMPDIR", "tmp")):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        env[name] = str(tmp_path / folder)
+    return env
+
+
+@pytest.fixture
+def server(executable: Path, home: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("w")
+    started = time.monotonic()
+    process = subprocess.Popen([str(executable), "serve", "--port", str(port)], env=home,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _healthy(url) or process.poll() is not None, START_SECONDS,
+                   "the executable's /healthz")
+        assert process.poll() is None, (tmp_path / "serve.log").read_text()
+        print(f"one-file agentbox answered /healthz {time.monotonic() - started:.1f} s "
+              f"after start ({executable.stat().st_size / 1e6:.0f} MB)")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def a_mix(path: Path) -> Path:
+    """Five seconds of a stereo 48 kHz 24-bit mix, finished writing a while ago."""
+    rate = 48_000
+    t = np.arange(rate * 5) / rate
+    noise = np.random.default_rng(7).standard_normal(t.size) * 0.01
+    left = 0.3 * np.sin(2 * np.pi * 220 * t) + noise
+    sf.write(path, np.stack([left, 0.8 * left], axis=1), rate, subtype="PCM_24")
+    os.utime(path, (time.time() - 60, time.time() - 60))  # not "still being written"
+    return path
+
+
+def test_the_executable_reviews_a_mix_sent_by_its_own_send(
+        executable: Path, server: str, home: dict[str, str], tmp_path: Path) -> None:
+    mix = a_mix(tmp_path / "night drive.wav")
+    sent = subprocess.run(
+        [str(executable), "send", "--type", "session.exported", "--project", "night-drive",
+         "--mix", str(mix), "--wait", "--wait-timeout", "300", "--url", server],
+        env=home, capture_output=True, text=True, timeout=600, check=False)
+    # The analysis runs in a spawned process: the executable starting itself again.
+    assert sent.returncode == 0, sent.stdout[-2000:] + sent.stderr[-2000:]
+    run = json.loads(sent.stdout[sent.stdout.index("\n{") + 1:])
+    assert run["status"] == "succeeded"
+    assert run["result"]["metrics"]["sample_rate"] == 48_000
+    assert -20 < run["result"]["metrics"]["integrated_lufs"] < -5
+    assert run["result"]["review_notes"]
+    page = httpx.get(f"{server}/", timeout=30)
+    assert page.status_code == 200 and "night-drive" in page.text
+
+
+def test_the_executable_cleans_up_after_itself(executable: Path, home: dict[str, str]) -> None:
+    version = subprocess.run([str(executable), "--version"], env=home, capture_output=True,
+                             text=True, timeout=300, check=False)
+    assert version.returncode == 0 and "version" in version.stdout
+    assert os.listdir(home["TMPDIR"]) == []  # its unpacked files are gone when it exits
+
+
+def test_the_executables_service_runs_the_executable(executable: Path,
+                                                     home: dict[str, str]) -> None:
+    planned = subprocess.run([str(executable), "service", "install", "--dry-run"], env=home,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert planned.returncode == 0, planned.stderr
+    assert f"ExecStart={executable} serve\n" in planned.stdout

@@ -1,0 +1,78 @@
+"""An idle agentbox costs next to nothing beside a DAW: no timer wakes it while
+nothing is due, no thread polls. A real server process, measured from outside.
+
+Linux only: wakeups are read from /proc/<pid>/task/*/status (each thread's
+voluntary and involuntary context switches), CPU time from /proc/<pid>/stat.
+Other systems have no such counters under one portable name; the code measured
+is the same on all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, make_event
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads Linux's /proc counters")
+
+WINDOW_SECONDS = 10.0
+SETTLE_SECONDS = 2.5  # a second's checkpoint after the last write, the last tick of a connection
+MAX_WAKEUPS_PER_SECOND = 5.0  # measured: 0 (17.6 before the timers went)
+MAX_CPU_SHARE = 0.01  # of one core; measured: 0 (0.3 % before)
+
+
+def context_switches(pid: int) -> int:
+    """Every thread's voluntary + involuntary context switches so far: each time a
+    thread was woken and went back to sleep, or was preempted while running."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        total += sum(int(line.split()[1]) for line in lines
+                     if line.startswith(("voluntary_ctxt_switches",
+                                         "nonvoluntary_ctxt_switches")))
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_cost(server: Server) -> tuple[float, float]:
+    """Wakeups per second and share of a core over WINDOW_SECONDS, no request in flight
+    and no connection open."""
+    server.client.close()  # its kept-alive connection would tick the Date header
+    assert server.process is not None
+    pid = server.process.pid
+    time.sleep(SETTLE_SECONDS)
+    switches, cpu, started = context_switches(pid), cpu_seconds(pid), time.monotonic()
+    time.sleep(WINDOW_SECONDS)
+    elapsed = time.monotonic() - started
+    return ((context_switches(pid) - switches) / elapsed,
+            (cpu_seconds(pid) - cpu) / elapsed)
+
+
+def test_an_idle_server_sleeps(server: Server) -> None:
+    wakeups, cpu = idle_cost(server)
+    assert wakeups <= MAX_WAKEUPS_PER_SECOND, f"{wakeups:.1f} wakeups/s while idle"
+    assert cpu <= MAX_CPU_SHARE, f"{cpu:.2%} of a core while idle"
+
+
+def test_a_server_goes_back_to_sleep_after_work(server: Server) -> None:
+    """Retries, callbacks and leases leave no timer running once their runs are done."""
+    ok = server.post(make_event(project_id="ok")).json()["run_id"]
+    retried = server.post(make_event(project_id="fail-1")).json()["run_id"]
+    assert server.wait_terminal(ok)["status"] == "succeeded"
+    assert server.wait_terminal(retried)["status"] == "succeeded"
+    wakeups, cpu = idle_cost(server)
+    assert wakeups <= MAX_WAKEUPS_PER_SECOND, f"{wakeups:.1f} wakeups/s once idle again"
+    assert cpu <= MAX_CPU_SHARE, f"{cpu:.2%} of a core once idle again"

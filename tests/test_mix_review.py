@@ -246,6 +246,7 @@ def test_short_term_loudness_once_a_second(write: Callable[..., Path]) -> None:
     assert m.short_term_lufs[9] == pytest.approx(-20, abs=0.1)  # 7-10 s
 
 
+@pytest.mark.slow  # eleven minutes of audio, measured twice
 def test_a_long_file_is_streamed_not_loaded(write: Callable[..., Path]) -> None:
     """Memory does not grow with the file: ten minutes peak like one minute."""
     rate = 8000
@@ -330,6 +331,7 @@ def review(mix_url: str, profile: str | None = None, settings: Settings | None =
     return asyncio.run(mix_review(event, context(settings=settings)))
 
 
+@pytest.mark.slow  # three analysis processes
 def test_the_agent_reviews_a_file_by_path_or_file_url(write: Callable[..., Path]) -> None:
     path = write(sine(-10, 8))
     result = review(str(path))
@@ -354,6 +356,7 @@ def test_bad_mix_urls_fail_permanently(mix_url: str, code: str) -> None:
     assert failed.value.code == code
 
 
+@pytest.mark.slow  # an analysis process
 def test_an_unreadable_file_fails_permanently(tmp_path: Path) -> None:
     path = tmp_path / "mix.wav"
     path.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really audio" * 10)
@@ -377,6 +380,7 @@ def test_a_file_still_being_written_is_retried(write: Callable[..., Path]) -> No
     assert retried.value.code == "mix_incomplete"
 
 
+@pytest.mark.slow  # an analysis process, killed
 def test_a_cancelled_analysis_stops_its_process(write: Callable[..., Path]) -> None:
     path = write(sine(-20, 600, rate=48_000).astype(np.float32), "long.wav")
 

@@ -9,11 +9,14 @@ is the same on all of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import Server, make_event
@@ -26,6 +29,8 @@ WINDOW_SECONDS = float(os.environ.get("AGENTBOX_TEST_IDLE_SECONDS", "10"))
 SETTLE_SECONDS = 2.5  # a second's checkpoint after the last write, the last tick of a connection
 MAX_WAKEUPS_PER_SECOND = 5.0  # measured: 0 (17.6 before the timers went)
 MAX_CPU_SHARE = 0.01  # of one core; measured: 0 (0.3 % before)
+MAX_WAKEUPS_AFTER_A_PAGE = 1.0  # measured: 0 (2.2 with sse-starlette's watcher)
+PROMPT_STOP_SECONDS = 5.0  # SIGTERM with a page open (the grace alone would be 15 s)
 
 
 def context_switches(pid: int) -> int:
@@ -79,3 +84,32 @@ def test_a_server_goes_back_to_sleep_after_work(server: Server) -> None:
     wakeups, cpu = idle_cost(server)
     assert wakeups <= MAX_WAKEUPS_PER_SECOND, f"{wakeups:.1f} wakeups/s once idle again"
     assert cpu <= MAX_CPU_SHARE, f"{cpu:.2%} of a core once idle again"
+
+
+
+@contextlib.contextmanager
+def page_stream(server: Server) -> Iterator[httpx.Response]:
+    """The status page's live stream, open, once its first event (statistics) arrived."""
+    with httpx.Client(base_url=server.url, timeout=10) as client, \
+            client.stream("GET", "/ui/stream") as stream:
+        assert any(line.startswith("data:") for line in stream.iter_lines())
+        yield stream
+
+
+def test_a_closed_page_leaves_nothing_running(server: Server) -> None:
+    """A page's live updates tick while it is open, and not a moment longer (the
+    stream library's own shutdown watcher, 2 wakeups/s for the rest of the
+    process's life once a page had opened, is not used)."""
+    with page_stream(server):
+        pass
+    wakeups, cpu = idle_cost(server)
+    assert wakeups <= MAX_WAKEUPS_AFTER_A_PAGE, f"{wakeups:.1f} wakeups/s after a page closed"
+    assert cpu <= MAX_CPU_SHARE, f"{cpu:.2%} of a core after a page closed"
+
+
+def test_an_open_page_does_not_hold_up_a_stop(server: Server) -> None:
+    """The page's stream ends when SIGTERM asks the server to stop, without a poll."""
+    with page_stream(server):
+        started = time.monotonic()
+        assert server.stop() == -15  # uvicorn exits by the signal it stopped for
+        assert time.monotonic() - started < PROMPT_STOP_SECONDS

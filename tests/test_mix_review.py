@@ -89,6 +89,7 @@ TECH_3342 = {  # case: (segments, expected loudness range LU); ±1 LU
 }
 
 
+@pytest.mark.slow  # 20 to 80 s of generated audio each
 @pytest.mark.parametrize("case", sorted(TECH_3341))
 def test_ebu_tech_3341_integrated_loudness(write: Callable[..., Path], case: int) -> None:
     segments, expected = TECH_3341[case]
@@ -96,12 +97,14 @@ def test_ebu_tech_3341_integrated_loudness(write: Callable[..., Path], case: int
     assert measure(str(path)).integrated_lufs == pytest.approx(expected, abs=0.1)
 
 
+@pytest.mark.slow  # 20 s of five channels
 def test_ebu_tech_3341_case_6_five_channels(write: Callable[..., Path]) -> None:
     levels = [-28.0, -28.0, -24.0, -30.0, -30.0]  # L R C Ls Rs
     audio = np.hstack([sine(db, 20, channels=1) for db in levels])
     assert measure(str(write(audio))).integrated_lufs == pytest.approx(-23.0, abs=0.1)
 
 
+@pytest.mark.slow  # 40 to 100 s of generated audio each
 @pytest.mark.parametrize("case", sorted(TECH_3342))
 def test_ebu_tech_3342_loudness_range(write: Callable[..., Path], case: int) -> None:
     segments, expected = TECH_3342[case]

@@ -48,7 +48,11 @@ log = get_logger("callbacks")
 RESPONSE_BODY_CAP_BYTES = 4096  # read this much at most, and never keep it
 LEASE_GRACE_SECONDS = 10.0  # a lease outlives the delivery timeout by this much
 MAX_RETRY_AFTER_SECONDS = 86_400.0
-MAX_IDLE_WAIT_SECONDS = 5.0
+# Idle, the loop sleeps until the next notification falls due or it is woken (a state
+# change that owes a callback, a resumed destination, another instance's notice); the
+# longest sleep is a net for what no wake-up reports (see the dispatcher's).
+MAX_IDLE_WAIT_SECONDS = 5.0  # a shared database
+MAX_LOCAL_IDLE_WAIT_SECONDS = 60.0  # a local store (SQLite)
 JITTER = 0.2
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -186,6 +190,7 @@ class CallbackDeliverer:
         self._stop = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -239,8 +244,8 @@ class CallbackDeliverer:
                     task.add_done_callback(self._finished)
                 if len(claimed) == free:
                     continue  # more may be due
-            wait = MAX_IDLE_WAIT_SECONDS if due is None else min(
-                MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
+            wait = self._max_wait if due is None else min(
+                self._max_wait, max(0.001, due - self.clock()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 

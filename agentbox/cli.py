@@ -52,8 +52,7 @@ def main() -> None:
 def serve(host: str | None, port: int | None, data_dir: Path | None,
           config_file: Path | None, database_url: str | None) -> None:
     """Receive webhooks, run agents, serve the API."""
-    import uvicorn
-
+    from agentbox import server
     from agentbox import store as st
     from agentbox.app import create_app
     from agentbox.logs import setup_logging
@@ -79,11 +78,11 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    "(show it with: agentbox secret --callback)", err=True)
     click.echo(f"agentbox: data in {engines.describe(settings)}; listening on "
                f"http://{settings.host}:{settings.port}", err=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None,
-                access_log=False, loop=portable.EVENT_LOOP, http="httptools", lifespan="on",
-                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
-                limit_concurrency=settings.max_connections,
-                timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
+    server.run(app, host=settings.host, port=settings.port, log_config=None,
+               access_log=False, loop=portable.EVENT_LOOP, http="httptools", lifespan="on",
+               timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
+               limit_concurrency=settings.max_connections,
+               timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
 
 
 @main.group(invoke_without_command=True)

@@ -46,7 +46,13 @@ from agentbox.store import (
 )
 
 log = get_logger("runs")
-MAX_IDLE_WAIT_SECONDS = 5.0
+# Idle, the claim loop sleeps until the next retry or lease end it knows of, or until
+# woken (a commit, a finishing run, another instance's notice). The longest sleep is a
+# net for what no wake-up reports: on a shared database, another instance's runs (a
+# dropped connection loses its notices); on a local store, which has no other writer,
+# only a bug. Long idle sleeps keep a quiet process asleep beside a DAW.
+MAX_IDLE_WAIT_SECONDS = 5.0  # a shared database
+MAX_LOCAL_IDLE_WAIT_SECONDS = 60.0  # a local store (SQLite)
 MAX_ERROR_MESSAGE_CHARS = 500
 PRUNE_BATCH = 1000
 EVENT_CACHE_SIZE = 10_000  # beyond it (a backlog), claimed runs parse their stored body
@@ -100,6 +106,8 @@ class Dispatcher:
         # then wait their turn as accepted rather than being claimed as they arrive.
         self._backlog = True
         self._next_due: float | None = None  # when the next retry or lease end falls due
+        self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
+        self._busy = asyncio.Event()  # attempts are in flight (their leases need renewing)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -237,12 +245,12 @@ class Dispatcher:
                 if not self._backlog:
                     await self._sleep(self._until(result.next_due_at))
             else:
-                await self._sleep(MAX_IDLE_WAIT_SECONDS)  # a finishing run wakes us
+                await self._sleep(self._max_wait)  # a finishing run wakes us
 
     def _until(self, due: float | None) -> float:
         if due is None:
-            return MAX_IDLE_WAIT_SECONDS
-        return min(MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
+            return self._max_wait
+        return min(self._max_wait, max(0.001, due - self.clock()))
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -260,6 +268,7 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)
+        self._busy.set()
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
 
@@ -267,6 +276,8 @@ class Dispatcher:
         # Only its own entry: after a lost lease the run may be claimed here again.
         if run_id in self._inflight and self._inflight[run_id].task is task:
             del self._inflight[run_id]
+        if not self._inflight:
+            self._busy.clear()
 
     # -- running one attempt ----------------------------------------------------------
 
@@ -429,6 +440,7 @@ class Dispatcher:
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.lease_seconds / 3
         while not self._stop.is_set():
+            await self._busy.wait()  # nothing to renew while nothing runs: no timer either
             await asyncio.sleep(interval)
             if not self._inflight:
                 continue

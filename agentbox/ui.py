@@ -39,6 +39,7 @@ from agentbox.dispatcher import Dispatcher
 from agentbox.mix_review import as_review
 from agentbox.receiver import error_body
 from agentbox.runs import RunStatus
+from agentbox.server import stopping
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Store, Transition
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -285,7 +286,7 @@ class StatusPages:
             finally:
                 self.live.subscribers.discard(queue)
 
-        return EventSourceResponse(events(), ping=15)
+        return LiveStream(events(), ping=15)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -344,6 +345,16 @@ async def _form(request: Request) -> dict[str, list[str]]:
         return parse_qs(body.decode("utf-8"), max_num_fields=1000)
     except (UnicodeDecodeError, ValueError):
         return {}
+
+
+class LiveStream(EventSourceResponse):
+    """sse-starlette's response without its shutdown watcher, which, once a page has
+    been opened, polls twice a second for the rest of the process's life: the stream
+    ends when the server is asked to stop, and nothing wakes until then."""
+
+    @staticmethod
+    async def _listen_for_exit_signal() -> None:
+        await stopping().wait()
 
 
 class TokenGuard:

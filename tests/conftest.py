@@ -1,9 +1,18 @@
 """Shared fixtures: a real `agentbox serve` subprocess on 127.0.0.1 and a signing client,
-and a real, disposable PostgreSQL server (`postgres_admin_url`, `postgres_url`)."""
+a real, disposable PostgreSQL server (`postgres_admin_url`, `postgres_url`), and the
+real app in the test's own process over httpx's ASGI transport (`box`).
+
+Two tiers. A test that starts a server subprocess, Chromium, PostgreSQL, the soak
+or a kill -9 is marked `slow`: by the fixtures it uses (SLOW_FIXTURES), else by
+an explicit mark. `scripts/test -m "not slow"` runs the rest, the fast core, in
+well under a minute; `scripts/test` runs everything. A test of the fast tier that
+starts such a process anyway fails and says to mark it (`_slow_processes_refused`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -13,13 +22,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from agentbox.app import App, create_app
 from agentbox.config import Settings, load_settings
 from agentbox.signing import sign_headers
 from tests import postgres
@@ -28,6 +38,70 @@ ROOT = Path(__file__).resolve().parents[1]
 SECRET = "integration-test-secret"
 TEST_AGENT = "tests.support.agents:scripted"
 STARTUP_SECONDS = 20.0
+ADMIN_TOKEN = "in-process-admin-token"
+TERMINAL = ("succeeded", "failed_permanent", "dead_lettered")
+
+# -- the two tiers ------------------------------------------------------------------------
+
+# A test that uses one of these (directly or through another fixture) is slow: each
+# starts a server subprocess, Chromium or PostgreSQL.
+SLOW_FIXTURES = frozenset({"server", "server_factory", "postgres_url", "postgres_admin_url",
+                           "browser", "page"})
+# A parameter value that means "on PostgreSQL" (the store suite picks its engine by one).
+POSTGRES_PARAMS = frozenset({"postgresql", "postgres"})
+# What the fast tier must not start: found in a subprocess's command line.
+SLOW_PROGRAMS = frozenset({"chromium", "chromium-browser", "chrome", "initdb", "pg_ctl",
+                           "postgres", "pg_ctlcluster"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        on_postgres = params is not None and any(
+            isinstance(value, str) and value in POSTGRES_PARAMS
+            for value in params.params.values())
+        if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or on_postgres
+                or item.get_closest_marker("postgres") is not None):
+            item.add_marker(pytest.mark.slow)
+
+
+def slow_command(args: Any) -> str | None:
+    """What a command line starts that the fast tier must not, or None."""
+    argv = [str(arg) for arg in args] if isinstance(args, Sequence) and not isinstance(
+        args, str | bytes) else str(args).split()
+    if not argv:
+        return None
+    for arg in argv:  # the program, or one a wrapper runs (runuser -u postgres -- pg_ctl)
+        if Path(arg).name in SLOW_PROGRAMS:
+            return Path(arg).name
+    for i in range(len(argv) - 2):
+        if argv[i:i + 2] == ["-m", "agentbox"] and argv[i + 2] == "serve":
+            return "agentbox serve"
+    if any("playwright" in arg for arg in argv[:3]):
+        return "the Playwright driver (Chromium)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _slow_processes_refused(request: pytest.FixtureRequest,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a test not marked slow, starting a server, Chromium or PostgreSQL fails the
+    test: so that `-m "not slow"` stays fast, and a new test gets its mark."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    real = subprocess.Popen
+
+    class Refusing(real):  # type: ignore[valid-type,misc]
+        def __init__(self, args: Any, *rest: Any, **options: Any) -> None:
+            started = slow_command(args)
+            if started is not None:
+                pytest.fail(f"{request.node.nodeid} starts {started}: mark it "
+                            "@pytest.mark.slow (or use a fixture in SLOW_FIXTURES)",
+                            pytrace=False)
+            super().__init__(args, *rest, **options)
+
+    monkeypatch.setattr(subprocess, "Popen", Refusing)
+
 
 
 def free_port() -> int:
@@ -112,12 +186,11 @@ class Server:
 
     def start(self, ready_path: str = "/healthz") -> Server:
         """Start the server; ready once `ready_path` answers 200."""
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)],
-            env=self.env, stdout=log, stderr=log, cwd=self.home,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)],
+                env=self.env, stdout=log, stderr=log, cwd=self.home,
+            )
         wait_until(lambda: self._ready(ready_path), STARTUP_SECONDS,
                    f"agentbox on {self.url} to start")
         return self
@@ -245,3 +318,77 @@ def in_process_settings(tmp_path: Path, **environ: str) -> Settings:
                                   "AGENTBOX_CALLBACK_SECRET": "callback-secret",
                                   "AGENTBOX_WORKER_CONCURRENCY": "1", **environ},
                          overrides={"config_dir": tmp_path / "config"})
+
+
+# -- the app in process -------------------------------------------------------------------
+
+
+class InProcess:
+    """The real app (`create_app`, its lifespan run: store, dispatcher, deliverer) in
+    the test's own process on a temporary SQLite file, reached over
+    `httpx.ASGITransport` at http://localhost: no socket, no subprocess.
+    For the fast tier; what needs a real socket or a real process stays with `Server`."""
+
+    def __init__(self, app: App, client: httpx.AsyncClient, settings: Settings) -> None:
+        self.app, self.client, self.settings = app, client, settings
+        self.token = ADMIN_TOKEN
+
+    async def post(self, event: dict[str, Any] | bytes, secret: str = SECRET,
+                   timestamp: int | None = None, headers: dict[str, str] | None = None
+                   ) -> httpx.Response:
+        body = event if isinstance(event, bytes) else encode(event)
+        signed = sign_headers(secret, body, int(time.time()) if timestamp is None else timestamp)
+        return await self.client.post("/webhooks/events", content=body, headers={
+            "Content-Type": "application/json", **signed, **(headers or {})})
+
+    async def run(self, run_id: str, history: bool = False) -> dict[str, Any]:
+        response = await self.client.get(f"/runs/{run_id}" + ("?history=1" if history else ""))
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def wait_status(self, run_id: str, *statuses: str, timeout: float = 20
+                          ) -> dict[str, Any]:
+        """The run once its status is one of `statuses` (default: any terminal one)."""
+        wanted = statuses or TERMINAL
+
+        async def reached() -> dict[str, Any] | None:
+            run = await self.run(run_id)
+            return run if run["status"] in wanted else None
+
+        found: dict[str, Any] = await wait_until_async(
+            reached, timeout, f"run {run_id} to be {' or '.join(wanted)}")
+        return found
+
+    async def csrf(self) -> str:
+        """The CSRF token the status page's forms carry."""
+        page = (await self.client.get("/ui/dead-letters")).text
+        return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+@contextlib.asynccontextmanager
+async def in_process(tmp_path: Path, **environ: str) -> AsyncIterator[InProcess]:
+    """Start the app in this process with `in_process_settings` (plus quick retries)
+    and `environ`; stop it (its real shutdown) when the block ends."""
+    settings = in_process_settings(tmp_path, **{"AGENTBOX_RETRY_BASE_SECONDS": "0.05",
+                                                "AGENTBOX_RETRY_MAX_SECONDS": "0.2",
+                                                "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "1",
+                                                **environ})
+    app = create_app(settings, admin_token=ADMIN_TOKEN)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost",
+            timeout=30) as client:
+        yield InProcess(app, client, settings)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """`@pytest.mark.anyio` tests run on asyncio, as agentbox does."""
+    return "asyncio"
+
+
+@pytest.fixture
+async def box(tmp_path: Path, anyio_backend: str) -> AsyncIterator[InProcess]:
+    """The app in process with the default test settings (see `InProcess`)."""
+    async with in_process(tmp_path) as app:
+        yield app

@@ -233,7 +233,10 @@ def test_a_destination_that_keeps_failing_is_paused(
 def test_undelivered_notifications_survive_kill_9(
         start: Callable[..., Server], receiver: CallbackReceiver) -> None:
     receiver.outage = True
-    server = start(AGENTBOX_CALLBACK_RETRY_SCHEDULE="0" + ",0.2" * 50)
+    # Not paused by the outage (20 failures in a row, which a slow machine reaches
+    # before the kill): this test is about the kill; pausing has its own tests.
+    server = start(AGENTBOX_CALLBACK_RETRY_SCHEDULE="0" + ",0.2" * 50,
+                   AGENTBOX_CALLBACK_PAUSE_AFTER_FAILURES="1000")
     run_ids = [post(server, receiver, "/ok") for _ in range(10)]
     for run_id in run_ids:
         server.wait_terminal(run_id)

@@ -89,6 +89,7 @@ TECH_3342 = {  # case: (segments, expected loudness range LU); ±1 LU
 }
 
 
+@pytest.mark.slow  # 20 to 80 s of generated audio each
 @pytest.mark.parametrize("case", sorted(TECH_3341))
 def test_ebu_tech_3341_integrated_loudness(write: Callable[..., Path], case: int) -> None:
     segments, expected = TECH_3341[case]
@@ -96,12 +97,14 @@ def test_ebu_tech_3341_integrated_loudness(write: Callable[..., Path], case: int
     assert measure(str(path)).integrated_lufs == pytest.approx(expected, abs=0.1)
 
 
+@pytest.mark.slow  # 20 s of five channels
 def test_ebu_tech_3341_case_6_five_channels(write: Callable[..., Path]) -> None:
     levels = [-28.0, -28.0, -24.0, -30.0, -30.0]  # L R C Ls Rs
     audio = np.hstack([sine(db, 20, channels=1) for db in levels])
     assert measure(str(write(audio))).integrated_lufs == pytest.approx(-23.0, abs=0.1)
 
 
+@pytest.mark.slow  # 40 to 100 s of generated audio each
 @pytest.mark.parametrize("case", sorted(TECH_3342))
 def test_ebu_tech_3342_loudness_range(write: Callable[..., Path], case: int) -> None:
     segments, expected = TECH_3342[case]
@@ -246,6 +249,7 @@ def test_short_term_loudness_once_a_second(write: Callable[..., Path]) -> None:
     assert m.short_term_lufs[9] == pytest.approx(-20, abs=0.1)  # 7-10 s
 
 
+@pytest.mark.slow  # eleven minutes of audio, measured twice
 def test_a_long_file_is_streamed_not_loaded(write: Callable[..., Path]) -> None:
     """Memory does not grow with the file: ten minutes peak like one minute."""
     rate = 8000
@@ -330,6 +334,7 @@ def review(mix_url: str, profile: str | None = None, settings: Settings | None =
     return asyncio.run(mix_review(event, context(settings=settings)))
 
 
+@pytest.mark.slow  # three analysis processes
 def test_the_agent_reviews_a_file_by_path_or_file_url(write: Callable[..., Path]) -> None:
     path = write(sine(-10, 8))
     result = review(str(path))
@@ -354,6 +359,7 @@ def test_bad_mix_urls_fail_permanently(mix_url: str, code: str) -> None:
     assert failed.value.code == code
 
 
+@pytest.mark.slow  # an analysis process
 def test_an_unreadable_file_fails_permanently(tmp_path: Path) -> None:
     path = tmp_path / "mix.wav"
     path.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really audio" * 10)
@@ -377,6 +383,7 @@ def test_a_file_still_being_written_is_retried(write: Callable[..., Path]) -> No
     assert retried.value.code == "mix_incomplete"
 
 
+@pytest.mark.slow  # an analysis process, killed
 def test_a_cancelled_analysis_stops_its_process(write: Callable[..., Path]) -> None:
     path = write(sine(-20, 600, rate=48_000).astype(np.float32), "long.wav")
 

@@ -232,6 +232,7 @@ def test_several_agents_for_one_event_type(server_factory) -> None:  # type: ign
     assert all(r["status"] == "succeeded" for r in results)
 
 
+@pytest.mark.slow  # agentbox serve subprocesses, without the fixture
 def test_bad_configuration_refuses_to_start(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -252,6 +253,7 @@ def test_bad_configuration_refuses_to_start(tmp_path: Path) -> None:
         assert "s3cr3t-value" not in result.stderr + result.stdout
 
 
+@pytest.mark.slow  # agentbox serve subprocesses, without the fixture
 def test_secret_is_generated_on_first_start_and_never_logged(tmp_path: Path) -> None:
     server = Server(tmp_path)
     del server.env["AGENTBOX_WEBHOOK_SECRET"]

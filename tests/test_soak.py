@@ -21,6 +21,7 @@ def load_soak() -> ModuleType:
     return soak
 
 
+@pytest.mark.slow  # servers killed with kill -9 under load
 def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     soak = load_soak()
     report = soak.soak(kills=4, seed=20261203, home=tmp_path, quiet=True)

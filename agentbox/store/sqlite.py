@@ -130,6 +130,7 @@ class SqliteStore(SqlStore):
         self._checkpointer = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="agentbox-checkpoint")
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._written = asyncio.Event()  # a commit changed rows since the last checkpoint
         self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
 
@@ -160,6 +161,7 @@ class SqliteStore(SqlStore):
         self._start_writer()
         self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(),
                                                     name="agentbox-checkpoint")
+        self._written.set()  # what opening wrote (a migration, say)
 
     async def close(self) -> None:
         if self._checkpoint_task is not None:
@@ -205,7 +207,9 @@ class SqliteStore(SqlStore):
         return active
 
     async def _checkpoint_loop(self) -> None:
-        """Copy the WAL back into the database file once a second, off the writer's path.
+        """Copy the WAL back into the database file a second after writes, off the
+        writer's path (and not at all while nothing is written: an idle process
+        stays asleep).
 
         PASSIVE never blocks the writer or readers; once every frame is copied,
         the writer starts the WAL over from its beginning, so it stays small.
@@ -214,7 +218,9 @@ class SqliteStore(SqlStore):
         conn = await loop.run_in_executor(self._checkpointer, _connect, self.path)
         try:
             while True:
-                await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)
+                await self._written.wait()
+                await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)  # one for a second's writes
+                self._written.clear()
                 with contextlib.suppress(sqlite3.Error):  # busy or failing: next time
                     await loop.run_in_executor(
                         self._checkpointer, conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
@@ -236,6 +242,7 @@ class SqliteStore(SqlStore):
         """
         conn = self._conn
         assert conn is not None
+        changes = conn.total_changes
         state = Batch(self._active)
         db = SqliteDb(conn)
         results: list[tuple[bool, Any]] = []
@@ -261,6 +268,8 @@ class SqliteStore(SqlStore):
             return [(False, error)] * len(batch)
         if durable:  # a claim fits where an event may not: only durable writes vouch
             self.healthy, self.last_error = True, None
+        if conn.total_changes != changes:
+            self._written.set()
         self._active = state.active
         return results
 

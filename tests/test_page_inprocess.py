@@ -1,0 +1,126 @@
+"""The status page in process: its main views, the CSRF check and the origin check
+on state-changing forms, the admin token off loopback, and the host guard
+against DNS rebinding. The real app and store (a temporary SQLite file) over
+httpx's ASGI transport; tests/test_page.py drives the same page in Chromium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, InProcess, in_process, make_event
+
+pytestmark = pytest.mark.anyio
+
+
+async def finished(box: InProcess, project_id: str) -> str:
+    response = await box.post(make_event(project_id=project_id))
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    await box.wait_status(run_id)
+    return run_id
+
+
+async def test_the_runs_view_lists_runs_and_filters_them(box: InProcess) -> None:
+    ok = await finished(box, "ok")
+    bad = await finished(box, "permanent")
+    page = await box.client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert f'data-run-id="{ok}"' in page.text and f'data-run-id="{bad}"' in page.text
+    only_failed = await box.client.get("/", params={"status": "failed_permanent"})
+    assert f'data-run-id="{bad}"' in only_failed.text
+    assert f'data-run-id="{ok}"' not in only_failed.text
+
+
+async def test_a_runs_page_tells_its_story(box: InProcess) -> None:
+    run_id = await finished(box, "fail-1")
+    page = await box.client.get(f"/ui/runs/{run_id}")
+    assert page.status_code == 200
+    assert run_id in page.text and "failed_retryable" in page.text and "succeeded" in page.text
+    missing = await box.client.get("/ui/runs/no-such-run")
+    assert missing.status_code == 404
+
+
+async def test_dead_letters_and_callbacks_views(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    page = await box.client.get("/ui/dead-letters")
+    assert page.status_code == 200 and f'data-run-id="{dead}"' in page.text
+    assert 'name="csrf"' in page.text
+    callbacks = await box.client.get("/ui/callbacks")
+    assert callbacks.status_code == 200 and "Callback destinations" in callbacks.text
+
+
+async def test_a_replay_without_the_csrf_token_is_refused(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    forged = await box.client.post("/ui/replay", data={"run_id": dead})
+    assert forged.status_code == 403
+    stale = await box.client.post("/ui/replay", data={"run_id": dead, "csrf": "old"})
+    assert stale.status_code == 403
+    assert (await box.run(dead))["replays"] == 0
+
+
+async def test_a_replay_from_another_origin_is_refused(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    cross = await box.client.post("/ui/replay", data={"run_id": dead, "csrf": await box.csrf()},
+                                  headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403
+    assert (await box.run(dead))["replays"] == 0
+
+
+async def test_a_replay_from_the_page_runs_the_dead_letter_again(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    response = await box.client.post("/ui/replay", data={"run_id": dead, "csrf": await box.csrf()},
+                                     headers={"Origin": "http://localhost"})
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/ui/runs/{dead}"
+    assert (await box.run(dead))["replays"] == 1
+    nothing = await box.client.post("/ui/replay", data={"csrf": await box.csrf()})
+    assert nothing.status_code == 422
+
+
+async def test_a_dead_letter_is_discarded_only_with_a_reason(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    csrf = await box.csrf()
+    silent = await box.client.post("/ui/discard", data={"run_id": dead, "csrf": csrf})
+    assert silent.status_code == 422
+    done = await box.client.post("/ui/discard", data={"run_id": dead, "csrf": csrf,
+                                                      "reason": "a test render"})
+    assert done.status_code == 303
+    left = (await box.client.get("/runs", params={"discarded": "false"})).json()["runs"]
+    assert dead not in [run["run_id"] for run in left]
+    page = await box.client.get("/ui/dead-letters")
+    assert f'data-run-id="{dead}"' not in page.text
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.nip.io"])
+async def test_a_request_naming_another_host_is_refused(box: InProcess, host: str) -> None:
+    for path in ("/", "/runs", "/ui/dead-letters"):
+        response = await box.client.get(path, headers={"Host": host})
+        assert response.status_code == 400, (path, response.status_code)
+        assert response.json()["error_code"] == "host_not_allowed"
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1:8000", "[::1]:8000",
+                                  "agentbox.localhost"])
+async def test_loopback_names_are_served(box: InProcess, host: str) -> None:
+    response = await box.client.get("/", headers={"Host": host})
+    assert response.status_code == 200
+
+
+async def test_off_loopback_every_page_needs_the_token(tmp_path: Path,
+                                                       anyio_backend: str) -> None:
+    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box:
+        login = await box.client.get("/", headers={"Accept": "text/html"})
+        assert login.status_code == 401 and "Admin token needed" in login.text
+        api = await box.client.get("/runs")
+        assert api.status_code == 401 and api.json()["error_code"] == "admin_token_required"
+        bearer = await box.client.get("/runs", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert bearer.status_code == 200
+        assert (await box.client.get("/healthz")).status_code == 200  # open to balancers
+        assert (await box.post(make_event())).status_code == 202  # senders sign instead
+        wrong = await box.client.post("/ui/login", data={"token": "guess"})
+        assert wrong.status_code == 401
+        signed_in = await box.client.post("/ui/login", data={"token": ADMIN_TOKEN})
+        assert signed_in.status_code == 303
+        assert (await box.client.get("/", headers={"Accept": "text/html"})).status_code == 200

@@ -247,6 +247,7 @@ def uvloop_absent(tmp_path: Path) -> Path:
     return shadow.parent
 
 
+@pytest.mark.slow
 def test_serves_without_uvloop_and_stops_gracefully_when_asked(tmp_path: Path) -> None:
     path = os.pathsep.join([str(uvloop_absent(tmp_path)), str(ROOT)])
     server = Server(tmp_path, {"PYTHONPATH": path}).start()
@@ -273,6 +274,7 @@ def test_file_urls_become_local_paths_through_the_standard_library() -> None:
     assert str(local_path("file://localhost/tmp/a.wav")) == "/tmp/a.wav"
 
 
+@pytest.mark.slow
 def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -> None:
     first = Server(tmp_path).start()
     try:

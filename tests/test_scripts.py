@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
+import pytest
 
 from agentbox import config
 from tests.conftest import ROOT, free_port, wait_until
@@ -69,6 +70,7 @@ def test_picks_a_python_new_enough() -> None:
     assert done.stdout == "True\n"
 
 
+@pytest.mark.slow
 def test_scripts_run_starts_agentbox_with_a_secret_made_in_the_config_dir(
         tmp_path: Path) -> None:
     port = free_port()

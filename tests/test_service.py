@@ -151,6 +151,7 @@ def test_the_units_exec_start_is_this_python_serving_with_the_config(tmp_path: P
     assert "WantedBy=default.target" in text and "Restart=on-failure" in text
 
 
+@pytest.mark.slow
 def test_the_units_command_serves_with_its_config(tmp_path: Path) -> None:
     """What systemd would start: the ExecStart words run as they are, on a fresh home,
     serve on the port that only the config file names."""

@@ -25,7 +25,12 @@ from urllib.parse import unquote, urlsplit
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.agents import (
+    AgentContext,
+    AttemptGivenBack,
+    PermanentAgentError,
+    RetryableAgentError,
+)
 from agentbox.config import ConfigError, Settings
 from agentbox.events import Event
 from agentbox.profiles import DEFAULT_PROFILE, PROFILES, Profile
@@ -187,63 +192,152 @@ def _check_settled(path: Path) -> None:
 
 
 # -- analysis processes ------------------------------------------------------------------------
-# One process per analysis ("spawn": no copy of the event loop's threads), at most
-# AGENTBOX_ANALYSIS_PROCESSES at once. A run that times out or is cancelled kills
-# its process, so no orphaned analysis keeps a CPU busy or a slot taken.
+# At most AGENTBOX_ANALYSIS_PROCESSES analyses at once (default 1: beside a DAW, one
+# core is the most a review should take), each in its own process ("spawn": no
+# copy of the event loop's threads) at low priority, ignoring the terminal's
+# Ctrl-C, with the numerical libraries single-threaded. A process stays warm
+# between reviews (numpy and scipy loaded: importing them costs more than
+# measuring a song) and exits by itself after WARM_SECONDS idle; waiting, it is
+# blocked on its pipe and costs nothing. A run that times out or is cancelled
+# kills its process, so no orphaned analysis keeps a CPU busy or a slot taken;
+# one that dies is replaced at the next review.
+
+WARM_SECONDS = 600.0  # an idle analysis process exits after this
+REUSE_MARGIN_SECONDS = 30.0  # one about to exit is not handed a review
+DEFAULT_ANALYSIS_PROCESSES = 1
+SINGLE_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                           "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+BUSY_NAME, IDLE_NAME = "agentbox-analysis", "agentbox-analysis-idle"
 
 _SLOTS: asyncio.Semaphore | None = None
-_RUNNING: set[multiprocessing.process.BaseProcess] = set()
+_IDLE: list[_Worker] = []
+_BUSY: set[_Worker] = set()
+
+
+class _Worker:
+    """One analysis process and the parent's end of its pipe."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(target=serve_analyses, args=(child_end,),
+                                       daemon=True, name=BUSY_NAME)
+        self.process.start()
+        child_end.close()
+        self.idle_since = time.monotonic()
+
+    def fresh(self) -> bool:
+        return self.process.is_alive() and (
+            time.monotonic() - self.idle_since < WARM_SECONDS - REUSE_MARGIN_SECONDS)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(10)
+        self.conn.close()
 
 
 def analysis_processes() -> int:
-    """AGENTBOX_ANALYSIS_PROCESSES, else CPUs - 1 (at least 1)."""
+    """AGENTBOX_ANALYSIS_PROCESSES, else DEFAULT_ANALYSIS_PROCESSES (1)."""
     raw = os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", "").strip()
     if raw:
         if not raw.isdigit() or int(raw) < 1:
             raise ConfigError("AGENTBOX_ANALYSIS_PROCESSES must be a whole number, 1 or more")
         return int(raw)
-    return max(1, (os.cpu_count() or 2) - 1)
+    return DEFAULT_ANALYSIS_PROCESSES
 
 
-def _child(path: str, conn: Any) -> None:
+def serve_analyses(conn: Any) -> None:
+    """The analysis process: low priority, deaf to Ctrl-C and single-threaded
+    before numpy loads; then one review per path sent, until the parent goes
+    away or nothing comes for WARM_SECONDS."""
+    from agentbox.portable import ignore_interrupts, lower_priority
+
+    ignore_interrupts()
+    lower_priority()
+    for name in SINGLE_THREAD_VARIABLES:
+        os.environ[name] = "1"
+    import agentbox.loudness  # noqa: F401 - loaded now, while no review waits
     try:
-        conn.send(analyse(path))
+        while conn.poll(WARM_SECONDS):
+            conn.send(analyse(conn.recv()))
+    except (EOFError, OSError):
+        pass  # the server went away
     finally:
         conn.close()
 
 
-async def analyse_in_process(path: str) -> tuple[Any, ...]:
+async def _take_slot(slots: asyncio.Semaphore, cancelled: asyncio.Event | None) -> None:
+    """A slot, or AttemptGivenBack when the server stops first: a run that only
+    waited has not started, and costs no retry."""
+    if cancelled is None:
+        await slots.acquire()
+        return
+    acquire = asyncio.ensure_future(slots.acquire())
+    stopping = asyncio.ensure_future(cancelled.wait())
+    try:
+        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not acquire.done():
+            acquire.cancel()
+    if acquire.cancelled() or not acquire.done():
+        raise AttemptGivenBack("the server is stopping; the review had not started")
+    if cancelled.is_set():
+        slots.release()
+        raise AttemptGivenBack("the server is stopping; the review had not started")
+
+
+async def analyse_in_process(path: str, cancelled: asyncio.Event | None = None
+                             ) -> tuple[Any, ...]:
     global _SLOTS
     if _SLOTS is None:
         _SLOTS = asyncio.Semaphore(analysis_processes())
+    slots = _SLOTS
     loop = asyncio.get_running_loop()
-    context = multiprocessing.get_context("spawn")
-    async with _SLOTS:
-        receiving, sending = context.Pipe(duplex=False)
-        process = context.Process(target=_child, args=(path, sending), daemon=True,
-                                  name="agentbox-analysis")
-        process.start()
-        sending.close()
-        _RUNNING.add(process)
+    await _take_slot(slots, cancelled)
+    try:
+        worker = None
+        while _IDLE and worker is None:
+            candidate = _IDLE.pop()
+            if candidate.fresh():
+                worker = candidate
+            else:
+                await loop.run_in_executor(None, candidate.stop)
+        worker = worker or _Worker()
+        worker.process.name = BUSY_NAME
+        _BUSY.add(worker)
+        answered = False
         try:
-            result: tuple[Any, ...] = await loop.run_in_executor(None, receiving.recv)
+            worker.conn.send(path)
+            result: tuple[Any, ...] = await loop.run_in_executor(None, worker.conn.recv)
+            answered = True
             return result
-        except EOFError:  # the process died without an answer
+        except (EOFError, OSError):  # the process died without an answer
             raise RetryableAgentError("the analysis process died",
                                       "analysis_crashed") from None
         finally:
-            if process.is_alive():
-                process.terminate()  # cancelled or timed out: stop listening
-            await loop.run_in_executor(None, process.join, 10)
-            _RUNNING.discard(process)
-            receiving.close()
+            _BUSY.discard(worker)
+            if answered and worker.process.is_alive():
+                worker.process.name = IDLE_NAME
+                worker.idle_since = time.monotonic()
+                _IDLE.append(worker)
+            else:  # cancelled or timed out (stop listening), or dead
+                await loop.run_in_executor(None, worker.stop)
+    finally:
+        slots.release()
 
 
 def shutdown_analysis() -> None:
-    """Stop every running analysis (the server calls this when it stops)."""
-    for process in list(_RUNNING):
-        if process.is_alive():
-            process.terminate()
+    """Stop every analysis process, busy or idle (the server calls this when it
+    stops)."""
+    workers = [*_BUSY, *_IDLE]
+    _IDLE.clear()
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    for worker in workers:
+        worker.process.join(5)
 
 
 # -- the notes --------------------------------------------------------------------------------

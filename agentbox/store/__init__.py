@@ -206,6 +206,20 @@ class Outcome:
     emitted: tuple[Emitted, ...] = ()  # stored only when the run succeeds
 
 
+@dataclass(frozen=True)
+class ProjectExport:
+    """One run of an event that names a project (an export), for the project
+    pages and the comparison with the previous export."""
+
+    run_id: str
+    project: str
+    agent: str
+    status: str  # the run's status
+    accepted_at: str  # ISO 8601, UTC
+    finished_at: str | None  # ISO 8601, UTC, when terminal
+    result: dict[str, Any] | None  # the agent's result document when succeeded
+
+
 class Store(abc.ABC):
     """Durable events, idempotency claims, runs and their attempt history."""
 
@@ -283,6 +297,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def next_due_at(self) -> float | None:
         """The earliest time some run becomes claimable (retry time or lease end)."""
+
+    @abc.abstractmethod
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first (accepted_at, then run_id).
+        before_run_id: only runs accepted before that run (for "the previous export")."""
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> dict[str, Any] | None:

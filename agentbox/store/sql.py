@@ -37,6 +37,7 @@ from agentbox.store import (
     Notification,
     NotReplayable,
     Outcome,
+    ProjectExport,
     RunNotFound,
     RunRef,
     StorageUnavailable,
@@ -948,6 +949,21 @@ class SqlStore(Store):
                "ORDER BY r.run_id DESC LIMIT ?")
         # A rare filter may scan many runs: off the event loop.
         return [_run_view(row) for row in await self._slow_rows(sql, (*args, limit))]
+
+    # -- provisional: a project's exports, read through search_runs (by run id, which
+    # follows acceptance), until the store keeps a project column of its own.
+
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first. before_run_id: only runs accepted
+        before that run (for "the previous export")."""
+        runs = await self.search_runs(project=project, agent=agent, status=status,
+                                      before=before_run_id, limit=limit)
+        return [ProjectExport(run_id=run["run_id"], project=project, agent=run["agent"],
+                              status=run["status"], accepted_at=run["accepted_at"],
+                              finished_at=run["completed_at"], result=run["result"])
+                for run in runs]
 
     async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
         """Runs that reached a terminal state in each `width`-second slice from `since`."""

@@ -25,7 +25,7 @@ from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
-from agentbox.mix_review import analysis_processes, shutdown_analysis
+from agentbox.mix_review import analysis_processes, shutdown_analysis, start_analysis_process
 from agentbox.openapi import document
 from agentbox.receiver import (
     INTERNAL_ERROR_MESSAGE,
@@ -112,6 +112,8 @@ def create_app(
         await store.open()
         await dispatcher.start()
         await deliverer.start()
+        if "agentbox.mix_review:mix_review" in registry.agent_names():
+            start_analysis_process()  # warm (and at low priority) before the first mix
         _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": store.description,
                                              "instance_id": instance_id})

@@ -53,9 +53,10 @@ SPECTRUM_FRAMES_PER_BLOCK = 4
 OCTAVE_BANDS_HZ = (31.5, 63.0, 125.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
 RANGE_GAP_SECONDS = 0.5  # clipping events closer than this form one range
 MAX_RANGES = 50
-# Louder than a full-scale square wave on every channel: no audio reads this;
-# data that does is not what the header says it is.
-IMPOSSIBLE_LUFS = 3.1
+# No signal within full scale reads louder than a full-scale square wave on every
+# channel lifted by the K-weighting's shelf (+4 dB): data that does is not the
+# audio the header describes (say, integers read as floats).
+K_WEIGHTING_MAX_GAIN_DB = 4.3
 BIT_DEPTHS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32,
               "FLOAT": 32, "DOUBLE": 64}
 
@@ -255,7 +256,9 @@ def measure(path: str) -> Measurements:
     if meter.frames < info.frames and str(info.format) not in ("MPEG", "MP3"):
         raise truncated(info.frames, meter.frames, info.samplerate)
     measured = meter.result(info, None if header is None else header[0])
-    if measured.integrated_lufs is not None and measured.integrated_lufs > IMPOSSIBLE_LUFS:
+    possible = -0.691 + 10 * math.log10(channel_weights(info.channels).sum()) \
+        + K_WEIGHTING_MAX_GAIN_DB
+    if measured.integrated_lufs is not None and measured.integrated_lufs > possible:
         raise AudioError("mix_truncated", (
             f"the file reads {measured.integrated_lufs:+.1f} LUFS over "
             f"{clock(measured.duration_seconds)}, louder than any audio can be: its data is "
@@ -294,7 +297,8 @@ class _Meter:
         self.clipped_samples = 0
         self.clipped_runs = 0
         self.run_starts = np.full(channels, -1, dtype=np.int64)  # open full-scale run
-        self.events: list[tuple[int, int, str]] = []  # (first, last sample, kind)
+        # (first sample, after the last) of each stretch of clipping / overs
+        self.events: dict[str, list[tuple[int, int]]] = {"clipping": [], "over": []}
         self.first_loud: int | None = None
         self.last_loud = -1
         self.silence = 10 ** (SILENCE_DBFS / 20)
@@ -379,11 +383,12 @@ class _Meter:
             self._event(start, end, "clipping")
 
     def _event(self, start: int, end: int, kind: str) -> None:
-        if self.events and self.events[-1][2] == kind and \
-                start - self.events[-1][1] < RANGE_GAP_SECONDS * self.rate:
-            self.events[-1] = (self.events[-1][0], max(end, self.events[-1][1]), kind)
-        elif len(self.events) < MAX_RANGES * 4:
-            self.events.append((start, end, kind))
+        """Note a stretch of `kind` (in time order); near ones make one range."""
+        events = self.events[kind]
+        if events and start - events[-1][1] < RANGE_GAP_SECONDS * self.rate:
+            events[-1] = (events[-1][0], max(end, events[-1][1]))
+        elif len(events) < MAX_RANGES:
+            events.append((start, end))
 
     def _true_peak(self, block: np.ndarray, offset: int) -> None:
         """The interpolated samples between those with TRUE_PEAK_HALF_TAPS of context
@@ -413,6 +418,7 @@ class _Meter:
         loudest = padded.reshape(-1, TRUE_PEAK_CHUNK).max(axis=1)
         # a stretch's windows reach TRUE_PEAK_HALF_TAPS * 2 samples into the next one
         bounds = np.maximum(loudest[:-1], loudest[1:]) * self.tap_bound
+        overs = []
         for index in np.argsort(bounds)[::-1]:
             if bounds[index] <= min(max(self.true_peak, self.peak), 1.0):
                 break  # this stretch and every quieter one: nothing to find
@@ -421,8 +427,10 @@ class _Meter:
             top = max(float(interpolated.max()), -float(interpolated.min()))
             self.true_peak = max(self.true_peak, top)
             if top > 1.0:  # overs between the samples: where
-                over = np.flatnonzero(np.abs(interpolated).max(axis=1) > 1.0)
-                self._overs(base + first + over)
+                overs.append(base + first + np.flatnonzero(
+                    np.abs(interpolated).max(axis=1) > 1.0))
+        if overs:  # found loudest first: located in time order
+            self._overs(np.sort(np.concatenate(overs)))
 
     def _overs(self, positions: np.ndarray) -> None:
         gap = RANGE_GAP_SECONDS * self.rate
@@ -510,7 +518,8 @@ class _Meter:
             trailing_silence_seconds=round((self.frames - 1 - self.last_loud) / self.rate, 2)
             if self.first_loud is not None else round(self.frames / self.rate, 2),
             clipping_ranges=[{"start": round(a / self.rate, 2), "end": round(b / self.rate, 2),
-                              "kind": kind} for a, b, kind in self.events[:MAX_RANGES]],
+                              "kind": kind} for kind, events in self.events.items()
+                             for a, b in events],
             octave_bands=self._octave_bands(),
             frames_declared=declared,
             frames_read=self.frames,

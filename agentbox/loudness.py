@@ -23,17 +23,19 @@ This module runs in an analysis process: it takes a path and returns plain data.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyloudnorm
 import soundfile
 from numpy.lib.stride_tricks import sliding_window_view
-from scipy import signal
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -122,20 +124,59 @@ def channel_weights(channels: int) -> np.ndarray:
 
 
 def k_weighting(rate: int) -> np.ndarray:
-    """pyloudnorm's BS.1770 K-weighting stages as second-order sections.
+    """pyloudnorm's BS.1770 K-weighting stages as second-order sections: its RBJ
+    cookbook high shelf (+4 dB, Q 1/sqrt 2, 1500 Hz) and high-pass (Q 0.5, 38 Hz),
+    for any sample rate.
 
     The high-pass numerator is taken as BS.1770 prints it, [1, -2, 1];
     pyloudnorm scales it by about 0.995, which reads every signal 0.04 dB low
     (enough to leave EBU Tech 3341's ±0.1 LU tolerance on its case 4).
     """
-    stages = pyloudnorm.Meter(rate)._filters  # the shelf, then the high-pass
-    sections = []
-    for name, stage in stages.items():
-        b, a = np.asarray(stage.b, dtype=float), np.asarray(stage.a, dtype=float)
-        if name == "high_pass":
-            b = b / b[0]
-        sections.append(np.concatenate([b / a[0], a / a[0]]))
-    return np.vstack(sections)
+    a_gain = 10 ** (4.0 / 40)
+    w0 = 2 * math.pi * 1500.0 / rate
+    cos, alpha = math.cos(w0), math.sin(w0) / (2 * (1 / math.sqrt(2)))
+    root = 2 * math.sqrt(a_gain) * alpha
+    shelf_b = [a_gain * ((a_gain + 1) + (a_gain - 1) * cos + root),
+               -2 * a_gain * ((a_gain - 1) + (a_gain + 1) * cos),
+               a_gain * ((a_gain + 1) + (a_gain - 1) * cos - root)]
+    shelf_a = [(a_gain + 1) - (a_gain - 1) * cos + root, 2 * ((a_gain - 1) - (a_gain + 1) * cos),
+               (a_gain + 1) - (a_gain - 1) * cos - root]
+    w0 = 2 * math.pi * 38.0 / rate
+    alpha = math.sin(w0) / (2 * 0.5)
+    high_pass_a = [1 + alpha, -2 * math.cos(w0), 1 - alpha]
+    return np.array([[*(b / shelf_a[0] for b in shelf_b), *(a / shelf_a[0] for a in shelf_a)],
+                     [1.0, -2.0, 1.0, *(a / high_pass_a[0] for a in high_pass_a)]])
+
+
+def _load_sosfilt() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """scipy's compiled second-order-section filter (what scipy.signal.sosfilt
+    runs: in place, on C-ordered (signals, samples) float64 with (signals,
+    sections, 2) state), loaded on its own: importing scipy.signal imports most of
+    scipy (scipy.stats among it), about 1 s of CPU for every analysis process
+    started. scipy.signal's own when the module cannot be loaded so."""
+    try:
+        spec = importlib.util.find_spec("scipy")
+        assert spec is not None and spec.submodule_search_locations
+        found = sorted(Path(next(iter(spec.submodule_search_locations)), "signal").glob(
+            "_sosfilt.*"))
+        loader = importlib.machinery.ExtensionFileLoader("scipy.signal._sosfilt",
+                                                         str(found[0]))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        compiled: Callable[[np.ndarray, np.ndarray, np.ndarray], None] = module._sosfilt
+        return compiled
+    except Exception:  # another scipy's layout: its public function, slower to import
+        from scipy.signal import sosfilt
+
+        def public(sos: np.ndarray, x: np.ndarray, zi: np.ndarray) -> None:
+            out, state = sosfilt(sos, x, axis=-1, zi=zi.transpose(1, 0, 2))
+            x[:], zi[:] = out, state.transpose(1, 0, 2)
+        return public
+
+
+_sosfilt = _load_sosfilt()
 
 
 def true_peak_phases() -> np.ndarray:
@@ -279,7 +320,7 @@ class _Meter:
         self.sub = max(1, round(rate * SUB_BLOCK_SECONDS))
         self.stereo = channels == 2
         self.sos = k_weighting(rate)
-        self.zi = np.zeros((self.sos.shape[0], 2, channels))
+        self.zi = np.zeros((channels, self.sos.shape[0], 2))  # the filter's state
         # weighted samples not yet in a sub-block (only at the end: reads are whole
         # sub-blocks)
         self.pending = np.zeros((0, channels))
@@ -328,7 +369,9 @@ class _Meter:
             self._clipping(np.abs(block) >= self.clip_level, offset)
         self._true_peak(block, offset)
         self._spectrum(block)
-        self._mean_squares(signal.sosfilt(self.sos, block, axis=0, zi=self.zi))
+        lanes = np.array(block.T, dtype=np.float64, order="C")
+        _sosfilt(self.sos, lanes, self.zi)  # in place, state carried to the next block
+        self._mean_squares(lanes.T)
 
     def _loud(self, block: np.ndarray, offset: int) -> None:
         """Where sound starts and stops (above SILENCE_DBFS on any channel)."""
@@ -340,8 +383,7 @@ class _Meter:
             self.first_loud = offset + int(loud[0])
         self.last_loud = offset + int(loud[-1])
 
-    def _mean_squares(self, filtered: tuple[np.ndarray, np.ndarray]) -> None:
-        weighted, self.zi = filtered
+    def _mean_squares(self, weighted: np.ndarray) -> None:
         if len(self.pending):
             weighted = np.vstack([self.pending, weighted])
         whole = weighted.shape[0] // self.sub * self.sub
@@ -463,7 +505,7 @@ class _Meter:
         for ch in range(self.channels):  # runs still open at the end of the file
             if self.run_starts[ch] >= 0:
                 self._close_run(int(self.run_starts[ch]), self.frames)
-        self._mean_squares((np.zeros((0, self.channels)), self.zi))
+        self._mean_squares(np.zeros((0, self.channels)))
         self.pending = np.zeros((0, self.channels))
         lanes = self.channels + (1 if self.stereo else 0)
         subs = np.vstack(self.sub_blocks) if self.sub_blocks else np.zeros((0, lanes))

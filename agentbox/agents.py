@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +32,9 @@ from agentbox.events import (
     parse_event,
     register_event_type,
 )
+
+if TYPE_CHECKING:
+    from agentbox.store import ProjectExport
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
@@ -65,6 +68,15 @@ class PermanentAgentError(AgentError):
     code = "agent_permanent_error"
 
 
+class AttemptGivenBack(AgentError):
+    """The agent had not started its work when the server began to stop (it was
+    waiting for a resource, such as an analysis slot): the attempt is given back
+    like one that never started, costing no retry. Raised at any other time, it
+    is retried like RetryableAgentError."""
+
+    code = "attempt_given_back"
+
+
 @dataclass
 class AgentContext:
     run_id: str
@@ -77,6 +89,10 @@ class AgentContext:
     emitted: list[tuple[Event, bytes]] = field(default_factory=list)
     # When the run's time (AGENTBOX_RUN_TIMEOUT_SECONDS) is up, on time.monotonic().
     deadline: float | None = None
+    # Given a project name: the most recent succeeded export of that project by the
+    # same agent, accepted before this run (None: the project's first). Set by the
+    # dispatcher; None when the context was made elsewhere (tests, scripts).
+    previous_export: Callable[[str], Awaitable[ProjectExport | None]] | None = None
 
     def time_left(self) -> float | None:
         """Seconds until the run is cut off as a timeout (None: no limit known).

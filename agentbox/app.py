@@ -25,7 +25,12 @@ from agentbox.config import ConfigError, Settings
 from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
-from agentbox.mix_review import analysis_processes, shutdown_analysis
+from agentbox.mix_review import (
+    analysis_processes,
+    mix_review,
+    shutdown_analysis,
+    start_analysis_process,
+)
 from agentbox.openapi import document
 from agentbox.receiver import (
     INTERNAL_ERROR_MESSAGE,
@@ -111,6 +116,9 @@ def create_app(
         await store.open()
         await dispatcher.start()
         await deliverer.start()
+        if any(spec.function is mix_review for spec in registry.for_event_type(
+                "session.exported")):  # exports are reviewed: warm before the first one
+            start_analysis_process()
         _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": store.description,
                                              "instance_id": instance_id})

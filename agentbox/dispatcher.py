@@ -18,13 +18,14 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentbox.agents import (
     AgentContext,
     AgentRegistry,
+    AttemptGivenBack,
     InvalidAgentOutput,
     PermanentAgentError,
     RetryableAgentError,
@@ -40,6 +41,7 @@ from agentbox.store import (
     IngestResult,
     Lease,
     Outcome,
+    ProjectExport,
     StorageUnavailable,
     Store,
     Transition,
@@ -265,12 +267,23 @@ class Dispatcher:
                 "run_id": claimed.run_id, "agent": claimed.agent,
                 "event_id": claimed.event_id, "attempt": claimed.attempt}),
             settings=self.settings,
+            previous_export=self._previous_export(claimed),
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)
         self._busy.set()
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
+
+    def _previous_export(self, claimed: ClaimedRun
+                         ) -> Callable[[str], Awaitable[ProjectExport | None]]:
+        """The run's look-up of its project's previous succeeded export (same agent)."""
+        async def previous(project: str) -> ProjectExport | None:
+            found = await self.store.project_exports(
+                project, agent=claimed.agent, status="succeeded",
+                before_run_id=claimed.run_id, limit=1)
+            return found[0] if found else None
+        return previous
 
     def _finished(self, run_id: str, task: asyncio.Task[None]) -> None:
         # Only its own entry: after a lost lease the run may be claimed here again.
@@ -292,7 +305,11 @@ class Dispatcher:
                     return  # not started: given back with this instance's leases
                 ran = True
                 started = time.monotonic()
-                outcome = await self._attempt(claimed, ctx)
+                try:
+                    outcome = await self._attempt(claimed, ctx)
+                except AttemptGivenBack:
+                    ran = False  # waited for a resource until the stop: not started
+                    return
                 duration_ms = (time.monotonic() - started) * 1000
         finally:
             self._held -= 1
@@ -368,6 +385,10 @@ class Dispatcher:
                 value = await spec.function(event, ctx)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
                            emitted=self._emitted(ctx))
+        except AttemptGivenBack as exc:
+            if self._stop.is_set():
+                raise
+            return self._retry(claimed, exc.code, str(exc))
         except PermanentAgentError as exc:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code=exc.code,
                            error_message=_clip(str(exc)))

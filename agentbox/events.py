@@ -77,6 +77,7 @@ class SessionExported(Strict):
     mix_url: Text
     profile: Token | None = None
     session_name: Annotated[str, Field(max_length=256)] | None = None
+    reference_url: Text | None = None  # a reference track to compare with (path or file://)
 
 
 class MixReviewRequested(Strict):
@@ -87,6 +88,7 @@ class MixReviewRequested(Strict):
     profile: Token | None = None
     requested_by: Annotated[str, Field(max_length=256)] | None = None
     note: Annotated[str, Field(max_length=4096)] | None = None
+    reference_url: Text | None = None  # a reference track to compare with (path or file://)
 
 
 PAYLOAD_MODELS: dict[str, type[BaseModel]] = {

@@ -1,29 +1,41 @@
 """Measuring a mix in one streaming pass: loudness (ITU-R BS.1770-4 / EBU R 128),
-loudness range (EBU Tech 3342), true peak, sample peak, clipping, DC offset,
-stereo correlation and what folding to mono costs.
+momentary and short-term maxima, loudness range (EBU Tech 3342), true peak and
+where the overs are, sample peak and where the clipping is, DC offset, stereo
+and low-end correlation, what folding to mono costs, tonal balance in octave
+bands, leading and trailing silence, and whether the file holds what its header
+promises.
 
-The file is read in blocks (soundfile), so an hour-long mix never sits in
-memory whole. The K-weighting filter is pyloudnorm's (the BS.1770 shelving and
-high-pass stages, for any sample rate), run with scipy keeping its state from
-block to block; true peak is the peak of the signal oversampled 4x (scipy's
-polyphase resampler). The gating, the loudness range and the short-term
-series are computed from 100 ms mean squares, which is all BS.1770 and Tech
-3342 need: 400 ms blocks are four of them (75 % overlap), 3 s windows thirty.
+The file is read in blocks (soundfile, float32: it holds 24-bit samples
+exactly), so an hour-long mix never sits in memory whole. The K-weighting
+filter is pyloudnorm's (the BS.1770 shelving and high-pass stages, for any
+sample rate), run with scipy keeping its state from block to block, on the
+channels only: the filter is linear, so the mono fold's weighted signal is the
+mean of the weighted channels. True peak is the peak of the signal oversampled
+4x with scipy's polyphase filter (81 Kaiser-windowed taps, as
+`resample_poly(x, 4, 1)`), computing only the three fractional phases (the
+fourth is the samples themselves) as one small matrix product per block. The
+gating, the loudness range and the loudness curves are computed from 100 ms
+mean squares, which is all BS.1770 and Tech 3342 need: 400 ms blocks are four
+of them (75 % overlap), 3 s windows thirty.
 
-This module runs in a worker process: it takes a path and returns plain data.
+This module runs in an analysis process: it takes a path and returns plain data.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import math
 import os
-from dataclasses import asdict, dataclass
+import struct
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyloudnorm
 import soundfile
-from scipy import signal
+from numpy.lib.stride_tricks import sliding_window_view
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -33,7 +45,20 @@ LRA_RELATIVE_GATE_LU = -20.0  # loudness range
 CLIP_LEVEL = 0.9999  # |sample| at or above this is at full scale
 CLIP_RUN = 3  # consecutive full-scale samples that count as clipping
 OVERSAMPLING = 4
-TRUE_PEAK_OVERLAP = 64  # samples carried between blocks so the resampler sees no seam
+TRUE_PEAK_HALF_TAPS = 10  # input samples each side of an interpolated one (81 taps at 4x)
+TRUE_PEAK_CHUNK = 4096  # stretches checked against the bound (see _Meter._true_peak)
+SILENCE_DBFS = -60.0  # quieter than this at the start or the end is silence
+DUAL_MONO_DIFFERENCE = 1e-6  # |L - R| below this everywhere: the same signal twice
+LOW_END_HZ = 120.0  # below this, left and right should agree (mono compatibility)
+SPECTRUM_FRAME = 8192  # samples per spectrum frame; a few frames per read block
+SPECTRUM_FRAMES_PER_BLOCK = 4
+OCTAVE_BANDS_HZ = (31.5, 63.0, 125.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
+RANGE_GAP_SECONDS = 0.5  # clipping events closer than this form one range
+MAX_RANGES = 50
+# No signal within full scale reads louder than a full-scale square wave on every
+# channel lifted by the K-weighting's shelf (+4 dB): data that does is not the
+# audio the header describes (say, integers read as floats).
+K_WEIGHTING_MAX_GAIN_DB = 4.3
 BIT_DEPTHS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32,
               "FLOAT": 32, "DOUBLE": 64}
 
@@ -68,6 +93,19 @@ class Measurements:
     sample_format: str  # e.g. PCM_24, FLOAT
     file_format: str  # WAV, FLAC, AIFF, ...
     short_term_lufs: list[float | None]  # 3 s windows ending at each whole second
+    momentary_lufs: list[float | None] = field(default_factory=list)  # 400 ms, each second
+    momentary_max_lufs: float | None = None
+    short_term_max_lufs: float | None = None
+    plr_db: float | None = None  # true peak minus integrated loudness
+    mono: bool = False
+    dual_mono: bool = False
+    low_end_correlation: float | None = None  # L/R below LOW_END_HZ
+    leading_silence_seconds: float = 0.0
+    trailing_silence_seconds: float = 0.0
+    clipping_ranges: list[dict[str, Any]] = field(default_factory=list)
+    octave_bands: list[dict[str, float]] = field(default_factory=list)  # hz, db (of total)
+    frames_declared: int | None = None  # what the header promises, when it says
+    frames_read: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,20 +124,150 @@ def channel_weights(channels: int) -> np.ndarray:
 
 
 def k_weighting(rate: int) -> np.ndarray:
-    """pyloudnorm's BS.1770 K-weighting stages as second-order sections.
+    """pyloudnorm's BS.1770 K-weighting stages as second-order sections: its RBJ
+    cookbook high shelf (+4 dB, Q 1/sqrt 2, 1500 Hz) and high-pass (Q 0.5, 38 Hz),
+    for any sample rate.
 
     The high-pass numerator is taken as BS.1770 prints it, [1, -2, 1];
     pyloudnorm scales it by about 0.995, which reads every signal 0.04 dB low
     (enough to leave EBU Tech 3341's ±0.1 LU tolerance on its case 4).
     """
-    stages = pyloudnorm.Meter(rate)._filters  # the shelf, then the high-pass
-    sections = []
-    for name, stage in stages.items():
-        b, a = np.asarray(stage.b, dtype=float), np.asarray(stage.a, dtype=float)
-        if name == "high_pass":
-            b = b / b[0]
-        sections.append(np.concatenate([b / a[0], a / a[0]]))
-    return np.vstack(sections)
+    a_gain = 10 ** (4.0 / 40)
+    w0 = 2 * math.pi * 1500.0 / rate
+    cos, alpha = math.cos(w0), math.sin(w0) / (2 * (1 / math.sqrt(2)))
+    root = 2 * math.sqrt(a_gain) * alpha
+    shelf_b = [a_gain * ((a_gain + 1) + (a_gain - 1) * cos + root),
+               -2 * a_gain * ((a_gain - 1) + (a_gain + 1) * cos),
+               a_gain * ((a_gain + 1) + (a_gain - 1) * cos - root)]
+    shelf_a = [(a_gain + 1) - (a_gain - 1) * cos + root, 2 * ((a_gain - 1) - (a_gain + 1) * cos),
+               (a_gain + 1) - (a_gain - 1) * cos - root]
+    w0 = 2 * math.pi * 38.0 / rate
+    alpha = math.sin(w0) / (2 * 0.5)
+    high_pass_a = [1 + alpha, -2 * math.cos(w0), 1 - alpha]
+    return np.array([[*(b / shelf_a[0] for b in shelf_b), *(a / shelf_a[0] for a in shelf_a)],
+                     [1.0, -2.0, 1.0, *(a / high_pass_a[0] for a in high_pass_a)]])
+
+
+def _load_sosfilt() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """scipy's compiled second-order-section filter (what scipy.signal.sosfilt
+    runs: in place, on C-ordered (signals, samples) float64 with (signals,
+    sections, 2) state), loaded on its own: importing scipy.signal imports most of
+    scipy (scipy.stats among it), about 1 s of CPU for every analysis process
+    started. scipy.signal's own when the module cannot be loaded so."""
+    try:
+        spec = importlib.util.find_spec("scipy")
+        assert spec is not None and spec.submodule_search_locations
+        found = sorted(Path(next(iter(spec.submodule_search_locations)), "signal").glob(
+            "_sosfilt.*"))
+        loader = importlib.machinery.ExtensionFileLoader("scipy.signal._sosfilt",
+                                                         str(found[0]))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        compiled: Callable[[np.ndarray, np.ndarray, np.ndarray], None] = module._sosfilt
+        return compiled
+    except Exception:  # another scipy's layout: its public function, slower to import
+        from scipy.signal import sosfilt
+
+        def public(sos: np.ndarray, x: np.ndarray, zi: np.ndarray) -> None:
+            out, state = sosfilt(sos, x, axis=-1, zi=zi.transpose(1, 0, 2))
+            x[:], zi[:] = out, state.transpose(1, 0, 2)
+        return public
+
+
+_sosfilt = _load_sosfilt()
+
+
+def true_peak_phases() -> np.ndarray:
+    """The three fractional phases of scipy's 4x polyphase interpolator
+    (`resample_poly(x, 4, 1)`: firwin(81, 1/4, kaiser 5.0) * 4) as columns of a
+    (21, 3) matrix: row j weighs the input sample j - 10 places from the output."""
+    half = TRUE_PEAK_HALF_TAPS * OVERSAMPLING
+    n = np.arange(2 * half + 1) - half
+    taps = np.sinc(n / OVERSAMPLING) * np.kaiser(2 * half + 1, 5.0)
+    taps = taps / taps.sum() * OVERSAMPLING
+    width = 2 * TRUE_PEAK_HALF_TAPS + 1
+    phases = np.zeros((width, OVERSAMPLING - 1))
+    for j in range(width):
+        for p in range(1, OVERSAMPLING):
+            index = 2 * half - OVERSAMPLING * j + p
+            if 0 <= index <= 2 * half:
+                phases[j, p - 1] = taps[index]
+    return phases.astype(np.float32)
+
+
+def declared_frames(path: str) -> tuple[int, int] | None:
+    """(frames the header promises, frames the file's data holds) for WAV and AIFF,
+    read from the chunks themselves: libsndfile quietly shortens a cut-off file's
+    length to what is there. None when the header does not say (streamed
+    writes, RF64, other formats)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            size = os.fstat(f.fileno()).st_size
+            if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+                return _wav_frames(f, size)
+            if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+                return _aiff_frames(f, size)
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def _wav_frames(f: Any, size: int) -> tuple[int, int] | None:
+    block_align = 0
+    while True:
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        chunk, length = header[:4], struct.unpack("<I", header[4:])[0]
+        if chunk == b"fmt ":
+            fmt = f.read(min(length, 16))
+            block_align = struct.unpack("<H", fmt[12:14])[0] if len(fmt) >= 14 else 0
+            f.seek(length - len(fmt) + (length & 1), 1)
+        elif chunk == b"data":
+            if not block_align or length in (0, 0xFFFFFFFF):
+                return None  # a streamed write: the length is not known in the header
+            present = max(0, size - f.tell())
+            return length // block_align, min(length, present) // block_align
+        else:
+            f.seek(length + (length & 1), 1)
+
+
+def _aiff_frames(f: Any, size: int) -> tuple[int, int] | None:
+    frames = frame_bytes = 0
+    while True:
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        chunk, length = header[:4], struct.unpack(">I", header[4:])[0]
+        if chunk == b"COMM":
+            comm = f.read(min(length, 8))
+            channels, frames, bits = struct.unpack(">hIh", comm[:8])
+            frame_bytes = channels * ((bits + 7) // 8)
+            f.seek(length - len(comm) + (length & 1), 1)
+        elif chunk == b"SSND":
+            offset = struct.unpack(">I", f.read(8)[:4])[0]
+            if not frame_bytes:
+                return None
+            present = max(0, size - f.tell() - offset)
+            return frames, min(frames, present // frame_bytes)
+        else:
+            f.seek(length + (length & 1), 1)
+
+
+def clock(seconds: float) -> str:
+    """0:17.2, 3:00.0: how a musician reads a position or a length."""
+    minutes, rest = divmod(max(0.0, seconds), 60)
+    return f"{int(minutes)}:{rest:04.1f}"
+
+
+def truncated(declared: int, present: int, rate: int) -> AudioError:
+    return AudioError("mix_truncated", (
+        f"the header promises {clock(declared / rate)}, the file holds "
+        f"{clock(present / rate)}: the render was cut short (or is still being written); "
+        "export it again"))
 
 
 def measure(path: str) -> Measurements:
@@ -112,16 +280,32 @@ def measure(path: str) -> Measurements:
         if not os.path.exists(path):
             raise AudioError("mix_not_found", f"no file at {path}") from None
         raise AudioError("mix_unreadable", f"not a readable audio file: {exc}") from None
+    header = declared_frames(path)
+    if header is not None and header[1] < header[0]:
+        raise truncated(header[0], header[1], info.samplerate)
     if info.frames <= 0 or info.channels <= 0:
         raise AudioError("mix_unreadable", "the file holds no audio")
     meter = _Meter(info.samplerate, info.channels, BIT_DEPTHS.get(info.subtype))
     try:
-        for block in soundfile.blocks(path, blocksize=max(1, int(info.samplerate * READ_SECONDS)),
-                                      dtype="float64", always_2d=True):
+        for block in soundfile.blocks(path, blocksize=meter.sub * round(READ_SECONDS * 10),
+                                      dtype="float32", always_2d=True):
             meter.feed(block)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
+        if 0 < meter.frames < info.frames:  # the data stops before the stream's end
+            raise truncated(info.frames, meter.frames, info.samplerate) from None
         raise AudioError("mix_unreadable", f"reading the audio failed: {exc}") from None
-    return meter.result(info)
+    if meter.frames < info.frames and str(info.format) not in ("MPEG", "MP3"):
+        raise truncated(info.frames, meter.frames, info.samplerate)
+    measured = meter.result(info, None if header is None else header[0])
+    possible = -0.691 + 10 * math.log10(channel_weights(info.channels).sum()) \
+        + K_WEIGHTING_MAX_GAIN_DB
+    if measured.integrated_lufs is not None and measured.integrated_lufs > possible:
+        raise AudioError("mix_truncated", (
+            f"the file reads {measured.integrated_lufs:+.1f} LUFS over "
+            f"{clock(measured.duration_seconds)}, louder than any audio can be: its data is "
+            "not the audio its header describes (a cut-off or corrupt render); export it "
+            "again"))
+    return measured
 
 
 class _Meter:
@@ -135,99 +319,204 @@ class _Meter:
             CLIP_LEVEL, (2 ** (bits - 1) - 1) / 2 ** (bits - 1))
         self.sub = max(1, round(rate * SUB_BLOCK_SECONDS))
         self.stereo = channels == 2
-        # the mono fold is filtered as one more channel
-        lanes = channels + (1 if self.stereo else 0)
         self.sos = k_weighting(rate)
-        self.zi = np.zeros((self.sos.shape[0], 2, lanes))
-        self.pending = np.zeros((0, lanes))  # weighted samples not yet in a sub-block
-        self.sub_blocks: list[np.ndarray] = []  # per sub-block: mean square of each lane
+        self.zi = np.zeros((channels, self.sos.shape[0], 2))  # the filter's state
+        # weighted samples not yet in a sub-block (only at the end: reads are whole
+        # sub-blocks)
+        self.pending = np.zeros((0, channels))
+        # per sub-block: mean square of each channel (+ L*R for the mono fold)
+        self.sub_blocks: list[np.ndarray] = []
         self.frames = 0
         self.peak = 0.0
         self.true_peak = 0.0
-        self.tail = np.zeros((0, channels))  # last samples of the previous block
-        self.unmeasured = 0  # how many of them the true peak has not covered yet
+        self.phases = true_peak_phases()
+        self.tap_bound = float(np.abs(self.phases).sum(axis=0).max()) * 1.0001
+        self.context = np.zeros((TRUE_PEAK_HALF_TAPS, channels), dtype=np.float32)
         self.sums = np.zeros(channels)
         self.lr = np.zeros(3)  # sum L*R, sum L*L, sum R*R
+        self.side_peak = 0.0  # max |L - R|
         self.clipped_samples = 0
         self.clipped_runs = 0
-        self.run_lengths = np.zeros(channels, dtype=np.int64)  # full-scale run so far
+        self.run_starts = np.full(channels, -1, dtype=np.int64)  # open full-scale run
+        # (first sample, after the last) of each stretch of clipping / overs
+        self.events: dict[str, list[tuple[int, int]]] = {"clipping": [], "over": []}
+        self.first_loud: int | None = None
+        self.last_loud = -1
+        self.silence = 10 ** (SILENCE_DBFS / 20)
+        self.window = np.hanning(SPECTRUM_FRAME).astype(np.float32)
+        self.spectrum = np.zeros(SPECTRUM_FRAME // 2 + 1)
+        self.low_bins = np.fft.rfftfreq(SPECTRUM_FRAME, 1 / rate) < LOW_END_HZ
+        self.low = np.zeros(3)  # below LOW_END_HZ: sum Re(L R*), |L|^2, |R|^2
 
     def feed(self, block: np.ndarray) -> None:
-        if not np.all(np.isfinite(block)):
+        sums = block.sum(axis=0, dtype=np.float64)
+        if not np.isfinite(sums).all():  # NaN or inf somewhere in a float file
             block = np.nan_to_num(block, nan=0.0, posinf=1.0, neginf=-1.0)
+            sums = block.sum(axis=0, dtype=np.float64)
+        offset = self.frames
         self.frames += block.shape[0]
-        self.peak = max(self.peak, float(np.max(np.abs(block))))
-        self.sums += block.sum(axis=0)
+        self.sums += sums
+        block_peak = max(float(block.max()), -float(block.min()))
+        self.peak = max(self.peak, block_peak)
         if self.channels >= 2:
             left, right = block[:, 0], block[:, 1]
             self.lr += (float(left @ right), float(left @ left), float(right @ right))
-        self._clipping(block)
-        self._true_peak(block)
-        lanes = np.hstack([block, block[:, :2].mean(axis=1, keepdims=True)]) if self.stereo \
-            else block
-        weighted, self.zi = signal.sosfilt(self.sos, lanes, axis=0, zi=self.zi)
-        self.pending = np.vstack([self.pending, weighted])
-        whole = self.pending.shape[0] // self.sub * self.sub
-        if whole:
-            squares = np.square(self.pending[:whole]).reshape(-1, self.sub, lanes.shape[1])
-            self.sub_blocks.extend(squares.mean(axis=1))
-            self.pending = self.pending[whole:]
+            side = left - right
+            self.side_peak = max(self.side_peak, float(side.max()), -float(side.min()))
+        if block_peak > self.silence:
+            self._loud(block, offset)
+        if block_peak >= self.clip_level or (self.run_starts >= 0).any():
+            self._clipping(np.abs(block) >= self.clip_level, offset)
+        self._true_peak(block, offset)
+        self._spectrum(block)
+        lanes = np.array(block.T, dtype=np.float64, order="C")
+        _sosfilt(self.sos, lanes, self.zi)  # in place, state carried to the next block
+        self._mean_squares(lanes.T)
 
-    def _clipping(self, block: np.ndarray) -> None:
-        at_full_scale = np.abs(block) >= self.clip_level
+    def _loud(self, block: np.ndarray, offset: int) -> None:
+        """Where sound starts and stops (above SILENCE_DBFS on any channel)."""
+        loudest = np.abs(block[:, 0])
+        for ch in range(1, self.channels):
+            np.maximum(loudest, np.abs(block[:, ch]), out=loudest)
+        loud = np.flatnonzero(loudest > self.silence)
+        if self.first_loud is None:
+            self.first_loud = offset + int(loud[0])
+        self.last_loud = offset + int(loud[-1])
+
+    def _mean_squares(self, weighted: np.ndarray) -> None:
+        if len(self.pending):
+            weighted = np.vstack([self.pending, weighted])
+        whole = weighted.shape[0] // self.sub * self.sub
+        if whole:
+            shaped = weighted[:whole].reshape(-1, self.sub, self.channels)
+            squares = np.einsum("ksc,ksc->kc", shaped, shaped) / self.sub
+            if self.stereo:
+                cross = np.einsum("ks,ks->k", shaped[:, :, 0], shaped[:, :, 1]) / self.sub
+                squares = np.hstack([squares, cross[:, None]])
+            self.sub_blocks.append(squares)
+        self.pending = weighted[whole:]
+
+    def _clipping(self, at_full_scale: np.ndarray, offset: int) -> None:
+        n = at_full_scale.shape[0]
         for ch in range(self.channels):
             column = at_full_scale[:, ch]
-            if not column.any() and self.run_lengths[ch] == 0:
+            open_run = int(self.run_starts[ch])
+            if not column.any() and open_run < 0:
                 continue
-            # run lengths of consecutive True values, the first continuing the carried run
             padded = np.concatenate([[False], column, [False]])
             edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
-            starts, ends = edges[::2], edges[1::2]
-            lengths = list(ends - starts)
-            if lengths and starts[0] == 0:
-                lengths[0] += int(self.run_lengths[ch])
-            elif self.run_lengths[ch]:
-                self._close_run(int(self.run_lengths[ch]))
-            continues = bool(column[-1])
-            closed = lengths[:-1] if continues else lengths
-            for length in closed:
-                self._close_run(int(length))
-            self.run_lengths[ch] = lengths[-1] if continues else 0
+            starts, ends = list(edges[::2] + offset), list(edges[1::2] + offset)
+            if open_run >= 0:
+                if starts and starts[0] == offset:
+                    starts[0] = open_run  # the carried run goes on
+                else:
+                    self._close_run(open_run, offset)
+            self.run_starts[ch] = -1
+            if starts and ends[-1] == offset + n:  # still at full scale at the block's end
+                self.run_starts[ch] = starts.pop()
+                ends.pop()
+            for start, end in zip(starts, ends, strict=True):
+                self._close_run(int(start), int(end))
 
-    def _close_run(self, length: int) -> None:
-        if length >= CLIP_RUN:
-            self.clipped_samples += length
+    def _close_run(self, start: int, end: int) -> None:
+        if end - start >= CLIP_RUN:
+            self.clipped_samples += end - start
             self.clipped_runs += 1
+            self._event(start, end, "clipping")
 
-    def _true_peak(self, block: np.ndarray, final: bool = False) -> None:
-        """Oversample with context on both sides: the resampler sees zeros past the
-        ends of what it is given, so the last TRUE_PEAK_OVERLAP samples of a block
-        are measured with the next block, and only the file's real end is padded."""
-        joined = np.vstack([self.tail, block])
-        if not len(joined):
+    def _event(self, start: int, end: int, kind: str) -> None:
+        """Note a stretch of `kind` (in time order); near ones make one range."""
+        events = self.events[kind]
+        if events and start - events[-1][1] < RANGE_GAP_SECONDS * self.rate:
+            events[-1] = (events[-1][0], max(end, events[-1][1]))
+        elif len(events) < MAX_RANGES:
+            events.append((start, end))
+
+    def _true_peak(self, block: np.ndarray, offset: int) -> None:
+        """The interpolated samples between those with TRUE_PEAK_HALF_TAPS of context
+        on each side; the last few wait for the next block (or the zeros past the
+        file's end, as the resampler pads it).
+
+        An interpolated sample cannot exceed the largest input sample in its
+        window times its phase's sum of absolute taps (the bound): a stretch whose
+        bound stays under what is already known (the sample peak, the true peak so
+        far, and 0 dBTP, so that overs are still located) cannot change the
+        reading, and is skipped, loudest stretches first."""
+        half = TRUE_PEAK_HALF_TAPS
+        joined = np.vstack([self.context, block])
+        stop = len(joined) - half  # positions with full context on the right
+        base = offset - len(self.context) + half  # file position of joined[half]
+        for ch in range(self.channels):
+            if stop > half:
+                self._true_peak_of(joined[:, ch], stop - half, base)
+        self.context = joined[max(0, stop - half):]
+
+    def _true_peak_of(self, column: np.ndarray, count: int, base: int) -> None:
+        windows = sliding_window_view(column, 2 * TRUE_PEAK_HALF_TAPS + 1)[:count]
+        starts = range(0, count, TRUE_PEAK_CHUNK)
+        magnitude = np.abs(column)
+        padded = np.zeros((len(starts) + 1) * TRUE_PEAK_CHUNK, dtype=magnitude.dtype)
+        padded[:len(magnitude)] = magnitude
+        loudest = padded.reshape(-1, TRUE_PEAK_CHUNK).max(axis=1)
+        # a stretch's windows reach TRUE_PEAK_HALF_TAPS * 2 samples into the next one
+        bounds = np.maximum(loudest[:-1], loudest[1:]) * self.tap_bound
+        overs = []
+        for index in np.argsort(bounds)[::-1]:
+            if bounds[index] <= min(max(self.true_peak, self.peak), 1.0):
+                break  # this stretch and every quieter one: nothing to find
+            first = starts[index]
+            interpolated = windows[first:first + TRUE_PEAK_CHUNK] @ self.phases
+            top = max(float(interpolated.max()), -float(interpolated.min()))
+            self.true_peak = max(self.true_peak, top)
+            if top > 1.0:  # overs between the samples: where
+                overs.append(base + first + np.flatnonzero(
+                    np.abs(interpolated).max(axis=1) > 1.0))
+        if overs:  # found loudest first: located in time order
+            self._overs(np.sort(np.concatenate(overs)))
+
+    def _overs(self, positions: np.ndarray) -> None:
+        gap = RANGE_GAP_SECONDS * self.rate
+        breaks = np.flatnonzero(np.diff(positions) > gap)
+        for first, last in zip(np.concatenate([[0], breaks + 1]),
+                               np.concatenate([breaks, [len(positions) - 1]]), strict=True):
+            self._event(int(positions[first]), int(positions[last]) + 1, "over")
+
+    def _spectrum(self, block: np.ndarray) -> None:
+        """A few windowed frames of each block: enough for octave bands and the
+        low end's correlation at a small part of a full transform's cost."""
+        usable = block.shape[0] - SPECTRUM_FRAME
+        if usable < 0:
             return
-        start = len(self.tail) - self.unmeasured  # where the last measurement stopped
-        end = len(joined) if final else max(start, len(joined) - TRUE_PEAK_OVERLAP)
-        if end > start:
-            upsampled = signal.resample_poly(joined, OVERSAMPLING, 1, axis=0)
-            fresh = upsampled[start * OVERSAMPLING:end * OVERSAMPLING]
-            if fresh.size:
-                self.true_peak = max(self.true_peak, float(np.max(np.abs(fresh))))
-        self.unmeasured = len(joined) - end
-        self.tail = joined[max(0, end - TRUE_PEAK_OVERLAP):]
+        step = max(1, usable // max(1, SPECTRUM_FRAMES_PER_BLOCK - 1))
+        for start in range(0, usable + 1, step)[:SPECTRUM_FRAMES_PER_BLOCK]:
+            frame = block[start:start + SPECTRUM_FRAME] * self.window[:, None]
+            spectra = np.fft.rfft(frame, axis=0)
+            power = (spectra.real ** 2 + spectra.imag ** 2)
+            self.spectrum += power.sum(axis=1)
+            if self.channels >= 2:
+                left, right = spectra[self.low_bins, 0], spectra[self.low_bins, 1]
+                self.low += (float(np.sum((left * right.conj()).real)),
+                             float(power[self.low_bins, 0].sum()),
+                             float(power[self.low_bins, 1].sum()))
 
-    def result(self, info: Any) -> Measurements:
-        self._true_peak(np.zeros((0, self.channels)), final=True)
+    def result(self, info: Any, declared: int | None) -> Measurements:
+        self._true_peak(np.zeros((TRUE_PEAK_HALF_TAPS, self.channels), dtype=np.float32),
+                        self.frames)
         for ch in range(self.channels):  # runs still open at the end of the file
-            if self.run_lengths[ch]:
-                self._close_run(int(self.run_lengths[ch]))
+            if self.run_starts[ch] >= 0:
+                self._close_run(int(self.run_starts[ch]), self.frames)
+        self._mean_squares(np.zeros((0, self.channels)))
+        self.pending = np.zeros((0, self.channels))
+        lanes = self.channels + (1 if self.stereo else 0)
+        subs = np.vstack(self.sub_blocks) if self.sub_blocks else np.zeros((0, lanes))
         weights = channel_weights(self.channels)
-        subs = np.array(self.sub_blocks).reshape(-1, self.pending.shape[1])
         programme = subs[:, :self.channels] @ weights if len(subs) else np.zeros(0)
-        integrated = gated_loudness(_windows(programme, 4), RELATIVE_GATE_LU)
+        momentary = _windows(programme, 4)
+        integrated = gated_loudness(momentary, RELATIVE_GATE_LU)
         drop = None
         if self.stereo:
-            mono = subs[:, -1] * 2.0  # the fold, played on both channels
+            # the fold (L + R) / 2, played on both channels: 2 * mean square of the fold
+            mono = (subs[:, 0] + subs[:, 1] + 2 * subs[:, 2]) / 2
             folded = gated_loudness(_windows(mono, 4), RELATIVE_GATE_LU)
             if integrated is not None:
                 drop = None if folded is None else round(integrated - folded, 2)
@@ -237,12 +526,12 @@ class _Meter:
             # A silent side correlates with nothing: undefined, not "uncorrelated" (0).
             correlation = round(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
         short_term = _windows(programme, 30)
-        per_second = [_lufs(short_term_at(programme, end)) for end in
-                      range(10, len(programme) + 1, 10)]
+        seconds = range(10, len(programme) + 1, 10)
+        true_peak = _db(max(self.true_peak, self.peak))
         return Measurements(
             integrated_lufs=_round(integrated),
             loudness_range_lu=_round(loudness_range(short_term)),
-            true_peak_dbtp=_round(_db(max(self.true_peak, self.peak))),
+            true_peak_dbtp=_round(true_peak),
             sample_peak_dbfs=_round(_db(self.peak)),
             clipped_samples=self.clipped_samples,
             clipped_runs=self.clipped_runs,
@@ -255,8 +544,50 @@ class _Meter:
             bit_depth=BIT_DEPTHS.get(info.subtype),
             sample_format=str(info.subtype),
             file_format=str(info.format),
-            short_term_lufs=[_round(v) for v in per_second],
+            short_term_lufs=[_round(_lufs(window_at(programme, end, 30))) for end in seconds],
+            momentary_lufs=[_round(_lufs(window_at(programme, end, 4))) for end in seconds],
+            momentary_max_lufs=_round(_lufs(float(momentary.max()))) if len(momentary) else None,
+            short_term_max_lufs=_round(_lufs(float(short_term.max())))
+            if len(short_term) else None,
+            plr_db=None if true_peak is None or integrated is None
+            else _round(true_peak - integrated),
+            mono=self.channels == 1,
+            dual_mono=self.channels == 2 and self.peak > 0
+            and self.side_peak <= DUAL_MONO_DIFFERENCE,
+            low_end_correlation=self._low_end_correlation(),
+            leading_silence_seconds=round((self.frames if self.first_loud is None
+                                           else self.first_loud) / self.rate, 2),
+            trailing_silence_seconds=round((self.frames - 1 - self.last_loud) / self.rate, 2)
+            if self.first_loud is not None else round(self.frames / self.rate, 2),
+            clipping_ranges=[{"start": round(a / self.rate, 2), "end": round(b / self.rate, 2),
+                              "kind": kind} for kind, events in self.events.items()
+                             for a, b in events],
+            octave_bands=self._octave_bands(),
+            frames_declared=declared,
+            frames_read=self.frames,
         )
+
+    def _low_end_correlation(self) -> float | None:
+        product, ll, rr = self.low
+        total = float(self.spectrum.sum())
+        # nothing down there (or one side silent): no verdict on the low end
+        if self.channels < 2 or ll <= 0 or rr <= 0 or (ll + rr) < total * 1e-6:
+            return None
+        return round(product / math.sqrt(ll * rr), 3)
+
+    def _octave_bands(self) -> list[dict[str, float]]:
+        freqs = np.fft.rfftfreq(SPECTRUM_FRAME, 1 / self.rate)
+        bands = []
+        for centre in OCTAVE_BANDS_HZ:
+            low, high = centre / math.sqrt(2), centre * math.sqrt(2)
+            if high > self.rate / 2:
+                break
+            bands.append((centre, float(self.spectrum[(freqs >= low) & (freqs < high)].sum())))
+        total = sum(power for _, power in bands)
+        if total <= 0:
+            return []
+        return [{"hz": centre, "db": round(10 * math.log10(power / total), 1) if power > 0
+                 else -120.0} for centre, power in bands]
 
 
 def _windows(powers: np.ndarray, size: int) -> np.ndarray:
@@ -267,10 +598,16 @@ def _windows(powers: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(sums / size)
 
 
+def window_at(powers: np.ndarray, end: int, size: int) -> float:
+    """Mean power of the `size` sub-blocks ending at sub-block `end` (shorter at the
+    start)."""
+    window = powers[max(0, end - size):end]
+    return float(window.mean()) if len(window) else 0.0
+
+
 def short_term_at(powers: np.ndarray, end: int) -> float:
     """Mean power of the 3 s window ending at sub-block `end` (shorter at the start)."""
-    window = powers[max(0, end - 30):end]
-    return float(window.mean()) if len(window) else 0.0
+    return window_at(powers, end, 30)
 
 
 def _lufs(power: float) -> float | None:

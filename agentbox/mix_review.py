@@ -13,11 +13,14 @@ the rule-based ones: the LLM can never fail a run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import math
 import multiprocessing
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,12 +29,20 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from agentbox import portable
-from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.agents import (
+    AgentContext,
+    AttemptGivenBack,
+    PermanentAgentError,
+    RetryableAgentError,
+)
 from agentbox.config import ConfigError, Settings
 from agentbox.events import Event
-from agentbox.profiles import DEFAULT_PROFILE, PROFILES, Profile
+from agentbox.profiles import DEFAULT_PROFILE, PROFILES, TARGETS, Profile, Target
 
 SETTLE_SECONDS = 2.0  # a file modified more recently may still be being written
+# A file cut short and modified more recently than this may still be being written
+# (a stalled renderer): retried; older, it is a broken render (failed for good).
+TRUNCATED_RETRY_SECONDS = 60.0
 LLM_TIMEOUT_SECONDS = 30.0  # the whole call, at most
 # Left of the run's own time limit after the call, to finish the review: the call
 # is cut shorter when the run has less, so a slow model never times the run out.
@@ -48,6 +59,24 @@ class ProfileView(BaseModel):
     target_lufs: float
     tolerance_lu: float
     max_true_peak_dbtp: float
+
+
+class ClippingRange(BaseModel):
+    start: float  # seconds
+    end: float
+    kind: str = "clipping"  # "clipping": samples at full scale; "over": above 0 dBTP between
+
+
+class OctaveBand(BaseModel):
+    hz: float
+    db: float  # the band's share of the mix's power
+    reference_db: float | None = None  # the profile's reference curve
+
+
+class LoudnessCurve(BaseModel):
+    step_seconds: float
+    momentary: list[float | None]
+    short_term: list[float | None]
 
 
 class MixMetrics(BaseModel):
@@ -67,6 +96,64 @@ class MixMetrics(BaseModel):
     sample_format: str
     file_format: str
     short_term_lufs: list[float | None]
+    momentary_max_lufs: float | None = None
+    short_term_max_lufs: float | None = None
+    plr_db: float | None = None
+    mono: bool = False
+    dual_mono: bool = False
+    headroom_db: float | None = None  # the profile's ceiling minus the true peak
+    low_end_correlation: float | None = None
+    leading_silence_seconds: float = 0.0
+    trailing_silence_seconds: float = 0.0
+    clipping_ranges: list[ClippingRange] = []
+    octave_bands: list[OctaveBand] = []
+    loudness_curve: LoudnessCurve | None = None
+
+
+class FileInfo(BaseModel):
+    name: str
+    format: str
+    sample_rate: int
+    bit_depth: int | None  # None for lossy formats
+    channels: int
+    duration_seconds: float
+    frames_declared: int | None
+    frames_read: int
+
+
+class TargetView(BaseModel):
+    name: str
+    title: str
+    integrated_target_lufs: float
+    true_peak_max_dbtp: float
+    gain_db: float | None  # what the platform's normalisation applies; None: silent
+    result_true_peak_dbtp: float | None
+    verdict: str
+    note: str
+
+
+class Comparison(BaseModel):
+    previous_run_id: str | None  # None: the project's first export
+    previous_accepted_at: str | None = None
+    deltas: dict[str, float] = {}  # figure -> this export minus the previous one
+    note: str = ""
+
+
+class ReferenceView(BaseModel):
+    file: str
+    integrated_lufs: float | None = None
+    true_peak_dbtp: float | None = None
+    loudness_range_lu: float | None = None
+    octave_bands: list[OctaveBand] = []
+    deltas: dict[str, float] = {}  # figure -> the mix minus the reference
+    note: str
+    error: str | None = None
+
+
+class Note(BaseModel):
+    severity: str  # "fix", "consider" or "info"
+    code: str
+    text: str
 
 
 class MixReview(BaseModel):
@@ -77,6 +164,12 @@ class MixReview(BaseModel):
     metrics: MixMetrics
     notes_source: str  # "rules", or "llm" when the configured model wrote the notes
     mix_url: str
+    verdict: str = "pass"  # "pass", "warn" or "fail" against the profile
+    file: FileInfo | None = None
+    targets: list[TargetView] = []
+    comparison: Comparison = Comparison(previous_run_id=None)
+    reference: ReferenceView | None = None
+    notes: list[Note] = []  # the rule-based notes, in review_notes' order when "rules"
 
 
 def as_review(result: Any) -> MixReview | None:
@@ -102,32 +195,84 @@ async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
     profile = choose_profile(getattr(payload, "profile", None)
                              or (settings.mix_profile if settings else None))
     path = local_path(mix_url)
-    _check_settled(path)
-    before = _stat(path)
-    outcome = await analyse_in_process(str(path))
-    if outcome[0] == "error":
-        _, code, message = outcome
-        if code == "mix_unreadable" and _recently_changed(path):
-            raise RetryableAgentError(f"{mix_url} is still being written", "mix_incomplete")
-        raise PermanentAgentError(message, code)
-    measured = MixMetrics(**outcome[1])
-    if _stat(path) != before:  # rewritten while we listened
-        raise RetryableAgentError(f"{mix_url} changed during the analysis", "mix_incomplete")
-    notes, source = rule_notes(measured, profile), "rules"
+    measured, file = await measure_file(path, mix_url, ctx)
+    metrics = with_profile(measured, profile)
+    reference_url = getattr(payload, "reference_url", None)
+    reference = None if not reference_url else await compare_with_reference(
+        str(reference_url), metrics, profile, ctx)
+    comparison = await compare_with_previous(ctx, project_id, metrics, profile)
+    notes = notes_for(metrics, profile, comparison, reference)
+    texts, source = [n.text for n in notes], "rules"
     llm = LlmSettings.from_settings(settings)
     if llm is not None:
-        prose = await llm_notes(llm, measured, profile, project_id, ctx)
+        prose = await llm_notes(llm, metrics, profile, project_id, ctx)
         if prose:
-            notes, source = prose, "llm"
+            texts, source = prose, "llm"
     return MixReview(
         project_id=project_id,
-        summary=summarise(measured, profile),
-        review_notes=notes,
-        profile=ProfileView(**profile.__dict__),
-        metrics=measured,
+        summary=summarise(metrics, profile),
+        review_notes=texts,
+        profile=ProfileView(**{k: v for k, v in profile.__dict__.items()
+                               if k in ProfileView.model_fields}),
+        metrics=metrics,
         notes_source=source,
         mix_url=mix_url,
+        verdict=verdict_of(notes),
+        file=file,
+        targets=delivery_targets(metrics),
+        comparison=comparison,
+        reference=reference,
+        notes=notes,
     )
+
+
+async def measure_file(path: Path, url: str, ctx: AgentContext | None
+                       ) -> tuple[dict[str, Any], FileInfo]:
+    """The measurements of the file at `path`, or the agent error that says why not."""
+    _check_settled(path)
+    before = _stat(path)
+    outcome = await analyse_in_process(str(path), None if ctx is None else ctx.cancelled)
+    if outcome[0] == "error":
+        _, code, message = outcome
+        if code == "mix_truncated":
+            if _recently_changed(path, TRUNCATED_RETRY_SECONDS):
+                raise RetryableAgentError(f"{url}: {message}", code)
+            raise PermanentAgentError(f"{url}: {message}", code)
+        if code == "mix_unreadable" and _recently_changed(path):
+            raise RetryableAgentError(f"{url} is still being written", "mix_incomplete")
+        raise PermanentAgentError(message, code)
+    if _stat(path) != before:  # rewritten while we listened
+        raise RetryableAgentError(f"{url} changed during the analysis", "mix_incomplete")
+    raw: dict[str, Any] = outcome[1]
+    file = FileInfo(name=path.name, format=raw["file_format"], sample_rate=raw["sample_rate"],
+                    bit_depth=raw["bit_depth"], channels=raw["channels"],
+                    duration_seconds=raw["duration_seconds"],
+                    frames_declared=raw.get("frames_declared"),
+                    frames_read=raw.get("frames_read", 0))
+    return raw, file
+
+
+def with_profile(raw: dict[str, Any], profile: Profile) -> MixMetrics:
+    """The measurements as the review's metrics: the reference curve beside each
+    octave band, the unused headroom under the profile's ceiling, the curves."""
+    metrics = MixMetrics(**raw)
+    reference = reference_curve(profile, len(metrics.octave_bands))
+    bands = [band.model_copy(update={"reference_db": ref})
+             for band, ref in zip(metrics.octave_bands, reference, strict=False)]
+    headroom = None if metrics.true_peak_dbtp is None else round(
+        profile.max_true_peak_dbtp - metrics.true_peak_dbtp, 2)
+    curve = LoudnessCurve(step_seconds=1.0, momentary=raw.get("momentary_lufs", []),
+                          short_term=metrics.short_term_lufs)
+    return metrics.model_copy(update={"octave_bands": bands, "headroom_db": headroom,
+                                      "loudness_curve": curve})
+
+
+def reference_curve(profile: Profile, bands: int) -> list[float]:
+    """The profile's curve over the first `bands` octave bands, as shares of their
+    total (as the mix's bands are)."""
+    curve = profile.reference_curve[:bands]
+    total = sum(10 ** (db / 10) for db in curve)
+    return [round(db - 10 * math.log10(total), 1) for db in curve] if total else []
 
 
 def analyse(path: str) -> tuple[Any, ...]:
@@ -176,9 +321,9 @@ def _stat(path: Path) -> tuple[int, int] | None:
     return found.st_size, found.st_mtime_ns
 
 
-def _recently_changed(path: Path) -> bool:
+def _recently_changed(path: Path, seconds: float = SETTLE_SECONDS) -> bool:
     found = _stat(path)
-    return found is not None and time.time() - found[1] / 1e9 < SETTLE_SECONDS
+    return found is not None and time.time() - found[1] / 1e9 < seconds
 
 
 def _check_settled(path: Path) -> None:
@@ -192,63 +337,194 @@ def _check_settled(path: Path) -> None:
 
 
 # -- analysis processes ------------------------------------------------------------------------
-# One process per analysis ("spawn": no copy of the event loop's threads), at most
-# AGENTBOX_ANALYSIS_PROCESSES at once. A run that times out or is cancelled kills
-# its process, so no orphaned analysis keeps a CPU busy or a slot taken.
+# At most AGENTBOX_ANALYSIS_PROCESSES analyses at once (default 1: beside a DAW, one
+# core is the most a review should take), each in its own process ("spawn": no
+# copy of the event loop's threads) at low priority, ignoring the terminal's
+# Ctrl-C, with the numerical libraries single-threaded. A process stays warm
+# between reviews (numpy and scipy loaded: importing them costs more than
+# measuring a song) and exits by itself after WARM_SECONDS idle; waiting, it is
+# blocked on its pipe and costs nothing. A run that times out or is cancelled
+# kills its process, so no orphaned analysis keeps a CPU busy or a slot taken;
+# one that dies is replaced at the next review.
+
+WARM_SECONDS = 600.0  # an idle analysis process exits after this
+REUSE_MARGIN_SECONDS = 30.0  # one about to exit is not handed a review
+DEFAULT_ANALYSIS_PROCESSES = 1
+SINGLE_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                           "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+BUSY_NAME, IDLE_NAME = "agentbox-analysis", "agentbox-analysis-idle"
 
 _SLOTS: asyncio.Semaphore | None = None
-_RUNNING: set[multiprocessing.process.BaseProcess] = set()
+_IDLE: list[_Worker] = []
+_BUSY: set[_Worker] = set()
+
+
+class _Worker:
+    """One analysis process and the parent's end of its pipe. `ready` resolves when
+    its imports are done (a thread waits for it, so that a run cancelled meanwhile
+    leaves a process that is only starting to the next run)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(target=serve_analyses, args=(child_end,),
+                                       daemon=True, name=IDLE_NAME)
+        self.process.start()
+        child_end.close()
+        self.idle_since = time.monotonic()
+        self.ready: concurrent.futures.Future[Any] = _waiters().submit(self.conn.recv)
+
+    def fresh(self) -> bool:
+        return self.process.is_alive() and (
+            time.monotonic() - self.idle_since < WARM_SECONDS - REUSE_MARGIN_SECONDS)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(10)
+        self.conn.close()
+
+
+_WAITERS: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _waiters() -> concurrent.futures.ThreadPoolExecutor:
+    global _WAITERS
+    if _WAITERS is None:
+        _WAITERS = concurrent.futures.ThreadPoolExecutor(
+            thread_name_prefix="agentbox-analysis-start")
+    return _WAITERS
+
+
+def start_analysis_process() -> None:
+    """Start an analysis process now, so that the first review finds it warm (the
+    server calls this at start when the mix review is configured)."""
+    if not _IDLE and not _BUSY:
+        _IDLE.append(_Worker())
 
 
 def analysis_processes() -> int:
-    """AGENTBOX_ANALYSIS_PROCESSES, else CPUs - 1 (at least 1)."""
+    """AGENTBOX_ANALYSIS_PROCESSES, else DEFAULT_ANALYSIS_PROCESSES (1)."""
     raw = os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", "").strip()
     if raw:
         if not raw.isdigit() or int(raw) < 1:
             raise ConfigError("AGENTBOX_ANALYSIS_PROCESSES must be a whole number, 1 or more")
         return int(raw)
-    return max(1, (os.cpu_count() or 2) - 1)
+    return DEFAULT_ANALYSIS_PROCESSES
 
 
-def _child(path: str, conn: Any) -> None:
+def serve_analyses(conn: Any) -> None:
+    """The analysis process: low priority, deaf to Ctrl-C and single-threaded
+    before numpy loads; then one review per path sent, until the parent goes
+    away or nothing comes for WARM_SECONDS."""
+    from agentbox.portable import ignore_interrupts, lower_priority
+
+    ignore_interrupts()
+    lower_priority()
+    for name in SINGLE_THREAD_VARIABLES:
+        os.environ[name] = "1"
+    import agentbox.loudness  # noqa: F401 - loaded now, while no review waits
     try:
-        conn.send(analyse(path))
+        conn.send(("ready",))
+        while conn.poll(WARM_SECONDS):
+            conn.send(analyse(conn.recv()))
+    except (EOFError, OSError):
+        pass  # the server went away
     finally:
         conn.close()
 
 
-async def analyse_in_process(path: str) -> tuple[Any, ...]:
+async def _take_slot(slots: asyncio.Semaphore, cancelled: asyncio.Event | None) -> None:
+    """A slot, or AttemptGivenBack when the server stops first: a run that only
+    waited has not started, and costs no retry."""
+    if cancelled is None:
+        await slots.acquire()
+        return
+    acquire = asyncio.ensure_future(slots.acquire())
+    stopping = asyncio.ensure_future(cancelled.wait())
+    try:
+        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not acquire.done():
+            acquire.cancel()
+    if acquire.cancelled() or not acquire.done():
+        raise AttemptGivenBack("the server is stopping; the review had not started")
+    if cancelled.is_set():
+        slots.release()
+        raise AttemptGivenBack("the server is stopping; the review had not started")
+
+
+async def analyse_in_process(path: str, cancelled: asyncio.Event | None = None
+                             ) -> tuple[Any, ...]:
     global _SLOTS
     if _SLOTS is None:
         _SLOTS = asyncio.Semaphore(analysis_processes())
+    slots = _SLOTS
     loop = asyncio.get_running_loop()
-    context = multiprocessing.get_context("spawn")
-    async with _SLOTS:
-        receiving, sending = context.Pipe(duplex=False)
-        process = context.Process(target=_child, args=(path, sending), daemon=True,
-                                  name="agentbox-analysis")
-        process.start()
-        sending.close()
-        _RUNNING.add(process)
+    await _take_slot(slots, cancelled)
+    try:
+        worker = await _warm_worker(loop)
+        worker.process.name = BUSY_NAME
+        _BUSY.add(worker)
+        answered = False
         try:
-            result: tuple[Any, ...] = await loop.run_in_executor(None, receiving.recv)
+            worker.conn.send(path)
+            result: tuple[Any, ...] = await loop.run_in_executor(None, worker.conn.recv)
+            answered = True
             return result
-        except EOFError:  # the process died without an answer
+        except (EOFError, OSError):  # the process died without an answer
             raise RetryableAgentError("the analysis process died",
                                       "analysis_crashed") from None
         finally:
-            if process.is_alive():
-                process.terminate()  # cancelled or timed out: stop listening
-            await loop.run_in_executor(None, process.join, 10)
-            _RUNNING.discard(process)
-            receiving.close()
+            _BUSY.discard(worker)
+            if answered and worker.process.is_alive():
+                _idle(worker)
+            else:  # cancelled or timed out (stop listening), or dead
+                await loop.run_in_executor(None, worker.stop)
+    finally:
+        slots.release()
+
+
+async def _warm_worker(loop: asyncio.AbstractEventLoop) -> _Worker:
+    """An idle process that has loaded its libraries, started if there is none. A
+    run cancelled while it starts leaves it starting, for the next run."""
+    worker = None
+    while _IDLE and worker is None:
+        candidate = _IDLE.pop()
+        if candidate.fresh():
+            worker = candidate
+        else:
+            await loop.run_in_executor(None, candidate.stop)
+    worker = worker or _Worker()
+    try:
+        await asyncio.shield(asyncio.wrap_future(worker.ready, loop=loop))
+    except asyncio.CancelledError:
+        _idle(worker)
+        raise
+    except (EOFError, OSError):
+        await loop.run_in_executor(None, worker.stop)
+        raise RetryableAgentError("the analysis process died while starting",
+                                  "analysis_crashed") from None
+    return worker
+
+
+def _idle(worker: _Worker) -> None:
+    worker.process.name = IDLE_NAME
+    worker.idle_since = time.monotonic()
+    _IDLE.append(worker)
 
 
 def shutdown_analysis() -> None:
-    """Stop every running analysis (the server calls this when it stops)."""
-    for process in list(_RUNNING):
-        if process.is_alive():
-            process.terminate()
+    """Stop every analysis process, busy or idle (the server calls this when it
+    stops)."""
+    workers = [*_BUSY, *_IDLE]
+    _IDLE.clear()
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    for worker in workers:
+        worker.process.join(5)
 
 
 # -- the notes --------------------------------------------------------------------------------
@@ -272,61 +548,383 @@ def summarise(m: MixMetrics, profile: Profile) -> str:
             f"{_duration(m.duration_seconds)} at {m.sample_rate} Hz.")
 
 
+SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
+LEADING_SILENCE_SECONDS = 1.0  # more than this before the music starts is worth trimming
+TRAILING_SILENCE_SECONDS = 4.0
+LOW_END_HZ = 120.0  # as agentbox.loudness measures it (not imported here: it loads numpy)
+LOW_END_CORRELATION_BELOW = 0.3  # bass this decorrelated thins out or vanishes in mono
+TONAL_EXCESS_DB = 4.0  # an octave this far over the reference curve is a problem
+TONAL_MIN_SECONDS = 10.0  # shorter files say little about tonal balance
+LOW_OCTAVES_HZ = (63.0, 125.0)
+HARSH_OCTAVES_HZ = (2000.0, 4000.0)
+
+
 def rule_notes(m: MixMetrics, p: Profile) -> list[str]:
-    """Specific, numbered observations, most important first."""
-    notes: list[str] = []
+    """Specific observations, what to fix first first, each saying what to change."""
+    return [note.text for note in notes_for(m, p)]
+
+
+def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
+              reference: ReferenceView | None = None) -> list[Note]:
+    """The review's notes, ordered by severity (fix, consider, info) and, within
+    one, by what to change first (loudness moves everything after it)."""
     if m.integrated_lufs is None and m.duration_seconds < 0.4:
-        return [f"The file holds {m.duration_seconds:g} s of audio: too short for a loudness "
-                "measurement (400 ms at least); check that the export rendered the whole "
-                "song."]
+        return [Note(severity="fix", code="too_short", text=(
+            f"The file holds {m.duration_seconds:g} s of audio: too short for a loudness "
+            "measurement (400 ms at least); check that the export rendered the whole "
+            "song."))]
     if m.integrated_lufs is None:
-        return ["Nothing in the file rises above -70 LUFS: check that the export rendered "
-                "the right tracks and was not muted."]
+        return [Note(severity="fix", code="silent", text=(
+            "Nothing in the file rises above -70 LUFS: check that the export rendered "
+            "the right tracks and was not muted."))]
+    notes = [*_level_notes(m, p), *_fault_notes(m), *_stereo_notes(m), *_tonal_notes(m),
+             *_edge_notes(m), *_format_notes(m)]
+    if reference is not None:
+        notes.append(Note(severity="info", code="reference", text=reference.note))
+    if comparison is not None and comparison.previous_run_id is not None:
+        notes.append(Note(severity="info", code="previous_export", text=comparison.note))
+    return sorted(notes, key=lambda note: SEVERITIES.index(note.severity))
+
+
+def verdict_of(notes: list[Note]) -> str:
+    """fail: something to fix before release; warn: something to consider; pass."""
+    severities = {note.severity for note in notes}
+    return "fail" if "fix" in severities else "warn" if "consider" in severities else "pass"
+
+
+def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
+    assert m.integrated_lufs is not None
+    notes = []
     delta = m.integrated_lufs - p.target_lufs
+    off = "fix" if abs(delta) > 3 * p.tolerance_lu else "consider"
     if delta > p.tolerance_lu:
-        notes.append(
+        notes.append(Note(severity=off, code="too_loud", text=(
             f"Integrated {m.integrated_lufs:.1f} LUFS is {delta:.1f} LU above the {p.title} "
             f"target of {p.target_lufs:g} LUFS: playback will turn it down by about "
-            f"{delta:.1f} dB, so the extra loudness only costs dynamics.")
+            f"{delta:.1f} dB, so the extra loudness only costs dynamics; ease the limiter "
+            f"by about {delta:.1f} dB.")))
     elif delta < -p.tolerance_lu:
-        notes.append(
+        notes.append(Note(severity=off, code="too_quiet", text=(
             f"Integrated {m.integrated_lufs:.1f} LUFS is {-delta:.1f} LU below the {p.title} "
             f"target of {p.target_lufs:g} LUFS: it will play quieter than other material, or "
-            f"be turned up into the limiter.")
+            f"be turned up into the limiter; raise the master by about {-delta:.1f} dB.")))
     else:
-        notes.append(f"Integrated {m.integrated_lufs:.1f} LUFS sits within "
-                     f"±{p.tolerance_lu:g} LU of the {p.title} target ({p.target_lufs:g} LUFS).")
+        notes.append(Note(severity="info", code="on_target", text=(
+            f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{p.tolerance_lu:g} LU of "
+            f"the {p.title} target ({p.target_lufs:g} LUFS).")))
     if m.true_peak_dbtp is not None and m.true_peak_dbtp > p.max_true_peak_dbtp:
         after = " and will clip after lossy encoding" if m.true_peak_dbtp > -0.5 else ""
-        notes.append(
+        overs = [r for r in m.clipping_ranges if r.kind == "over"]
+        where = f" (over 0 dBTP at {_ranges(overs)})" if overs else ""
+        notes.append(Note(severity="fix", code="true_peak_over", text=(
             f"True peak {m.true_peak_dbtp:+.1f} dBTP exceeds the {p.max_true_peak_dbtp:g} dBTP "
-            f"ceiling{after}: lower the limiter's output ceiling by "
-            f"{m.true_peak_dbtp - p.max_true_peak_dbtp:.1f} dB or enable its true-peak mode.")
-    if m.clipped_runs:
-        notes.append(
-            f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} runs of "
-            f"{3}+ in a row: that is audible clipping in the render, not just a hot peak.")
+            f"ceiling{after}{where}: lower the limiter's output ceiling by "
+            f"{m.true_peak_dbtp - p.max_true_peak_dbtp:.1f} dB or enable its true-peak "
+            "mode.")))
+    elif delta < -p.tolerance_lu and m.headroom_db is not None and m.headroom_db >= 1.0:
+        notes.append(Note(severity="consider", code="unused_headroom", text=(
+            f"The mix peaks at {m.true_peak_dbtp:+.1f} dBTP: {m.headroom_db:.1f} dB of "
+            f"headroom under the {p.max_true_peak_dbtp:g} dBTP ceiling is unused; raise the "
+            f"master by up to {m.headroom_db:.1f} dB before any limiting.")))
     if m.loudness_range_lu is not None:
         if m.loudness_range_lu < 3 and m.duration_seconds >= 30:
-            notes.append(f"Loudness range {m.loudness_range_lu:.1f} LU: very little movement "
-                         "between sections; consider letting verses breathe.")
+            notes.append(Note(severity="consider", code="narrow_range", text=(
+                f"Loudness range {m.loudness_range_lu:.1f} LU: very little movement "
+                "between sections; consider letting verses breathe.")))
         elif m.loudness_range_lu > 15:
-            notes.append(f"Loudness range {m.loudness_range_lu:.1f} LU: quiet passages may "
-                         "get lost on phones and in cars.")
-    if abs(m.dc_offset) >= 0.001:
-        notes.append(f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass "
-                     "filter (or a DC-removal plug-in) on the master would reclaim headroom.")
-    if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
-        notes.append(f"Stereo correlation {m.stereo_correlation:+.2f}: left and right are "
-                     "largely out of phase; check polarity on stereo sources.")
-    if m.channels == 2:
-        if m.mono_loudness_drop_lu is None:
-            notes.append("Folded to mono the mix cancels out entirely: one side is "
-                         "polarity-inverted.")
-        elif m.mono_loudness_drop_lu > 3:
-            notes.append(f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or "
-                         "phasey elements will vanish on mono speakers.")
+            notes.append(Note(severity="consider", code="wide_range", text=(
+                f"Loudness range {m.loudness_range_lu:.1f} LU: quiet passages may get lost "
+                "on phones and in cars; ride the quiet sections up or compress gently.")))
+    if m.plr_db is not None and m.plr_db < 8 and m.duration_seconds >= 30:
+        notes.append(Note(severity="consider", code="low_plr", text=(
+            f"Peak-to-loudness ratio {m.plr_db:.1f} dB: the transients are squashed; "
+            "less limiting would keep the punch.")))
     return notes
+
+
+def _fault_notes(m: MixMetrics) -> list[Note]:
+    notes = []
+    if m.clipped_runs:
+        clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
+        where = f" at {_ranges(clipped)}" if clipped else ""
+        notes.append(Note(severity="fix", code="clipping", text=(
+            f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} runs of "
+            f"{3}+ in a row{where}: that is audible clipping in the render, not just a hot "
+            "peak; lower the master fader or the limiter's input there.")))
+    if abs(m.dc_offset) >= 0.001:
+        notes.append(Note(severity="consider", code="dc_offset", text=(
+            f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
+            "(or a DC-removal plug-in) on the master would reclaim headroom.")))
+    return notes
+
+
+def _stereo_notes(m: MixMetrics) -> list[Note]:
+    notes = []
+    if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
+        notes.append(Note(severity="fix", code="out_of_phase", text=(
+            f"Stereo correlation {m.stereo_correlation:+.2f}: left and right are largely "
+            "out of phase; check polarity on stereo sources.")))
+    if m.channels == 2 and not m.dual_mono:
+        if m.mono_loudness_drop_lu is None:
+            notes.append(Note(severity="fix", code="mono_cancels", text=(
+                "Folded to mono the mix cancels out entirely: one side is "
+                "polarity-inverted; flip the polarity of one channel.")))
+        elif m.mono_loudness_drop_lu > 3:
+            notes.append(Note(severity="consider", code="mono_drop", text=(
+                f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or phasey "
+                "elements will vanish on mono speakers; narrow the widest ones.")))
+    if m.low_end_correlation is not None and m.low_end_correlation < LOW_END_CORRELATION_BELOW:
+        notes.append(Note(
+            severity="fix" if m.low_end_correlation < 0 else "consider", code="low_end_wide",
+            text=(f"Below {LOW_END_HZ:g} Hz left and right correlate at "
+                  f"{m.low_end_correlation:+.2f}: the bass is wide or out of phase and thins "
+                  "out in mono and on club systems; make the low end mono (a mid/side EQ or "
+                  "a mono-maker below 120 Hz).")))
+    if m.mono:
+        notes.append(Note(severity="info", code="mono", text=(
+            "The file is mono (one channel): fine for a mono master; if you meant a stereo "
+            "mix, check the export's channel setting.")))
+    elif m.dual_mono:
+        notes.append(Note(severity="consider", code="dual_mono", text=(
+            "Left and right are identical (dual mono): the mix has no stereo image; check "
+            "that the export was not summed to mono, or deliver it as a mono file.")))
+    return notes
+
+
+def _tonal_notes(m: MixMetrics) -> list[Note]:
+    if m.duration_seconds < TONAL_MIN_SECONDS:
+        return []
+    excess = {b.hz: b.db - b.reference_db for b in m.octave_bands if b.reference_db is not None}
+    notes = []
+    low = _worst(excess, LOW_OCTAVES_HZ)
+    if low is not None and low[0] > TONAL_EXCESS_DB:
+        notes.append(Note(severity="consider", code="low_end_buildup", text=(
+            f"Low-end build-up: the {low[1]:g} Hz octave sits {low[0]:.1f} dB above the "
+            "reference curve; cut 2-3 dB there (bass, kick) or high-pass the tracks that "
+            "do not need it.")))
+    harsh = _worst(excess, HARSH_OCTAVES_HZ)
+    if harsh is not None and harsh[0] > TONAL_EXCESS_DB:
+        notes.append(Note(severity="consider", code="harsh", text=(
+            f"Harshness: the {harsh[1] / 1000:g} kHz octave sits {harsh[0]:.1f} dB above the "
+            "reference curve; a gentle dip there (or de-essing vocals and cymbals) will "
+            "tame it.")))
+    return notes
+
+
+def _worst(excess: dict[float, float], octaves: tuple[float, ...]
+           ) -> tuple[float, float] | None:
+    """The largest (excess over the reference, octave) among `octaves`."""
+    found = [(excess[hz], hz) for hz in octaves if hz in excess]
+    return max(found) if found else None
+
+
+def _edge_notes(m: MixMetrics) -> list[Note]:
+    notes = []
+    if m.leading_silence_seconds > LEADING_SILENCE_SECONDS:
+        notes.append(Note(severity="consider", code="leading_silence", text=(
+            f"{m.leading_silence_seconds:.1f} s of silence before the music starts: trim the "
+            "start of the export (players play it as a gap).")))
+    if m.trailing_silence_seconds > TRAILING_SILENCE_SECONDS:
+        notes.append(Note(severity="consider", code="trailing_silence", text=(
+            f"{m.trailing_silence_seconds:.1f} s of silence at the end: shorten the render "
+            "to the end of the reverb tail.")))
+    return notes
+
+
+def _format_notes(m: MixMetrics) -> list[Note]:
+    notes = []
+    if m.bit_depth is None:
+        notes.append(Note(severity="consider", code="lossy", text=(
+            f"A lossy {m.file_format} file: deliver a WAV, AIFF or FLAC master; the "
+            "platforms encode it again, and peaks of a lossy file are not the master's.")))
+    elif m.bit_depth < 16:
+        notes.append(Note(severity="fix", code="low_bit_depth", text=(
+            f"{m.bit_depth}-bit audio: export at 24-bit (or at least 16-bit, dithered).")))
+    if m.sample_rate < 44_100:
+        notes.append(Note(severity="fix", code="low_sample_rate", text=(
+            f"{m.sample_rate} Hz sample rate: export at 44.1 kHz or 48 kHz; delivery "
+            "platforms expect at least 44.1 kHz.")))
+    return notes
+
+
+def _ranges(ranges: list[ClippingRange], shown: int = 4) -> str:
+    spans = [_clock(r.start) if r.end - r.start < 1 else f"{_clock(r.start)}-{_clock(r.end)}"
+             for r in ranges[:shown]]
+    more = f" and {len(ranges) - shown} more" if len(ranges) > shown else ""
+    return ", ".join(spans) + more
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}:{rest:02d}"
+
+
+# -- every delivery target ----------------------------------------------------------------------
+
+
+def delivery_targets(m: MixMetrics) -> list[TargetView]:
+    """What each platform's loudness normalisation would do to this mix."""
+    return [_target(m, target) for target in TARGETS]
+
+
+def _target(m: MixMetrics, t: Target) -> TargetView:
+    def view(gain: float | None, peak: float | None, verdict: str, note: str) -> TargetView:
+        return TargetView(name=t.name, title=t.title, integrated_target_lufs=t.integrated_lufs,
+                          true_peak_max_dbtp=t.true_peak_max_dbtp, gain_db=gain,
+                          result_true_peak_dbtp=peak, verdict=verdict, note=note)
+
+    if m.integrated_lufs is None or m.true_peak_dbtp is None:
+        return view(None, None, "fail", "nothing to normalise: the file is silent or too short")
+    wanted = t.integrated_lufs - m.integrated_lufs
+    gain = {"none": 0.0, "both": wanted}.get(
+        t.normalisation, min(wanted, max(0.0, t.true_peak_max_dbtp - m.true_peak_dbtp)))
+    peak = m.true_peak_dbtp + gain
+    short = wanted - gain  # what normalisation leaves between the mix and the target
+    if t.normalisation == "none":
+        side = "above" if wanted < 0 else "below"
+        note = (f"no normalisation: plays as it is, {abs(wanted):.1f} LU {side} the "
+                f"{t.integrated_lufs:g} LUFS typical of the format")
+    elif gain < 0:
+        note = f"turned down {-gain:.1f} dB"
+    elif short > 0.05:
+        note = (f"turned up only {gain:.1f} dB (to the {t.true_peak_max_dbtp:g} dBTP "
+                f"true-peak limit): plays {short:.1f} dB quieter than the target")
+    else:
+        note = f"turned up {gain:.1f} dB"
+    if peak > t.true_peak_max_dbtp + 0.05:
+        verdict = "fail"
+        note += (f"; true peak {peak:+.1f} dBTP after, over the {t.true_peak_max_dbtp:g} dBTP "
+                 "ceiling: lower the limiter's ceiling")
+    elif abs(short) > t.tolerance_lu or gain < -3 * t.tolerance_lu:
+        verdict = "warn"
+        if gain < -3 * t.tolerance_lu:
+            note += ": the extra loudness only costs dynamics"
+    else:
+        verdict = "pass"
+    return view(round(gain, 1), round(peak, 1), verdict, note)
+
+
+# -- the previous export and the reference track ------------------------------------------------
+
+HEADLINE = ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu", "sample_peak_dbfs",
+            "plr_db", "momentary_max_lufs", "short_term_max_lufs", "stereo_correlation",
+            "low_end_correlation", "mono_loudness_drop_lu", "clipped_samples",
+            "duration_seconds")
+
+
+def deltas(new: MixMetrics, old: MixMetrics) -> dict[str, float]:
+    """figure -> new minus old, for the headline figures both have."""
+    found = {}
+    for name in HEADLINE:
+        a, b = getattr(new, name), getattr(old, name)
+        if a is not None and b is not None:
+            found[name] = round(float(a) - float(b), 2)
+    return found
+
+
+async def compare_with_previous(ctx: AgentContext, project: str, m: MixMetrics,
+                                p: Profile) -> Comparison:
+    first = Comparison(previous_run_id=None, note=(
+        "The first export of this project: later exports will be compared with it."))
+    if ctx.previous_export is None or not project:
+        return first
+    try:
+        previous = await ctx.previous_export(project)
+    except Exception:  # the comparison is a bonus: never fail the review for it
+        ctx.log.warning("the previous export could not be read", exc_info=True)
+        return first.model_copy(update={"note": "The previous export could not be read."})
+    old = None if previous is None else as_review(previous.result)
+    if previous is None or old is None:
+        return first
+    changes = deltas(m, old.metrics)
+    return Comparison(previous_run_id=previous.run_id,
+                      previous_accepted_at=previous.accepted_at, deltas=changes,
+                      note=_comparison_note(changes, m, old.metrics, p, previous.accepted_at))
+
+
+def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
+                     p: Profile, accepted_at: str) -> str:
+    when = f"the {_local_time(accepted_at)} export"
+    loudness = changes.get("integrated_lufs")
+    if loudness is None:
+        parts = [f"Compared with {when}"]
+    elif abs(loudness) < 0.1:
+        parts = [f"As loud as {when}"]
+    else:
+        parts = [f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than {when}"]
+    ceiling = p.max_true_peak_dbtp
+    over_now = new.true_peak_dbtp is not None and new.true_peak_dbtp > ceiling
+    over_then = old.true_peak_dbtp is not None and old.true_peak_dbtp > ceiling
+    if over_now and not over_then:
+        parts.append("true peak now over the ceiling")
+    elif over_then and not over_now:
+        parts.append("true peak now under the ceiling")
+    elif abs(changes.get("true_peak_dbtp", 0.0)) >= 0.5:
+        parts.append(f"true peak {changes['true_peak_dbtp']:+.1f} dB")
+    if abs(changes.get("loudness_range_lu", 0.0)) >= 1.0:
+        parts.append(f"loudness range {changes['loudness_range_lu']:+.1f} LU")
+    if new.clipped_runs and not old.clipped_runs:
+        parts.append("clipping is new")
+    elif old.clipped_runs and not new.clipped_runs:
+        parts.append("the clipping is gone")
+    if abs(changes.get("duration_seconds", 0.0)) >= 1.0:
+        longer = changes["duration_seconds"]
+        parts.append(f"{abs(longer):.1f} s {'longer' if longer > 0 else 'shorter'}")
+    return "; ".join(parts) + "."
+
+
+def _local_time(iso: str) -> str:
+    """14:02 (today), else 3 Dec 14:02, in this machine's time zone."""
+    try:
+        moment = datetime.fromisoformat(iso).astimezone()
+    except ValueError:
+        return iso
+    if moment.date() == datetime.now().astimezone().date():
+        return moment.strftime("%H:%M")
+    return f"{moment.day} {moment.strftime('%b %H:%M')}"
+
+
+async def compare_with_reference(url: str, m: MixMetrics, p: Profile,
+                                 ctx: AgentContext) -> ReferenceView:
+    """The reference track's loudness and tonal balance beside the mix's. A reference
+    that cannot be read is said so in the review; it never fails the review."""
+    try:
+        path = local_path(url)
+        raw, file = await measure_file(path, url, ctx)
+    except (PermanentAgentError, RetryableAgentError) as exc:
+        return ReferenceView(file=Path(urlsplit(url).path).name or url, error=str(exc),
+                             note=f"The reference track could not be measured: {exc}")
+    ref = with_profile(raw, p)
+    changes = {name: round(float(a) - float(b), 2) for name in
+               ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu")
+               if (a := getattr(m, name)) is not None and (b := getattr(ref, name)) is not None}
+    theirs = {band.hz: band.db for band in ref.octave_bands}
+    for band in m.octave_bands:
+        if band.hz in theirs:
+            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - theirs[band.hz], 1)
+    return ReferenceView(file=file.name, integrated_lufs=ref.integrated_lufs,
+                         true_peak_dbtp=ref.true_peak_dbtp,
+                         loudness_range_lu=ref.loudness_range_lu,
+                         octave_bands=ref.octave_bands, deltas=changes,
+                         note=_reference_note(changes, file.name))
+
+
+def _reference_note(changes: dict[str, float], name: str) -> str:
+    loudness = changes.get("integrated_lufs")
+    parts = [f"Against the reference {name}:" if loudness is None else
+             f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than the "
+             f"reference {name}" if abs(loudness) >= 0.1 else f"As loud as the reference {name}"]
+    bands = [(value, key) for key, value in changes.items() if key.startswith("band_")]
+    if bands:
+        value, key = max(bands, key=lambda item: abs(item[0]))
+        hz = float(key.split("_")[1])
+        where = f"{hz / 1000:g} kHz" if hz >= 1000 else f"{hz:g} Hz"
+        if abs(value) >= 3:
+            parts.append(f"{abs(value):.1f} dB {'more' if value > 0 else 'less'} around {where} "
+                         "than the reference (share of the whole mix)")
+        else:
+            parts.append("tonal balance within 3 dB of it in every octave")
+    return "; ".join(parts) + "."
 
 
 def _duration(seconds: float) -> str:

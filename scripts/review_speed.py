@@ -1,0 +1,180 @@
+"""The built-in review against ffmpeg's ebur128 filter on the same files: time from
+the 202 to `succeeded`, and the readings (integrated loudness, loudness range,
+true peak) side by side. See the README's "How fast the review is".
+
+    .venv/bin/python scripts/review_speed.py [--minutes 5,3,10] [--rounds 3]
+
+It writes stereo 48 kHz 24-bit mixes (pink-ish noise with a moving envelope and a
+kick, soft-limited) to a temporary directory, starts `agentbox serve` on a free
+loopback port, reviews one short file first (the analysis process is started
+with the server and kept warm between reviews), then alternates agentbox and
+ffmpeg on each file, `--rounds` times, and prints the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import soundfile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from agentbox.signing import sign_headers  # noqa: E402
+
+SECRET = "review-speed-secret"
+CPU: list[float] = []  # ffmpeg's CPU seconds per run
+RATE = 48_000
+
+
+def write_mix(path: Path, minutes: float) -> Path:
+    rng = np.random.default_rng(1)
+    with soundfile.SoundFile(path, "w", RATE, 2, "PCM_24") as out:
+        for start in range(0, int(minutes * 60 * RATE), RATE * 10):
+            n = RATE * 10
+            spectrum = np.fft.rfft(rng.normal(size=(n, 2)), axis=0)
+            freqs = np.fft.rfftfreq(n, 1 / RATE)
+            spectrum[1:] /= np.sqrt(freqs[1:, None])
+            spectrum[0] = 0
+            noise = np.fft.irfft(spectrum, n, axis=0)
+            noise /= np.max(np.abs(noise))
+            t = (start + np.arange(n)) / RATE
+            envelope = 0.5 + 0.4 * np.sin(2 * np.pi * t / 37.0)
+            kick = np.sin(2 * np.pi * 55 * t) * np.exp(-(t % 0.5) * 12)
+            out.write((np.tanh(1.6 * (0.35 * noise * envelope[:, None] + 0.3 * kick[:, None]))
+                       * 0.9).astype(np.float32))
+    old = time.time() - 3600  # settled: not being written
+    os.utime(path, (old, old))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def children_cpu(pid: int) -> float:
+    """CPU seconds of a process's children so far (Linux /proc; 0 elsewhere): the
+    analysis process's, for the server."""
+    total = 0.0
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            with open(f"/proc/{child}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def review(client: httpx.Client, path: Path) -> tuple[float, dict[str, float | None]]:
+    event_id = uuid.uuid4().hex
+    event = {"schema_version": "v1", "event_id": event_id,
+             "idempotency_key": f"speed:session.exported:{event_id}",
+             "event_type": "session.exported",
+             "source": "speed", "timestamp": "2026-07-27T15:42:00Z",
+             "payload": {"project_id": path.stem, "mix_url": str(path)}}
+    body = json.dumps(event).encode()
+    headers = {"Content-Type": "application/json", **sign_headers(SECRET, body, int(time.time()))}
+    response = client.post("/webhooks/events", content=body, headers=headers)
+    started = time.monotonic()
+    assert response.status_code == 202, response.text
+    run_id = response.json()["run_id"]
+    while True:
+        run = client.get(f"/runs/{run_id}").json()
+        if run["status"] == "succeeded":
+            elapsed = time.monotonic() - started
+            m = run["result"]["metrics"]
+            return elapsed, {"I": m["integrated_lufs"], "LRA": m["loudness_range_lu"],
+                             "TP": m["true_peak_dbtp"]}
+        if run["terminal"]:
+            raise SystemExit(f"the review failed: {run}")
+        time.sleep(0.05)  # asking more often takes CPU from the analysis it waits for
+
+
+def ffmpeg(path: Path, niceness: int) -> tuple[float, dict[str, float | None]]:
+    started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(["nice", "-n", str(niceness), "ffmpeg", "-nostats", "-hide_banner",
+                           "-i", str(path), "-af", "ebur128=peak=true", "-f", "null", "-"],
+                          capture_output=True, text=True, check=True)
+    elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    summary = done.stderr.rsplit("Summary:", 1)[1]
+
+    def figure(name: str) -> float | None:
+        found = re.search(rf"{name}:\s+(-?[\d.]+)", summary)
+        return float(found.group(1)) if found else None
+
+    return elapsed, {"I": figure("I"), "LRA": figure("LRA"), "TP": figure("Peak")}
+
+
+def median(timed: list[tuple[float, dict[str, float | None]]]) -> float:
+    return statistics.median(seconds for seconds, _ in timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", default="5,3,10")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="agentbox-speed-") as tmp:
+        home = Path(tmp)
+        port = free_port()
+        env = {**os.environ, "AGENTBOX_DATA_DIR": str(home / "data"),
+               "AGENTBOX_WEBHOOK_SECRET": SECRET, "AGENTBOX_AGENTS": "",
+               "XDG_CONFIG_HOME": str(home / "config"),
+               "PYTHONPATH": str(ROOT)}
+        server = subprocess.Popen([sys.executable, "-m", "agentbox", "serve", "--port",
+                                   str(port)], env=env, cwd=home,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                  trust_env=False)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("agentbox did not start")
+                time.sleep(0.1)
+            review(client, write_mix(home / "warm-up.wav", 0.1))
+            for minutes in (float(m) for m in args.minutes.split(",")):
+                path = write_mix(home / f"mix-{minutes:g}min.wav", minutes)
+                ours, low, normal, our_cpu = [], [], [], []
+                for _ in range(args.rounds):  # alternated
+                    cpu = children_cpu(server.pid)
+                    ours.append(review(client, path))
+                    our_cpu.append(children_cpu(server.pid) - cpu)
+                    low.append(ffmpeg(path, 10))  # the analysis process's priority
+                    normal.append(ffmpeg(path, 0))
+                print(f"{minutes:g} min stereo 48 kHz 24-bit, medians of {args.rounds}: "
+                      f"agentbox 202->succeeded {median(ours):.2f} s {ours[-1][1]}; "
+                      f"ffmpeg ebur128=peak=true at nice 10 {median(low):.2f} s, "
+                      f"at nice 0 {median(normal):.2f} s {normal[-1][1]}; CPU: analysis "
+                      f"{statistics.median(our_cpu):.2f} s, ffmpeg {statistics.median(CPU):.2f} s",
+                      flush=True)
+                CPU.clear()
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+if __name__ == "__main__":
+    main()

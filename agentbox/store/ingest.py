@@ -43,7 +43,7 @@ def new_run_id() -> str:
     return f"run_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class NewRun:
     """A run as `store_events` writes it."""
 
@@ -57,7 +57,7 @@ class NewRun:
     error_message: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class NewEvent:
     """An event as `store_events` writes it, with its runs."""
 
@@ -68,7 +68,7 @@ class NewEvent:
     runs: tuple[NewRun, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class Ingest:
     """The operation: store one event. A batch's ingests run together (`ingest_batch`)."""
 
@@ -125,16 +125,16 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
             continue
         state.active += len(item.agents)
         admitted.append(index)
-    now = min(item.now for item in items)
+    now = min([item.now for item in items])
     if admitted:
-        planned = {i: items[i].plan() for i in admitted}
-        stored = db.store_events([planned[i] for i in admitted], now)
-        for i, was_stored in zip(admitted, stored, strict=True):
+        planned = [items[i].plan() for i in admitted]
+        stored = db.store_events(planned, now)
+        for i, plan, was_stored in zip(admitted, planned, stored, strict=True):
             if not was_stored:
                 state.active -= len(items[i].agents)  # a duplicate after all
                 continue
-            answers[i] = (True, _stored(db, state, items[i], planned[i]))
-    unanswered = [i for i in (*admitted, *refused) if answers[i] is None]
+            answers[i] = (True, _stored(db, state, items[i], plan))
+    unanswered = [i for i in admitted + refused if answers[i] is None]
     if unanswered:
         found = db.runs_of_keys([items[i].event.envelope.idempotency_key for i in unanswered],
                                 now)
@@ -145,6 +145,8 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
                 answers[i] = (True, IngestResult(runs=runs, duplicate=True))
             else:
                 answers[i] = (False, AdmissionRefused(state.active, items[i].max_pending or 0))
+    if len(first) == len(items):  # no key twice in the batch: every item is answered
+        return answers  # type: ignore[return-value]
     settled: list[tuple[bool, Any]] = []
     for index, item in enumerate(items):
         settled_answer = answers[index]

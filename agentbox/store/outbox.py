@@ -17,7 +17,7 @@ from agentbox.store import DeliveryResult, DestinationNotFound, Notification, no
 from agentbox.store.writer import Batch, Db
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class Callback:
     """The notification one state change owes (when its event gave a callback URL)."""
 

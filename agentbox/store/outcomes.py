@@ -20,7 +20,7 @@ from agentbox.store.outbox import Callback, queue_callback
 from agentbox.store.writer import Batch, Db, answer
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class Finish:
     """The operation: record one attempt's outcome. A batch's run together
     (`finish_batch`)."""
@@ -44,7 +44,7 @@ class Finish:
         return transition
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
 class Landed:
     """What an outcome landed on: its run's event, for the transition and callback."""
 

@@ -168,17 +168,24 @@ RETURNING key
 DELETE FROM events WHERE pk = :event_pk
 
 -- name: store_events.run
--- accepted; processing, attempt 1, leased (claimed as it is accepted); or
--- dead_lettered and never run (a chain stopped as a loop)
+-- An accepted run (the hot path: the fewest columns).
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, next_attempt_at, accepted_at,
+                  updated_at)
+VALUES (:run_id, :event_pk, :ordinal, :agent, 'accepted', :now, :now, :now)
+
+-- name: store_events.claimed_run
+-- A run claimed as it is accepted (its instance had a slot free): attempt 1, leased.
 INSERT INTO runs (run_id, event_pk, ordinal, agent, status, attempt, lease_owner,
-                  lease_expires_at, next_attempt_at, accepted_at, started_at,
-                  attempt_started_at, updated_at, completed_at, error_code, error_message)
-VALUES (:run_id, :event_pk, :ordinal, :agent, :status,
-        CASE WHEN :status = 'processing' THEN 1 ELSE 0 END, :owner, :lease_until,
-        CASE WHEN :status = 'accepted' THEN :now END, :now,
-        CASE WHEN :status = 'processing' THEN :now END,
-        CASE WHEN :status = 'processing' THEN :now END, :now,
-        CASE WHEN :status = 'dead_lettered' THEN :now END, :error_code, :error_message)
+                  lease_expires_at, accepted_at, started_at, attempt_started_at, updated_at)
+VALUES (:run_id, :event_pk, :ordinal, :agent, 'processing', 1, :owner, :lease_until, :now,
+        :now, :now, :now)
+
+-- name: store_events.stopped_run
+-- A run recorded dead_lettered and never run (a chain stopped as a loop).
+INSERT INTO runs (run_id, event_pk, ordinal, agent, status, accepted_at, updated_at,
+                  completed_at, error_code, error_message)
+VALUES (:run_id, :event_pk, :ordinal, :agent, 'dead_lettered', :now, :now, :now,
+        :error_code, :error_message)
 
 -- name: chain_history
 -- Which agent handled which event type on the way to an event: its ancestors,

@@ -146,6 +146,20 @@ class DestinationNotFound(StoreError):
     pass
 
 
+@dataclass(frozen=True)
+class ProjectExport:
+    """One run of an event that names a project (an export), for the project
+    pages and the comparison with the previous export."""
+
+    run_id: str
+    project: str
+    agent: str
+    status: str  # the run's status
+    accepted_at: str  # ISO 8601, UTC
+    finished_at: str | None  # ISO 8601, UTC, when terminal
+    result: dict[str, Any] | None  # the agent's result document when succeeded
+
+
 def iso(timestamp: float | None) -> str | None:
     """A Unix time as the API shows times: UTC, milliseconds, `Z`."""
     if timestamp is None:

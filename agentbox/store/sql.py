@@ -37,6 +37,7 @@ from agentbox.store import (
     Notification,
     NotReplayable,
     Outcome,
+    ProjectExport,
     RunNotFound,
     RunRef,
     StorageUnavailable,
@@ -446,7 +447,10 @@ WHERE run_id = ? AND status = 'processing'
 SQL_HISTORY = "SELECT at, status, attempt, note FROM run_history WHERE run_id = ? ORDER BY at"
 # The project as the sender sent it, read as JSON (so however its encoder spelled
 # it: escapes, spacing), compared exactly on both engines.
-SQL_PROJECT_IS = "json_extract(CAST(e.body AS TEXT), '$.payload.project_id') = ?"
+SQL_PROJECT = "json_extract(CAST(e.body AS TEXT), '$.payload.project_id')"
+SQL_PROJECT_IS = f"{SQL_PROJECT} = ?"
+EXPORT_COLUMNS = (f"r.run_id, {SQL_PROJECT} AS project, r.agent, r.status, "
+                  "r.accepted_at, r.completed_at, r.result")
 # Runs by state, counted on SQLite from the status index alone (a million runs: 70 ms
 # here, against 490 ms when every row was read for its accepted_at), and the oldest
 # waiting run's acceptance (its age), the first entry of the waiting runs' index.
@@ -1057,6 +1061,45 @@ class SqlStore(Store):
         write): nothing on this engine."""
 
 
+    # -- projects (a stand-in: read from the event body, unindexed) ---------------------
+    # The project column filled at ingest (normalised, indexed) replaces these two.
+
+    async def projects(self, *, limit: int = 100,
+                       agent: str | None = None) -> list[ProjectExport]:
+        """The latest export of each project (one per project), newest first."""
+        if _unaskable(agent):
+            return []
+        where, args = [f"{SQL_PROJECT} IS NOT NULL"], []
+        if agent:
+            where.append("r.agent = ?")
+            args.append(agent)
+        sql = (f"SELECT * FROM (SELECT {EXPORT_COLUMNS}, row_number() OVER (PARTITION BY "
+               f"{SQL_PROJECT} ORDER BY r.accepted_at DESC, r.run_id DESC) AS n "
+               f"FROM runs r JOIN events e ON e.pk = r.event_pk WHERE {' AND '.join(where)}"
+               ") latest WHERE n = 1 ORDER BY accepted_at DESC, run_id DESC LIMIT ?")
+        return [_export(row) for row in await self._slow_rows(sql, (*args, limit))]
+
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first (accepted_at, then run_id).
+        before_run_id: only runs accepted before that run (for "the previous export")."""
+        if _unaskable(project, agent, status, before_run_id):
+            return []
+        where, args = [SQL_PROJECT_IS], [project]
+        for column, value in (("r.agent", agent), ("r.status", status)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if before_run_id:
+            where.append("(r.accepted_at, r.run_id) < "
+                         "(SELECT accepted_at, run_id FROM runs WHERE run_id = ?)")
+            args.append(before_run_id)
+        sql = (f"SELECT {EXPORT_COLUMNS} FROM runs r JOIN events e ON e.pk = r.event_pk "
+               f"WHERE {' AND '.join(where)} ORDER BY r.accepted_at DESC, r.run_id DESC "
+               "LIMIT ?")
+        return [_export(row) for row in await self._slow_rows(sql, (*args, limit))]
+
 def _unaskable(*values: str | None) -> bool:
     """A value holds a NUL: nothing stored does (ids, names and states refuse it), and
     PostgreSQL cannot even be asked for one (it would fail the query, a 503)."""
@@ -1272,6 +1315,15 @@ def _next_due(conn: Db) -> float | None:
              for row in conn.execute(sql)]
     due = [t for t in times if t is not None]
     return min(due) if due else None
+
+
+def _export(row: Sequence[Any]) -> ProjectExport:
+    run_id, project, agent, status, accepted_at, completed_at, result = row[:7]
+    accepted = iso(accepted_at)
+    assert accepted is not None
+    return ProjectExport(run_id=run_id, project=str(project), agent=agent, status=status,
+                         accepted_at=accepted, finished_at=iso(completed_at),
+                         result=json.loads(result) if result is not None else None)
 
 
 def _run_view(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -95,14 +95,7 @@ class StatusPages:
         self._token = admin_token.encode()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
         self.alerts: list[str] = []
-        self.env = Environment(loader=FileSystemLoader(TEMPLATES),
-                               autoescape=select_autoescape(["html"]))
-        # JSON for people: readable text, which autoescaping then makes inert HTML
-        self.env.filters["pretty"] = lambda value: json.dumps(value, indent=2,
-                                                              ensure_ascii=False)
-        self.env.filters["project_url"] = project_url
-        self.env.filters["signed"] = review_view.signed
-        self.env.filters["mmss"] = charts.mmss
+        self.env = page_templates()
 
     # -- access ---------------------------------------------------------------------------
 
@@ -495,6 +488,16 @@ def _bars(counts: list[int]) -> str:
     return (f'<svg width="120" height="32" role="img" aria-label="runs finished per 5 minutes">'
             f'{bars}</svg>')
 
+
+
+def page_templates() -> Environment:
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    # JSON for people: readable text, which autoescaping then makes inert HTML
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["project_url"] = project_url
+    env.filters["signed"] = review_view.signed
+    env.filters["mmss"] = charts.mmss
+    return env
 
 
 def project_url(name: str) -> str:

@@ -8,7 +8,7 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -295,3 +295,24 @@ def test_the_new_pages_refuse_another_host_name(
         refused = httpx.get(studio.server.url + path, timeout=10,
                             headers={"Host": f"attacker.example:{port}"})
         assert refused.status_code == 400, path
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_projects_and_their_exports_on_either_engine(
+        engine: str, server_factory: Callable[..., Server], request: pytest.FixtureRequest
+        ) -> None:
+    env = {}
+    if engine == "postgres":
+        env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+    server = server_factory(env).start()
+    runs = [server.post(make_event(project_id=name)).json()["run_id"]
+            for name in ("ok", "permanent", "ok", "ok")]
+    for run_id in runs:
+        server.wait_terminal(run_id)
+    home = server.client.get("/").text
+    assert home.count('data-project="ok"') == 1 and 'data-project="permanent"' in home
+    assert home.index('data-project="ok"') < home.index('data-project="permanent"')  # newest
+    assert f'data-run-id="{runs[3]}" data-project="ok"' in home  # its latest export
+    page = server.client.get("/projects/ok").text
+    listed = re.findall(r'<tr data-run-id="(run_\w+)">', page[page.index('id="exports"'):])
+    assert listed == [runs[3], runs[2], runs[0]]

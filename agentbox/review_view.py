@@ -314,7 +314,27 @@ class Previous:
     @property
     def note(self) -> str:
         note = self.this.comparison.get("note")
-        return note if isinstance(note, str) else ""
+        if isinstance(note, str):
+            return note
+        return _change_note(self.review, self.this) if self.review else ""
+
+
+def _change_note(before: Review, after: Review) -> str:
+    """"1.2 LU louder than the previous export; true peak now over the ceiling." """
+    parts = []
+    b, a = before.figure("integrated_lufs"), after.figure("integrated_lufs")
+    if a is not None and b is not None and round(a - b, 1):
+        parts.append(f"{abs(a - b):.1f} LU {'louder' if a > b else 'quieter'} than the "
+                     "previous export")
+    ceiling = after.model.profile.max_true_peak_dbtp
+    b, a = before.figure("true_peak_dbtp"), after.figure("true_peak_dbtp")
+    if a is not None and b is not None and (a > ceiling) != (b > ceiling):
+        parts.append(f"true peak now {'over' if a > ceiling else 'under'} the {ceiling:g} dBTP "
+                     "ceiling")
+    if not parts:
+        return "About the same as the previous export."
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
 
 
 def choose_pair(reviewed: list[ExportRow], a: str | None, b: str | None

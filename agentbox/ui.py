@@ -205,7 +205,8 @@ class StatusPages:
     async def project(self, request: Request) -> Response:
         """Every export of one project, its trends, and two exports side by side."""
         await self.refresh_alerts()
-        name = unicodedata.normalize("NFC", request.path_params["project"])
+        # Past the longest name there is (cut, it could match a name it is not).
+        name = unicodedata.normalize("NFC", request.path_params["project"][:1024])
         exports = await self.store.project_exports(name, limit=PROJECT_EXPORTS)
         if not exports:
             return self._error(404, f"No export of a project named {name[:200]!r} has "

@@ -172,3 +172,16 @@ def test_changes_read_as_people_write_them() -> None:
     assert signed(1.234) == "+1.2" and signed(-0.04) == "0.0" and signed(-0.0) == "0.0"
     assert signed(-2.5) == "\N{MINUS SIGN}2.5" and signed(None) == "\N{EM DASH}"
     assert charts.mmss(65) == "1:05" and charts.mmss(3725) == "1:02:05"
+
+
+def test_without_a_note_of_its_own_the_comparison_says_what_changed() -> None:
+    def note(before: dict[str, Any], after: dict[str, Any]) -> str:
+        this = Review.of(after)
+        assert this is not None
+        return Previous("run_previous", None, Review.of(before), this).note
+
+    assert note(old_review(integrated_lufs=-15.4), old_review()) == \
+        "1.2 LU louder than the previous export."
+    assert note(old_review(), old_review(integrated_lufs=-16.0, true_peak_dbtp=0.3)) == \
+        "1.8 LU quieter than the previous export; true peak now over the -1 dBTP ceiling."
+    assert note(old_review(), old_review()) == "About the same as the previous export."

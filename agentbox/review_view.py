@@ -126,13 +126,13 @@ class Review:
         given = self.doc.get("verdict")
         if given in VERDICTS:
             return str(given)
-        m, p = self.model.metrics, self.model.profile
-        if m.integrated_lufs is None:
+        p = self.model.profile
+        integrated, peak = self.figure("integrated_lufs"), self.figure("true_peak_dbtp")
+        if integrated is None:
             return "fail"
-        if (m.true_peak_dbtp is not None and m.true_peak_dbtp > p.max_true_peak_dbtp) \
-                or m.clipped_runs:
+        if (peak is not None and peak > p.max_true_peak_dbtp) or self.figure("clipped_runs"):
             return "fail"
-        return "warn" if abs(m.integrated_lufs - p.target_lufs) > p.tolerance_lu else "pass"
+        return "warn" if abs(integrated - p.target_lufs) > p.tolerance_lu else "pass"
 
     @property
     def file(self) -> dict[str, Any]:
@@ -146,13 +146,23 @@ class Review:
     @property
     def format_line(self) -> str:
         """WAV · 48 kHz · 24-bit · stereo · 3:02"""
-        m = self.model.metrics
-        depth = self.file.get("bit_depth", m.bit_depth)
-        channels = {1: "mono", 2: "stereo"}.get(m.channels, f"{m.channels} channels")
-        parts = [m.file_format, f"{m.sample_rate / 1000:g} kHz"]
+        m = self.metrics
+        depth = self.file.get("bit_depth", m.get("bit_depth"))
+        count = m.get("channels")
+        channels = "mono" if count == 1 else "stereo" if count == 2 else f"{count} channels"
+        if m.get("dual_mono") is True:
+            channels += " (both channels identical: dual mono)"
+        rate = self.figure("sample_rate")
+        parts = [str(m.get("file_format") or self.file.get("format") or "")]
+        if rate:
+            parts.append(f"{rate / 1000:g} kHz")
         if isinstance(depth, int):
             parts.append(f"{depth}-bit")
-        return " · ".join([*parts, channels, mmss(m.duration_seconds)])
+        return " · ".join([*parts, channels, mmss(self.duration)])
+
+    @property
+    def duration(self) -> float:
+        return self.figure("duration_seconds") or 0.0
 
     def figure(self, key: str) -> float | None:
         return _float(self.metrics.get(key))
@@ -230,10 +240,11 @@ class Review:
         short_term = read(curve.get("short_term"))
         momentary = read(curve.get("momentary"))
         if short_term is None:  # reviews before the curve: short-term once a second
-            short_term = charts.Curve(1.0, [_float(v) for v in self.model.metrics.short_term_lufs])
+            short_term = read(self.metrics.get("short_term_lufs"))
+            short_term = short_term and charts.Curve(1.0, short_term.values)
         p = self.model.profile
         return Markup(charts.loudness_chart(
-            duration=self.model.metrics.duration_seconds, short_term=short_term,
+            duration=self.duration, short_term=short_term,
             momentary=momentary, target=p.target_lufs, tolerance=p.tolerance_lu,
             clipping=self.clipping))
 

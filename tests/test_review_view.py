@@ -40,6 +40,7 @@ def old_review(**metrics: Any) -> dict[str, Any]:
 def new_review() -> dict[str, Any]:
     doc = old_review(
         momentary_max_lufs=-8.1, short_term_max_lufs=-10.2, plr_db=12.7, headroom_db=0.5,
+        dual_mono=True, mono=False,
         clipping_ranges=[{"start": 12.2, "end": 13.4}, {"start": 61.0, "end": 61.0}],
         octave_bands=[{"hz": hz, "db": -20 + i, "reference_db": -18.0}
                       for i, hz in enumerate((31.5, 63, 125, 250, 500, 1000, 2000, 4000,
@@ -89,6 +90,7 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
                                 Review.of(earlier), review))
     assert '<span class="verdict warn big"' in html  # the review's, not worked out here
     assert "<h1" in html and "night drive (final).wav" in html
+    assert "WAV · 48 kHz · 24-bit · stereo (both channels identical: dual mono) · 1:35" in html
     # platforms, each with the gain its normalisation applies
     rows = re.findall(r'<tr data-target="(\w+)">.*?class="num gain">([^<]+)</td>', html, re.S)
     assert rows == [("streaming", "+0.2 dB"), ("apple_music", "\N{MINUS SIGN}1.8 dB"),

@@ -75,8 +75,9 @@ def main() -> None:
     server = Server(home, {"AGENTBOX_AGENTS": "mix.review_requested=tests.support.agents:"
                                               "scripted"}).start()
     try:
-        for project in ("fail-1", "always-fail"):
-            server.post(make_event(project_id=project, event_type="mix.review_requested"))
+        for project in ("fail-1", "always-fail"):  # runs that retry, and a dead letter
+            server.post(make_event(event_type="mix.review_requested", payload={
+                "project_id": project, "mix_url": "/tmp/mix.wav", "requested_by": "me"}))
         runs = [review(server, project, write(home, name, audio))
                 for project, name, audio in exports]
         with sync_playwright() as playwright:

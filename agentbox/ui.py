@@ -257,10 +257,10 @@ class StatusPages:
     async def run(self, request: Request) -> Response:
         await self.refresh_alerts()
         run_id = request.path_params["run_id"]
-        run = await self.store.get_run(run_id)
-        if run is None:
+        found_run = await self.store.get_run(run_id)
+        if found_run is None:
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
-        run["callbacks"] = await self.store.notifications(run_id)
+        run = {**dict(found_run), "callbacks": await self.store.notifications(run_id)}
         event = redact(await self.store.event_of(run_id) or {})
         review = review_view.Review.of(run["result"])
         chain_id = run["correlation_id"] or run["event_id"]

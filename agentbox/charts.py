@@ -94,6 +94,16 @@ class Curve:
     step_seconds: float
     values: Sequence[float | None]
 
+    def thinned(self, most: int) -> Curve:
+        """At most `most` points, each the loudest of the readings it stands for (an
+        hour of momentary loudness is 36,000 readings; the chart is 900 pixels)."""
+        if len(self.values) <= most:
+            return self
+        size = math.ceil(len(self.values) / most)
+        loudest = [max((v for v in self.values[i:i + size] if v is not None), default=None)
+                   for i in range(0, len(self.values), size)]
+        return Curve(self.step_seconds * size, loudest)
+
 
 def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curve | None,
                    target: float, tolerance: float,
@@ -102,6 +112,9 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
     """Loudness over time: momentary and short-term curves, LUFS gridlines, the
     target band and the places where the mix clips."""
     frame = frame or Frame(900, 280)
+    most = int(frame.width)
+    momentary = momentary.thinned(most) if momentary else None
+    short_term = short_term.thinned(most) if short_term else None
     curves = [c for c in (momentary, short_term) if c is not None]
     readings = [v for c in curves for v in c.values if v is not None and math.isfinite(v)]
     if not readings:

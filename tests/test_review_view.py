@@ -187,3 +187,14 @@ def test_without_a_note_of_its_own_the_comparison_says_what_changed() -> None:
     assert note(old_review(), old_review(integrated_lufs=-16.0, true_peak_dbtp=0.3)) == \
         "1.8 LU quieter than the previous export; true peak now over the -1 dBTP ceiling."
     assert note(old_review(), old_review()) == "About the same as the previous export."
+
+
+def test_an_hour_of_momentary_loudness_is_drawn_with_a_few_hundred_points() -> None:
+    hour = [-20.0 + (i % 50) / 10 for i in range(36_000)]
+    hour[12_345] = -3.0  # one loud moment must survive the thinning
+    svg = charts.loudness_chart(duration=3600, short_term=None,
+                                momentary=charts.Curve(0.1, hour), target=-14, tolerance=1)
+    points = sum(len(line.split()) for line in re.findall(r'points="([^"]+)"', svg))
+    assert 100 <= points <= 900 and len(svg) < 40_000
+    assert re.findall(r'class="y-tick"[^>]*>([^<]+)<', svg)[-1] in ("0", "-3")
+    assert re.findall(r'class="x-tick"[^>]*>([^<]+)<', svg)[-1] == "1:00:00"

@@ -193,8 +193,11 @@ class Review:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str):
                 continue
             verdict = t.get("verdict")
+            title = t.get("title")
+            if not isinstance(title, str) or not title:
+                title = TARGET_TITLES.get(t["name"], t["name"].replace("_", " "))
             out.append(Target(
-                t["name"], TARGET_TITLES.get(t["name"], t["name"].replace("_", " ")),
+                t["name"], title,
                 _float(t.get("integrated_target_lufs")), _float(t.get("true_peak_max_dbtp")),
                 _float(t.get("gain_db")), _float(t.get("result_true_peak_dbtp")),
                 verdict if verdict in VERDICTS else None,

@@ -154,12 +154,15 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
                      f'y2="{frame.y(0) + 4:.1f}" stroke="#98a2b3"/>'
                      f'<text class="x-tick" x="{x:.1f}" y="{frame.y(0) + 16:.1f}" '
                      f'text-anchor="middle">{mmss(second)}</text>')
-    for start, end in clipping:
-        x0, x1 = px(start), px(end)
-        parts.append(f'<rect class="clip-marker" x="{x0 - 1:.1f}" y="{frame.y(1):.1f}" '
-                     f'width="{max(x1 - x0, 0) + 2:.1f}" height="{frame.y(0) - frame.y(1):.1f}" '
-                     f'fill="{CLIP}" fill-opacity="0.25"><title>clipping at {mmss(start)}'
-                     f'{EN_DASH + mmss(end) if round(end) > round(start) else ""}</title></rect>')
+    for start, end in clipping:  # a faint band over the curve, a solid mark on top
+        x0, width = px(start) - 1, max(px(end) - px(start), 0) + 2
+        parts.append(f'<rect class="clip-band" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+                     f'width="{width:.1f}" height="{frame.y(0) - frame.y(1):.1f}" '
+                     f'fill="{CLIP}" fill-opacity="0.08"/>'
+                     f'<rect class="clip-marker" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+                     f'width="{width:.1f}" height="7" fill="{CLIP}"><title>clipping at '
+                     f'{mmss(start)}{EN_DASH + mmss(end) if mmss(end) != mmss(start) else ""}'
+                     f'</title></rect>')
     if momentary is not None:
         parts.append(_polylines(
             [None if v is None else (px((i + 1) * momentary.step_seconds), py(v))

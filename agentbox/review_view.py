@@ -24,6 +24,8 @@ from agentbox.store import ProjectExport
 
 VERDICTS = ("pass", "warn", "fail")
 MINUS = "\N{MINUS SIGN}"
+EN_DASH = "\N{EN DASH}"
+CLIPPING_LISTED = 8  # places named under the chart; the chart marks all
 SEVERITIES = ("fix", "consider", "info")
 # The headline figures, in the order a mastering engineer reads them:
 # (key in metrics, what it is called, unit, decimals)
@@ -231,6 +233,21 @@ class Review:
             if start is not None:
                 out.append((start, end if end is not None and end >= start else start))
         return out
+
+    @property
+    def clipping_text(self) -> str:
+        """Where the mix clips, as a musician reads it: "0:16-0:18, 1:04 and 12 more"
+        (places less than a second apart read as one)."""
+        places: list[list[float]] = []
+        for start, end in sorted(self.clipping):
+            if places and start - places[-1][1] < 1.0:
+                places[-1][1] = max(places[-1][1], end)
+            else:
+                places.append([start, end])
+        shown = [mmss(a) + (EN_DASH + mmss(b) if mmss(b) != mmss(a) else "")
+                 for a, b in places[:CLIPPING_LISTED]]
+        more = len(places) - len(shown)
+        return ", ".join(shown) + (f" and {more} more" if more else "")
 
     def loudness_chart(self) -> Markup:
         curve = _dict(self.metrics.get("loudness_curve"))

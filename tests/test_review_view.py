@@ -106,7 +106,7 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
     assert 'class="momentary"' in html and 'class="short-term"' in html
     assert html.count('class="clip-marker"') == 2
     assert "clipping at 0:12\N{EN DASH}0:13" in html and "clipping at 1:01<" in html
-    assert "Clipping at 0:12\N{EN DASH}0:13, 1:01." in html
+    assert "at 0:12\N{EN DASH}0:13, 1:01." in html
     # tonal balance, octave by octave against the reference
     tonal = html[html.index('id="tonal-balance"'):]
     assert re.findall(r'class="x-tick"[^>]*>([^<]+)<', tonal)[:10] == [
@@ -205,3 +205,13 @@ def test_an_hour_of_momentary_loudness_is_drawn_with_a_few_hundred_points() -> N
     assert 100 <= points <= 900 and len(svg) < 40_000
     assert re.findall(r'class="y-tick"[^>]*>([^<]+)<', svg)[-1] in ("0", "-3")
     assert re.findall(r'class="x-tick"[^>]*>([^<]+)<', svg)[-1] == "1:00:00"
+
+
+def test_clipping_is_listed_as_a_few_places() -> None:
+    doc = old_review(clipping_ranges=[{"start": 10.0, "end": 10.2}, {"start": 10.5, "end": 11.4}]
+                     + [{"start": 20.0 + 3 * i, "end": 20.4 + 3 * i} for i in range(12)])
+    review = Review.of(doc)
+    assert review is not None
+    assert review.clipping_text == ("0:10\N{EN DASH}0:11, 0:20, 0:23, 0:26, 0:29, 0:32, 0:35, "
+                                    "0:38 and 5 more")
+    assert str(review.loudness_chart()).count('class="clip-marker"') == 14

@@ -1,4 +1,5 @@
-"""The status page: runs, a run's story, dead letters, callbacks, live by SSE.
+"""The status page: projects and their reviews for the musician; runs, a run's
+story, dead letters and callbacks for the operator; live by SSE.
 
 Server-rendered HTML (jinja2, autoescaped), a little vanilla JavaScript, no
 CDN: it works on a machine without internet. Live updates come from
@@ -18,26 +19,36 @@ import asyncio
 import contextlib
 import hmac
 import json
+import mimetypes
 import re
 import secrets
 import time
+import unicodedata
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox import charts, review_view
+from agentbox.agents import PermanentAgentError
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
-from agentbox.mix_review import as_review
-from agentbox.receiver import error_body
+from agentbox.mix_review import as_review, local_path
+from agentbox.receiver import error_body, error_response
 from agentbox.runs import RunStatus
 from agentbox.server import stopping
 from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Store, Transition
@@ -51,6 +62,12 @@ SUBSCRIBER_BACKLOG = 1000
 SECRET_KEYS = re.compile(r"secret|token|signature|password|passwd|api[_-]?key|authorization|"
                          r"credential|cookie", re.IGNORECASE)
 RANGES = (("3600", "last hour"), ("86400", "last day"), ("604800", "last week"))
+RUN_FILTERS = ("q", "status", "event_type", "agent", "project", "since", "before")
+HOME_PROJECTS = 100
+PROJECT_EXPORTS = 200
+AUDIO_TYPES = {".wav": "audio/wav", ".wave": "audio/wav", ".flac": "audio/flac",
+               ".mp3": "audio/mpeg", ".ogg": "audio/ogg", ".oga": "audio/ogg",
+               ".aif": "audio/aiff", ".aiff": "audio/aiff", ".m4a": "audio/mp4"}
 OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login")  # authenticated otherwise
 
 
@@ -78,11 +95,7 @@ class StatusPages:
         self._token = admin_token.encode()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
         self.alerts: list[str] = []
-        self.env = Environment(loader=FileSystemLoader(TEMPLATES),
-                               autoescape=select_autoescape(["html"]))
-        # JSON for people: readable text, which autoescaping then makes inert HTML
-        self.env.filters["pretty"] = lambda value: json.dumps(value, indent=2,
-                                                              ensure_ascii=False)
+        self.env = page_templates()
 
     # -- access ---------------------------------------------------------------------------
 
@@ -177,13 +190,43 @@ class StatusPages:
 
     # -- pages ----------------------------------------------------------------------------
 
-    async def index(self, request: Request) -> Response:
+    async def home(self, request: Request) -> Response:
+        """Projects and their latest exports; the operator's runs are one click away."""
+        if any(key in request.query_params for key in RUN_FILTERS):
+            # a link to the runs view from before it moved off the home page
+            return RedirectResponse("/ui/runs?" + request.url.query, status_code=307)
+        await self.refresh_alerts()
+        latest = await self.store.projects(limit=HOME_PROJECTS)
+        stats = await self.store.stats()
+        return self._page("home.html", projects=[review_view.export_row(e) for e in latest],
+                          stats=stats,
+                          oldest_waiting=_age(stats["oldest_waiting_accepted_at"], time.time()))
+
+    async def project(self, request: Request) -> Response:
+        """Every export of one project, its trends, and two exports side by side."""
+        await self.refresh_alerts()
+        # Past the longest name there is (cut, it could match a name it is not).
+        name = unicodedata.normalize("NFC", request.path_params["project"][:1024])
+        exports = await self.store.project_exports(name, limit=PROJECT_EXPORTS)
+        if not exports:
+            return self._error(404, f"No export of a project named {name[:200]!r} has "
+                                    "arrived yet.")
+        rows = [review_view.export_row(e) for e in exports]
+        reviewed = [row for row in rows if row.review is not None]
+        q = request.query_params
+        pair = review_view.choose_pair(reviewed, q.get("a"), q.get("b"))
+        return self._page("project.html", name=name, rows=rows, reviewed=reviewed,
+                          trends=review_view.trend_charts(reviewed), pair=pair,
+                          comparison=review_view.compare(*pair) if pair else None,
+                          capped=len(exports) == PROJECT_EXPORTS)
+
+    async def runs(self, request: Request) -> Response:
+        """The operator's view: queue health, runs with filters."""
         await self.refresh_alerts()
         q = request.query_params
         # Bounded, but past the longest name there is: cut shorter, a longer search
         # could find what it is not (a name of its first 256 characters).
-        query = {k: (q.get(k) or "").strip()[:1024] or None for k in (
-            "q", "status", "event_type", "agent", "project", "since", "before")}
+        query = {k: (q.get(k) or "").strip()[:1024] or None for k in RUN_FILTERS}
         if query["status"] not in {s.value for s in RunStatus}:
             query["status"] = None
         now = time.time()
@@ -198,7 +241,7 @@ class StatusPages:
         next_page = None
         if len(runs) == PAGE_SIZE:
             params = {k: v for k, v in query.items() if v and k != "before"}
-            next_page = "/?" + urlencode({**params, "before": runs[-1]["run_id"]})
+            next_page = "/ui/runs?" + urlencode({**params, "before": runs[-1]["run_id"]})
         finished = await self._finished_per_interval(now)
         return self._page(
             "index.html", request=request, runs=runs, stats=stats, query=query,
@@ -217,17 +260,60 @@ class StatusPages:
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
         run = {**dict(found_run), "callbacks": await self.store.notifications(run_id)}
         event = redact(await self.store.event_of(run_id) or {})
-        found = as_review(run["result"])
-        review = found.model_dump() if found else None
+        review = review_view.Review.of(run["result"])
         chain_id = run["correlation_id"] or run["event_id"]
         chain = await self.store.search_runs(chain=chain_id, limit=200)
         chain.sort(key=lambda r: (r["hop"], r["run_id"]))
+        project = _project_of(event)
         return self._page(
-            "run.html", run=run, event=event, review=review, chain=chain,
+            "run.html", run=run, event=event, review=review, chain=chain, project=project,
             history=await self.store.history(run_id),
             attempts=await self.store.attempts(run_id),
             discarded=await self.store.discarded(run_id),
-            plot=loudness_plot(review) if review else "")
+            previous=await self._previous(review, run, project) if review else None,
+            audio_type=_audio_type(review.file_name) if review else None)
+
+    async def _previous(self, review: review_view.Review, run: dict[str, Any],
+                        project: str | None) -> review_view.Previous | None:
+        """The export this review is compared with: the one its document names, else
+        the project's last reviewed export before it."""
+        named = review.comparison_run_id
+        if project is None:
+            return None
+        if named is None:  # the review says: the project's first export
+            return review_view.Previous(None, None, None, review)
+        if isinstance(named, str):
+            found = await self.store.get_run(named)
+            other = review_view.Review.of(found["result"]) if found else None
+            accepted = found["accepted_at"] if found else None
+            return review_view.Previous(named, accepted, other, review)
+        earlier = await self.store.project_exports(
+            unicodedata.normalize("NFC", project), agent=run["agent"], status="succeeded",
+            before_run_id=run["run_id"], limit=1)
+        if not earlier:
+            return review_view.Previous(None, None, None, review)
+        return review_view.Previous(earlier[0].run_id, earlier[0].accepted_at,
+                                    review_view.Review.of(earlier[0].result), review)
+
+    async def audio(self, request: Request) -> Response:
+        """The mix a review listened to, for the page's player: only that file, found
+        from the run's own event, never a path the request names."""
+        run_id = request.path_params["run_id"]
+        run = await self.store.get_run(run_id)
+        if run is None or as_review(run["result"]) is None:
+            return error_response(404, "audio_not_found",
+                                  "Only the mix of a finished mix review can be played; "
+                                  f"{run_id[:100]!r} is not one.")
+        payload = ((await self.store.event_of(run_id)) or {}).get("payload")
+        mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
+        try:
+            path = local_path(mix_url) if isinstance(mix_url, str) else None
+        except PermanentAgentError:
+            path = None
+        if path is None or not path.is_file():
+            return error_response(404, "audio_not_found",
+                                  "The reviewed file is no longer where it was.")
+        return FileResponse(path, media_type=_audio_type(path.name))
 
     async def dead_letters(self, request: Request) -> Response:
         await self.refresh_alerts()
@@ -253,7 +339,8 @@ class StatusPages:
                 return self._error(409, f"{run_id}: {exc}")
             except StorageUnavailable:
                 return self._error(503, "The store cannot take writes right now.")
-        target = f"/ui/runs/{form['run_ids'][0]}" if len(form["run_ids"]) == 1 else "/"
+        target = (f"/ui/runs/{form['run_ids'][0]}" if len(form["run_ids"]) == 1
+                  else "/ui/runs")
         return RedirectResponse(target, status_code=303)
 
     async def discard(self, request: Request) -> Response:
@@ -308,7 +395,8 @@ class StatusPages:
     def _error(self, status: int, message: str) -> HTMLResponse:
         html = self.env.from_string(
             '{% extends "base.html" %}{% block main %}<h1>{{ title }}</h1><p>{{ message }}</p>'
-            '<p><a href="/">Back to the runs</a></p>{% endblock %}').render(
+            '<p><a href="/">Your projects</a> · <a href="/ui/runs">Runs</a></p>'
+            '{% endblock %}').render(
             title=f"{status}", message=message, alerts=[])
         return HTMLResponse(html, status_code=status)
 
@@ -404,35 +492,28 @@ def _bars(counts: list[int]) -> str:
             f'{bars}</svg>')
 
 
-def loudness_plot(review: dict[str, Any]) -> str:
-    """Short-term loudness over time against the profile's target, as inline SVG."""
-    values = review["metrics"].get("short_term_lufs") or []
-    target = float(review["profile"]["target_lufs"])
-    points = [(i + 1, v) for i, v in enumerate(values) if v is not None]
-    if not points:
-        return ""
-    width, height, pad = 640.0, 180.0, 30.0
-    low = float(min(min(v for _, v in points), target) - 3)
-    high = float(max(max(v for _, v in points), target) + 3)
-    span_x = max(len(values), 1)
 
-    def x(t: float) -> float:
-        return pad + (width - 2 * pad) * t / span_x
+def page_templates() -> Environment:
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    # JSON for people: readable text, which autoescaping then makes inert HTML
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["project_url"] = project_url
+    env.filters["signed"] = review_view.signed
+    env.filters["mmss"] = charts.mmss
+    return env
 
-    def y(v: float) -> float:
-        return height - pad - (height - 2 * pad) * (v - low) / (high - low)
 
-    line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
-    return (
-        f'<svg id="loudness-plot" width="{width:.0f}" height="{height:.0f}" role="img" '
-        f'aria-label="short-term loudness against the target" style="background:#fff;'
-        f'border:1px solid #e4e7ec;border-radius:6px">'
-        f'<line x1="{pad}" x2="{width - pad}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
-        f'stroke="#b42318" stroke-dasharray="4 3"/>'
-        f'<text x="{width - pad - 110}" y="{y(target) - 4:.1f}">target {target:g} LUFS</text>'
-        f'<polyline fill="none" stroke="#1f5fbf" stroke-width="1.5" points="{line}"/>'
-        f'<text x="{pad}" y="{height - 8}">0 s</text>'
-        f'<text x="{width - pad - 30}" y="{height - 8}">{len(values)} s</text>'
-        f'<text x="4" y="{y(high - 3) + 4:.1f}">{high - 3:.0f}</text>'
-        f'<text x="4" y="{y(low + 3) + 4:.1f}">{low + 3:.0f}</text>'
-        f'</svg>')
+def project_url(name: str) -> str:
+    """A project's page: its whole name percent-encoded, slashes included."""
+    return "/projects/" + quote(name, safe="")
+
+
+def _project_of(event: dict[str, Any]) -> str | None:
+    payload = event.get("payload")
+    project = payload.get("project_id") if isinstance(payload, dict) else None
+    return project if isinstance(project, str) else None
+
+
+def _audio_type(name: str) -> str:
+    suffix = Path(name).suffix.lower()
+    return AUDIO_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"

@@ -44,7 +44,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def test_a_run_goes_to_succeeded_live_without_a_reload(server: Server, page: Page) -> None:
-    page.goto(server.url + "/")
+    page.goto(server.url + "/ui/runs")
     expect(page.locator("#live")).to_have_text("live", timeout=10_000)
     page.evaluate("window.__notReloaded = true")
     run_id = server.post(make_event(project_id="sleep-0.5")).json()["run_id"]
@@ -117,7 +117,8 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
     rebound = f"attacker.example:{port}"
     browser = {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64) Chrome/131.0",
                "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
-    for path in ("/", "/ui/dead-letters", f"/runs/{run_id}", "/healthz", "/metrics"):
+    for path in ("/", "/ui/runs", "/projects/always-fail", "/ui/dead-letters",
+                 f"/runs/{run_id}", f"/runs/{run_id}/audio", "/healthz", "/metrics"):
         refused = httpx.get(server.url + path, headers={**browser, "Host": rebound},
                             timeout=10)
         assert refused.status_code == 400, path
@@ -142,10 +143,13 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
 def test_the_page_finds_a_project_by_its_whole_name(server: Server) -> None:
     longest = "x" * 256
     run_id = server.post(make_event(project_id=longest)).json()["run_id"]
-    assert run_id in server.client.get("/", params={"project": longest}).text
-    assert run_id in server.client.get("/", params={"q": longest}).text
+    assert run_id in server.client.get("/ui/runs", params={"project": longest}).text
+    assert run_id in server.client.get("/ui/runs", params={"q": longest}).text
     for longer in (longest + "x", longest + "y" * 2000):  # not cut down to the name
-        assert run_id not in server.client.get("/", params={"project": longer}).text
+        assert run_id not in server.client.get("/ui/runs", params={"project": longer}).text
+    # a link to the runs view from when it was the home page still finds it
+    moved = server.client.get("/", params={"project": longest}, follow_redirects=True)
+    assert moved.url.path == "/ui/runs" and run_id in moved.text
 
 
 def test_a_real_browser_on_a_rebound_name_reads_nothing(server: Server, page: Page) -> None:
@@ -164,7 +168,8 @@ def test_beyond_loopback_every_page_needs_the_token(
         server_factory: Callable[..., Server], page: Page) -> None:
     server = server_factory({"AGENTBOX_HOST": "0.0.0.0"}).start()  # traffic stays on 127.0.0.1
     token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
-    for path in ("/", "/runs", "/metrics", "/ui/dead-letters", "/ui/stream"):
+    for path in ("/", "/ui/runs", "/projects/ok", "/runs/run_x/audio", "/runs", "/metrics",
+                 "/ui/dead-letters", "/ui/stream"):
         assert httpx.get(server.url + path, timeout=10).status_code == 401, path
     assert httpx.get(server.url + "/runs", timeout=10,
                      headers={"Authorization": f"Bearer {token}"}).status_code == 200
@@ -176,6 +181,8 @@ def test_beyond_loopback_every_page_needs_the_token(
     expect(page.get_by_text("Admin token needed")).to_be_visible()
     page.fill('input[name="token"]', token)
     page.click("button:has-text(\"Open\")")
+    expect(page.locator("h1")).to_have_text("Your projects")
+    page.click("#nav-runs")
     expect(page.locator("h1")).to_have_text("Runs")
     expect(page.locator("#live")).to_have_text("live", timeout=10_000)
     html = page.content()
@@ -194,7 +201,7 @@ def test_the_run_page_shows_the_event_without_secrets(server: Server, page: Page
 
 
 def test_the_page_keeps_following_after_a_server_restart(server: Server, page: Page) -> None:
-    page.goto(server.url + "/")
+    page.goto(server.url + "/ui/runs")
     expect(page.locator("#live")).to_have_text("live", timeout=10_000)
     page.evaluate("window.__notReloaded = true")
     server.stop()
@@ -218,7 +225,8 @@ def test_hostile_event_fields_cannot_run_script_or_forge_log_lines(
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     page.goto(server.url + f"/ui/runs/{run_id}")
-    page.goto(server.url + "/?q=" + run_id)
+    page.goto(server.url + "/ui/runs?q=" + run_id)
+    page.goto(server.url + "/")
     page.goto(server.url + f"/ui/runs/{run_id}")
     assert page.evaluate("window.__owned") is None and dialogs == []
     expect(page.get_by_text("<script>window.__owned = 1</script>", exact=False)).to_be_visible()
@@ -252,7 +260,8 @@ def test_no_secret_appears_in_any_output(server_factory: Callable[..., Server],
         server.wait_terminal(dead, timeout=30)
         outputs.append(server.post(make_event(), secret="wrong").text)
         outputs.append(server.post(b"{not json").text)
-        for path in ("/", f"/ui/runs/{run_id}", "/ui/dead-letters", "/ui/callbacks",
+        for path in ("/", "/ui/runs", "/projects/ok", f"/ui/runs/{run_id}", "/ui/dead-letters",
+                     "/ui/callbacks",
                      "/metrics", "/healthz", f"/runs/{run_id}?history=1", "/runs",
                      "/callbacks", "/callbacks/destinations", "/nope"):
             outputs.append(server.client.get(path).text)

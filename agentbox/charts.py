@@ -1,0 +1,343 @@
+"""The status page's charts, drawn on the server as inline SVG.
+
+No script and no CDN: a chart is part of the page, readable without a network,
+and each has a <title> and <desc> for screen readers. Axis ticks carry classes
+(`x-tick`, `y-tick`) and times that the browser shows in its own time zone carry
+`data-utc` (the page's script formats them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from markupsafe import escape
+
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+LOUDNESS_FLOOR = -60.0  # quieter readings are drawn on the chart's bottom edge
+MOMENTARY = "#98a2b3"
+SHORT_TERM = "#1f5fbf"
+TARGET = "#127a3e"
+CLIP = "#b42318"
+EN_DASH = "\N{EN DASH}"
+
+
+def mmss(seconds: float) -> str:
+    """1:05 for 65 s; 1:02:05 past an hour."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def time_step(span: float, ticks: int = 8) -> int:
+    """The tick spacing, in whole seconds, giving at most about `ticks` ticks."""
+    return next((s for s in TIME_STEPS if span / s <= ticks), TIME_STEPS[-1])
+
+
+def level_step(span: float) -> int:
+    return 3 if span <= 24 else 6 if span <= 48 else 12
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A plot area inside an SVG of width by height, with margins for the axes."""
+
+    width: float
+    height: float
+    left: float = 52.0
+    right: float = 16.0
+    top: float = 24.0
+    bottom: float = 40.0
+
+    def x(self, fraction: float) -> float:
+        return self.left + (self.width - self.left - self.right) * fraction
+
+    def y(self, fraction: float) -> float:
+        return self.height - self.bottom - (self.height - self.top - self.bottom) * fraction
+
+
+def _open(element_id: str, frame: Frame, title: str, desc: str) -> str:
+    return (f'<svg id="{element_id}" class="chart" viewBox="0 0 {frame.width:.0f} '
+            f'{frame.height:.0f}" width="{frame.width:.0f}" height="{frame.height:.0f}" '
+            f'role="img" aria-labelledby="{element_id}-title {element_id}-desc">'
+            f'<title id="{element_id}-title">{escape(title)}</title>'
+            f'<desc id="{element_id}-desc">{escape(desc)}</desc>')
+
+
+def _axis_titles(frame: Frame, x_title: str, y_title: str) -> str:
+    middle_y = (frame.top + frame.height - frame.bottom) / 2
+    return (f'<text class="axis-title" x="{frame.x(0.5):.1f}" y="{frame.height - 4:.1f}" '
+            f'text-anchor="middle">{escape(x_title)}</text>'
+            f'<text class="axis-title" x="12" y="{middle_y:.1f}" text-anchor="middle" '
+            f'transform="rotate(-90 12 {middle_y:.1f})">{escape(y_title)}</text>')
+
+
+def _polylines(points: Sequence[tuple[float, float] | None], colour: str, width: float,
+               css: str) -> str:
+    """One polyline per unbroken run of points (None breaks the line: silence)."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for point in points:
+        if point is None:
+            runs.append([])
+        else:
+            runs[-1].append(point)
+    return "".join(
+        f'<polyline class="{css}" fill="none" stroke="{colour}" stroke-width="{width}" '
+        f'stroke-linejoin="round" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in run)}"/>'
+        for run in runs if len(run) > 1)
+
+
+@dataclass(frozen=True)
+class Curve:
+    step_seconds: float
+    values: Sequence[float | None]
+
+    def thinned(self, most: int) -> Curve:
+        """At most `most` points, each the loudest of the readings it stands for (an
+        hour of momentary loudness is 36,000 readings; the chart is 900 pixels)."""
+        if len(self.values) <= most:
+            return self
+        size = math.ceil(len(self.values) / most)
+        loudest = [max((v for v in self.values[i:i + size] if v is not None), default=None)
+                   for i in range(0, len(self.values), size)]
+        return Curve(self.step_seconds * size, loudest)
+
+
+def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curve | None,
+                   target: float, tolerance: float,
+                   clipping: Sequence[tuple[float, float]] = (),
+                   frame: Frame | None = None) -> str:
+    """Loudness over time: momentary and short-term curves, LUFS gridlines, the
+    target band and the places where the mix clips."""
+    frame = frame or Frame(900, 280)
+    most = int(frame.width)
+    momentary = momentary.thinned(most) if momentary else None
+    short_term = short_term.thinned(most) if short_term else None
+    curves = [c for c in (momentary, short_term) if c is not None]
+    readings = [v for c in curves for v in c.values if v is not None and math.isfinite(v)]
+    if not readings:
+        return ""
+    span_x = max(duration, max(len(c.values) * c.step_seconds for c in curves), 1.0)
+    high = max(max(readings), target + tolerance) + 2
+    low = max(min(min(readings), target - tolerance) - 2, LOUDNESS_FLOOR)
+    step = level_step(high - low)
+    low, high = math.floor(low / step) * step, math.ceil(high / step) * step
+
+    def px(t: float) -> float:
+        return frame.x(min(t, span_x) / span_x)
+
+    def py(v: float) -> float:
+        return frame.y((min(max(v, low), high) - low) / (high - low))
+
+    parts = [_open("loudness-plot", frame, "Loudness over time",
+                   f"Momentary and short-term loudness in LUFS over {mmss(span_x)}, against "
+                   f"the target of {target:g} LUFS ± {tolerance:g} LU"
+                   + (f"; clipping in {len(clipping)} place(s)" if clipping else "") + "."),
+             _background(frame)]
+    parts.append(f'<rect class="target-band" x="{frame.x(0):.1f}" '
+                 f'y="{py(target + tolerance):.1f}" width="{frame.x(1) - frame.x(0):.1f}" '
+                 f'height="{py(target - tolerance) - py(target + tolerance):.1f}" '
+                 f'fill="{TARGET}" fill-opacity="0.12"><title>target {target:g} LUFS '
+                 f'± {tolerance:g} LU</title></rect>')
+    for level in range(int(low), int(high) + 1, step):
+        y = py(level)
+        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
+                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
+                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
+                     f'text-anchor="end">{level}</text>')
+    tick = time_step(span_x)
+    for second in range(0, int(span_x) + 1, tick):
+        x = px(second)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{frame.y(0):.1f}" '
+                     f'y2="{frame.y(0) + 4:.1f}" stroke="#98a2b3"/>'
+                     f'<text class="x-tick" x="{x:.1f}" y="{frame.y(0) + 16:.1f}" '
+                     f'text-anchor="middle">{mmss(second)}</text>')
+    for start, end in clipping:  # a faint band over the curve, a solid mark on top
+        x0, width = px(start) - 1, max(px(end) - px(start), 0) + 2
+        parts.append(f'<rect class="clip-band" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+                     f'width="{width:.1f}" height="{frame.y(0) - frame.y(1):.1f}" '
+                     f'fill="{CLIP}" fill-opacity="0.08"/>'
+                     f'<rect class="clip-marker" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+                     f'width="{width:.1f}" height="7" fill="{CLIP}"><title>clipping at '
+                     f'{mmss(start)}{EN_DASH + mmss(end) if mmss(end) != mmss(start) else ""}'
+                     f'</title></rect>')
+    if momentary is not None:
+        parts.append(_polylines(
+            [None if v is None else (px((i + 1) * momentary.step_seconds), py(v))
+             for i, v in enumerate(momentary.values)], MOMENTARY, 1, "momentary"))
+    if short_term is not None:
+        parts.append(_polylines(
+            [None if v is None else (px((i + 1) * short_term.step_seconds), py(v))
+             for i, v in enumerate(short_term.values)], SHORT_TERM, 2, "short-term"))
+    parts.append(f'<text class="band-label" x="{frame.x(1) - 4:.1f}" '
+                 f'y="{py(target + tolerance) - 4:.1f}" text-anchor="end" fill="{TARGET}">'
+                 f'target {target:g} LUFS</text>')
+    parts.append(_legend(frame, [("short-term (3 s)", SHORT_TERM), ("momentary (400 ms)",
+                                                                    MOMENTARY)]
+                         if momentary is not None else [("short-term (3 s)", SHORT_TERM)]
+                         , clipping=bool(clipping)))
+    parts.append(_axis_titles(frame, "time (mm:ss)", "loudness (LUFS)"))
+    parts.append(_frame_box(frame))
+    return "".join(parts) + "</svg>"
+
+
+def _legend(frame: Frame, entries: list[tuple[str, str]], clipping: bool = False) -> str:
+    x = frame.left
+    out = []
+    for label, colour in entries:
+        out.append(f'<line x1="{x:.1f}" x2="{x + 16:.1f}" y1="{frame.top - 10:.1f}" '
+                   f'y2="{frame.top - 10:.1f}" stroke="{colour}" stroke-width="2"/>'
+                   f'<text class="legend" x="{x + 20:.1f}" y="{frame.top - 6:.1f}">'
+                   f'{escape(label)}</text>')
+        x += 28 + 6.2 * len(label)
+    if clipping:
+        out.append(f'<rect x="{x:.1f}" y="{frame.top - 15:.1f}" width="10" height="10" '
+                   f'fill="{CLIP}" fill-opacity="0.4"/><text class="legend" x="{x + 14:.1f}" '
+                   f'y="{frame.top - 6:.1f}">clipping</text>')
+    return "".join(out)
+
+
+def _plot_rect(frame: Frame) -> str:
+    return (f'x="{frame.x(0):.1f}" y="{frame.y(1):.1f}" width="{frame.x(1) - frame.x(0):.1f}" '
+            f'height="{frame.y(0) - frame.y(1):.1f}"')
+
+
+def _background(frame: Frame) -> str:
+    return f'<rect {_plot_rect(frame)} fill="#fff"/>'
+
+
+def _frame_box(frame: Frame) -> str:
+    return f'<rect {_plot_rect(frame)} fill="none" stroke="#d0d5dd"/>'
+
+
+@dataclass(frozen=True)
+class Band:
+    hz: float
+    db: float | None
+    reference_db: float | None
+
+
+def band_label(hz: float) -> str:
+    return f"{hz / 1000:g}k" if hz >= 1000 else f"{hz:g}"
+
+
+def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
+    """Tonal balance: the mix's level per octave band against the profile's
+    reference curve."""
+    frame = frame or Frame(900, 240)
+    levels = [v for b in bands for v in (b.db, b.reference_db) if v is not None]
+    if len(bands) < 2 or not levels:
+        return ""
+    step = level_step(max(levels) - min(levels) + 6)
+    low = math.floor((min(levels) - 3) / step) * step
+    high = math.ceil((max(levels) + 3) / step) * step
+
+    def px(i: int) -> float:
+        return frame.x((i + 0.5) / len(bands))
+
+    def py(v: float) -> float:
+        return frame.y((v - low) / (high - low))
+
+    parts = [_open("tonal-balance", frame, "Tonal balance by octave band",
+                   "The mix's level in each octave band (solid) against the reference "
+                   "curve (dashed), in dB."),
+             _background(frame)]
+    for level in range(int(low), int(high) + 1, step):
+        y = py(level)
+        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
+                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
+                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
+                     f'text-anchor="end">{level}</text>')
+    for i, band in enumerate(bands):
+        parts.append(f'<text class="x-tick" x="{px(i):.1f}" y="{frame.y(0) + 16:.1f}" '
+                     f'text-anchor="middle">{band_label(band.hz)}</text>')
+        if band.db is not None and band.reference_db is not None:
+            top, bottom = sorted((py(band.db), py(band.reference_db)))
+            over = band.db > band.reference_db
+            parts.append(f'<rect class="band-delta" x="{px(i) - 9:.1f}" y="{top:.1f}" '
+                         f'width="18" height="{max(bottom - top, 1):.1f}" '
+                         f'fill="{CLIP if over else SHORT_TERM}" fill-opacity="0.18">'
+                         f'<title>{band_label(band.hz)} Hz: {band.db - band.reference_db:+.1f} dB '
+                         f'against the reference</title></rect>')
+    reference = [None if b.reference_db is None else (px(i), py(b.reference_db))
+                 for i, b in enumerate(bands)]
+    measured = [None if b.db is None else (px(i), py(b.db)) for i, b in enumerate(bands)]
+    parts.append(_polylines(reference, TARGET, 1.5, "reference").replace(
+        "<polyline ", '<polyline stroke-dasharray="5 4" '))
+    parts.append(_polylines(measured, SHORT_TERM, 2, "measured"))
+    for i, band in enumerate(bands):
+        if band.db is not None:
+            parts.append(f'<circle cx="{px(i):.1f}" cy="{py(band.db):.1f}" r="3" '
+                         f'fill="{SHORT_TERM}"><title>{band_label(band.hz)} Hz: '
+                         f'{band.db:.1f} dB</title></circle>')
+    parts.append(_legend(frame, [("this mix", SHORT_TERM), ("reference curve", TARGET)]))
+    parts.append(_axis_titles(frame, "octave band (Hz)", "level (dB)"))
+    parts.append(_frame_box(frame))
+    return "".join(parts) + "</svg>"
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    at: str  # ISO 8601 UTC
+    value: float
+    run_id: str
+    label: str  # what the point's tooltip names (a file)
+
+
+def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPoint],
+                guide: tuple[float, str] | None = None, frame: Frame | None = None) -> str:
+    """One figure across a project's exports, oldest left; each point links to its
+    review. `guide` is a horizontal reference line (a target, a ceiling)."""
+    frame = frame or Frame(440, 210, left=46, top=34, bottom=44)
+    if not points:
+        return ""
+    values = [p.value for p in points] + ([guide[0]] if guide else [])
+    step = level_step(max(values) - min(values) + 2)
+    step = 1 if max(values) - min(values) < 4 else step
+    low = math.floor(min(values) - 1)
+    high = math.ceil(max(values) + 1)
+    low, high = math.floor(low / step) * step, math.ceil(high / step) * step
+
+    def px(i: int) -> float:
+        return frame.x(0.5 if len(points) == 1 else 0.04 + 0.92 * i / (len(points) - 1))
+
+    def py(v: float) -> float:
+        return frame.y((v - low) / (high - low))
+
+    parts = [_open(element_id, frame, title,
+                   f"{title} of each export, oldest left, in {unit}."),
+             _background(frame)]
+    for level in range(int(low), int(high) + 1, step):
+        y = py(level)
+        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
+                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
+                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
+                     f'text-anchor="end">{level}</text>')
+    if guide is not None:
+        y = py(guide[0])
+        parts.append(f'<line x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" y1="{y:.1f}" '
+                     f'y2="{y:.1f}" stroke="{TARGET}" stroke-dasharray="5 4"/>'
+                     f'<text class="band-label" x="{frame.x(1) - 4:.1f}" y="{y - 4:.1f}" '
+                     f'text-anchor="end" fill="{TARGET}">{escape(guide[1])}</text>')
+    parts.append(_polylines([(px(i), py(p.value)) for i, p in enumerate(points)],
+                            SHORT_TERM, 2, "trend"))
+    labelled = {0, len(points) - 1} | set(range(0, len(points), max(1, len(points) // 4)))
+    for i, point in enumerate(points):
+        parts.append(f'<a href="/ui/runs/{escape(point.run_id)}"><circle class="point" '
+                     f'cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" fill="{SHORT_TERM}">'
+                     f'<title>{escape(point.label)}: {point.value:g} {escape(unit)}</title>'
+                     f'</circle></a>')
+        if i in labelled and (i == len(points) - 1 or len(points) - 1 - i >= 2 or i == 0):
+            anchor = ("middle" if len(points) == 1 else "start" if i == 0
+                      else "end" if i == len(points) - 1 else "middle")
+            parts.append(f'<text class="x-tick" x="{px(i):.1f}" y="{frame.y(0) + 16:.1f}" '
+                         f'text-anchor="{anchor}" data-utc="{escape(point.at)}" '
+                         f'data-style="short">{escape(point.at[5:16].replace("T", " "))}'
+                         f'</text>')
+    parts.append(f'<text class="chart-title" x="{frame.left:.1f}" y="{frame.top - 8:.1f}">'
+                 f'{escape(title)}</text>')
+    parts.append(_axis_titles(frame, "export", unit))
+    parts.append(_frame_box(frame))
+    return "".join(parts) + "</svg>"

@@ -1,0 +1,409 @@
+"""A mix review as the page shows it: the figures a musician reads, a verdict,
+the platform table, notes in order, the charts, and comparisons between exports.
+
+The review document grows over time; this reads what a stored document holds
+and leaves out what it does not, so reviews stored by older versions still
+show (their verdict, if they have none, is worked out from the profile as the
+review would).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from markupsafe import Markup
+
+from agentbox import charts
+from agentbox.charts import mmss
+from agentbox.mix_review import MixReview, as_review
+from agentbox.store import ProjectExport
+
+VERDICTS = ("pass", "warn", "fail")
+MINUS = "\N{MINUS SIGN}"
+EN_DASH = "\N{EN DASH}"
+CLIPPING_LISTED = 8  # places named under the chart; the chart marks all
+SEVERITIES = ("fix", "consider", "info")
+# The headline figures, in the order a mastering engineer reads them:
+# (key in metrics, what it is called, unit, decimals)
+FIGURES = (
+    ("integrated_lufs", "Integrated loudness", "LUFS", 1),
+    ("true_peak_dbtp", "True peak", "dBTP", 1),
+    ("loudness_range_lu", "Loudness range (LRA)", "LU", 1),
+    ("plr_db", "Peak to loudness (PLR)", "dB", 1),
+    ("short_term_max_lufs", "Short-term maximum", "LUFS", 1),
+    ("momentary_max_lufs", "Momentary maximum", "LUFS", 1),
+    ("sample_peak_dbfs", "Sample peak", "dBFS", 1),
+    ("headroom_db", "Unused headroom", "dB", 1),
+    ("stereo_correlation", "Stereo correlation", "", 2),
+    ("mono_loudness_drop_lu", "Lost when folded to mono", "LU", 1),
+    ("low_end_correlation", "Low-end correlation", "", 2),
+    ("clipped_samples", "Clipped samples", "", 0),
+    ("duration_seconds", "Duration", "s", 1),
+)
+FIGURE_NAMES = {key: (name, unit, digits) for key, name, unit, digits in FIGURES}
+TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
+                 "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
+                 "club": "Club / DJ", "podcast": "Podcast"}
+
+
+def signed(value: Any, digits: int = 1) -> str:
+    """+1.2 / \N{MINUS SIGN}0.4 (a true minus sign), or — when there is nothing."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
+            value):
+        return "—"
+    if round(value, digits) == 0:
+        return f"{0:.{digits}f}"  # no "+0.0" or "-0.0": nothing changed
+    return f"{value:+.{digits}f}".replace("-", MINUS)
+
+
+def number(value: Any, digits: int = 1) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
+            value):
+        return "—"
+    return f"{value:.{digits}f}".replace("-", MINUS)
+
+
+def _float(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def file_name(url: str) -> str:
+    """The file's name from a mix_url (a path, a file:// URL, a Windows path)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path) if parts.scheme == "file" else url
+    return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
+
+
+@dataclass(frozen=True)
+class Note:
+    severity: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    title: str
+    target_lufs: float | None
+    ceiling_dbtp: float | None
+    gain_db: float | None
+    peak_after_dbtp: float | None
+    verdict: str | None
+    note: str
+
+
+@dataclass
+class Review:
+    """One stored mix review, read for the page."""
+
+    doc: dict[str, Any]
+    model: MixReview
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: Any) -> Review | None:
+        model = as_review(result)
+        if model is None:
+            return None
+        assert isinstance(result, dict)
+        return cls(result, model, {**model.metrics.model_dump(), **_dict(result["metrics"])})
+
+    # -- the headline -------------------------------------------------------------------
+
+    @property
+    def verdict(self) -> str:
+        given = self.doc.get("verdict")
+        if given in VERDICTS:
+            return str(given)
+        p = self.model.profile
+        integrated, peak = self.figure("integrated_lufs"), self.figure("true_peak_dbtp")
+        if integrated is None:
+            return "fail"
+        if (peak is not None and peak > p.max_true_peak_dbtp) or self.figure("clipped_runs"):
+            return "fail"
+        return "warn" if abs(integrated - p.target_lufs) > p.tolerance_lu else "pass"
+
+    @property
+    def file(self) -> dict[str, Any]:
+        return _dict(self.doc.get("file"))
+
+    @property
+    def file_name(self) -> str:
+        name = self.file.get("name")
+        return name if isinstance(name, str) and name else file_name(self.model.mix_url)
+
+    @property
+    def format_line(self) -> str:
+        """WAV · 48 kHz · 24-bit · stereo · 3:02"""
+        m = self.metrics
+        depth = self.file.get("bit_depth", m.get("bit_depth"))
+        count = m.get("channels")
+        channels = "mono" if count == 1 else "stereo" if count == 2 else f"{count} channels"
+        if m.get("dual_mono") is True:
+            channels += " (both channels identical: dual mono)"
+        rate = self.figure("sample_rate")
+        parts = [str(m.get("file_format") or self.file.get("format") or "")]
+        if rate:
+            parts.append(f"{rate / 1000:g} kHz")
+        if isinstance(depth, int):
+            parts.append(f"{depth}-bit")
+        return " · ".join([*parts, channels, mmss(self.duration)])
+
+    @property
+    def duration(self) -> float:
+        return self.figure("duration_seconds") or 0.0
+
+    def figure(self, key: str) -> float | None:
+        return _float(self.metrics.get(key))
+
+    @property
+    def figures(self) -> list[tuple[str, str, str, str]]:
+        """(key, name, value, unit) of every headline figure the review holds."""
+        return [(key, name, number(self.figure(key), digits), unit)
+                for key, name, unit, digits in FIGURES if self.figure(key) is not None]
+
+    # -- the notes, targets and comparison ----------------------------------------------
+
+    @property
+    def notes(self) -> list[Note]:
+        given = [n for n in _list(self.doc.get("notes")) if isinstance(n, dict)
+                 and isinstance(n.get("text"), str)]
+        if given:
+            order = {s: i for i, s in enumerate(SEVERITIES)}
+            found = [Note(str(n["severity"]) if n.get("severity") in SEVERITIES else "info",
+                          n["text"]) for n in given]
+            return sorted(found, key=lambda n: order[n.severity])  # stable: keeps its order
+        return [Note("", text) for text in self.model.review_notes]
+
+    @property
+    def targets(self) -> list[Target]:
+        out = []
+        for t in _list(self.doc.get("targets")):
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+                continue
+            verdict = t.get("verdict")
+            title = t.get("title")
+            if not isinstance(title, str) or not title:
+                title = TARGET_TITLES.get(t["name"], t["name"].replace("_", " "))
+            out.append(Target(
+                t["name"], title,
+                _float(t.get("integrated_target_lufs")), _float(t.get("true_peak_max_dbtp")),
+                _float(t.get("gain_db")), _float(t.get("result_true_peak_dbtp")),
+                verdict if verdict in VERDICTS else None,
+                t["note"] if isinstance(t.get("note"), str) else ""))
+        return out
+
+    @property
+    def comparison(self) -> dict[str, Any]:
+        return _dict(self.doc.get("comparison"))
+
+    @property
+    def comparison_run_id(self) -> str | bool | None:
+        """The previous export the review names; None if it names none (its
+        project's first), or False when the document has no comparison at all."""
+        if "previous_run_id" not in self.comparison:
+            return False
+        named = self.comparison["previous_run_id"]
+        return named if isinstance(named, str) else None
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        return _dict(self.doc.get("reference"))
+
+    # -- the charts --------------------------------------------------------------------
+
+    @property
+    def clipping(self) -> list[tuple[float, float]]:
+        out = []
+        for r in _list(self.metrics.get("clipping_ranges")):
+            start, end = _float(_dict(r).get("start")), _float(_dict(r).get("end"))
+            if start is not None:
+                out.append((start, end if end is not None and end >= start else start))
+        return out
+
+    @property
+    def clipping_text(self) -> str:
+        """Where the mix clips, as a musician reads it: "0:16-0:18, 1:04 and 12 more"
+        (places less than a second apart read as one)."""
+        places: list[list[float]] = []
+        for start, end in sorted(self.clipping):
+            if places and start - places[-1][1] < 1.0:
+                places[-1][1] = max(places[-1][1], end)
+            else:
+                places.append([start, end])
+        shown = [mmss(a) + (EN_DASH + mmss(b) if mmss(b) != mmss(a) else "")
+                 for a, b in places[:CLIPPING_LISTED]]
+        more = len(places) - len(shown)
+        return ", ".join(shown) + (f" and {more} more" if more else "")
+
+    def loudness_chart(self) -> Markup:
+        curve = _dict(self.metrics.get("loudness_curve"))
+        step = _float(curve.get("step_seconds")) or 1.0
+
+        def read(values: Any) -> charts.Curve | None:
+            found = [_float(v) for v in _list(values)]
+            return charts.Curve(step, found) if any(v is not None for v in found) else None
+
+        short_term = read(curve.get("short_term"))
+        momentary = read(curve.get("momentary"))
+        if short_term is None:  # reviews before the curve: short-term once a second
+            short_term = read(self.metrics.get("short_term_lufs"))
+            short_term = short_term and charts.Curve(1.0, short_term.values)
+        p = self.model.profile
+        return Markup(charts.loudness_chart(
+            duration=self.duration, short_term=short_term,
+            momentary=momentary, target=p.target_lufs, tolerance=p.tolerance_lu,
+            clipping=self.clipping))
+
+    def tonal_chart(self) -> Markup:
+        bands = []
+        for b in _list(self.metrics.get("octave_bands")):
+            hz = _float(_dict(b).get("hz"))
+            if hz is not None and hz > 0:
+                bands.append(charts.Band(hz, _float(b.get("db")), _float(b.get("reference_db"))))
+        return Markup(charts.tonal_chart(sorted(bands, key=lambda b: b.hz)))
+
+
+# -- exports and their comparison ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportRow:
+    run_id: str
+    project: str
+    status: str
+    accepted_at: str
+    finished_at: str | None
+    review: Review | None
+
+    @property
+    def file_name(self) -> str:
+        return self.review.file_name if self.review else ""
+
+
+def export_row(export: ProjectExport) -> ExportRow:
+    return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
+                     export.finished_at, Review.of(export.result))
+
+
+@dataclass(frozen=True)
+class Delta:
+    key: str
+    name: str
+    unit: str
+    before: str
+    after: str
+    change: str
+    raw_change: float | None
+
+
+def deltas(before: Review | None, after: Review, given: dict[str, Any] | None = None
+           ) -> list[Delta]:
+    """Every headline figure of two reviews and its change (after minus before); the
+    review's own deltas (`given`) win where it has them."""
+    out = []
+    for key, name, unit, digits in FIGURES:
+        b = before.figure(key) if before else None
+        a = after.figure(key)
+        change = _float((given or {}).get(key))
+        if change is None and a is not None and b is not None:
+            change = a - b
+        if a is None and b is None and change is None:
+            continue
+        out.append(Delta(key, name, unit, number(b, digits), number(a, digits),
+                         signed(change, digits), change))
+    return out
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What the review page compares with: the project's export before this one."""
+
+    run_id: str | None  # None: this is the project's first export
+    accepted_at: str | None
+    review: Review | None
+    this: Review
+
+    @property
+    def rows(self) -> list[Delta]:
+        given = _dict(self.this.comparison.get("deltas"))
+        return deltas(self.review, self.this, given) if self.run_id else []
+
+    @property
+    def note(self) -> str:
+        note = self.this.comparison.get("note")
+        if isinstance(note, str):
+            return note
+        return _change_note(self.review, self.this) if self.review else ""
+
+
+def _change_note(before: Review, after: Review) -> str:
+    """"1.2 LU louder than the previous export; true peak now over the ceiling." """
+    parts = []
+    b, a = before.figure("integrated_lufs"), after.figure("integrated_lufs")
+    if a is not None and b is not None and round(a - b, 1):
+        parts.append(f"{abs(a - b):.1f} LU {'louder' if a > b else 'quieter'} than the "
+                     "previous export")
+    ceiling = after.model.profile.max_true_peak_dbtp
+    b, a = before.figure("true_peak_dbtp"), after.figure("true_peak_dbtp")
+    if a is not None and b is not None and (a > ceiling) != (b > ceiling):
+        parts.append(f"true peak now {'over' if a > ceiling else 'under'} the {ceiling:g} dBTP "
+                     "ceiling")
+    if not parts:
+        return "About the same as the previous export."
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
+
+
+def choose_pair(reviewed: list[ExportRow], a: str | None, b: str | None
+                ) -> tuple[ExportRow, ExportRow] | None:
+    """The two exports to compare: those asked for, else the latest two (newest first
+    in `reviewed`); the older of the two comes first."""
+    by_id = {row.run_id: row for row in reviewed}
+    if len(reviewed) < 2:
+        return None
+    first = by_id.get(a or "") or reviewed[1]
+    second = by_id.get(b or "") or reviewed[0]
+    return first, second
+
+
+def compare(first: ExportRow, second: ExportRow) -> list[Delta]:
+    assert first.review is not None and second.review is not None
+    return deltas(first.review, second.review)
+
+
+def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
+    """Integrated loudness, true peak and loudness range across the exports."""
+    oldest_first = list(reversed(reviewed))
+    charts_out = []
+    latest = reviewed[0].review if reviewed else None
+    for key, element, title, unit, guide in (
+            ("integrated_lufs", "trend-integrated", "Integrated loudness", "LUFS",
+             "target"),
+            ("true_peak_dbtp", "trend-true-peak", "True peak", "dBTP", "ceiling"),
+            ("loudness_range_lu", "trend-lra", "Loudness range (LRA)", "LU", None)):
+        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name)
+                  for row in oldest_first if row.review is not None
+                  and (value := row.review.figure(key)) is not None]
+        line = None
+        if latest is not None and guide == "target":
+            line = (latest.model.profile.target_lufs,
+                    f"target {latest.model.profile.target_lufs:g}")
+        elif latest is not None and guide == "ceiling":
+            line = (latest.model.profile.max_true_peak_dbtp,
+                    f"ceiling {latest.model.profile.max_true_peak_dbtp:g}")
+        charts_out.append(Markup(charts.trend_chart(element, title, unit, points, line)))
+    return charts_out

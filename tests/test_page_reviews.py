@@ -1,0 +1,318 @@
+"""The page for musicians, in a real browser: Playwright driving Debian's Chromium
+against a real agentbox whose mix review listened to real WAV files made here.
+Every request goes to 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import unicodedata
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+from playwright.sync_api import Browser, Page, expect
+
+from agentbox.review_view import Review, signed
+from tests import test_page
+from tests.conftest import Server, make_event
+
+browser = test_page.browser  # the same fixtures: Debian's Chromium, a page per test
+page = test_page.page
+
+RATE = 48_000
+# A name that must survive URLs: spaces, a slash, a percent sign, a hash, accents.
+PROJECT = "Nacht / Fahrt #2 \N{EN DASH} é 50%"
+LOUD = "loud-and-clipped"
+
+
+def song(seconds: float, peak: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(RATE * seconds)) / RATE
+    envelope = np.where((t % 8) < 4, 0.5, 1.0)
+    left = envelope * (np.sin(2 * np.pi * 110 * t) + 0.4 * np.sin(2 * np.pi * 660 * t))
+    right = envelope * (np.sin(2 * np.pi * 110 * t + 0.3) + 0.05 * rng.standard_normal(t.size))
+    stereo = np.stack([left, right], 1)
+    return np.asarray(peak * stereo / np.abs(stereo).max())
+
+
+def write(folder: Path, name: str, audio: np.ndarray) -> Path:
+    path = folder / name
+    soundfile.write(path, np.clip(audio, -1, 1), RATE, subtype="PCM_24")
+    settled = time.time() - 60  # the review waits for a file still being written
+    os.utime(path, (settled, settled))
+    return path
+
+
+class Studio:
+    """One server, the exports it reviewed, and their runs as the API shows them."""
+
+    def __init__(self, server: Server, folder: Path) -> None:
+        self.server, self.folder = server, folder
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def export(self, project: str, name: str, audio: np.ndarray) -> dict[str, Any]:
+        path = write(self.folder, name, audio)
+        response = self.server.post(make_event(payload={"project_id": project,
+                                                        "mix_url": str(path)}))
+        assert response.status_code == 202, response.text
+        run = self.server.wait_terminal(response.json()["run_id"], timeout=120)
+        assert run["status"] == "succeeded", run
+        self.runs[name] = run
+        return run
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
+    home = tmp_path_factory.mktemp("studio")
+    # session.exported goes to the built-in mix review; mix.review_requested to the
+    # test agents (one of them answers a document shaped almost like a review).
+    server = Server(home, {"AGENTBOX_AGENTS": "mix.review_requested=tests.support.agents:"
+                                              "scripted"}).start()
+    try:
+        found = Studio(server, home)
+        found.export(PROJECT, "take 1.wav", song(12, 0.2, 1))  # quiet
+        found.export(PROJECT, "take 2.wav", song(12, 0.9, 2))
+        found.export(PROJECT, "take 3.wav", song(12, 0.6, 3))  # the latest
+        found.export(LOUD, "slammed.wav", np.clip(song(12, 1.8, 4), -1, 1))
+        yield found
+    finally:
+        server.close()
+
+
+def review_of(run: dict[str, Any]) -> Review:
+    found = Review.of(run["result"])
+    assert found is not None
+    return found
+
+
+def test_home_shows_each_project_with_its_latest_figures_and_verdict(
+        studio: Studio, page: Page) -> None:
+    page.goto(studio.server.url + "/")
+    expect(page.locator("h1")).to_have_text("Your projects")
+    row = page.locator(f'tr[data-project="{PROJECT}"]')
+    latest = review_of(studio.runs["take 3.wav"])
+    expect(row.locator(".file")).to_have_text("take 3.wav")
+    for css, key in (("lufs", "integrated_lufs"), ("true-peak", "true_peak_dbtp"),
+                     ("lra", "loudness_range_lu")):
+        value = latest.figure(key)
+        assert value is not None
+        expect(row.locator(f".{css}")).to_have_text(f"{value:.1f}".replace("-", "\N{MINUS SIGN}"))
+    verdict = studio.runs["take 3.wav"]["result"].get("verdict", latest.verdict)
+    expect(row.locator(".verdict")).to_have_text(verdict)
+    # a slammed, clipped mix over the ceiling fails whatever else it does
+    expect(page.locator(f'tr[data-project="{LOUD}"] .verdict')).to_have_text("fail")
+    expect(page.locator(f'tr[data-project="{LOUD}"] .verdict')).to_have_class(
+        re.compile(r"\bfail\b"))
+    # one row per project: the older takes are on the project's page
+    expect(page.locator(f'tr[data-project="{PROJECT}"]')).to_have_count(1)
+    # the operator's view is one click away, and complete
+    page.click("text=all runs, retries and dead letters")
+    expect(page.locator("h1")).to_have_text("Runs")
+    expect(page.locator('[data-stat="succeeded"]')).to_have_count(1)
+    expect(page.locator('form.filters select[name="status"]')).to_have_count(1)
+    for run in studio.runs.values():
+        expect(page.locator(f'tr[data-run-id="{run["run_id"]}"]')).to_have_count(1)
+
+
+def test_times_are_shown_in_the_browsers_own_time_zone(studio: Studio,
+                                                       browser: Browser) -> None:
+    context = browser.new_context(timezone_id="Asia/Kolkata", locale="en-GB")
+    try:
+        page = context.new_page()
+        page.goto(studio.server.url + "/")
+        run = studio.runs["take 3.wav"]
+        shown = page.locator(f'tr[data-project="{PROJECT}"] time')
+        expect(shown).to_have_attribute("datetime", run["accepted_at"])
+        expect(shown).to_have_attribute("data-local", "1")
+        local = datetime.fromisoformat(run["accepted_at"]).astimezone(ZoneInfo("Asia/Kolkata"))
+        text = shown.text_content() or ""
+        assert f"{local:%H:%M}" in text and "UTC" not in text, text  # +05:30
+        assert "UTC" in (shown.get_attribute("title") or "")
+    finally:
+        context.close()
+
+
+def test_a_project_page_shows_trends_and_compares_any_two_exports(
+        studio: Studio, page: Page) -> None:
+    page.goto(studio.server.url + "/")
+    page.click(f'tr[data-project="{PROJECT}"] a >> nth=0')
+    expect(page.locator("h1")).to_contain_text(PROJECT)
+    assert page.url.endswith("/projects/" + quote(PROJECT, safe=""))
+    for chart in ("trend-integrated", "trend-true-peak", "trend-lra"):
+        expect(page.locator(f"#{chart} circle.point")).to_have_count(3)
+        expect(page.locator(f"#{chart} title").first).not_to_be_empty()
+    expect(page.locator("#exports tbody tr")).to_have_count(3)
+    takes = [review_of(studio.runs[f"take {n}.wav"]) for n in (1, 2, 3)]
+
+    def change(before: Review, after: Review, key: str) -> str:
+        b, a = before.figure(key), after.figure(key)
+        assert a is not None and b is not None
+        return signed(a - b)
+
+    # by default the latest two, older first
+    row = page.locator('#comparison tr[data-figure="integrated_lufs"]')
+    expect(row.locator("td").nth(2)).to_contain_text(change(takes[1], takes[2],
+                                                            "integrated_lufs"))
+    page.select_option('select[name="a"]', studio.runs["take 1.wav"]["run_id"])
+    page.select_option('select[name="b"]', studio.runs["take 3.wav"]["run_id"])
+    page.click("#compare-form button")
+    for key in ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu"):
+        cells = page.locator(f'#comparison tr[data-figure="{key}"] td')
+        expect(cells.nth(2)).to_contain_text(change(takes[0], takes[2], key))
+    expect(page.locator("#comparison thead")).to_contain_text("take 1.wav")
+
+
+def test_a_project_is_found_by_its_name_however_it_is_spelled(studio: Studio) -> None:
+    client = studio.server.client
+    decomposed = unicodedata.normalize("NFD", PROJECT)
+    for name in (PROJECT, decomposed):
+        answer = client.get("/projects/" + quote(name, safe=""))
+        assert answer.status_code == 200 and "take 3.wav" in answer.text
+    unknown = client.get("/projects/" + quote("no such / project", safe=""))
+    assert unknown.status_code == 404
+    assert "No export of a project named &#39;no such / project&#39;" in unknown.text
+    assert unknown.headers["content-type"].startswith("text/html")
+
+
+def test_the_review_page_draws_loudness_with_labelled_axes(studio: Studio, page: Page) -> None:
+    run = studio.runs["slammed.wav"]
+    page.goto(studio.server.url + f"/ui/runs/{run['run_id']}")
+    expect(page.locator("h1")).to_contain_text("slammed.wav")
+    plot = page.locator("#loudness-plot")
+    expect(plot.locator("title").first).to_have_text("Loudness over time")
+    ticks = plot.locator(".x-tick").all_text_contents()
+    assert ticks[0] == "0:00" and len(ticks) >= 3, ticks
+    assert all(re.fullmatch(r"\d+:\d\d", tick) for tick in ticks), ticks
+    levels = [int(t) for t in plot.locator(".y-tick").all_text_contents()]
+    assert len(levels) >= 3 and levels == sorted(levels), levels
+    target = review_of(run).model.profile.target_lufs
+    assert min(levels) <= target <= max(levels)
+    expect(plot.locator(".axis-title")).to_have_text(["time (mm:ss)", "loudness (LUFS)"])
+    expect(plot.locator(".target-band")).to_have_count(1)
+    expect(plot.locator("polyline.short-term").first).to_be_visible()
+    clipping = review_of(run).clipping
+    expect(plot.locator(".clip-marker")).to_have_count(len(clipping))
+    expect(page.locator("#notes li").first).not_to_be_empty()
+    expect(page.locator(".verdict.big")).to_have_text("fail")
+
+
+def test_the_review_page_compares_with_the_previous_export(studio: Studio,
+                                                           page: Page) -> None:
+    run = studio.runs["take 3.wav"]
+    page.goto(studio.server.url + f"/ui/runs/{run['run_id']}")
+    previous = studio.runs["take 2.wav"]
+    expect(page.locator(f'#previous a[href="/ui/runs/{previous["run_id"]}"]')).to_have_count(1)
+    this, before = review_of(run), review_of(previous)
+    given = (run["result"].get("comparison") or {}).get("deltas") or {}
+    a, b = this.figure("integrated_lufs"), before.figure("integrated_lufs")
+    assert a is not None and b is not None
+    expected = signed(given.get("integrated_lufs", a - b))
+    expect(page.locator('#previous tr[data-figure="integrated_lufs"] td').nth(2)
+           ).to_contain_text(expected)
+    first = studio.runs["take 1.wav"]
+    page.goto(studio.server.url + f"/ui/runs/{first['run_id']}")
+    expect(page.locator("#previous")).to_contain_text("first export")
+
+
+def test_the_mix_plays_in_the_page(studio: Studio, page: Page) -> None:
+    run = studio.runs["take 3.wav"]
+    page.goto(studio.server.url + f"/ui/runs/{run['run_id']}")
+    audio = page.locator("audio#mix-audio")
+    expect(audio).to_have_attribute("src", f"/runs/{run['run_id']}/audio")
+    page.wait_for_function("document.getElementById('mix-audio').readyState >= 1",
+                           timeout=15_000)
+    duration = page.evaluate("document.getElementById('mix-audio').duration")
+    assert abs(duration - 12) < 0.1, duration
+    # seeking: the browser asks for byte ranges
+    answer = studio.server.client.get(f"/runs/{run['run_id']}/audio",
+                                      headers={"Range": "bytes=100-199"})
+    assert answer.status_code == 206
+    assert answer.headers["content-type"] == "audio/wav"
+    assert answer.content == (studio.folder / "take 3.wav").read_bytes()[100:200]
+
+
+def test_the_audio_route_serves_only_the_file_a_review_listened_to(
+        studio: Studio) -> None:
+    client = studio.server.client
+    run = studio.runs["take 2.wav"]
+    whole = (studio.folder / "take 2.wav").read_bytes()
+    # whatever the request names, the answer is the run's own file
+    for tail in ("", "?path=/etc/passwd", "?mix_url=/etc/passwd"):
+        answer = client.get(f"/runs/{run['run_id']}/audio{tail}")
+        assert answer.status_code == 200 and answer.content == whole
+    # not a run, not a review, a review that failed: nothing to play
+    lookalike = studio.server.post(make_event(event_type="mix.review_requested", payload={
+        "project_id": "review-lookalike", "mix_url": str(studio.folder / "take 2.wav"),
+        "requested_by": "a test"})).json()["run_id"]
+    assert studio.server.wait_terminal(lookalike)["status"] == "succeeded"
+    failed = studio.server.post(make_event(payload={
+        "project_id": "gone", "mix_url": str(studio.folder / "never-written.wav")}))
+    failed_id = failed.json()["run_id"]
+    assert studio.server.wait_terminal(failed_id, timeout=60)["status"] == "failed_permanent"
+    for run_id in ("run_nope", lookalike, failed_id, "..%2F..%2Fetc%2Fpasswd",
+                   quote("/etc/passwd", safe="")):
+        refused = client.get(f"/runs/{run_id}/audio")
+        assert refused.status_code == 404, run_id
+        if refused.headers["content-type"] == "application/json":
+            assert refused.json()["error_code"] in ("audio_not_found", "not_found")
+    # a reviewed file that has since been deleted
+    doomed = studio.export("doomed", "doomed.wav", song(2, 0.5, 9))
+    assert client.get(f"/runs/{doomed['run_id']}/audio").status_code == 200
+    (studio.folder / "doomed.wav").unlink()
+    gone = client.get(f"/runs/{doomed['run_id']}/audio")
+    assert gone.status_code == 404 and gone.json()["error_code"] == "audio_not_found"
+    assert "no longer" in gone.json()["message"]
+
+
+def test_a_new_export_appears_on_the_home_page_without_a_reload(
+        studio: Studio, page: Page) -> None:
+    page.goto(studio.server.url + "/")
+    expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+    page.evaluate("window.__notReloaded = true")
+    run = studio.export("fresh <b>idea</b>", "fresh idea.wav", song(3, 0.5, 5))
+    row = page.locator('tr[data-project="fresh <b>idea</b>"]')
+    expect(row.locator(".file")).to_have_text("fresh idea.wav", timeout=15_000)
+    expect(row.locator("td").first).to_have_text("fresh <b>idea</b>")  # text, not markup
+    assert page.evaluate("window.__notReloaded") is True
+    expect(row.locator("time")).to_have_attribute("data-local", "1")
+    assert run["run_id"] in (row.get_attribute("data-run-id") or "")
+
+
+def test_the_new_pages_refuse_another_host_name(
+        studio: Studio) -> None:
+    run_id = studio.runs["take 3.wav"]["run_id"]
+    port = studio.server.url.rsplit(":", 1)[1]
+    for path in ("/", "/projects/" + quote(PROJECT, safe=""), f"/runs/{run_id}/audio"):
+        refused = httpx.get(studio.server.url + path, timeout=10,
+                            headers={"Host": f"attacker.example:{port}"})
+        assert refused.status_code == 400, path
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_projects_and_their_exports_on_either_engine(
+        engine: str, server_factory: Callable[..., Server], request: pytest.FixtureRequest
+        ) -> None:
+    env = {}
+    if engine == "postgres":
+        env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+    server = server_factory(env).start()
+    runs = [server.post(make_event(project_id=name)).json()["run_id"]
+            for name in ("ok", "permanent", "ok", "ok")]
+    for run_id in runs:
+        server.wait_terminal(run_id)
+    home = server.client.get("/").text
+    assert home.count('data-project="ok"') == 1 and 'data-project="permanent"' in home
+    assert home.index('data-project="ok"') < home.index('data-project="permanent"')  # newest
+    assert f'data-run-id="{runs[3]}" data-project="ok"' in home  # its latest export
+    page = server.client.get("/projects/ok").text
+    listed = re.findall(r'<tr data-run-id="(run_\w+)">', page[page.index('id="exports"'):])
+    assert listed == [runs[3], runs[2], runs[0]]

@@ -25,12 +25,15 @@ async def finished(box: InProcess, project_id: str) -> str:
 async def test_the_runs_view_lists_runs_and_filters_them(box: InProcess) -> None:
     ok = await finished(box, "ok")
     bad = await finished(box, "permanent")
-    page = await box.client.get("/")
+    page = await box.client.get("/ui/runs")  # the operator's view, one click from home
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert f'data-run-id="{ok}"' in page.text and f'data-run-id="{bad}"' in page.text
-    only_failed = await box.client.get("/", params={"status": "failed_permanent"})
+    only_failed = await box.client.get("/ui/runs", params={"status": "failed_permanent"})
     assert f'data-run-id="{bad}"' in only_failed.text
     assert f'data-run-id="{ok}"' not in only_failed.text
+    # an old link to a filtered home page still finds the runs view
+    old = await box.client.get("/", params={"status": "failed_permanent"})
+    assert old.status_code == 307 and old.headers["location"].startswith("/ui/runs?")
 
 
 async def test_a_runs_page_tells_its_story(box: InProcess) -> None:

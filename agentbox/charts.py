@@ -9,7 +9,7 @@ and each has a <title> and <desc> for screen readers. Axis ticks carry classes
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from markupsafe import escape
@@ -141,12 +141,7 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
                  f'height="{py(target - tolerance) - py(target + tolerance):.1f}" '
                  f'fill="{TARGET}" fill-opacity="0.12"><title>target {target:g} LUFS '
                  f'± {tolerance:g} LU</title></rect>')
-    for level in range(int(low), int(high) + 1, step):
-        y = py(level)
-        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
-                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
-                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
-                     f'text-anchor="end">{level}</text>')
+    parts.append(_level_grid(frame, low, high, step, py))
     tick = time_step(span_x)
     for second in range(0, int(span_x) + 1, tick):
         x = px(second)
@@ -208,6 +203,19 @@ def _background(frame: Frame) -> str:
     return f'<rect {_plot_rect(frame)} fill="#fff"/>'
 
 
+def _level_grid(frame: Frame, low: float, high: float, step: int,
+                py: Callable[[float], float]) -> str:
+    """A labelled horizontal gridline every `step` from `low` to `high`."""
+    lines = []
+    for level in range(int(low), int(high) + 1, step):
+        y = py(level)
+        lines.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
+                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
+                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
+                     f'text-anchor="end">{level}</text>')
+    return "".join(lines)
+
+
 def _frame_box(frame: Frame) -> str:
     return f'<rect {_plot_rect(frame)} fill="none" stroke="#d0d5dd"/>'
 
@@ -244,12 +252,7 @@ def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
                    "The mix's level in each octave band (solid) against the reference "
                    "curve (dashed), in dB."),
              _background(frame)]
-    for level in range(int(low), int(high) + 1, step):
-        y = py(level)
-        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
-                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
-                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
-                     f'text-anchor="end">{level}</text>')
+    parts.append(_level_grid(frame, low, high, step, py))
     for i, band in enumerate(bands):
         parts.append(f'<text class="x-tick" x="{px(i):.1f}" y="{frame.y(0) + 16:.1f}" '
                      f'text-anchor="middle">{band_label(band.hz)}</text>')
@@ -309,12 +312,7 @@ def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPo
     parts = [_open(element_id, frame, title,
                    f"{title} of each export, oldest left, in {unit}."),
              _background(frame)]
-    for level in range(int(low), int(high) + 1, step):
-        y = py(level)
-        parts.append(f'<line class="grid" x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" '
-                     f'y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7ec"/>'
-                     f'<text class="y-tick" x="{frame.left - 6:.1f}" y="{y + 3.5:.1f}" '
-                     f'text-anchor="end">{level}</text>')
+    parts.append(_level_grid(frame, low, high, step, py))
     if guide is not None:
         y = py(guide[0])
         parts.append(f'<line x1="{frame.x(0):.1f}" x2="{frame.x(1):.1f}" y1="{y:.1f}" '

@@ -44,7 +44,8 @@ def main() -> None:
                                               "scripted"}).start()
     try:
         for project in ("ok", "fail-1", "always-fail"):
-            server.post(make_event(project_id=project, event_type="mix.review_requested"))
+            server.post(make_event(event_type="mix.review_requested", payload={
+                "project_id": project, "mix_url": "/tmp/mix.wav", "requested_by": "screenshot"}))
         review = server.post(make_event(payload={"project_id": "night-drive",
                                                  "mix_url": str(mix)})).json()["run_id"]
         server.wait_terminal(review, timeout=120)

@@ -26,6 +26,7 @@ from agentbox.dispatcher import Dispatcher
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.mix_review import analysis_processes, shutdown_analysis
+from agentbox.notifications import ReviewNotifications
 from agentbox.openapi import document
 from agentbox.receiver import (
     INTERNAL_ERROR_MESSAGE,
@@ -95,6 +96,9 @@ def create_app(
 
     pages = StatusPages(settings, store, dispatcher, admin_token)
     dispatcher.listeners.append(pages.live.transition)
+    notices = ReviewNotifications(store) if settings.notify else None
+    if notices is not None:
+        dispatcher.listeners.append(notices.on_transition)
 
     def on_remote_change(change: RemoteChange) -> None:
         """Another instance (same PostgreSQL database) committed runs or callbacks."""
@@ -124,6 +128,8 @@ def create_app(
             await receiver.settle(INGEST_SETTLE_SECONDS)
             await dispatcher.stop()
             await deliverer.stop()
+            if notices is not None:
+                await notices.close()
             await store.close()
             shutdown_analysis()
             log.info("agentbox stopped")

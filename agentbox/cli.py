@@ -412,8 +412,14 @@ def run_row(run: dict[str, Any]) -> tuple[str, ...]:
             digest.file_name(run)[:32],
             f"{loudness:.1f}" if isinstance(loudness, int | float) else "-",
             f"{peak:+.1f}" if isinstance(peak, int | float) else "-",
-            digest.verdict_of(run) if metrics else "-", _line(run["event_type"]),
+            _verdict_cell(run), _line(run["event_type"]),
             str(run["retry_count"]), _line(run["error_code"] or ""))
+
+
+def _verdict_cell(run: dict[str, Any]) -> str:
+    result = run.get("result")
+    verdict = result.get("verdict") if isinstance(result, dict) else None
+    return _line(verdict) if isinstance(verdict, str) else "-"
 
 
 def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str) -> None:

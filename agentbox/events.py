@@ -67,20 +67,13 @@ def project_name(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
-def _a_project_name(value: str) -> str:
-    value = project_name(value)
-    if len(value) > MAX_ID_LENGTH:  # composing never lengthens much, but can
-        raise PydanticCustomError("string_too_long", "must be at most {max_length} characters",
-                                  {"max_length": MAX_ID_LENGTH})
-    return value
-
-
 # What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):
 # any text, spaces inside it included.
 Name = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_a_name)]
 # A project's name: a Name, NFC-normalised, so that one project has one name
 # whichever way its export arrived (a watched folder on macOS, a typed --project).
-ProjectName = Annotated[Name, AfterValidator(_a_project_name)]
+# (The length is checked as written: NFC rarely lengthens a text, by 3 times at most.)
+ProjectName = Annotated[Name, AfterValidator(project_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 

@@ -35,9 +35,8 @@ from agentbox.receiver import (
     error_response,
 )
 from agentbox.runs import SteadyClock
-from agentbox.store import StorageUnavailable
+from agentbox.store import RemoteChange, StorageUnavailable
 from agentbox.store.engines import create_store
-from agentbox.store.sql import RemoteChange
 from agentbox.ui import StatusPages, TokenGuard
 from agentbox.web import RunsApi
 

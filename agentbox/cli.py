@@ -17,7 +17,7 @@ import click
 import httpx
 
 from agentbox import config as cfg
-from agentbox import digest
+from agentbox import digest, portable
 from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
@@ -84,7 +84,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     click.echo(f"agentbox: data in {engines.describe(settings)}; listening on "
                f"http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None,
-                access_log=False, loop="uvloop", http="httptools", lifespan="on",
+                access_log=False, loop=portable.EVENT_LOOP, http="httptools", lifespan="on",
                 timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
                 limit_concurrency=settings.max_connections,
                 timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from agentbox import portable
 from agentbox.profiles import PROFILES
 from agentbox.signing import secret_keys
 
@@ -416,13 +417,7 @@ def retire_secrets(path: Path) -> int:
 
 def _write_secrets(path: Path, values: tuple[str, ...]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fresh = path.with_suffix(".new")
-    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(v + "\n" for v in values))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(fresh, path)  # readers see the old file or the new one, never half
+    portable.write_durably(path, "".join(v + "\n" for v in values))
 
 
 def ensure_callback_secret(settings: Settings) -> tuple[Settings, Path | None]:
@@ -455,8 +450,11 @@ def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:
         except FileExistsError:  # another process made it first: use theirs
             pass
         else:
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write((make or _random_secret)() + "\n")
+                f.flush()
+                portable.durable_flush(f.fileno())
+            portable.flush_directory(path.parent)
     return secrets_in_file(path)[0]
 
 

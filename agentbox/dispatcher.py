@@ -413,7 +413,8 @@ class Dispatcher:
             "event_id": transition.event_id, "run_id": transition.run_id,
             "event_type": transition.event_type, "source": transition.source,
             "agent": transition.agent, "status": transition.status,
-            "attempt": transition.attempt, "error_code": transition.error_code, **timings,
+            "attempt": transition.attempt, "error_code": transition.error_code,
+            **({"note": transition.note} if transition.note else {}), **timings,
         })
         if transition.status == RunStatus.DEAD_LETTERED:  # an operator alert
             log.warning("ALERT: a run was dead-lettered; inspect it with `agentbox "

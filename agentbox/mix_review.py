@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from agentbox import portable
 from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.config import ConfigError, Settings
 from agentbox.events import Event
@@ -156,7 +157,11 @@ def local_path(mix_url: str) -> Path:
         if parts.netloc not in ("", "localhost"):
             raise PermanentAgentError("file:// URLs must name a local file "
                                       "(file:///path)", "unsupported_mix_url")
-        return Path(unquote(parts.path))
+        try:
+            return Path(portable.path_from_url(parts.path))
+        except OSError:  # Windows: a path no drive or share can name
+            raise PermanentAgentError(f"{mix_url} names no local file",
+                                      "unsupported_mix_url") from None
     if parts.scheme and len(parts.scheme) > 1:  # one letter is a Windows drive
         raise PermanentAgentError(f"mix_url must be a local path or file:// URL, not "
                                   f"{parts.scheme}:", "unsupported_mix_url")

@@ -21,8 +21,7 @@ from typing import Any
 
 from agentbox import digest
 from agentbox.logs import get_logger
-from agentbox.store import Transition
-from agentbox.store.sql import SqlStore
+from agentbox.store import Store, Transition
 
 log = get_logger("notifications")
 
@@ -85,7 +84,7 @@ class ReviewNotifications:
     """A dispatcher listener: a notification for each mix review that reaches a
     terminal state (succeeded, failed for good, dead-lettered)."""
 
-    def __init__(self, store: SqlStore, sender: Callable[[], Awaitable[Send | None]]
+    def __init__(self, store: Store, sender: Callable[[], Awaitable[Send | None]]
                  = desktop_sender) -> None:
         self.store = store
         self._make_sender = sender
@@ -103,9 +102,10 @@ class ReviewNotifications:
 
     async def _notify(self, run_id: str) -> None:
         try:
-            run = await self.store.get_run(run_id)
-            if run is None:
+            found = await self.store.get_run(run_id)
+            if found is None:
                 return
+            run = found.model_dump(mode="json")
             event = None if run.get("result") else await self.store.event_of(run_id)
             if not self._ready:
                 self._ready, self._send = True, await self._make_sender()

@@ -1,7 +1,8 @@
 """The OpenAPI document of the public API, served at `/openapi.json`.
 
-Built from the same pydantic models that validate events, so the document and
-the receiver cannot disagree about the contract.
+Built from the same pydantic models that validate events and that the API
+answers with (the store's views), so the document and the real answers cannot
+disagree about the contract.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic.json_schema import models_json_schema
 
 from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
 from agentbox.runs import RunStatus
+from agentbox.store import DestinationView, NotificationView, RunDetail, RunView
 
 REF = "#/components/schemas/{model}"
 
@@ -51,25 +53,8 @@ class Accepted(BaseModel):
     runs: list[RunRefOut]
 
 
-class Run(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    run_id: str
-    status: str
-    event_id: str
-    event_type: str
-    source: str
-    agent: str
-    accepted_at: str
-    started_at: str | None
-    updated_at: str
-    completed_at: str | None
-    retry_count: int
-    result: Any
-    error_code: str | None
-
-
 class RunList(BaseModel):
-    runs: list[Run]
+    runs: list[RunView]
 
 
 class Health(BaseModel):
@@ -78,11 +63,11 @@ class Health(BaseModel):
 
 
 class Notifications(BaseModel):
-    callbacks: list[dict[str, Any]]
+    callbacks: list[NotificationView]
 
 
 class Destinations(BaseModel):
-    destinations: list[dict[str, Any]]
+    destinations: list[DestinationView]
 
 
 class ResumeRequest(BaseModel):
@@ -104,7 +89,8 @@ def _limit() -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, Run, RunList, Health,
+    models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, RunView, RunDetail, RunList,
+                                     Health,
                                      Notifications, Destinations, ResumeRequest,
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
@@ -153,12 +139,14 @@ def document() -> dict[str, Any]:
                 "summary": "One run",
                 "parameters": [run_id, {"name": "history", "in": "query", "required": False,
                                         "schema": {"type": "string", "enum": ["1", "true"]}}],
-                "responses": {"200": _json("Run", "the run"), **_errors(404)},
+                "responses": {"200": _json("RunDetail", "the run (with ?history=1: its "
+                                                           "attempts and state changes)"),
+                              **_errors(404)},
             }},
             "/runs/{run_id}/replay": {"post": {
                 "summary": "Replay a dead-lettered or failed run (admin)",
                 "security": admin, "parameters": [run_id],
-                "responses": {"202": _json("Run", "back to accepted"),
+                "responses": {"202": _json("RunView", "back to accepted"),
                               **_errors(401, 404, 409, 503)},
             }},
             "/callbacks": {"get": {

@@ -7,6 +7,8 @@ import random
 import time
 from collections.abc import Callable
 
+from agentbox import portable
+
 
 class RunStatus(enum.StrEnum):
     ACCEPTED = "accepted"
@@ -73,13 +75,6 @@ def backoff_seconds(
     return exponential * rng.uniform(0.8, 1.2)
 
 
-def _since_boot() -> float:
-    """Seconds that also count while the machine sleeps (Linux); else monotonic."""
-    if hasattr(time, "CLOCK_BOOTTIME"):
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.monotonic()
-
-
 class SteadyClock:
     """Unix time that a step of the system clock does not jump.
 
@@ -96,7 +91,7 @@ class SteadyClock:
     SLEW = 0.1
 
     def __init__(self, wall: Callable[[], float] = time.time,
-                 steady: Callable[[], float] = _since_boot) -> None:
+                 steady: Callable[[], float] = portable.since_boot) -> None:
         self._wall, self._steady = wall, steady
         self._tick = steady()
         self._now = wall()

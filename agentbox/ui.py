@@ -39,8 +39,7 @@ from agentbox.dispatcher import Dispatcher
 from agentbox.mix_review import as_review
 from agentbox.receiver import error_body
 from agentbox.runs import RunStatus
-from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Transition
-from agentbox.store.sql import SqlStore
+from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Store, Transition
 
 TEMPLATES = Path(__file__).parent / "templates"
 COOKIE = "agentbox_admin"
@@ -69,7 +68,7 @@ class Live:
 
 
 class StatusPages:
-    def __init__(self, settings: Settings, store: SqlStore, dispatcher: Dispatcher,
+    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher,
                  admin_token: str) -> None:
         self.settings = settings
         self.store = store
@@ -193,8 +192,6 @@ class StatusPages:
             status=query["status"], event_type=query["event_type"], agent=query["agent"],
             project=query["project"], text=query["q"], since=since, before=query["before"],
             limit=PAGE_SIZE)
-        for run in runs:
-            run["project"] = await self._project(run["run_id"])
         stats = await self.store.stats()
         filtered = any(v for k, v in query.items() if k != "before")
         next_page = None
@@ -214,10 +211,10 @@ class StatusPages:
     async def run(self, request: Request) -> Response:
         await self.refresh_alerts()
         run_id = request.path_params["run_id"]
-        run = await self.store.get_run(run_id)
-        if run is None:
+        found_run = await self.store.get_run(run_id)
+        if found_run is None:
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
-        run["callbacks"] = await self.store.notifications(run_id)
+        run = {**dict(found_run), "callbacks": await self.store.notifications(run_id)}
         event = redact(await self.store.event_of(run_id) or {})
         found = as_review(run["result"])
         review = found.model_dump() if found else None
@@ -296,12 +293,6 @@ class StatusPages:
         stats = await self.store.stats()
         return {**stats["runs"], "active": stats["active"],
                 "oldest_waiting": _age(stats["oldest_waiting_accepted_at"], time.time())}
-
-    async def _project(self, run_id: str) -> str | None:
-        event = await self.store.event_of(run_id)
-        payload = (event or {}).get("payload") or {}
-        project = payload.get("project_id") if isinstance(payload, dict) else None
-        return project if isinstance(project, str) else None
 
     async def _finished_per_interval(self, now: float) -> list[int]:
         """Runs that reached a terminal state in each 5-minute slice of the last hour."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -18,8 +20,14 @@ from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
-from agentbox.store import DestinationNotFound, NotReplayable, RunNotFound, StorageUnavailable
-from agentbox.store.sql import SqlStore
+from agentbox.store import (
+    DestinationNotFound,
+    NotReplayable,
+    RunDetail,
+    RunNotFound,
+    StorageUnavailable,
+    Store,
+)
 
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
@@ -30,7 +38,7 @@ log = get_logger("api")
 
 
 class RunsApi:
-    def __init__(self, store: SqlStore, dispatcher: Dispatcher,
+    def __init__(self, store: Store, dispatcher: Dispatcher,
                  deliverer: CallbackDeliverer, admin_token: str,
                  metrics: Metrics | None = None, instance_id: str = "") -> None:
         self.store = store
@@ -45,11 +53,12 @@ class RunsApi:
         run = await self.store.get_run(run_id)
         if run is None:
             return _not_found(run_id)
-        run["callbacks"] = await self.store.notifications(run_id)
+        detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id))
         if request.query_params.get("history") in ("1", "true"):
-            run["attempts"] = await self.store.attempts(run_id)
-            run["history"] = await self.store.history(run_id)
-        return JSONResponse(run)
+            detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
+                                               "history": await self.store.history(run_id)})
+            return JSONResponse(detail.model_dump(mode="json"))
+        return JSONResponse(detail.model_dump(mode="json", exclude={"attempts", "history"}))
 
     async def list_runs(self, request: Request) -> Response:
         status = request.query_params.get("status")
@@ -67,9 +76,9 @@ class RunsApi:
         if discarded not in ("true", "false"):
             return error_response(422, "invalid_query", "discarded must be true or false")
         if chain is None and discarded == "true":
-            return JSONResponse({"runs": await self.store.list_runs(status, limit)})
-        return JSONResponse({"runs": await self.store.search_runs(
-            status=status, chain=chain, include_discarded=discarded == "true", limit=limit)})
+            return JSONResponse({"runs": _dump(await self.store.list_runs(status, limit))})
+        return JSONResponse({"runs": _dump(await self.store.search_runs(
+            status=status, chain=chain, include_discarded=discarded == "true", limit=limit))})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")
@@ -79,10 +88,11 @@ class RunsApi:
         limit = _limit(request)
         if limit is None:
             return _bad_limit()
-        return JSONResponse({"callbacks": await self.store.list_notifications(state, limit)})
+        return JSONResponse({"callbacks": _dump(await self.store.list_notifications(state,
+                                                                                    limit))})
 
     async def destinations(self, request: Request) -> Response:
-        return JSONResponse({"destinations": await self.store.destinations()})
+        return JSONResponse({"destinations": _dump(await self.store.destinations())})
 
     async def resume_destination(self, request: Request) -> Response:
         if not self._authorised(request):
@@ -108,8 +118,9 @@ class RunsApi:
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
         self.deliverer.wake()
-        found = [d for d in await self.store.destinations() if d["destination"] == destination]
-        return JSONResponse(found[0] if found else {"destination": destination})
+        found = [d for d in await self.store.destinations() if d.destination == destination]
+        return JSONResponse(found[0].model_dump(mode="json") if found
+                            else {"destination": destination})
 
     async def replay(self, request: Request) -> Response:
         if not self._authorised(request):
@@ -124,7 +135,7 @@ class RunsApi:
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
         run = await self.store.get_run(run_id)
-        return JSONResponse(run, status_code=202)
+        return JSONResponse(run.model_dump(mode="json") if run else None, status_code=202)
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -155,6 +166,11 @@ class RunsApi:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(
             token.strip().encode(), self._admin_token)
+
+
+def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:
+    """Views as the API's JSON shows them."""
+    return [view.model_dump(mode="json") for view in views]
 
 
 def _limit(request: Request) -> int | None:

@@ -140,7 +140,9 @@ def settings(**changes: Any) -> Settings:
 
 def note(url: str, attempts: int = 0) -> Notification:
     body = json.dumps({"notification_id": "run_1:processing:0"}).encode()
-    return Notification(1, "run_1:processing:0", "run_1", "", url, body, attempts, NOW + 25)
+    return Notification(pk=1, notification_id="run_1:processing:0", run_id="run_1",
+                        destination="", url=url, body=body, attempts=attempts,
+                        lease_until=NOW + 25)
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""The storage interface. Nothing above the store writes SQL.
+"""The storage interface: `Store` is everything the receiver, dispatcher,
+callback deliverer, API, page and CLI may ask of the database. Nothing outside
+this package sees an engine class, a connection or a line of SQL.
 
 Every engine (SQLite now, PostgreSQL for several instances) implements `Store`
 with the same guarantees, checked by one conformance suite:
@@ -15,12 +17,53 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from agentbox.events import Event
+from agentbox.store.views import (
+    AttemptView,
+    DestinationView,
+    HistoryEntry,
+    NotificationView,
+    RunDetail,
+    RunView,
+)
+
+__all__ = [
+    "AdmissionRefused",
+    "AttemptView",
+    "ClaimResult",
+    "ClaimedRun",
+    "DeliveryResult",
+    "DestinationNotFound",
+    "DestinationView",
+    "Emitted",
+    "HistoryEntry",
+    "IngestResult",
+    "Lease",
+    "NotReplayable",
+    "Notification",
+    "NotificationView",
+    "Outcome",
+    "ProjectExport",
+    "RemoteChange",
+    "RunDetail",
+    "RunNotFound",
+    "RunRef",
+    "RunView",
+    "SchemaTooNew",
+    "StorageUnavailable",
+    "Store",
+    "StoreError",
+    "Transition",
+    "iso",
+    "notification",
+    "project_of",
+]
 
 
 class StoreError(Exception):
@@ -61,7 +104,7 @@ class NotReplayable(StoreError):
         self.status = status
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunRef:
     run_id: str
     agent: str
@@ -76,7 +119,7 @@ class Lease:
     until: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClaimedRun:
     run_id: str
     agent: str
@@ -89,7 +132,7 @@ class ClaimedRun:
     source: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Transition:
     """A state change that happened, for the log line and for waiters."""
 
@@ -101,13 +144,14 @@ class Transition:
     source: str
     agent: str
     error_code: str | None = None
+    note: str | None = None  # what the change was when its status does not say (replayed)
     notify: bool = False  # a callback was queued in the outbox with this change
     # runs created with this change for the events the agent emitted (agent chains)
     spawned: tuple[Transition, ...] = ()
     emitted: tuple[tuple[Event, tuple[str, ...]], ...] = ()  # (event, its new run ids)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IngestResult:
     runs: Sequence[RunRef]  # as accepted: the 202 reports them so
     duplicate: bool
@@ -117,7 +161,7 @@ class IngestResult:
     transitions: Sequence[Transition] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Notification:
     """One outbox row leased for delivery."""
 
@@ -175,7 +219,7 @@ def notification(
 
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ClaimResult:
     claimed: list[ClaimedRun] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
@@ -206,13 +250,60 @@ class Outcome:
     emitted: tuple[Emitted, ...] = ()  # stored only when the run succeeds
 
 
-class Store(abc.ABC):
-    """Durable events, idempotency claims, runs and their attempt history."""
+@dataclass(frozen=True)
+class ProjectExport:
+    """One run of an event that names a project (an export), for the project
+    pages and the comparison with the previous export."""
 
-    engine = "store"
+    run_id: str
+    project: str
+    agent: str
+    status: str  # the run's status
+    accepted_at: str  # ISO 8601, UTC
+    finished_at: str | None  # ISO 8601, UTC, when terminal
+    result: dict[str, Any] | None  # the agent's result document when succeeded
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteChange:
+    """What another instance committed: runs to claim, callbacks to send, changes to show."""
+
+    runs_ready: bool
+    outbox_ready: bool
+    transitions: tuple[Transition, ...]
+
+
+def project_of(event: Event) -> str | None:
+    """The project an event names (its payload's `project_id`), NFC-normalised so
+    that one name typed two ways is one project; None when it names none."""
+    project = getattr(event.payload, "project_id", None)
+    return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
+
+
+class Store(abc.ABC):
+    """Durable events, idempotency claims, runs, their attempt history and the
+    callback outbox. A new engine implements every abstract method here (the
+    conformance suite in tests/store/ runs against it) and nothing else."""
+
+    engine = "store"  # its name, for /healthz and metrics
     # Several processes may use the database at once (PostgreSQL). If not, every
     # lease found at start-up was left by a previous life of this one.
     shared = False
+
+    def __init__(self) -> None:
+        # False after a write failed for the storage's sake (disk full, database
+        # gone); True again after the next durable write that commits.
+        self.healthy = True
+        self.last_error: str | None = None  # why not healthy, for people: never a secret
+        # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
+        self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """Where the data lives, for logs and pages: never a password."""
+
+    # -- life cycle ---------------------------------------------------------------------
 
     @abc.abstractmethod
     async def open(self) -> None:
@@ -221,6 +312,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Finish queued writes and release the database."""
+
+    async def probe(self) -> None:
+        """Unhealthy: find out whether writes are taken again (an idle instance
+        learns so by itself). Healthy: look for trouble no write has met yet."""
+        self.look_around()
+
+    def look_around(self) -> None:  # noqa: B027 - an engine with nothing to look at
+        """What `probe` learns without writing or waiting (pages call it before
+        they render): e.g. that the database file was removed. Nothing by default."""
+
+    # -- ingest, claims, outcomes -------------------------------------------------------
 
     @abc.abstractmethod
     async def ingest(
@@ -254,7 +356,9 @@ class Store(abc.ABC):
     async def finish(
         self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
     ) -> Transition | None:
-        """Record an attempt's outcome; None if `owner` no longer holds that attempt."""
+        """Record an attempt's outcome; None if `owner` no longer holds that attempt.
+        A success stores the events the agent emitted (`outcome.emitted`) with
+        their runs, in the same transaction."""
 
     @abc.abstractmethod
     async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
@@ -266,41 +370,34 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def release_leases(self, owner: str, now: float,
                              unstarted: Sequence[tuple[str, int]] = ()) -> int:
-        """Expire every lease `owner` holds (shutdown, or start-up of the same store).
+        """Expire every lease `owner` ('*': anyone) holds (shutdown, or start-up of
+        the same store).
 
         `unstarted` lists (run_id, attempt) claimed by `owner` whose agent never
         started: they give that attempt back (it is neither recorded as lost nor
         counted against the retry budget when the run is claimed again)."""
 
     @abc.abstractmethod
+    async def next_due_at(self) -> float | None:
+        """The earliest time some run becomes claimable (retry time or lease end)."""
+
+    # -- maintenance --------------------------------------------------------------------
+
+    @abc.abstractmethod
     async def replay(self, run_id: str, now: float) -> Transition:
-        """Send a dead-lettered or permanently failed run back to accepted (same run_id)."""
+        """Send a dead-lettered or permanently failed run back to accepted (same
+        run_id, recorded in its history). RunNotFound, NotReplayable."""
+
+    @abc.abstractmethod
+    async def discard(self, run_id: str, reason: str, now: float) -> None:
+        """Set a dead letter aside with a reason: it stays, out of the dead-letter
+        list, until replayed. RunNotFound, NotReplayable (not dead_lettered)."""
 
     @abc.abstractmethod
     async def prune_idempotency_keys(self, now: float, limit: int) -> int:
         """Delete claims whose TTL ended; a later delivery of that key is a new run."""
 
-    @abc.abstractmethod
-    async def next_due_at(self) -> float | None:
-        """The earliest time some run becomes claimable (retry time or lease end)."""
-
-    @abc.abstractmethod
-    async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        """The canonical state of one run, as the API shows it."""
-
-    @abc.abstractmethod
-    async def list_runs(self, status: str | None, limit: int) -> list[dict[str, Any]]:
-        """The newest runs, optionally of one status."""
-
-    @abc.abstractmethod
-    async def attempts(self, run_id: str) -> list[dict[str, Any]]:
-        """The attempt history of one run, oldest first."""
-
-    @abc.abstractmethod
-    async def stats(self) -> dict[str, Any]:
-        """Runs by status and the oldest waiting run's acceptance time."""
-
-    # -- the callback outbox (rows are written by the run transitions above) -----------
+    # -- the callback outbox (rows are written by the run transitions above) -------------
 
     @abc.abstractmethod
     async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
@@ -333,16 +430,81 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def resume_destination(self, destination: str, now: float) -> None:
-        """Unpause a destination; its queued notifications go out again."""
+        """Unpause a destination; its queued notifications go out again.
+        DestinationNotFound."""
+
+    # -- reads: the views the API, the page and the CLI show ------------------------------
 
     @abc.abstractmethod
-    async def notifications(self, run_id: str) -> list[dict[str, Any]]:
+    async def get_run(self, run_id: str) -> RunView | None:
+        """The canonical state of one run, as the API shows it."""
+
+    @abc.abstractmethod
+    async def list_runs(self, status: str | None, limit: int) -> list[RunView]:
+        """The newest runs, optionally of one status."""
+
+    @abc.abstractmethod
+    async def search_runs(
+        self, *, status: str | None = None, event_type: str | None = None,
+        agent: str | None = None, project: str | None = None, text: str | None = None,
+        since: float | None = None, until: float | None = None, before: str | None = None,
+        chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+    ) -> list[RunView]:
+        """Newest first, filtered (every filter exact). `project` compares the
+        event's project (NFC); `text` is a run id, event id, correlation id or
+        project; `since`/`until` bound the acceptance time; `before` is the last
+        run_id of the previous page (keyset pagination: every page costs the
+        same, however many runs there are); `chain` a chain's correlation id:
+        the runs of the events that carry it, and of the event whose id it is
+        when that one carries none (the chain's first)."""
+
+    @abc.abstractmethod
+    async def attempts(self, run_id: str) -> list[AttemptView]:
+        """The attempt history of one run, oldest first (a running one included)."""
+
+    @abc.abstractmethod
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        """Every state change of one run, oldest first: derived from the run and
+        its attempts, plus the replays and discards recorded on their own."""
+
+    @abc.abstractmethod
+    async def event_of(self, run_id: str) -> dict[str, Any] | None:
+        """The stored event of a run, as received."""
+
+    @abc.abstractmethod
+    async def discarded(self, run_id: str) -> dict[str, Any] | None:
+        """Why and when a dead letter was set aside (`reason`, `at`), or None."""
+
+    @abc.abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """`runs` (count by status), `active` (not yet terminal) and
+        `oldest_waiting_accepted_at` (ISO 8601 or None)."""
+
+    @abc.abstractmethod
+    async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
+        """Runs that reached a terminal state in each `width`-second slice from `since`."""
+
+    @abc.abstractmethod
+    async def projects(self, *, limit: int = 100,
+                       agent: str | None = None) -> list[ProjectExport]:
+        """The latest export of each project (one per project), newest first."""
+
+    @abc.abstractmethod
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first (accepted_at, then run_id).
+        before_run_id: only runs accepted before that run (for "the previous export")."""
+
+    @abc.abstractmethod
+    async def notifications(self, run_id: str) -> list[NotificationView]:
         """The delivery state of every notification of one run, oldest first."""
 
     @abc.abstractmethod
-    async def list_notifications(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+    async def list_notifications(self, state: str | None,
+                                 limit: int) -> list[NotificationView]:
         """The newest notifications, optionally of one delivery state."""
 
     @abc.abstractmethod
-    async def destinations(self) -> list[dict[str, Any]]:
-        """Every callback destination with its state and failure count."""
+    async def destinations(self) -> list[DestinationView]:
+        """Every callback destination with its state, failure count and backlog."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentbox.config import ConfigError, Settings
-from agentbox.store.sql import SqlStore
+from agentbox.store import Store
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -23,10 +23,10 @@ def _postgres() -> ModuleType:
     return postgres
 
 
-def create_store(settings: Settings, instance_id: str = "") -> SqlStore:
+def create_store(settings: Settings, instance_id: str = "") -> Store:
     delay = settings.callback_retry_schedule[0]  # before a callback's first attempt
     if settings.database_url:
-        store: SqlStore = _postgres().PostgresStore(settings.database_url, delay, instance_id)
+        store: Store = _postgres().PostgresStore(settings.database_url, delay, instance_id)
         return store
     from agentbox.store.sqlite import SqliteStore
 

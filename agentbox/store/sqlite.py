@@ -11,37 +11,111 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
+import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
+from agentbox import portable
 from agentbox.store import SchemaTooNew, StorageUnavailable
-from agentbox.store.sql import (
-    SCHEMA,
-    SCHEMA_CHANGES,
-    SQL_COUNT_ACTIVE,
-    Batch,
-    Operation,
-    Queued,
-    SqlStore,
-    integrity_problems,
-    log,
-)
+from agentbox.store.outcomes import Landed
+from agentbox.store.queries import load
+from agentbox.store.schema import migrate_sqlite, migrations
+from agentbox.store.sqlstore import SqlStore
+from agentbox.store.verify import integrity_problems
+from agentbox.store.writer import Batch, Operation, Queued
+
+if TYPE_CHECKING:
+    from agentbox.store.ingest import NewEvent
+    from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 WRITER_CACHE_KIB = 32 * 1024
 
+SQL = load("sqlite.sql")
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
 # version 1's tables already; its statements only add what is missing.
-MIGRATIONS: tuple[str, ...] = (SCHEMA, *SCHEMA_CHANGES)
+MIGRATIONS: tuple[str, ...] = tuple(migrations(SQL))
+
+
+class SqliteDb:
+    """The writer's connection as the operations see it (`writer.Db`)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def run(self, name: str, params: Mapping[str, Any] | None = None, /) -> sqlite3.Cursor:
+        return self.conn.execute(SQL[name], params or {})
+
+    def run_many(self, name: str, params: Iterable[Mapping[str, Any]], /) -> None:
+        self.conn.executemany(SQL[name], params)
+
+    def array(self, values: Sequence[Any], /) -> str:
+        return json.dumps(list(values))  # read back by json_each()
+
+    def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
+        """Row by row: the event, its key (nothing kept when the key is taken), its runs."""
+        return [self._store_event(item, now) for item in items]
+
+    def _store_event(self, item: NewEvent, now: float) -> bool:
+        env = item.env
+        (event_pk,) = self.run("store_events.event", {
+            "event_id": env.event_id, "key": env.idempotency_key, "event_type": env.event_type,
+            "source": env.source, "correlation_id": env.correlation_id,
+            "causation_id": env.causation_id, "hop": env.hop, "callback_url": env.callback_url,
+            "now": now, "body": item.body, "project": item.project}).fetchone()
+        claimed = self.run("store_events.key", {"key": env.idempotency_key, "event_pk": event_pk,
+                                                "expires_at": item.expires_at,
+                                                "now": now}).fetchone()
+        if claimed is None:
+            self.run("store_events.undo", {"event_pk": event_pk})
+            return False
+        self.run_many("store_events.run", [{
+            "run_id": run.run_id, "event_pk": event_pk, "ordinal": run.ordinal,
+            "agent": run.agent, "status": run.status, "owner": run.owner,
+            "lease_until": run.lease_until, "now": now, "error_code": run.error_code,
+            "error_message": run.error_message} for run in item.runs])
+        return True
+
+    def runs_of_keys(self, keys: Sequence[str], now: float) -> dict[str, list[Any]]:
+        found: dict[str, list[Any]] = {}
+        for key in keys:
+            rows = self.run("runs_of_key", {"key": key, "now": now}).fetchall()
+            if rows:
+                found[key] = rows
+        return found
+
+    def finish_runs(self, items: Sequence[Finish]) -> list[Landed | None]:
+        return [self._finish_run(item) for item in items]
+
+    def _finish_run(self, item: Finish) -> Landed | None:
+        landed = self.run("finish_runs.run", {
+            "status": item.target.value, "next_attempt_at": item.next_attempt_at,
+            "now": item.now, "completed_at": item.completed_at, "result": item.result_json,
+            "error_code": item.outcome.error_code, "error_message": item.outcome.error_message,
+            "run_id": item.run_id, "owner": item.owner, "attempt": item.attempt}).fetchone()
+        if landed is None:
+            return None  # lease lost: another holder owns this run now
+        event_pk, attempt_started_at, agent = landed
+        self.run("record_attempt", {
+            "run_id": item.run_id, "attempt": item.attempt, "owner": item.owner,
+            "started_at": attempt_started_at, "finished_at": item.now,
+            "outcome": item.target.value, "error_code": item.outcome.error_code,
+            "error_message": item.outcome.error_message})
+        event_id, event_type, source, callback_url = self.run(
+            "finish_runs.event", {"event_pk": event_pk}).fetchone()
+        return Landed(event_pk=event_pk, agent=agent, event_id=event_id, event_type=event_type,
+                      source=source, callback_url=callback_url)
 
 
 class SqliteStore(SqlStore):
     engine = "sqlite"
+    sql = SQL
 
     def __init__(self, path: Path, notification_delay: float = 0.0) -> None:
         super().__init__(notification_delay)
@@ -56,7 +130,7 @@ class SqliteStore(SqlStore):
         self._checkpointer = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="agentbox-checkpoint")
         self._checkpoint_task: asyncio.Task[None] | None = None
-        self._lock_file: IO[bytes] | None = None
+        self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
 
     @property
@@ -71,11 +145,11 @@ class SqliteStore(SqlStore):
         loop = asyncio.get_running_loop()
         try:
             self._active = await loop.run_in_executor(self._executor, self._open_writer)
-            self._reader = _connect(self.path)
+            self._reader = _connect(self.path, by_name=True)
             # Now, not at the first count: opened after the file was removed, it would
             # fail (a 500 on the page) and make a new, empty database in its place.
             self._stats_conn = await loop.run_in_executor(self._stats_executor, _connect,
-                                                          self.path)
+                                                          self.path, True)
         except (sqlite3.Error, SchemaTooNew) as exc:
             await self._close_connections()
             self._lock_file.close()  # another process may serve the store now
@@ -127,7 +201,7 @@ class SqliteStore(SqlStore):
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         self._conn = conn
         self._identity = _file_identity(self.path)
-        active: int = conn.execute(SQL_COUNT_ACTIVE).fetchone()[0]
+        active: int = conn.execute(SQL["count_active"]).fetchone()[0]
         return active
 
     async def _checkpoint_loop(self) -> None:
@@ -163,6 +237,7 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         state = Batch(self._active)
+        db = SqliteDb(conn)
         results: list[tuple[bool, Any]] = []
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
@@ -174,7 +249,7 @@ class SqliteStore(SqlStore):
                 self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
             for queued in batch:
-                results.append(self._run_op(conn, state, queued.op))
+                results.append(self._run_op(db, state, queued.op))
             if durable:
                 await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
             else:
@@ -209,11 +284,12 @@ class SqliteStore(SqlStore):
             self._same_file()
 
     @staticmethod
-    def _run_op(conn: sqlite3.Connection, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
+    def _run_op(db: SqliteDb, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
+        conn = db.conn
         active_before = state.active
         conn.execute("SAVEPOINT op")
         try:
-            value = op(conn, state)
+            value = op(db, state)
         except sqlite3.Error:
             raise  # the whole transaction is suspect: fail the batch
         except Exception as exc:  # a refusal or a bug: undo this operation only
@@ -226,18 +302,18 @@ class SqliteStore(SqlStore):
 
     # -- reads (own connections; WAL readers never wait for the writer) ---------------
 
-    async def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+    async def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         if self._reader is None:
             raise StorageUnavailable("the store is closed")
-        return self._reader.execute(sql, params).fetchall()
+        return self._reader.execute(sql, params or {}).fetchall()
 
-    async def _slow_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    async def _slow_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         if self._reader is None:
             raise StorageUnavailable("the store is closed")
         return await asyncio.get_running_loop().run_in_executor(
-            self._stats_executor, self._stats_read, sql, params)
+            self._stats_executor, self._stats_read, sql, params or {})
 
-    def _stats_read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _stats_read(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         if self._stats_conn is None:
             raise StorageUnavailable("the store is closed")
         return self._stats_conn.execute(sql, params).fetchall()
@@ -245,15 +321,7 @@ class SqliteStore(SqlStore):
 
 def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     """Bring the schema to the newest version this code knows; (from, to)."""
-    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > len(MIGRATIONS):
-        raise SchemaTooNew(str(path), version, len(MIGRATIONS))
-    for number in range(version + 1, len(MIGRATIONS) + 1):
-        # One transaction per version: a crash leaves the previous version whole.
-        conn.executescript(f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\n"
-                           f"PRAGMA user_version = {number};\nCOMMIT;")
-        log.info("database schema migrated", extra={"version": number, "database": str(path)})
-    return version, len(MIGRATIONS)
+    return migrate_sqlite(conn, str(path), SQL)
 
 
 def migrate_file(path: Path) -> tuple[int, int]:
@@ -268,18 +336,15 @@ def migrate_file(path: Path) -> tuple[int, int]:
         conn.close()
 
 
-def _lock_exclusively(path: Path) -> IO[bytes]:
+def _lock_exclusively(path: Path) -> portable.HeldLock:
     """One process serves a SQLite store: a second one would break lease recovery,
     which treats every lease found at start-up as left by a dead process."""
-    lock_file = open(path, "ab")  # noqa: SIM115 - held open for the store's lifetime
     try:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock_file.close()
+        return portable.hold_lock(path)
+    except portable.LockHeld:
         raise StorageUnavailable(
             f"another agentbox process is already serving {path.parent}; stop it or use "
             "another --data-dir") from None
-    return lock_file
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -290,10 +355,15 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
+    """A connection set up as every one of the store's is (readers: `by_name`, rows
+    read by column name)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+    if by_name:
+        conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
+    portable.make_sqlite_durable(conn)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 
@@ -325,7 +395,7 @@ def verify_database(path: Path) -> list[str]:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         # A database written by a version before callbacks has no outbox to check.
         return problems + integrity_problems(
-            lambda sql: conn.execute(sql).fetchall(),
+            SQL, lambda sql: conn.execute(sql).fetchall(),
             skip=lambda sql: "outbox" in sql and "outbox" not in tables)
     finally:
         conn.close()

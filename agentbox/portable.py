@@ -1,0 +1,295 @@
+"""Everything that differs between macOS, Windows and Linux, in one place.
+
+The rest of agentbox never asks which OS it runs on: it asks this module for
+the data directory's lock, a durable flush, a clock that counts sleep, a lower
+priority, a way to ignore the terminal's Ctrl-C, a graceful stop, the event
+loop, and the path a file:// URL names. Each choice is made once, at import,
+from `sys.platform`, so a test can import this module with the platform
+reported as another OS's and see what it picks there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import os
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import filelock
+
+log = logging.getLogger("agentbox.portable")
+
+PLATFORM = sys.platform
+"""For code that must name the OS's own tools (which service manager starts
+agentbox at login); everything else asks for what it needs below."""
+WINDOWS = PLATFORM == "win32"
+MACOS = PLATFORM == "darwin"
+LINUX = PLATFORM.startswith("linux")
+
+# -- the data directory's lock --------------------------------------------------------
+
+
+class LockHeld(Exception):
+    """Another process holds the lock."""
+
+
+class HeldLock:
+    """A lock held until `close()` (or until the process ends, however it ends)."""
+
+    def __init__(self, lock: filelock.BaseFileLock) -> None:
+        self._lock = lock
+
+    def close(self) -> None:
+        self._lock.release(force=True)
+
+
+def hold_lock(path: Path) -> HeldLock:
+    """Take the lock file `path` for this process, or raise LockHeld at once.
+
+    filelock picks the OS's own lock: flock(2) on Linux and macOS, LockFileEx on
+    Windows. Both end with the process, so a crash never leaves a stale lock.
+    """
+    lock = filelock.FileLock(str(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise LockHeld(str(path)) from None
+    return HeldLock(lock)
+
+
+# -- durable flush --------------------------------------------------------------------
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)  # Linux: fsync(2); Windows: _commit, which is FlushFileBuffers
+
+
+def _full_fsync(fd: int) -> None:
+    """macOS's fsync hands the data to the drive, whose cache a power cut can still
+    lose; F_FULLFSYNC also has the drive write its cache out."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)  # type: ignore[attr-defined,unused-ignore]
+    except OSError:  # a file system without it (some network shares): the best there is
+        os.fsync(fd)
+
+
+durable_flush: Callable[[int], None] = _full_fsync if MACOS else _fsync
+"""Put what was written to file descriptor `fd` on disk, so a power cut keeps it."""
+
+
+def flush_directory(path: Path) -> None:
+    """Make a rename or a new file in `path` last (POSIX needs the directory's own
+    flush; Windows cannot open a directory this way, and NTFS journals it)."""
+    if WINDOWS:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        durable_flush(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text`: readers see the old file or the new one, never
+    half, and the new one is on disk when this returns."""
+    fresh = path.with_name(path.name + ".new")
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        durable_flush(f.fileno())
+    os.replace(fresh, path)
+    flush_directory(path.parent)
+
+
+SQLITE_FULLFSYNC = MACOS
+
+
+class _SqlConnection(Protocol):
+    """What make_sqlite_durable needs of a connection (the driver itself is the store's)."""
+
+    def execute(self, sql: str, /) -> Any: ...
+
+
+def make_sqlite_durable(conn: _SqlConnection) -> None:
+    """On macOS, SQLite's own syncs (commits and checkpoints) use F_FULLFSYNC;
+    elsewhere its fsync (Linux) and FlushFileBuffers (Windows) already are."""
+    if SQLITE_FULLFSYNC:
+        conn.execute("PRAGMA fullfsync = ON")
+        conn.execute("PRAGMA checkpoint_fullfsync = ON")
+
+
+# -- a clock that counts sleep --------------------------------------------------------
+
+
+def _boottime() -> float:
+    """Linux: CLOCK_BOOTTIME is CLOCK_MONOTONIC plus the time spent suspended."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _monotonic_with_sleep() -> float:
+    """macOS: clock_gettime(3) documents CLOCK_MONOTONIC as continuing to increment
+    while the system is asleep (so does CLOCK_MONOTONIC_RAW, which is not kept in
+    step with NTP's rate; CLOCK_UPTIME_RAW stops). Python's `time.monotonic` there
+    reads mach_absolute_time, which is CLOCK_UPTIME_RAW: it stops while the Mac
+    sleeps, which is why it is not used."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+@cache
+def _windows_interrupt_time() -> Any:
+    return ctypes.WinDLL("kernel32").QueryInterruptTimePrecise  # type: ignore[attr-defined,unused-ignore]
+
+
+def _interrupt_time() -> float:
+    """Windows: the interrupt-time count (100 ns units) includes sleep and
+    hibernation, the documented difference from QueryUnbiasedInterruptTime. Python's
+    `time.monotonic` reads QueryPerformanceCounter since 3.13 (GetTickCount64
+    before), whose behaviour across sleep Microsoft does not document as plainly."""
+    count = ctypes.c_ulonglong()
+    _windows_interrupt_time()(ctypes.byref(count))
+    return count.value / 10_000_000
+
+
+def _pick_clock() -> Callable[[], float]:
+    if LINUX:
+        return _boottime
+    if MACOS:
+        return _monotonic_with_sleep
+    if WINDOWS:
+        try:
+            _windows_interrupt_time()
+        except (AttributeError, OSError):  # before Windows 10
+            return time.monotonic
+        return _interrupt_time
+    return time.monotonic  # another OS: steady, though it may stop in sleep
+
+
+since_boot: Callable[[], float] = _pick_clock()
+"""Seconds from an arbitrary start that never step and keep counting while the
+machine sleeps: leases and retry times stay right across a night's sleep."""
+
+
+# -- priority and signals ------------------------------------------------------------
+
+NICE = 10
+IDLE_PRIORITY_CLASS = 0x40
+BELOW_NORMAL_PRIORITY_CLASS = 0x4000
+# ioprio_set(2) has no wrapper in Python or libc; its number differs per architecture.
+IOPRIO_SET = {"x86_64": 251, "amd64": 251, "i686": 289, "i386": 289, "aarch64": 30,
+              "arm64": 30, "riscv64": 30, "loongarch64": 30, "armv7l": 314,
+              "ppc64le": 273, "s390x": 282}
+IOPRIO_IDLE = 3 << 13  # IOPRIO_CLASS_IDLE, level 0
+IOPRIO_WHO_PROCESS = 1
+
+
+def _nice_posix() -> None:
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if current < NICE:  # never raise a priority someone already lowered further
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+
+
+def _idle_io_linux() -> None:
+    number = IOPRIO_SET.get(platform.machine().lower())
+    if number is None:
+        raise OSError(f"no ioprio_set number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, IOPRIO_WHO_PROCESS, 0, IOPRIO_IDLE) != 0:
+        raise OSError(ctypes.get_errno(), "ioprio_set")
+
+
+def _below_normal_windows() -> None:
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]
+    process = kernel32.GetCurrentProcess()
+    if kernel32.GetPriorityClass(process) in (IDLE_PRIORITY_CLASS,
+                                              BELOW_NORMAL_PRIORITY_CLASS):
+        return
+    if not kernel32.SetPriorityClass(process, BELOW_NORMAL_PRIORITY_CLASS):
+        raise OSError("SetPriorityClass failed")
+
+
+def _priority_steps() -> tuple[Callable[[], None], ...]:
+    if WINDOWS:
+        return (_below_normal_windows,)
+    if LINUX:
+        return (_nice_posix, _idle_io_linux)
+    return (_nice_posix,)
+
+
+PRIORITY_STEPS = _priority_steps()
+
+
+def lower_priority() -> None:
+    """Run this process at low priority: CPU (nice 10 on POSIX, below normal on
+    Windows) and, on Linux, disk (the idle I/O class). Call it first thing in the
+    process: on Linux both are per thread, and threads started later inherit them.
+    Never raises; a step the OS refuses is logged at debug."""
+    for step in PRIORITY_STEPS:
+        try:
+            step()
+        except (OSError, AttributeError, ValueError) as exc:
+            log.debug("cannot lower priority", extra={"step": step.__name__,
+                                                       "reason": str(exc)})
+
+
+def ignore_interrupts() -> None:
+    """Ignore the terminal's Ctrl-C (SIGINT on POSIX, CTRL_C_EVENT on Windows, which
+    Python delivers as SIGINT): it reaches every process of the foreground group,
+    and a worker must stop when its parent says so, not halfway through a file."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError as exc:  # not the main thread
+        log.debug("cannot ignore interrupts", extra={"reason": str(exc)})
+
+
+def _sigterm(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+
+
+def _ctrl_break(pid: int) -> None:
+    # Windows has no SIGTERM that one process can send another (os.kill with it
+    # is TerminateProcess); uvicorn stops gracefully on CTRL_BREAK, which reaches
+    # a process started with CREATE_NEW_PROCESS_GROUP.
+    os.kill(pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined,unused-ignore]
+
+
+request_stop: Callable[[int], None] = _ctrl_break if WINDOWS else _sigterm
+"""Ask the process `pid` (an agentbox server) to stop gracefully."""
+
+
+# -- the event loop and file URLs ----------------------------------------------------
+
+EVENT_LOOP = "auto"
+"""uvicorn's `loop`: uvloop where it is installed (uvicorn[standard] installs it
+on Linux and macOS, not on Windows), else asyncio's own loop."""
+
+
+def event_loop() -> str:
+    """The loop EVENT_LOOP gives here, for logs and tests."""
+    try:
+        importlib.import_module("uvloop")
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def path_from_url(url_path: str) -> str:
+    """The local path that the path part of a file:// URL names, through the
+    standard library's conversion for this OS: `/home/me/a%20b.wav` is
+    `/home/me/a b.wav`; on Windows `/C:/Mixes/a.wav` is `C:\\Mixes\\a.wav`.
+    Raises OSError for a path Windows cannot name."""
+    if WINDOWS:
+        import nturl2path as conversion  # what urllib.request uses on Windows
+    else:
+        import urllib.request as conversion  # type: ignore[no-redef]
+    return str(conversion.url2pathname(url_path))

@@ -1,0 +1,243 @@
+"""Reads and views: what the API, the page and the CLI show, built by name from
+rows the engine reads on its own connections (never the writer's)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from agentbox.runs import TERMINAL, RunStatus
+from agentbox.store import (
+    AttemptView,
+    DestinationView,
+    HistoryEntry,
+    NotificationView,
+    ProjectExport,
+    RunView,
+    iso,
+)
+
+ACTIVE = ("accepted", "processing", "failed_retryable")
+Row = Mapping[str, Any]
+
+# search_runs' filters, each a statement fragment of the same name (search_runs.<filter>).
+SEARCH_FILTERS = ("status", "event_type", "agent", "project", "chain", "text", "since",
+                  "until", "before")
+
+
+def unaskable(*values: str | None) -> bool:
+    """A value holds a NUL: nothing stored does (ids, names and states refuse it), and
+    PostgreSQL cannot even be asked for one (it would fail the query, a 503)."""
+    return any("\x00" in value for value in values if value)
+
+
+def run_view(row: Row) -> RunView:
+    attempt = row["attempt"]
+    return RunView(
+        run_id=row["run_id"], status=row["status"], event_id=row["event_id"],
+        event_type=row["event_type"], source=row["source"], agent=row["agent"],
+        idempotency_key=row["idempotency_key"], project=row["project"],
+        accepted_at=iso(row["accepted_at"]) or "", started_at=iso(row["started_at"]),
+        updated_at=iso(row["updated_at"]) or "", completed_at=iso(row["completed_at"]),
+        attempt=attempt, retry_count=max(attempt - 1, 0),
+        next_attempt_at=iso(row["next_attempt_at"]), result=_json(row["result"]),
+        error_code=row["error_code"], error_message=row["error_message"],
+        replays=row["replays"], correlation_id=row["correlation_id"],
+        causation_id=row["causation_id"], hop=row["hop"],
+        terminal=RunStatus(row["status"]) in TERMINAL)
+
+
+def notification_view(row: Row) -> NotificationView:
+    return NotificationView(
+        notification_id=row["notification_id"], run_id=row["run_id"], status=row["status"],
+        destination=row["destination"], state=row["state"], attempts=row["attempts"],
+        created_at=iso(row["created_at"]),
+        next_attempt_at=iso(row["next_attempt_at"]) if row["state"] == "pending" else None,
+        sending=row["lease_owner"] is not None, last_attempt_at=iso(row["last_attempt_at"]),
+        delivered_at=iso(row["delivered_at"]), last_error=row["last_error"],
+        last_status_code=row["last_status_code"])
+
+
+def project_export(row: Row) -> ProjectExport:
+    return ProjectExport(
+        run_id=row["run_id"], project=row["project"], agent=row["agent"], status=row["status"],
+        accepted_at=iso(row["accepted_at"]) or "", finished_at=iso(row["completed_at"]),
+        result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None)
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def nfc(text: str | None) -> str | None:
+    return None if text is None else unicodedata.normalize("NFC", text)
+
+
+class Reads(abc.ABC):
+    """Every read of `Store`, for an engine that brings `sql` (its statements) and
+    two ways to read rows by name: `_rows` (short) and `_slow_rows` (a count or a
+    search that may scan: kept off the event loop)."""
+
+    sql: dict[str, str]
+    _stats_future: asyncio.Future[dict[str, Any]] | None = None
+
+    @abc.abstractmethod
+    async def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """A short read."""
+
+    @abc.abstractmethod
+    async def _slow_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """A read that may scan many rows, off the event loop."""
+
+    async def _named(self, name: str, **params: Any) -> list[Row]:
+        return await self._rows(self.sql[name], params)
+
+    async def next_due_at(self) -> float | None:
+        times = [row["due"] for name in ("next_waiting", "next_lease_end")
+                 for row in await self._rows(self.sql[name])]
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    async def get_run(self, run_id: str) -> RunView | None:
+        if unaskable(run_id):
+            return None
+        rows = await self._named("get_run", run_id=run_id)
+        return run_view(rows[0]) if rows else None
+
+    async def list_runs(self, status: str | None, limit: int) -> list[RunView]:
+        if status is None:
+            rows = await self._named("list_runs", limit=limit)
+        else:
+            rows = await self._named("list_runs_by_status", status=status, limit=limit)
+        return [run_view(row) for row in rows]
+
+    async def search_runs(
+        self, *, status: str | None = None, event_type: str | None = None,
+        agent: str | None = None, project: str | None = None, text: str | None = None,
+        since: float | None = None, until: float | None = None, before: str | None = None,
+        chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+    ) -> list[RunView]:
+        if unaskable(status, event_type, agent, project, text, before, chain):
+            return []
+        asked: dict[str, Any] = {
+            "status": status or None, "event_type": event_type or None, "agent": agent or None,
+            "project": nfc(project) or None, "chain": chain or None, "text": nfc(text) or None,
+            "since": since, "until": until, "before": before or None}
+        params = {name: value for name, value in asked.items() if value is not None}
+        where = [self.sql[f"search_runs.{name}"] for name in SEARCH_FILTERS if name in params]
+        if not include_discarded:
+            where.append(self.sql["search_runs.not_discarded"])
+        sql = self.sql["search_runs"].replace("{where}", " AND ".join(where) or "TRUE")
+        # A rare filter may scan many runs: off the event loop.
+        return [run_view(row) for row in await self._slow_rows(sql, {**params, "limit": limit})]
+
+    async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
+        counts = [0] * slices
+        for row in await self._named("finished_counts", since=since, width=width):
+            if 0 <= row["slice"] < slices:
+                counts[row["slice"]] = row["runs"]
+        return counts
+
+    async def event_of(self, run_id: str) -> dict[str, Any] | None:
+        rows = await self._named("event_of", run_id=run_id)
+        if not rows:
+            return None
+        found: dict[str, Any] = json.loads(bytes(rows[0]["body"]))
+        return found
+
+    async def discarded(self, run_id: str) -> dict[str, Any] | None:
+        rows = await self._named("discarded", run_id=run_id)
+        return {"reason": rows[0]["reason"], "at": iso(rows[0]["at"])} if rows else None
+
+    async def _attempt_rows(self, run_id: str) -> list[Row]:
+        rows = list(await self._named("attempts", run_id=run_id))
+        running = await self._named("running_attempt", run_id=run_id)
+        if running and running[0]["attempt"] not in {row["attempt"] for row in rows}:
+            rows.append({**dict(running[0]), "finished_at": None, "outcome": None,
+                         "error_code": None, "error_message": None})
+        return rows
+
+    async def attempts(self, run_id: str) -> list[AttemptView]:
+        return [AttemptView(
+            attempt=row["attempt"], worker=row["owner"], started_at=iso(row["started_at"]),
+            finished_at=iso(row["finished_at"]), outcome=row["outcome"],
+            error_code=row["error_code"], error_message=row["error_message"],
+            duration_ms=None if row["finished_at"] is None else round(
+                (row["finished_at"] - row["started_at"]) * 1000, 3))
+            for row in await self._attempt_rows(run_id)]
+
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        run = await self._named("run_accepted_at", run_id=run_id)
+        if not run:
+            return []
+        changes: list[tuple[float, str, int, str | None]] = [
+            (run[0]["accepted_at"], "accepted", 0, None)]
+        for row in await self._attempt_rows(run_id):
+            changes.append((row["started_at"], "processing", row["attempt"], None))
+            if row["finished_at"] is not None:
+                # A lost lease is no state of its own: the run stayed processing.
+                outcome = row["outcome"]
+                status = "processing" if outcome == "lease_expired" else outcome
+                changes.append((row["finished_at"], status, row["attempt"], row["error_code"]))
+        changes += [(row["at"], row["status"], row["attempt"], row["note"])
+                    for row in await self._named("history", run_id=run_id)]
+        changes.sort(key=lambda change: change[0])
+        return [HistoryEntry(at=iso(at), status=status, attempt=attempt, note=note)
+                for at, status, attempt, note in changes]
+
+    async def stats(self) -> dict[str, Any]:
+        """Runs by state. Counting a million runs takes ~0.1 s, so it runs off the
+        event loop, and callers that ask while a count is running share its answer."""
+        if self._stats_future is None or self._stats_future.done():
+            self._stats_future = asyncio.ensure_future(self._count_runs())
+        return await asyncio.shield(self._stats_future)
+
+    async def _count_runs(self) -> dict[str, Any]:
+        counts = {s.value: 0 for s in RunStatus}
+        rows = await self._slow_rows(self.sql["status_counts"])
+        for row in rows:
+            counts[row["status"]] = row["runs"]
+        oldest = rows[0]["oldest_waiting"] if rows else None
+        return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
+                "active": sum(counts[s] for s in ACTIVE)}
+
+    async def projects(self, *, limit: int = 100,
+                       agent: str | None = None) -> list[ProjectExport]:
+        if unaskable(agent):
+            return []
+        rows = await self._slow_rows(self.sql["projects"], {"agent": agent, "limit": limit})
+        return [project_export(row) for row in rows]
+
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        if unaskable(project, agent, status, before_run_id):
+            return []
+        rows = await self._rows(self.sql["project_exports"], {
+            "project": nfc(project), "agent": agent, "status": status,
+            "before_run_id": before_run_id, "limit": limit})
+        return [project_export(row) for row in rows]
+
+    async def notifications(self, run_id: str) -> list[NotificationView]:
+        return [notification_view(row)
+                for row in await self._named("run_notifications", run_id=run_id)]
+
+    async def list_notifications(self, state: str | None,
+                                 limit: int) -> list[NotificationView]:
+        if state is None:
+            rows = await self._named("list_notifications", limit=limit)
+        else:
+            rows = await self._named("list_notifications_by_state", state=state, limit=limit)
+        return [notification_view(row) for row in rows]
+
+    async def destinations(self) -> list[DestinationView]:
+        return [DestinationView(
+            destination=row["destination"], state=row["state"],
+            consecutive_failures=row["consecutive_failures"],
+            paused_reason=row["paused_reason"], paused_at=iso(row["paused_at"]),
+            last_error=row["last_error"], updated_at=iso(row["updated_at"]),
+            pending=row["pending"]) for row in await self._named("destinations")]

@@ -1,0 +1,89 @@
+"""Schema and migrations: version N of the schema is each engine's statement
+`migration_N`, applied in order, one transaction per version (a crash leaves
+the previous version whole). SQLite records the version in PRAGMA
+user_version, PostgreSQL in the agentbox_schema table.
+
+Versions: 1, the tables; 2, the index of waiting runs by age; 3, the events'
+`project` (payload.project_id, NFC), filled for the events already stored.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+import unicodedata
+from typing import TYPE_CHECKING, Any
+
+from agentbox.logs import get_logger
+from agentbox.store import SchemaTooNew
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = get_logger("store")
+
+MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
+# Columns a version adds on SQLite, which has no ADD COLUMN IF NOT EXISTS (a
+# database from before schema versions has its version applied again).
+SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {3: (("events", "project", "TEXT"),)}
+SQL_SCHEMA_TABLE = """
+CREATE TABLE IF NOT EXISTS agentbox_schema (
+    version    INTEGER PRIMARY KEY,
+    applied_at DOUBLE PRECISION NOT NULL
+)
+"""
+
+
+def migrations(sql: dict[str, str]) -> list[str]:
+    """An engine's migrations, version 1 first."""
+    numbers = sorted(int(m.group(1)) for name in sql
+                     if (m := re.fullmatch(r"migration_(\d+)", name)))
+    assert numbers == list(range(1, len(numbers) + 1)), numbers
+    return [sql[f"migration_{n}"] for n in numbers]
+
+
+def nfc(text: Any) -> Any:
+    return unicodedata.normalize("NFC", text) if isinstance(text, str) else None
+
+
+def migrate_sqlite(conn: sqlite3.Connection, where: str, sql: dict[str, str]) -> tuple[int, int]:
+    """Bring a SQLite database to the newest version this code knows; (from, to)."""
+    steps = migrations(sql)
+    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(steps):
+        raise SchemaTooNew(where, version, len(steps))
+    conn.create_function("nfc", 1, nfc, deterministic=True)
+    for number in range(version + 1, len(steps) + 1):
+        added = "".join(
+            f"ALTER TABLE {table} ADD COLUMN {column} {kind};\n"
+            for table, column, kind in SQLITE_COLUMNS.get(number, ())
+            if column not in _columns(conn, table))
+        conn.executescript(f"BEGIN IMMEDIATE;\n{added}{steps[number - 1]};\n"
+                           f"PRAGMA user_version = {number};\nCOMMIT;")
+        log.info("database schema migrated", extra={"version": number, "database": where})
+    return version, len(steps)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def migrate_postgres(conn: psycopg.Connection[Any], where: str,
+                     sql: dict[str, str]) -> tuple[int, int]:
+    """Bring a PostgreSQL database to the newest version; (from, to). Instances
+    starting together wait for each other on an advisory lock, so one migrates."""
+    steps = migrations(sql)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(SQL_SCHEMA_TABLE)
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM agentbox_schema").fetchone()
+        version: int = row[0] if row else 0
+        if version > len(steps):
+            raise SchemaTooNew(where, version, len(steps))
+        for number in range(version + 1, len(steps) + 1):
+            conn.execute(steps[number - 1])
+            conn.execute("INSERT INTO agentbox_schema (version, applied_at) VALUES (%s, %s)",
+                         (number, time.time()))
+            log.info("database schema migrated", extra={"version": number, "database": where})
+    return version, len(steps)

@@ -1,0 +1,127 @@
+"""The `Store` both SQL engines share: each write queues an operation (from the
+modules named by topic: ingest, claims, outcomes, maintenance, outbox) for the
+engine's writer; each read is in `reads`. An engine brings its connections,
+its statements (`sql`), `_commit`, and `_rows`/`_slow_rows`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from agentbox.events import Event
+from agentbox.store import (
+    ClaimResult,
+    DeliveryResult,
+    IngestResult,
+    Lease,
+    Notification,
+    Outcome,
+    RunNotFound,
+    Store,
+    Transition,
+    claims,
+    maintenance,
+    outbox,
+)
+from agentbox.store.ingest import received
+from agentbox.store.outcomes import finish
+from agentbox.store.reads import Reads, unaskable
+from agentbox.store.writer import GroupCommit
+
+
+class SqlStore(Reads, GroupCommit, Store):
+    """Every `Store` method, as operations and reads; the engine runs them."""
+
+    engine = "sql"
+
+    def __init__(self, notification_delay: float = 0.0) -> None:
+        Store.__init__(self)
+        GroupCommit.__init__(self)
+        self.notification_delay = notification_delay  # before a callback's first attempt
+        self._active = 0  # runs not yet terminal, as of the last commit
+        self._stats_future = None
+
+    @property
+    def description(self) -> str:
+        return self.engine
+
+    # -- ingest, claims, outcomes -------------------------------------------------------
+
+    async def ingest(
+        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
+        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
+    ) -> IngestResult:
+        op = received(event, body, agents, now=now, ttl=ttl, max_pending=max_pending,
+                      max_hops=max_hops, lease=lease, notify_due=now + self.notification_delay)
+        return await self._write(op, order=event.envelope.idempotency_key)
+
+    async def claim(
+        self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
+    ) -> ClaimResult:
+        return await self._write(functools.partial(
+            claims.claim, owner=owner, limit=limit, now=now, lease_seconds=lease_seconds,
+            max_attempts=max_attempts, notify_due=now + self.notification_delay),
+            durable=False)
+
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        op = finish(run_id, owner, attempt, outcome, now=now,
+                    notify_due=now + self.notification_delay)
+        return await self._write(op, order=run_id)
+
+    async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
+                            until: float) -> list[str]:
+        return await self._write(functools.partial(
+            claims.extend_leases, owner=owner, attempts=attempts, until=until), durable=False)
+
+    async def release_leases(self, owner: str, now: float,
+                             unstarted: Sequence[tuple[str, int]] = ()) -> int:
+        return await self._write(functools.partial(
+            claims.release_leases, owner=owner, now=now, unstarted=unstarted), durable=False)
+
+    # -- maintenance --------------------------------------------------------------------
+
+    async def replay(self, run_id: str, now: float) -> Transition:
+        if unaskable(run_id):
+            raise RunNotFound(run_id)
+        return await self._write(functools.partial(maintenance.replay, run_id=run_id, now=now))
+
+    async def discard(self, run_id: str, reason: str, now: float) -> None:
+        await self._write(functools.partial(maintenance.discard, run_id=run_id, reason=reason,
+                                            now=now))
+
+    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
+        return await self._write(functools.partial(maintenance.prune_idempotency_keys,
+                                                   now=now, limit=limit))
+
+    # -- the callback outbox ------------------------------------------------------------
+
+    async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
+                          now: float) -> bool:
+        return await self._write(functools.partial(
+            outbox.queue_alert, notification_id=notification_id, run_id=run_id, url=url,
+            body=body, now=now))
+
+    async def claim_notifications(
+        self, owner: str, limit: int, now: float, lease_seconds: float
+    ) -> tuple[list[Notification], float | None]:
+        return await self._write(functools.partial(
+            outbox.claim_notifications, owner=owner, limit=limit, now=now,
+            lease_seconds=lease_seconds), durable=False)
+
+    async def record_delivery(
+        self, notification: Notification, owner: str, result: DeliveryResult, now: float,
+        pause_after_failures: int,
+    ) -> str | None:
+        return await self._write(functools.partial(
+            outbox.record_delivery, notification=notification, owner=owner, result=result,
+            now=now, pause_after_failures=pause_after_failures), durable=False)
+
+    async def release_notification_leases(self, owner: str, now: float) -> int:
+        return await self._write(functools.partial(
+            outbox.release_notification_leases, owner=owner, now=now), durable=False)
+
+    async def resume_destination(self, destination: str, now: float) -> None:
+        await self._write(functools.partial(outbox.resume_destination,
+                                            destination=destination, now=now))

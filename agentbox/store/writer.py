@@ -1,0 +1,186 @@
+"""The writer: every write is an operation queued for the next transaction, and
+many share one commit (group commit: one fsync, or one WAL flush, for all).
+
+An operation is a plain function of a `Db` (the engine's connection, which runs
+named statements) and the `Batch` it commits in. The engine brings `_commit`:
+how it runs a batch in one transaction and commits it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from agentbox.logs import get_logger
+from agentbox.store import StorageUnavailable
+
+if TYPE_CHECKING:
+    from agentbox.store.ingest import NewEvent
+    from agentbox.store.outcomes import Finish, Landed
+
+T = TypeVar("T")
+log = get_logger("store")
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Db(Protocol):
+    """An engine's connection as the operations see it: named statements with
+    keyword parameters, and the two writes of the hot path, which each engine
+    writes its own way (SQLite row by row, PostgreSQL set-wise)."""
+
+    def run(self, name: str, params: Mapping[str, Any] | None = None, /) -> Cursor: ...
+
+    def run_many(self, name: str, params: Iterable[Mapping[str, Any]], /) -> None: ...
+
+    def array(self, values: Sequence[Any], /) -> Any:
+        """A list as this engine's statements take one as a parameter."""
+        ...
+
+    def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
+        """Store each event whose key is free (or expired) with its runs; per event,
+        whether it was stored (False: its key is claimed, nothing was written)."""
+        ...
+
+    def runs_of_keys(self, keys: Sequence[str], now: float) -> dict[str, list[Any]]:
+        """The runs (run_id, agent, status) of the events holding these keys' claims."""
+        ...
+
+    def finish_runs(self, items: Sequence[Finish]) -> list[Landed | None]:
+        """Record outcomes where the lease is still the caller's; per item what it
+        landed on, or None (the lease was lost)."""
+        ...
+
+
+class Batch:
+    """What the operations of one transaction share."""
+
+    def __init__(self, active: int) -> None:
+        self.active = active  # runs not yet terminal, for admission control
+        self.base = active  # what `active` was at the start
+        self.recounted = False  # `base` was counted in this transaction
+        self.runs_ready = False  # a run became claimable: wake the dispatchers
+        self.outbox_ready = False  # a callback was queued: wake the deliverers
+
+
+Operation = Callable[[Db, Batch], T]
+
+
+@dataclass
+class Queued:
+    op: Operation[Any]
+    future: asyncio.Future[Any]
+    durable: bool
+    order: str
+
+
+class GroupCommit(abc.ABC):
+    """The queue and the loop that hands it to the engine, batch by batch."""
+
+    writers = 1  # batches committed at the same time (each on its own connection)
+
+    def __init__(self) -> None:
+        self._queue: list[Queued] = []
+        self._wake = asyncio.Event()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def _write(self, op: Operation[T], durable: bool = True, order: str = "") -> T:
+        """Queue `op` for the writer's next transaction; answer once it committed.
+
+        `durable=False` is for writes whose loss in a power cut is harmless (a
+        claim or a lease: the run is simply claimed again); a batch of only
+        those may commit without waiting for the disk. `order` sorts the
+        operations of a batch (idempotency keys: concurrent writers then take
+        their locks in one order and never deadlock).
+        """
+        if self._closing:
+            raise StorageUnavailable("the store is closing")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append(Queued(op, future, durable, order))
+        self._wake.set()
+        return await future
+
+    def _start_writer(self) -> None:
+        self._writer_task = asyncio.create_task(self._write_loop(), name="agentbox-writer")
+
+    async def _stop_writer(self) -> None:
+        if self._writer_task is not None:
+            self._closing = True  # the writer commits what is queued, then returns
+            self._wake.set()
+            await self._writer_task
+            self._writer_task = None
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        free = asyncio.Semaphore(self.writers)
+        running: set[asyncio.Task[None]] = set()
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            free.release()
+
+        while not (self._closing and not self._queue):
+            await self._wake.wait()
+            self._wake.clear()
+            await free.acquire()  # what queues meanwhile joins this batch
+            batch, self._queue = self._queue, []
+            if not batch:
+                free.release()
+                continue
+            task = asyncio.create_task(self._settle(loop, batch))
+            running.add(task)
+            task.add_done_callback(done)
+        await asyncio.gather(*running)
+
+    async def _settle(self, loop: asyncio.AbstractEventLoop, batch: list[Queued]) -> None:
+        """Commit one batch and answer each of its operations."""
+        try:
+            results = await self._commit(loop, batch)
+        except Exception as exc:  # a bug: fail this batch, keep the writer alive
+            log.exception("the writer failed a batch")
+            await self._abandon()
+            results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
+                       ] * len(batch)
+        for queued, (ok, value) in zip(batch, results, strict=True):
+            if queued.future.done():
+                continue
+            if ok:
+                queued.future.set_result(value)
+            else:
+                queued.future.set_exception(value)
+
+    @abc.abstractmethod
+    async def _commit(self, loop: asyncio.AbstractEventLoop,
+                      batch: list[Queued]) -> list[tuple[bool, Any]]:
+        """Run the batch's operations in one transaction and commit it: per
+        operation (True, its value) or (False, the exception to raise)."""
+
+    @abc.abstractmethod
+    async def _abandon(self) -> None:
+        """Roll back whatever the failed batch left open."""
+
+
+def named(cursor: Any) -> dict[str, Any] | None:
+    """A cursor's first row by column name (None: no row)."""
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return dict(zip((column[0] for column in cursor.description), row, strict=True))
+
+
+def answer(settled: tuple[bool, Any]) -> Any:
+    """An operation's value out of its (ok, value) answer: raise a refusal."""
+    ok, value = settled
+    if not ok:
+        raise value
+    return value

@@ -1,0 +1,90 @@
+"""The store's boundary: `Store` is the whole interface, each engine writes its own
+SQL under the same statement names, and nothing outside agentbox/store/ sees an
+engine, a connection or a line of SQL. Read from the source, no database needed."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from agentbox.store import Store
+from agentbox.store.queries import load, operations, parse
+
+PACKAGE = Path(__file__).resolve().parents[2] / "agentbox"
+# What the rest of agentbox may import of the store: the interface and the choice
+# of engine by the settings.
+PUBLIC = {"agentbox.store", "agentbox.store.engines"}
+DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
+
+
+def modules_outside_the_store() -> list[Path]:
+    return [path for path in sorted(PACKAGE.rglob("*.py"))
+            if PACKAGE / "store" not in path.parents]
+
+
+def imported(tree: ast.AST) -> set[str]:
+    """Every module an AST imports (a `from a.b import c` also as `a.b.c`)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_both_engines_define_the_same_statements() -> None:
+    sqlite, postgres = load("sqlite.sql"), load("postgres.sql")
+    assert operations(sqlite) == operations(postgres)
+    assert len(sqlite) > 50 and all(text.strip() for text in (*sqlite.values(),
+                                                              *postgres.values()))
+    # Each engine in its own words: nothing of the other's dialect.
+    assert not any("%(" in text or "SKIP LOCKED" in text for text in sqlite.values())
+    assert not any(re.search(r"(?<![:\w]):\w", text) or "INDEXED BY" in text
+                   for text in postgres.values())
+
+
+def test_the_statement_file_format() -> None:
+    found = parse("-- file comment\n\n-- name: a\n-- about a\nSELECT 1\n\n-- name: b.c\n"
+                  "SELECT 2\n-- the next section\n")
+    assert found == {"a": "-- about a\nSELECT 1", "b.c": "SELECT 2"}
+    assert operations(found) == {"a", "b"}
+
+
+def test_no_module_outside_the_store_sees_an_engine_or_a_connection() -> None:
+    offenders = []
+    for path in modules_outside_the_store():
+        for name in imported(ast.parse(path.read_text(encoding="utf-8"))):
+            store_module = name.startswith("agentbox.store.") and ".".join(
+                name.split(".")[:3]) not in PUBLIC
+            if store_module and not _a_name_of(name, "agentbox.store"):
+                offenders.append(f"{path.name}: {name}")
+            if name.split(".")[0] in DRIVERS:
+                offenders.append(f"{path.name}: {name}")
+    assert offenders == []
+
+
+def _a_name_of(name: str, module: str) -> bool:
+    """`agentbox.store.Store` (a name the interface exports), not a submodule."""
+    head, _, last = name.rpartition(".")
+    return head == module and not (PACKAGE / "store" / f"{last}.py").exists()
+
+
+def test_every_store_attribute_the_rest_of_agentbox_uses_is_declared_on_store() -> None:
+    used: set[tuple[str, str]] = set()
+    for path in modules_outside_the_store():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and _is_the_store(node.value):
+                used.add((path.name, node.attr))
+    assert len(used) > 30  # the walk found the callers
+    undeclared = sorted((module, attr) for module, attr in used if not hasattr(Store, attr)
+                        and attr not in Store.__init__.__code__.co_names)
+    assert undeclared == []
+
+
+def _is_the_store(node: ast.expr) -> bool:
+    """`store` or `self.store`."""
+    return (isinstance(node, ast.Name) and node.id == "store") or (
+        isinstance(node, ast.Attribute) and node.attr == "store")

@@ -1,0 +1,106 @@
+"""scripts/run, scripts/test and scripts/_setup: the two commands the README
+gives, as a person runs them (stdlib-only Python, so Windows runs them too)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+
+from agentbox import config
+from tests.conftest import ROOT, free_port, wait_until
+
+SCRIPTS = ROOT / "scripts"
+
+
+def load_setup() -> ModuleType:
+    loader = SourceFileLoader("_setup", str(SCRIPTS / "_setup"))
+    spec = importlib.util.spec_from_loader("_setup", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def fresh_home(home: Path) -> dict[str, str]:
+    """A person's environment with nothing of agentbox's yet."""
+    keep = {k: v for k, v in os.environ.items()
+            if not k.startswith(("AGENTBOX_", "XDG_", "VIRTUAL_ENV", "PYTHON"))}
+    return {**keep, "HOME": str(home)}
+
+
+def test_scripts_are_python_with_a_shebang_and_no_bash() -> None:
+    for name in ("run", "test", "check", "_setup"):
+        text = (SCRIPTS / name).read_text(encoding="utf-8")
+        assert text.startswith("#!/usr/bin/env python3\n"), name
+        compile(text, name, "exec")
+        assert os.access(SCRIPTS / name, os.X_OK), name
+
+
+def test_each_os_venv_layout() -> None:
+    setup = load_setup()
+    venv = Path("checkout") / ".venv"
+    assert setup.venv_python(venv, windows=False) == venv / "bin" / "python"
+    assert setup.venv_python(venv, windows=True) == venv / "Scripts" / "python.exe"
+    assert setup.venv_bin(venv, "agentbox", windows=True) == venv / "Scripts" / "agentbox.exe"
+
+
+def test_an_install_with_more_extras_counts_until_pyproject_changes(tmp_path: Path) -> None:
+    setup = load_setup()
+    (tmp_path / ".agentbox-installed-test-dev").touch()
+    assert setup._installed(tmp_path, "") and setup._installed(tmp_path, "dev,test")
+    assert not setup._installed(tmp_path, "postgres")
+    changed = (ROOT / "pyproject.toml").stat().st_mtime
+    os.utime(tmp_path / ".agentbox-installed-test-dev", (changed - 1, changed - 1))
+    assert not setup._installed(tmp_path, "")  # pyproject.toml is newer: install again
+
+
+def test_picks_a_python_new_enough() -> None:
+    command = load_setup().pick_python()
+    done = subprocess.run([*command, "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                          capture_output=True, text=True)
+    assert done.stdout == "True\n"
+
+
+def test_scripts_run_starts_agentbox_with_a_secret_made_in_the_config_dir(
+        tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(SCRIPTS / "run"), "--port", str(port)],
+                                   env=fresh_home(tmp_path), cwd=tmp_path, stdout=out,
+                                   stderr=out)
+
+    def healthy() -> bool:
+        assert process.poll() is None, log.read_text()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        # the first run may install agentbox into .venv: minutes on a slow machine
+        wait_until(healthy, 300, "scripts/run to answer /healthz")
+        secret = tmp_path / ".config" / "agentbox" / config.WEBHOOK_SECRET_FILE
+        assert len(config.secrets_in_file(secret)[0]) >= 32
+        assert (tmp_path / ".local" / "share" / "agentbox").is_dir()  # the data dir
+    finally:
+        process.send_signal(signal.SIGTERM)  # scripts/run became agentbox (exec)
+        status = process.wait(60)
+    assert status in (0, -signal.SIGTERM), log.read_text()
+    assert "agentbox stopped" in log.read_text()
+
+
+def test_scripts_test_hands_its_arguments_to_pytest(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPTS / "test"), "--collect-only", "-q",
+                           "tests/test_signing.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "tests collected" in done.stdout

@@ -655,8 +655,8 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     then print each review as it finishes.
 
     A file counts as finished when its size and modification time have stayed
-    the same for --settle seconds and, for WAV and AIFF, the audio its header
-    declares is all there. Its event id comes from its path, size and content:
+    the same for --settle seconds and, for WAV, AIFF and FLAC, its header says
+    the audio is all there. Its event id comes from its path, size and content:
     restarting the watcher or touching the file is a duplicate, not a second
     run. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
     hidden files are skipped. The project is --project, else the file's name

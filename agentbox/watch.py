@@ -3,7 +3,8 @@
 The folder is polled (no platform-specific notification API needed). An audio
 file counts as finished once its size and modification time have not changed
 for `settle` seconds and, for the formats whose header says how much audio
-follows (WAV, RF64, AIFF), once that much is there: a render that stalls
+follows (WAV, RF64, AIFF; FLAC's sample count, 0 until written), once that much
+is there: a render that stalls
 longer than the settle time, half written, is not taken for finished (after
 `incomplete_grace` seconds unchanged it is sent all the same, and the review
 says it is cut short). Then a `session.exported` event is sent for it.
@@ -98,7 +99,8 @@ def _chunks(f: BinaryIO, start: int, end: int, big_endian: bool
 def audio_complete(path: Path) -> bool | None:
     """Whether a WAV, RF64 or AIFF file holds all the audio its header declares:
     False while a writer has not yet filled it in (or it was cut short), None for
-    formats without such a header (their stable size has to do)."""
+    formats without such a header (their stable size has to do). A FLAC file is
+    False while its header's sample count is still 0 (being written), else None."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -108,9 +110,20 @@ def audio_complete(path: Path) -> bool | None:
                 return _wave_complete(f, size, kind == b"RF64")
             if kind == b"FORM" and form in (b"AIFF", b"AIFC"):
                 return _data_complete(f, size, b"SSND", big_endian=True)
+            if kind == b"fLaC":
+                return _flac_complete(head + f.read(30))
     except OSError:
         return None
     return None
+
+
+def _flac_complete(head: bytes) -> bool | None:
+    """False while STREAMINFO's total samples is 0 (libFLAC fills it in when it
+    finishes); otherwise unknown: FLAC's frames cannot be counted cheaply."""
+    if len(head) < 8 + 18 or head[4] & 0x7F != 0:  # the first block must be STREAMINFO
+        return None
+    total = int.from_bytes(head[8 + 10:8 + 18], "big") & ((1 << 36) - 1)
+    return False if total == 0 else None
 
 
 def _wave_complete(f: BinaryIO, size: int, rf64: bool) -> bool:

@@ -189,6 +189,13 @@ def test_a_header_that_promises_more_than_is_there_is_waited_for(tmp_path: Path)
     mp3 = tmp_path / "x.mp3"
     sf.write(mp3, audio, rate, format="MP3")
     assert audio_complete(mp3) is None  # no declared length: the settle time decides
+    flac = tmp_path / "x.flac"
+    with sf.SoundFile(flac, "w", rate, 2, "PCM_24") as f:  # libsndfile's FLAC writer
+        f.write(audio[: rate // 2])
+        f.flush()
+        assert audio_complete(flac) is False  # its sample count is filled in at the end
+        f.write(audio[rate // 2:])
+    assert audio_complete(flac) is None  # written: its frames are not counted
 
 
 # (format, subtype, suffixes): what the review decodes through soundfile/libsndfile.

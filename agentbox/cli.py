@@ -367,7 +367,7 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
         if as_json:
             click.echo(json.dumps(run, indent=2))
         else:
-            click.echo("\n".join(digest.review_lines(run)))
+            click.echo("\n".join(told(run)))
         if run["status"] != "succeeded":
             sys.exit(EXIT_RUN_FAILED)
 
@@ -476,13 +476,28 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
         note = f"  ({_line(change['note'])})" if change["note"] else ""
         click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
     result = run.get("result")
-    if digest.metrics_of(result):
+    if _is_review(result):
         click.echo("\n" + "\n".join(digest.review_lines(run)))
     elif result is not None:
         click.echo("\nresult: " + json.dumps(result))
     for c in run.get("callbacks", []):
         click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
                    f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
+
+
+def _is_review(result: Any) -> bool:
+    """A result that validates as a mix review (another agent's may use its key names)."""
+    from agentbox.mix_review import as_review  # numpy and scipy: only when needed
+
+    return as_review(result) is not None
+
+
+def told(run: dict[str, Any], name: str | None = None) -> list[str]:
+    """A finished run for people: the review, else its status and result as JSON."""
+    result = run.get("result")
+    if run.get("status") != "succeeded" or result is None or _is_review(result):
+        return digest.review_lines(run, name)
+    return [f"{_line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
 
 
 def _line(value: Any) -> str:
@@ -804,4 +819,4 @@ def _print_finished_reviews(url: str, reviewing: dict[str, str]) -> None:
         if not isinstance(run, dict) or not run.get("terminal"):
             continue
         del reviewing[run_id]
-        click.echo("\n".join(digest.review_lines(run, name)))
+        click.echo("\n".join(told(run, name)))

@@ -31,6 +31,7 @@ from agentbox.mix_review import (
     shutdown_analysis,
     start_analysis_process,
 )
+from agentbox.notifications import ReviewNotifications
 from agentbox.openapi import document
 from agentbox.receiver import (
     INTERNAL_ERROR_MESSAGE,
@@ -99,6 +100,9 @@ def create_app(
 
     pages = StatusPages(settings, store, dispatcher, admin_token)
     dispatcher.listeners.append(pages.live.transition)
+    notices = ReviewNotifications(store) if settings.notify else None
+    if notices is not None:
+        dispatcher.listeners.append(notices.on_transition)
 
     def on_remote_change(change: RemoteChange) -> None:
         """Another instance (same PostgreSQL database) committed runs or callbacks."""
@@ -131,6 +135,8 @@ def create_app(
             await receiver.settle(INGEST_SETTLE_SECONDS)
             await dispatcher.stop()
             await deliverer.stop()
+            if notices is not None:
+                await notices.close()
             await store.close()
             shutdown_analysis()
             log.info("agentbox stopped")

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import httpx
 
 from agentbox import config as cfg
-from agentbox import portable
+from agentbox import digest, portable
 from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
+URL_ENV = "AGENTBOX_URL"  # the client commands' agentbox, between the config file and --url
+RECEIVER_PATH = "/webhooks/events"
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -152,6 +156,48 @@ def token(config_file: Path | None) -> None:
     click.echo(cfg.admin_token(_settings(config_file)))
 
 
+URL_OPTION = click.option(
+    "--url", default=None, metavar="URL",
+    help=f"agentbox's address, e.g. http://127.0.0.1:9000 (or its {RECEIVER_PATH} "
+         f"endpoint). Default: {URL_ENV}, else host and port of the config file "
+         f"(as serve reads them), else {DEFAULT_URL}.")
+CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
+                             default=None, help="TOML config file (as serve's).")
+
+
+def client_url(url: str | None, config_file: Path | None = None,
+               environ: Mapping[str, str] | None = None) -> str:
+    """The agentbox the client commands talk to, as a base URL: `--url`, else
+    AGENTBOX_URL, else the host and port that `serve` reads from the config file
+    (and AGENTBOX_HOST / AGENTBOX_PORT). A URL naming the receiver's endpoint is
+    taken for the server it belongs to."""
+    environ = os.environ if environ is None else environ
+    if url is None and environ.get(URL_ENV, "").strip():
+        return _base_url(environ[URL_ENV], URL_ENV)
+    if url is not None:
+        return _base_url(url, "--url")
+    settings = _settings(config_file)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host,
+                                                                     settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def _base_url(url: str, where: str) -> str:
+    base = url.strip().rstrip("/")
+    if base.endswith(RECEIVER_PATH):
+        base = base[: -len(RECEIVER_PATH)]
+    parts = urlsplit(base)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment:
+        raise click.UsageError(f"{where}: {digest.one_line(url)[:80]!r} is not agentbox's "
+                               f"address; give one such as {DEFAULT_URL}")
+    return base
+
+
 def build_event(event_type: str, source: str, event_id: str, payload: dict[str, Any],
                 callback_url: str | None = None) -> dict[str, Any]:
     """A v1 envelope with its idempotency key derived from source, type and id."""
@@ -172,7 +218,7 @@ def build_event(event_type: str, source: str, event_id: str, payload: dict[str, 
 def send_event(url: str, secret_value: str, body: bytes, timeout: float = 30.0) -> httpx.Response:
     headers = {"Content-Type": "application/json",
                **sign_headers(secret_value, body, int(time.time()))}
-    return httpx.post(url.rstrip("/") + "/webhooks/events", content=body, headers=headers,
+    return httpx.post(url.rstrip("/") + RECEIVER_PATH, content=body, headers=headers,
                       timeout=timeout)
 
 
@@ -244,7 +290,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--mix", type=click.Path(path_type=Path), default=None,
               help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="agentbox's address.")
+@URL_OPTION
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
               help="Give a stable id (e.g. from the file) so that sending again is a "
@@ -255,24 +301,32 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               help="Send this complete event (JSON) as it is, '-' for stdin.")
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="Retries on 429, 503 and connection errors, with backoff.")
-@click.option("--wait", is_flag=True, help="Follow the run to its end and print it.")
+@click.option("--wait", is_flag=True,
+              help="Follow the run to its end and print the review (verdict, figures, notes).")
 @click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --wait: print agentbox's answer and the finished run as JSON.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
-         project: str | None, mix: Path | None, profile: str | None, url: str, source: str,
-         event_id: str | None, payload_json: str | None, callback_url: str | None,
-         event_file: Any, retries: int, wait: bool, wait_timeout: float,
-         config_file: Path | None) -> None:
+         project: str | None, mix: Path | None, profile: str | None, url: str | None,
+         source: str, event_id: str | None, payload_json: str | None,
+         callback_url: str | None, event_file: Any, retries: int, wait: bool,
+         wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
     """Sign and POST an event, e.g. from an export script:
 
     \b
         agentbox send --type session.exported --project night-drive --mix ./mix.wav
         agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
 
+    Prints agentbox's answer (JSON); with --wait, then the review for people
+    (--json: the finished run as JSON). The project name is kept in Unicode NFC,
+    as `watch` keeps a file's name, so both name one project alike.
+
     Exit status: 0 stored (or already stored; with --wait: succeeded), 1 refused,
     3 agentbox unreachable or busy after the retries, 4 the run failed (--wait),
     5 the run was not finished in time (--wait).
     """
+    url = client_url(url, config_file)
     if event_file is not None:
         body = event_file.read()
     else:
@@ -287,7 +341,10 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
             except (json.JSONDecodeError, TypeError, ValueError) as exc:
                 raise click.BadParameter(f"not a JSON object: {exc}",
                                          param_hint="--payload") from None
-        for key, value in (("project_id", project), ("profile", profile),
+        from agentbox.events import project_name
+
+        for key, value in (("project_id", None if project is None else project_name(project)),
+                           ("profile", profile),
                            ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
             if value is not None:
                 payload[key] = value
@@ -306,7 +363,10 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
         if run is None:
             click.echo(f"agentbox: the run is not finished after {wait_timeout:g} s", err=True)
             sys.exit(EXIT_WAIT_TIMEOUT)
-        click.echo(json.dumps(run, indent=2))
+        if as_json:
+            click.echo(json.dumps(run, indent=2))
+        else:
+            click.echo("\n".join(told(run)))
         if run["status"] != "succeeded":
             sys.exit(EXIT_RUN_FAILED)
 
@@ -326,45 +386,77 @@ def _api(url: str, method: str, path: str, **kwargs: Any) -> Any:
 
 
 @main.command()
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--status", default=None, help="Only runs in this state.")
 @click.option("--limit", default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def runs(url: str, status: str | None, limit: int, as_json: bool) -> None:
-    """List the newest runs."""
+@CONFIG_OPTION
+def runs(url: str | None, status: str | None, limit: int, as_json: bool,
+         config_file: Path | None) -> None:
+    """List the newest runs: project, loudness and verdict of each."""
     params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
-    _print_runs(_api(url, "GET", "/runs", params=params)["runs"], as_json)
+    found = _api(client_url(url, config_file), "GET", "/runs", params=params)["runs"]
+    _print_runs(found, as_json, "no runs yet" if status is None else f"no {status} runs")
 
 
-def _print_runs(found: list[dict[str, Any]], as_json: bool) -> None:
+RUN_COLUMNS = ("RUN", "STATUS", "PROJECT", "FILE", "LUFS", "TRUE PEAK", "VERDICT", "EVENT",
+               "RETRIES", "ERROR")
+
+
+def run_row(run: dict[str, Any]) -> tuple[str, ...]:
+    """One run as the cells of `agentbox runs`."""
+    metrics = digest.metrics_of(run.get("result"))
+    loudness, peak = (metrics.get(k) for k in ("integrated_lufs", "true_peak_dbtp"))
+    return (_line(run["run_id"]), _line(run["status"]), digest.project_of(run)[:32],
+            digest.file_name(run)[:32],
+            f"{loudness:.1f}" if isinstance(loudness, int | float) else "-",
+            f"{peak:+.1f}" if isinstance(peak, int | float) else "-",
+            _verdict_cell(run), _line(run["event_type"]),
+            str(run["retry_count"]), _line(run["error_code"] or ""))
+
+
+def _verdict_cell(run: dict[str, Any]) -> str:
+    result = run.get("result")
+    verdict = result.get("verdict") if isinstance(result, dict) else None
+    return _line(verdict) if isinstance(verdict, str) else "-"
+
+
+def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str) -> None:
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
-    for run in found:
-        click.echo(f"{run['run_id']}  {run['status']:<16} {run['event_type']:<22} "
-                   f"{run['event_id'][:30]:<30} retries={run['retry_count']} "
-                   f"{_line(run['error_code'] or '')}")
+    if not found:
+        click.echo(empty)
+        return
+    rows = [RUN_COLUMNS, *(run_row(run) for run in found)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_COLUMNS))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                   .rstrip())
 
 
 @main.command("dead-letters")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def dead_letters(url: str, limit: int, as_json: bool) -> None:
+@CONFIG_OPTION
+def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path | None) -> None:
     """List dead-lettered runs that wait for a decision (replay them with `agentbox
     replay RUN_ID`); those discarded on the status page are left out."""
-    found = _api(url, "GET", "/runs", params={"status": "dead_lettered", "limit": limit,
-                                             "discarded": "false"})["runs"]
-    _print_runs(found, as_json)
+    found = _api(client_url(url, config_file), "GET", "/runs", params={
+        "status": "dead_lettered", "limit": limit, "discarded": "false"})["runs"]
+    _print_runs(found, as_json, "no dead letters waiting for a decision")
 
 
 @main.command()
 @click.argument("run_id")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
-def show(run_id: str, url: str, as_json: bool) -> None:
-    """Show one run with its attempts, state history, result and callbacks."""
-    run = _api(url, "GET", f"/runs/{run_id}", params={"history": "1"})
+@CONFIG_OPTION
+def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) -> None:
+    """Show one run: the review (verdict, figures, notes), its history and callbacks."""
+    run = _api(client_url(url, config_file), "GET", f"/runs/{run_id}",
+               params={"history": "1"})
     if as_json:
         click.echo(json.dumps(run, indent=2))
         return
@@ -373,6 +465,8 @@ def show(run_id: str, url: str, as_json: bool) -> None:
     click.echo(f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
                + (f", {_line(run['error_code'])}: {_line(run['error_message'])}"
                   if run["error_code"] else ""))
+    if digest.project_of(run):
+        click.echo(f"project {digest.project_of(run)}")
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
                    f"hop {run['hop']}")
@@ -381,13 +475,8 @@ def show(run_id: str, url: str, as_json: bool) -> None:
         note = f"  ({_line(change['note'])})" if change["note"] else ""
         click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
     result = run.get("result")
-    from agentbox.mix_review import as_review
-
-    review = as_review(result)
-    if review is not None:
-        click.echo(f"\n{_line(review.summary)}")
-        for note in review.review_notes:
-            click.echo(f"  - {_line(note)}")
+    if _is_review(result):
+        click.echo("\n" + "\n".join(digest.review_lines(run)))
     elif result is not None:
         click.echo("\nresult: " + json.dumps(result))
     for c in run.get("callbacks", []):
@@ -395,10 +484,25 @@ def show(run_id: str, url: str, as_json: bool) -> None:
                    f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
 
 
+def _is_review(result: Any) -> bool:
+    """A result that validates as a mix review (another agent's may use its key names)."""
+    from agentbox.mix_review import as_review  # numpy and scipy: only when needed
+
+    return as_review(result) is not None
+
+
+def told(run: dict[str, Any], name: str | None = None) -> list[str]:
+    """A finished run for people: the review, else its status and result as JSON."""
+    result = run.get("result")
+    if run.get("status") != "succeeded" or result is None or _is_review(result):
+        return digest.review_lines(run, name)
+    return [f"{_line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
+
+
 def _line(value: Any) -> str:
     """Text from a run (an agent's message, an event's data) as one line of output:
     a newline in it cannot make a line of its own that looks like agentbox's."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    return digest.one_line(value)
 
 
 @main.command()
@@ -447,10 +551,11 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
 
 @main.command()
 @click.argument("run_ids", nargs=-1, required=True)
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def replay(run_ids: tuple[str, ...], url: str, config_file: Path | None) -> None:
+def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) -> None:
     """Send dead-lettered or permanently failed runs back to the queue (same run_id)."""
+    url = client_url(url, config_file)
     headers = {"Authorization": f"Bearer {cfg.admin_token(_settings(config_file))}"}
     for run_id in run_ids:
         run = _api(url, "POST", f"/runs/{run_id}/replay", headers=headers)
@@ -463,14 +568,17 @@ def callbacks() -> None:
 
 
 @callbacks.command("list")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--state", type=click.Choice(["pending", "delivered", "dead"]), default=None)
 @click.option("--limit", default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def callbacks_list(url: str, state: str | None, limit: int, as_json: bool) -> None:
+@CONFIG_OPTION
+def callbacks_list(url: str | None, state: str | None, limit: int, as_json: bool,
+                   config_file: Path | None) -> None:
     """The newest notifications and how their delivery stands."""
     params: dict[str, Any] = {"limit": limit, **({"state": state} if state else {})}
-    found = _api(url, "GET", "/callbacks", params=params)["callbacks"]
+    found = _api(client_url(url, config_file), "GET", "/callbacks",
+                 params=params)["callbacks"]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -480,10 +588,12 @@ def callbacks_list(url: str, state: str | None, limit: int, as_json: bool) -> No
 
 
 @callbacks.command("destinations")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
-def callbacks_destinations(url: str) -> None:
+@URL_OPTION
+@CONFIG_OPTION
+def callbacks_destinations(url: str | None, config_file: Path | None) -> None:
     """Every destination: active or paused, failures in a row, notifications waiting."""
-    for d in _api(url, "GET", "/callbacks/destinations")["destinations"]:
+    for d in _api(client_url(url, config_file), "GET",
+                  "/callbacks/destinations")["destinations"]:
         reason = f" ({d['paused_reason']})" if d["paused_reason"] else ""
         click.echo(f"{d['destination']:<40} {d['state']}{reason} "
                    f"failures={d['consecutive_failures']} pending={d['pending']}")
@@ -491,10 +601,11 @@ def callbacks_destinations(url: str) -> None:
 
 @callbacks.command("resume")
 @click.argument("destination")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@URL_OPTION
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def callbacks_resume(destination: str, url: str, config_file: Path | None) -> None:
+def callbacks_resume(destination: str, url: str | None, config_file: Path | None) -> None:
     """Resume a paused destination (an origin such as https://studio.example)."""
+    url = client_url(url, config_file)
     headers = {"Authorization": f"Bearer {cfg.admin_token(_settings(config_file))}"}
     found = _api(url, "POST", "/callbacks/destinations/resume", headers=headers,
                  json={"destination": destination})
@@ -539,7 +650,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 
 @main.command()
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="agentbox's address.")
+@URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
 @click.option("--source", default="watch", show_default=True)
@@ -549,61 +660,165 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--existing", is_flag=True, help="Also send the files already there at start.")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
-              help="Retries per file on 429, 503 and connection errors, with backoff.")
+              help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def watch(folder: Path, url: str, project: str | None, profile: str | None, source: str,
-          settle: float, interval: float, existing: bool, once: bool, retries: int,
-          config_file: Path | None) -> None:
-    """Watch an export folder and send session.exported for each finished mix.
+def watch(folder: Path, url: str | None, project: str | None, profile: str | None,
+          source: str, settle: float, interval: float, existing: bool, once: bool,
+          retries: int, config_file: Path | None) -> None:
+    """Watch an export folder and send session.exported for each finished mix,
+    then print each review as it finishes.
 
     A file counts as finished when its size and modification time have stayed
-    the same for --settle seconds. Its event id comes from its path, size and
-    content: restarting the watcher or touching the file is a duplicate, not a
-    second run. WAV, FLAC and AIFF files; hidden files are skipped. While
-    agentbox cannot be reached a file is tried again at the next scan; with
-    --once it is given up, and the exit status says so as `send`'s does (1: a
-    file was refused, 3: agentbox unreachable or busy).
-    """
-    from agentbox.watch import Watcher, content_id, project_of
+    the same for --settle seconds and, for WAV, AIFF and FLAC, its header says
+    the audio is all there. Its event id comes from its path, size and content:
+    restarting the watcher or touching the file is a duplicate, not a second
+    run. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
+    hidden files are skipped. The project is --project, else the file's name
+    without its extension (in Unicode NFC, as `send --project` keeps it).
 
-    settings, _ = cfg.ensure_webhook_secret(_settings(config_file))
+    While agentbox cannot take a file (unreachable, busy, a signature refused
+    while the secret is rotated) the file stays pending and is tried again with
+    backoff, signed with the secret as it is then. With --once a file is given
+    up instead, and the exit status says so as `send`'s does (1: a file was
+    refused, 3: agentbox unreachable or busy).
+    """
+    from agentbox.watch import Watcher
+
+    url = client_url(url, config_file)
     watcher = Watcher(folder, settle, existing)
-    click.echo(f"agentbox: watching {folder.resolve()} (Ctrl-C stops)", err=True)
-    idle, status = 0, EXIT_OK
+    watcher.poll()  # what is there now is left alone (unless --existing)
+    click.echo(f"agentbox: watching {folder.resolve()} for {url} (Ctrl-C stops)", err=True)
     try:
-        while True:
-            ready = watcher.poll()
-            for path in ready:
-                size = path.stat().st_size
-                payload = {"project_id": project or project_of(path),
-                           "mix_url": str(path.resolve()),
-                           **({"profile": profile} if profile else {})}
-                event = build_event("session.exported", source, content_id(path, size), payload)
-                body = json.dumps(event, separators=(",", ":")).encode()
-                # --once: after one file found agentbox unavailable, the rest are not tried.
-                response = (None if once and status == EXIT_UNAVAILABLE else
-                            deliver(url, settings.webhook_secret[0], body, retries))
-                if response is None:
-                    if not once:
-                        continue  # unavailable: try again at the next scan
-                    click.echo(f"{_line(path.name)}: not sent (agentbox unavailable)",
-                               err=True)
-                    status = EXIT_UNAVAILABLE
-                elif response.status_code < 300:
-                    answer = response.json()
-                    what = "duplicate" if answer["duplicate"] else "accepted"
-                    click.echo(f"{_line(path.name)}: {what} {answer['run_id']}")
-                else:
-                    click.echo(f"{_line(path.name)}: refused: {_line(response.text)}",
-                               err=True)
-                    status = max(status, EXIT_REFUSED)
-                watcher.sent(path)
-            idle = 0 if ready or watcher.busy else idle + 1
-            if once and idle >= 2:
-                sys.exit(status)
-            time.sleep(interval)
+        if once:
+            sys.exit(_watch_once(watcher, url, project, profile, source, interval, retries,
+                                 config_file))
+        _watch_forever(watcher, url, project, profile, source, interval, config_file)
     except KeyboardInterrupt:
         return
+
+
+def _export_event(path: Path, event_id: str, project: str | None, profile: str | None,
+                  source: str) -> bytes:
+    from agentbox.events import project_name
+    from agentbox.watch import project_of
+
+    payload = {"project_id": project_name(project) if project else project_of(path),
+               "mix_url": str(path.resolve()), **({"profile": profile} if profile else {})}
+    event = build_event("session.exported", source, event_id, payload)
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def _signing_secret(config_file: Path | None) -> str:
+    """The secret to sign with now: read afresh, so that a rotation is picked up."""
+    return cfg.ensure_webhook_secret(_settings(config_file))[0].webhook_secret[0]
+
+
+def _watch_once(watcher: Any, url: str, project: str | None, profile: str | None,
+                source: str, interval: float, retries: int, config_file: Path | None) -> int:
+    from agentbox.watch import content_id
+
+    idle, status = 0, EXIT_OK
+    while True:
+        ready = watcher.poll()
+        for path in ready:
+            body = _export_event(path, content_id(path, path.stat().st_size), project,
+                                 profile, source)
+            # After one file found agentbox unavailable, the rest are not tried.
+            response = (None if status == EXIT_UNAVAILABLE else
+                        deliver(url, _signing_secret(config_file), body, retries))
+            if response is None:
+                click.echo(f"{_line(path.name)}: not sent (agentbox unavailable)", err=True)
+                status = EXIT_UNAVAILABLE
+            elif response.status_code < 300:
+                answer = response.json()
+                what = "duplicate" if answer["duplicate"] else "accepted"
+                click.echo(f"{_line(path.name)}: {what} {answer['run_id']}")
+            else:
+                click.echo(f"{_line(path.name)}: refused: {_line(response.text)}", err=True)
+                status = max(status, EXIT_REFUSED)
+            watcher.sent(path)
+        idle = 0 if ready or watcher.busy else idle + 1
+        if idle >= 2:
+            return status
+        time.sleep(interval)
+
+
+# Refusals that heal by themselves: a signature refused while the secret is rotated
+# (or the clock is off), agentbox busy or unavailable. The file waits for them.
+HEALING_STATUSES = (401, *RETRYABLE_STATUSES)
+FOLLOW_EVERY_SECONDS = 1.0
+
+
+def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | None,
+                   source: str, interval: float, config_file: Path | None) -> None:
+    from agentbox.watch import Pending, content_id
+
+    pending: dict[Path, Pending] = {}
+    reviewing: dict[str, str] = {}  # run_id -> file name, until its review is printed
+    followed = 0.0
+    while True:
+        now = time.monotonic()
+        for path in watcher.poll():
+            try:
+                pending[path] = Pending(path, content_id(path, path.stat().st_size))
+            except OSError:
+                continue  # gone meanwhile
+            watcher.sent(path)  # pending now: not again until it changes
+        for item in [p for p in pending.values() if p.due <= now]:
+            run_id = _try_once(item, url, project, profile, source, config_file)
+            if run_id is None:
+                item.later(time.monotonic())
+                continue
+            del pending[item.path]
+            if run_id:
+                reviewing[run_id] = item.path.name
+        if reviewing and now - followed >= FOLLOW_EVERY_SECONDS:
+            followed = now
+            _print_finished_reviews(url, reviewing)
+        time.sleep(interval)
+
+
+def _try_once(item: Any, url: str, project: str | None, profile: str | None, source: str,
+              config_file: Path | None) -> str | None:
+    """One attempt at handing a file over: its run_id, '' when it was refused for
+    good (or is gone), None when it should be tried again later."""
+    name = _line(item.path.name)
+    try:
+        body = _export_event(item.path, item.event_id, project, profile, source)
+        response = send_event(url, _signing_secret(config_file), body)
+        answer = response.json()
+    except (OSError, httpx.TransportError) as exc:
+        if not item.path.exists():
+            click.echo(f"{name}: gone before agentbox took it", err=True)
+            return ""
+        reason = f"cannot reach agentbox at {url} ({type(exc).__name__})"
+    except (click.ClickException, ValueError) as exc:  # the config, or an answer not JSON
+        reason = str(exc) if isinstance(exc, click.ClickException) else "an answer not JSON"
+    else:
+        if response.status_code < 300:
+            what = "duplicate" if answer["duplicate"] else "accepted"
+            click.echo(f"{name}: {what} {answer['run_id']}")
+            return str(answer["run_id"])
+        if response.status_code not in HEALING_STATUSES:
+            click.echo(f"{name}: refused: {_line(response.text)}", err=True)
+            return ""
+        reason = f"{response.status_code} {_line(answer.get('error_code', ''))}"
+    if reason != item.said:
+        item.said = reason
+        click.echo(f"{name}: waiting: {reason}; trying again with backoff", err=True)
+    return None
+
+
+def _print_finished_reviews(url: str, reviewing: dict[str, str]) -> None:
+    for run_id, name in list(reviewing.items()):
+        try:
+            run = httpx.get(f"{url}/runs/{run_id}", timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            return  # asked again at the next turn
+        if not isinstance(run, dict) or not run.get("terminal"):
+            continue
+        del reviewing[run_id]
+        click.echo("\n".join(told(run, name)))
 
 
 # -- start at login (the logic is in agentbox/service.py) ------------------------------------

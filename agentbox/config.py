@@ -113,6 +113,7 @@ class Settings:
     # PostgreSQL instead of SQLite: several instances share one database. Holds a password.
     database_url: str | None = field(default=None, repr=False)
     instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
+    notify: bool = True  # a desktop notification when a mix review finishes
 
     @property
     def database_path(self) -> Path:
@@ -133,10 +134,12 @@ _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callb
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
+_BOOLS = {"notify"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url",
             "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
-             | {"agents", "database_url"})
+             | _BOOLS | {"agents", "database_url"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -201,6 +204,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return _schedule(value, where)
         if name in _PATHS:
             return Path(str(value)).expanduser()
+        if name in _BOOLS:
+            return _boolean(value)
         if name == "agents":
             return parse_agents(value, where)
         if name == "database_url":
@@ -213,6 +218,16 @@ def _coerce(name: str, where: str, value: Any) -> Any:
     except (TypeError, ValueError, OverflowError):
         shown = "this value" if name in _SECRETS else _describe(value)
         raise ConfigError(f"{where}: {shown} is not a valid value") from None
+
+
+def _boolean(value: Any) -> bool:
+    """A TOML true/false, or 1/0, true/false, yes/no, on/off from the environment."""
+    if isinstance(value, bool):
+        return value
+    text = str(_scalar(value)).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise ValueError(f"{value!r} is not true or false")
+    return text in _TRUE
 
 
 def _database_url(value: Any, where: str) -> str | None:

@@ -60,9 +60,20 @@ def _a_name(value: str) -> str:
     return value
 
 
+def project_name(text: str) -> str:
+    """A project's name in the one form agentbox keeps it: Unicode NFC. A Mac's file
+    system hands out "Über" decomposed (U+0055 U+0308), a typed `--project` is
+    usually composed (U+00DC): both are the same project."""
+    return unicodedata.normalize("NFC", text)
+
+
 # What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):
 # any text, spaces inside it included.
 Name = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_a_name)]
+# A project's name: a Name, NFC-normalised, so that one project has one name
+# whichever way its export arrived (a watched folder on macOS, a typed --project).
+# (The length is checked as written: NFC rarely lengthens a text, by 3 times at most.)
+ProjectName = Annotated[Name, AfterValidator(project_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 
@@ -73,7 +84,7 @@ class Strict(BaseModel):
 class SessionExported(Strict):
     """A DAW finished rendering a mix; `mix_url` is a local path or file:// URL."""
 
-    project_id: Name
+    project_id: ProjectName
     mix_url: Text
     profile: Token | None = None
     session_name: Annotated[str, Field(max_length=256)] | None = None
@@ -83,10 +94,10 @@ class SessionExported(Strict):
 class MixReviewRequested(Strict):
     """Somebody asks for a (new) review of a rendered mix."""
 
-    project_id: Name
+    project_id: ProjectName
     mix_url: Text
     profile: Token | None = None
-    requested_by: Annotated[str, Field(max_length=256)] | None = None
+    requested_by: Name  # who asks: required, as in the reference design's contract
     note: Annotated[str, Field(max_length=4096)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
 

@@ -498,7 +498,7 @@ def mix_phase(work: Path, minutes: float, duration: float, rate: float = 200,
         "idempotency_key": f"bench:mix.review_requested:{event_id}",
         "event_type": "mix.review_requested", "source": "bench",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "payload": {"project_id": "long-mix", "mix_url": str(mix)},
+        "payload": {"project_id": "long-mix", "mix_url": str(mix), "requested_by": "bench"},
     }).encode()
     response = httpx.post(server.url + "/webhooks/events", content=body, timeout=30,
                           headers=sign_headers(SECRET, body, int(time.time())))

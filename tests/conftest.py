@@ -179,6 +179,7 @@ class Server:
             "AGENTBOX_RETRY_BASE_SECONDS": "0.05",
             "AGENTBOX_RETRY_MAX_SECONDS": "0.2",
             "AGENTBOX_TEST_JOURNAL": str(self.journal),
+            "AGENTBOX_NOTIFY": "0",  # no desktop notifications from tests (but their own)
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -316,7 +317,8 @@ def in_process_settings(tmp_path: Path, **environ: str) -> Settings:
                                   "AGENTBOX_WEBHOOK_SECRET": SECRET,
                                   "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
                                   "AGENTBOX_CALLBACK_SECRET": "callback-secret",
-                                  "AGENTBOX_WORKER_CONCURRENCY": "1", **environ},
+                                  "AGENTBOX_WORKER_CONCURRENCY": "1",
+                                  "AGENTBOX_NOTIFY": "0", **environ},
                          overrides={"config_dir": tmp_path / "config"})
 
 

@@ -106,7 +106,7 @@ def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
     mix = tmp_path / "night-drive.wav"
     mix.write_bytes(b"not audio; the scripted agent does not read it")
     args = ["send", "--url", server.url, "--type", "session.exported", "--project", "ok",
-            "--mix", str(mix), "--profile", "club", "--event-id", "export-7", "--wait"]
+            "--mix", str(mix), "--profile", "club", "--event-id", "export-7", "--wait", "--json"]
     done = agentbox(server, *args)
     assert done.returncode == 0, done.stderr
     answer, run = _two_json_documents(done.stdout)
@@ -115,13 +115,17 @@ def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
     again = agentbox(server, *args)  # re-running the script: a duplicate, not a new run
     assert again.returncode == 0 and _two_json_documents(again.stdout)[0]["duplicate"] is True
     named = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
-                     "--project", "Night Drive (final)", "--mix", str(mix), "--wait")
+                     "--project", "Night Drive (final)", "--mix", str(mix), "--wait", "--json")
     assert named.returncode == 0, named.stderr  # the README's hooks pass names like this
     assert _two_json_documents(named.stdout)[1]["result"]["project_id"] == "Night Drive (final)"
     failed = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
-                      "--project", "permanent", "--mix", str(mix), "--wait")
+                      "--project", "permanent", "--mix", str(mix), "--wait", "--json")
     assert failed.returncode == 4
     assert _two_json_documents(failed.stdout)[1]["status"] == "failed_permanent"
+    told = agentbox(server, "send", "--url", server.url, "--type", "session.exported",
+                    "--project", "permanent", "--mix", str(mix), "--wait")
+    assert told.returncode == 4  # for people: the status and the error on one line
+    assert "failed_permanent: " in told.stdout.splitlines()[-1]
 
 
 def test_show_prints_a_run_s_text_on_one_line(server_factory: Any) -> None:
@@ -221,13 +225,16 @@ def test_watch_sends_each_finished_file_once(server: Server, tmp_path: Path) -> 
     watcher = subprocess.Popen(
         [sys.executable, "-m", "agentbox", "watch", str(folder), "--url", server.url,
          "--settle", "0.6", "--interval", "0.1", "--project", "ok"],
-        env=server.env, cwd=server.home, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=server.env, cwd=server.home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")),
                               daemon=True)  # type: ignore[union-attr]
     reader.start()
     try:
+        # Its first scan is done (what is there then counts as already there).
+        wait_until(lambda: any(line.startswith("agentbox: watching") for line in lines), 30,
+                   "the watcher to start")
         mix = folder / "night-drive.wav"
         with open(mix, "wb") as f:  # a render that takes a while
             for _ in range(5):
@@ -236,7 +243,8 @@ def test_watch_sends_each_finished_file_once(server: Server, tmp_path: Path) -> 
                 time.sleep(0.2)
         wait_until(lambda: any(line.startswith("night-drive.wav: accepted") for line in lines),
                    20, "the finished file to be sent")
-        run_id = lines[-1].split()[-1]
+        run_id = next(line for line in lines if line.startswith("night-drive.wav: accepted")
+                      ).split()[-1]
         run = server.wait_terminal(run_id)
         assert run["event_id"].startswith("watch-") and run["source"] == "watch"
         (mix.parent / "notes.txt").write_text("not audio")

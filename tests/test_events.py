@@ -122,6 +122,7 @@ def test_event_type_is_tied_to_payload_model():
     # And the same payload under mix.review_requested is fine.
     obj["event_type"] = "mix.review_requested"
     obj["idempotency_key"] = "studio-api:mix.review_requested:export-a81f"
+    obj["payload"]["requested_by"] = "ana"
     assert isinstance(parse_event(encode(obj)).payload, MixReviewRequested)
 
 
@@ -269,8 +270,8 @@ def test_a_project_name_is_accepted_exactly_when_fit_and_trimmed(name):
     body = encode(obj)
     unfit = {c for c in name if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")
              or (unicodedata.category(c) == "Cf" and c not in "\u200c\u200d")}
-    if not unfit and name == name.strip():
-        assert parse_event(body).payload.project_id == name
+    if not unfit and name == name.strip():  # kept as written, in its NFC form
+        assert parse_event(body).payload.project_id == unicodedata.normalize("NFC", name)
     else:
         assert [tuple(e["loc"]) for e in errors_of(body)] == [("payload", "project_id")]
 
@@ -462,3 +463,41 @@ def test_registered_event_types_are_strict_at_every_depth() -> None:
             parse_event(json.dumps({**body, "payload": {"stems": stems}}).encode())
     with pytest.raises(ValueError, match="already registered"):
         register_event_type("test.tight", WithLoose)
+
+
+# -- one project, one name; who asked for a review -------------------------------------------
+
+
+@pytest.mark.parametrize("model_event", [base_event, review_event])
+def test_project_id_is_nfc_normalised(model_event) -> None:
+    # "Über Nacht" as a Mac's file system spells a file name (decomposed), and as typed.
+    decomposed, composed = "U\u0308ber Nacht", "\u00dcber Nacht"
+    obj = model_event()
+    obj["payload"]["project_id"] = decomposed
+    assert parse_event(encode(obj)).payload.project_id == composed
+    obj["payload"]["project_id"] = composed
+    assert parse_event(encode(obj)).payload.project_id == composed
+
+
+@given(st.text(min_size=1, max_size=40))
+@settings(max_examples=200)
+def test_a_project_name_has_one_form_whatever_its_spelling(name: str) -> None:
+    obj = base_event()
+    for form in ("NFC", "NFD"):
+        obj["payload"]["project_id"] = unicodedata.normalize(form, name)
+        try:
+            found = parse_event(encode(obj)).payload.project_id
+        except InvalidEvent:
+            continue  # a name that cannot be one (control characters, edge spaces)
+        assert found == unicodedata.normalize("NFC", name)
+
+
+def test_review_requested_needs_requested_by() -> None:
+    obj = review_event()
+    del obj["payload"]["requested_by"]
+    error = one_error(obj)
+    assert error["loc"] == ["payload", "requested_by"] and error["type"] == "missing"
+    obj["payload"]["requested_by"] = ""
+    assert one_error(obj)["loc"] == ["payload", "requested_by"]
+    obj["payload"]["requested_by"] = None
+    assert one_error(obj)["loc"] == ["payload", "requested_by"]

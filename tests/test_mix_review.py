@@ -490,7 +490,8 @@ def test_the_default_agent_reviews_a_mix_end_to_end(
     # the LLM failing never fails the run: the rule-based notes stand in
     llm.fail = True
     again = server.post(make_event(event_type="mix.review_requested", payload={
-        "project_id": "night-drive", "mix_url": str(path), "profile": "club"}))
+        "project_id": "night-drive", "mix_url": str(path), "profile": "club",
+        "requested_by": "ana"}))
     run = server.wait_terminal(again.json()["run_id"], timeout=60)
     assert run["status"] == "succeeded"
     assert run["result"]["notes_source"] == "rules" and run["result"]["profile"]["name"] == "club"

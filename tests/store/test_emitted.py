@@ -33,7 +33,9 @@ def emitted(parent: str, index: int, event_type: str = "session.exported", hop: 
         "schema_version": "v1", "event_id": event_id,
         "idempotency_key": f"agentbox:{event_type}:{event_id}", "event_type": event_type,
         "source": "agentbox", "timestamp": "2026-07-27T15:42:00Z", "correlation_id": chain,
-        "causation_id": "e1", "hop": hop, "payload": {"project_id": "p", "mix_url": "/m.wav"},
+        "causation_id": "e1", "hop": hop, "payload": {
+            "project_id": "p", "mix_url": "/m.wav",
+            **({"requested_by": "t"} if event_type == "mix.review_requested" else {})},
     }).encode()
     return Emitted(parse_event(body), body, tuple(agents), T0 + TTL, max_hops)
 

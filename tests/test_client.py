@@ -1,0 +1,219 @@
+"""The client commands for people: which agentbox they talk to (config file,
+AGENTBOX_URL, --url), and what they print (the review, the runs table)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from agentbox import digest
+from tests.conftest import Server, free_port, make_event
+
+
+def agentbox(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentbox", *args], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def write_config(server: Server, **values: Any) -> Path:
+    """agentbox.toml in the config directory the server's environment names."""
+    folder = server.home / "config" / "agentbox"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "agentbox.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+def tone(path: Path, seconds: float = 6.0, level: float = 0.25, rate: int = 48_000,
+         **options: Any) -> Path:
+    """A real render: a 1 kHz stereo sine, its modification time in the past (finished)."""
+    t = np.arange(int(seconds * rate)) / rate
+    wave = (level * np.sin(2 * np.pi * 1000 * t)).astype("float32")
+    sf.write(path, np.column_stack([wave, wave * 0.9]), rate, **options)
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    return path
+
+
+# -- which agentbox ----------------------------------------------------------------------------
+
+
+def test_client_commands_use_the_port_of_the_config_file(server: Server) -> None:
+    # A non-default port, written only in agentbox.toml (as `serve` would read it).
+    assert server.port != 8000
+    write_config(server, port=server.port)
+    env = {k: v for k, v in server.env.items() if k != "AGENTBOX_URL"}
+    sent = agentbox(env, server.home, "send", "session.exported", "project_id=ok",
+                    "mix_url=/m.wav", "--wait", "--json", "--retries", "0")
+    assert sent.returncode == 0, sent.stderr
+    run_id = json.loads(sent.stdout.split("\n", 1)[0])["run_id"]
+    listed = agentbox(env, server.home, "runs")
+    assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+    shown = agentbox(env, server.home, "show", run_id)
+    assert shown.returncode == 0 and f"{run_id}  succeeded" in shown.stdout
+    assert agentbox(env, server.home, "dead-letters").returncode == 0
+    assert agentbox(env, server.home, "callbacks", "destinations").returncode == 0
+    # A server bound to every address is reached on loopback.
+    write_config(server, port=server.port, host="0.0.0.0")
+    assert run_id in agentbox(env, server.home, "runs").stdout
+
+
+def test_agentbox_url_overrides_the_config_file_and_url_overrides_both(server: Server) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    write_config(server, port=free_port())  # nothing listens there
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    assert agentbox(env, server.home, "runs").returncode == 0
+    sent = agentbox(env, server.home, "send", "session.exported", "project_id=ok",
+                    "mix_url=/m.wav", "--retries", "0")
+    assert sent.returncode == 0 and json.loads(sent.stdout)["status"] == "accepted"
+    env["AGENTBOX_URL"] = dead
+    down = agentbox(env, server.home, "runs")
+    assert down.returncode == 1 and f"cannot reach agentbox at {dead}" in down.stderr
+    for url in (server.url, server.url + "/", server.url + "/webhooks/events"):
+        listed = agentbox(env, server.home, "runs", "--url", url)
+        assert listed.returncode == 0, (url, listed.stderr)
+        again = agentbox(env, server.home, "send", "--url", url, "session.exported",
+                         "project_id=ok", "mix_url=/m.wav", "--retries", "0")
+        assert again.returncode == 0, (url, again.stderr)
+        assert json.loads(again.stdout)["status"] == "accepted"
+    env["AGENTBOX_URL"] = server.url + "/webhooks/events"  # the endpoint form here too
+    assert agentbox(env, server.home, "runs").returncode == 0
+    bad = agentbox(env, server.home, "runs", "--url", "ftp://127.0.0.1:1")
+    assert bad.returncode == 2 and "--url" in bad.stderr and "http://" in bad.stderr
+
+
+# -- what they print ----------------------------------------------------------------------------
+
+
+def test_send_wait_prints_the_review_for_people(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    mix = tone(tmp_path / "night-drive.wav", subtype="PCM_24")
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    empty = agentbox(env, server.home, "runs")
+    assert empty.returncode == 0 and empty.stdout.strip() == "no runs yet"
+    done = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                    "Night Drive", "--mix", str(mix), "--wait", "--wait-timeout", "90")
+    assert done.returncode == 0, done.stderr
+    answer, *told = done.stdout.splitlines()
+    run_id = json.loads(answer)["run_id"]
+    run = server.run(run_id)
+    metrics = run["result"]["metrics"]
+    assert told[0].startswith("night-drive.wav: ")
+    assert f"{metrics['integrated_lufs']:.1f} LUFS" in told[1]
+    assert f"true peak {metrics['true_peak_dbtp']:+.1f} dBTP" in told[1]
+    assert f"LRA {metrics['loudness_range_lu']:.1f} LU" in told[1] and "PLR" in told[1]
+    assert "Notes, what to fix first:" in told
+    first_note = run["result"]["review_notes"][0]
+    assert any(line.endswith(digest.one_line(first_note)) and line.startswith("  1. ")
+               for line in told)
+    assert len(done.stdout.splitlines()) < 40  # not the whole document
+    # --json: the document
+    as_json = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                       "Night Drive", "--mix", str(mix), "--wait", "--json")
+    assert json.loads(as_json.stdout.split("\n", 1)[1])["result"]["metrics"]
+    # runs: a header, the project, the loudness
+    listed = agentbox(env, server.home, "runs").stdout.splitlines()
+    assert listed[0].split() == ["RUN", "STATUS", "PROJECT", "FILE", "LUFS", "TRUE", "PEAK",
+                                 "VERDICT", "EVENT", "RETRIES", "ERROR"]
+    row = next(line for line in listed if line.startswith(run_id))
+    assert "Night Drive" in row and "night-drive.wav" in row
+    assert f"{metrics['integrated_lufs']:.1f}" in row
+    # show: the same review, with the run's history
+    shown = agentbox(env, server.home, "show", run_id).stdout
+    assert "project Night Drive" in shown and "history:" in shown
+    assert told[1] in shown.splitlines()
+    assert agentbox(env, server.home, "dead-letters").stdout.strip() == (
+        "no dead letters waiting for a decision")
+
+
+def test_send_and_watch_name_a_project_alike(server: Server, tmp_path: Path) -> None:
+    decomposed = unicodedata.normalize("NFD", "Über Nacht")
+    assert decomposed != "Über Nacht"
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    sent = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                    decomposed, "--mix", str(tmp_path / "a.wav"), "--wait", "--json")
+    assert sent.returncode == 0, sent.stderr
+    by_send = json.loads(sent.stdout.split("\n", 1)[1])["result"]["project_id"]
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    tone(folder / f"{decomposed}.wav", seconds=0.5)  # as a Mac's file system names it
+    watched = agentbox(env, server.home, "watch", str(folder), "--existing", "--once",
+                       "--settle", "0.1", "--interval", "0.05")
+    assert watched.returncode == 0, watched.stderr
+    run = server.wait_terminal(watched.stdout.split()[-1])
+    assert by_send == run["result"]["project_id"] == "Über Nacht"  # composed, one project
+
+
+def test_review_requested_without_requested_by_is_refused(server: Server) -> None:
+    event = make_event(event_type="mix.review_requested",
+                       payload={"project_id": "night-drive", "mix_url": "/m.wav"})
+    refused = server.post(event)
+    assert refused.status_code == 422, refused.text
+    body = refused.json()
+    assert body["error_code"] == "invalid_event"
+    assert [e["loc"] for e in body["errors"]] == [["payload", "requested_by"]]
+
+
+# -- the review's fields, as people read them ----------------------------------------------------
+
+
+REVIEW: dict[str, Any] = {  # a review with the fields of the reference result (all of them)
+    "project_id": "night-drive", "summary": "Loud, and over the ceiling.",
+    "review_notes": ["Lower the limiter's ceiling.", "Check the low end in mono."],
+    "notes": [{"severity": "fix", "code": "true_peak_over", "text": "Lower the limiter's ceiling."},
+              {"severity": "consider", "code": "low_end", "text": "Check the low end in mono."}],
+    "verdict": "fail", "profile": {"name": "streaming"}, "mix_url": "/m/night-drive.wav",
+    "file": {"name": "night-drive (v3).wav", "format": "WAV", "sample_rate": 48000},
+    "metrics": {"integrated_lufs": -9.84, "true_peak_dbtp": 0.42, "loudness_range_lu": 5.16,
+                "plr_db": 10.26},
+    "targets": [{"name": "streaming", "gain_db": -4.2, "verdict": "warn"},
+                {"name": "broadcast", "gain_db": -13.2, "verdict": "pass"}],
+    "comparison": {"previous_run_id": "run_01", "previous_accepted_at": "2026-07-27T14:02:00Z",
+                   "deltas": {"integrated_lufs": 1.2, "true_peak_dbtp": 0.5},
+                   "note": "1.2 LU louder than the 14:02 export; true peak now over the ceiling."},
+}
+
+
+def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
+    run = {"run_id": "run_02", "status": "succeeded", "result": REVIEW}
+    lines = digest.review_lines(run)
+    assert lines[0] == "night-drive (v3).wav: fail"
+    assert lines[1] == "  -9.8 LUFS · true peak +0.4 dBTP · LRA 5.2 LU · PLR 10.3 dB"
+    assert lines.index("  1. [fix] Lower the limiter's ceiling.") < lines.index(
+        "  2. [consider] Check the low end in mono.")
+    assert "  streaming    -4.2 dB  warn" in lines
+    assert "  integrated_lufs +1.2, true_peak_dbtp +0.5" in lines
+    assert lines[-1].endswith("true peak now over the ceiling.")
+    assert digest.short(run) == ("night-drive (v3).wav: fail · -9.8 LUFS · true peak +0.4 dBTP"
+                                 " · LRA 5.2 LU · PLR 10.3 dB")
+    first = {**REVIEW, "comparison": {"previous_run_id": None, "deltas": {}}}
+    assert digest.review_lines({**run, "result": first})[-1].startswith("First export")
+
+
+@pytest.mark.parametrize("result", [
+    None, {}, {"metrics": "nonsense"}, {"metrics": {"integrated_lufs": None}},
+    {"metrics": {"integrated_lufs": float("nan")}, "notes": [{"severity": 3}]},
+    {"metrics": {}, "comparison": "x", "targets": [1, None], "review_notes": "x"},
+])
+def test_a_review_missing_fields_still_reads(result: Any) -> None:
+    run = {"run_id": "run_03", "status": "succeeded", "result": result}
+    lines = digest.review_lines(run)
+    assert lines and lines[0].startswith("run_03: ")
+    assert digest.short(run).startswith("run_03: ")
+
+
+def test_a_file_name_cannot_forge_a_line() -> None:
+    run = {"run_id": "r", "status": "succeeded",
+           "result": {**REVIEW, "file": {"name": "a.wav\nagentbox: all good"}}}
+    assert all("\n" not in line for line in digest.review_lines(run))
+    assert digest.review_lines(run)[0].startswith("a.wav\\nagentbox")

@@ -98,7 +98,7 @@ def test_the_executable_reviews_a_mix_sent_by_its_own_send(
     mix = a_mix(tmp_path / "night drive.wav")
     sent = subprocess.run(
         [str(executable), "send", "--type", "session.exported", "--project", "night-drive",
-         "--mix", str(mix), "--wait", "--wait-timeout", "300", "--url", server],
+         "--mix", str(mix), "--wait", "--json", "--wait-timeout", "300", "--url", server],
         env=home, capture_output=True, text=True, timeout=600, check=False)
     # The analysis runs in a spawned process: the executable starting itself again.
     assert sent.returncode == 0, sent.stdout[-2000:] + sent.stderr[-2000:]

@@ -103,6 +103,10 @@ def notes(result: Any) -> list[tuple[str, str]]:
     if not isinstance(result, Mapping):
         return []
     structured = result.get("notes")
+    # When the configured model wrote the notes, they are the review's words; the
+    # rules' structured notes stay in the document for scripts.
+    if result.get("notes_source") == "llm":
+        structured = None
     if isinstance(structured, list) and all(isinstance(n, Mapping) for n in structured):
         return [(one_line(SEVERITY_MARKS.get(str(n.get("severity")), "")),
                  one_line(n.get("text", ""))) for n in structured if n.get("text")]

@@ -179,7 +179,10 @@ class Review:
 
     @property
     def notes(self) -> list[Note]:
-        given = [n for n in _list(self.doc.get("notes")) if isinstance(n, dict)
+        # The model's notes, when it wrote them, are the review's words (the rules'
+        # structured notes stay in the document).
+        structured = [] if self.doc.get("notes_source") == "llm" else self.doc.get("notes")
+        given = [n for n in _list(structured) if isinstance(n, dict)
                  and isinstance(n.get("text"), str)]
         if given:
             order = {s: i for i, s in enumerate(SEVERITIES)}

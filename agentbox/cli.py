@@ -375,14 +375,23 @@ def _api(url: str, method: str, path: str, **kwargs: Any) -> Any:
     try:
         response = httpx.request(method, url.rstrip("/") + path, timeout=30, **kwargs)
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach agentbox at {url}: {exc}") from None
+        raise click.ClickException(
+            f"cannot reach agentbox at {url}: {exc}. Is it running (scripts/run, or "
+            "agentbox serve)? Another address: --url or AGENTBOX_URL.") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict | list):  # an HTML page, say: another program's
+        raise click.ClickException(
+            f"{url} answered {response.status_code} with something that is not agentbox's "
+            "JSON: is another program listening there? Name agentbox's address with --url "
+            "or AGENTBOX_URL (for example http://127.0.0.1:8000).")
     if response.status_code >= 300:
-        try:
-            message = response.json().get("message", response.text)
-        except ValueError:
-            message = response.text
-        raise click.ClickException(f"{response.status_code}: {message}")
-    return response.json()
+        message = answer.get("message", "") if isinstance(answer, dict) else ""
+        told = digest.one_line(str(message) or "refused")
+        raise click.ClickException(f"{response.status_code}: {told}")
+    return answer
 
 
 @main.command()

@@ -15,6 +15,28 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+# Every figure the page and the CLI name, in the order a mastering engineer reads them:
+# (key in metrics, what it is called, unit, decimals)
+FIGURES = (
+    ("integrated_lufs", "Integrated loudness", "LUFS", 1),
+    ("true_peak_dbtp", "True peak", "dBTP", 1),
+    ("loudness_range_lu", "Loudness range (LRA)", "LU", 1),
+    ("plr_db", "Peak to loudness (PLR)", "dB", 1),
+    ("short_term_max_lufs", "Short-term maximum", "LUFS", 1),
+    ("momentary_max_lufs", "Momentary maximum", "LUFS", 1),
+    ("sample_peak_dbfs", "Sample peak", "dBFS", 1),
+    ("headroom_db", "Unused headroom", "dB", 1),
+    ("stereo_correlation", "Stereo correlation", "", 2),
+    ("mono_loudness_drop_lu", "Lost when folded to mono", "LU", 1),
+    ("low_end_correlation", "Low-end correlation", "", 2),
+    ("clipped_samples", "Clipped samples", "", 0),
+    ("duration_seconds", "Duration", "s", 1),
+)
+FIGURE_NAMES = {key: (name, unit, digits) for key, name, unit, digits in FIGURES}
+TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
+                 "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
+                 "club": "Club / DJ", "podcast": "Podcast"}
+
 # The headline figures, in the order people read them: metrics key, label, unit.
 HEADLINE = (
     ("integrated_lufs", "", "LUFS"),
@@ -129,13 +151,19 @@ def comparison(result: Any) -> list[str]:
              + (f", {one_line(when)}" if isinstance(when, str) else "") + "):"]
     deltas = found.get("deltas")
     if isinstance(deltas, Mapping):
-        changes = [f"{one_line(name)} {_signed(change)}" for name, value in deltas.items()
-                   if (change := _number(value)) is not None]
+        changes = [_delta(str(name), change) for name, value in deltas.items()
+                   if (change := _number(value)) is not None and round(change, 1) != 0]
         if changes:
             lines.append("  " + ", ".join(changes))
     if found.get("note"):
         lines.append("  " + one_line(found["note"]))
     return lines
+
+
+def _delta(key: str, change: float) -> str:
+    """"Integrated loudness +2.6 LUFS" for a figure the page names, else its key."""
+    name, unit, _ = FIGURE_NAMES.get(key, (key.replace("_", " "), "", 1))
+    return f"{one_line(name)} {_signed(change)}" + (f" {unit}" if unit else "")
 
 
 def targets(result: Any) -> list[str]:
@@ -149,9 +177,12 @@ def targets(result: Any) -> list[str]:
             continue
         gain = _number(target.get("gain_db"))
         verdict = target.get("verdict")
-        lines.append(f"  {one_line(target['name']):<12}"
-                     + (f" {_signed(gain)} dB" if gain is not None else "")
-                     + (f"  {one_line(verdict)}" if isinstance(verdict, str) else ""))
+        title = TARGET_TITLES.get(target["name"], target["name"].replace("_", " "))
+        note = target.get("note")
+        lines.append(f"  {one_line(title):<36}"
+                     + (f" {_signed(gain):>6} dB" if gain is not None else "")
+                     + (f"  {one_line(verdict)}" if isinstance(verdict, str) else "")
+                     + (f": {one_line(note)}" if isinstance(note, str) and note else ""))
     return lines
 
 

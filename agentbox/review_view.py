@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from agentbox import charts
 from agentbox.charts import mmss
+from agentbox.digest import FIGURES, TARGET_TITLES
 from agentbox.mix_review import MixReview, as_review
 from agentbox.store import ProjectExport
 
@@ -27,27 +28,6 @@ MINUS = "\N{MINUS SIGN}"
 EN_DASH = "\N{EN DASH}"
 CLIPPING_LISTED = 8  # places named under the chart; the chart marks all
 SEVERITIES = ("fix", "consider", "info")
-# The headline figures, in the order a mastering engineer reads them:
-# (key in metrics, what it is called, unit, decimals)
-FIGURES = (
-    ("integrated_lufs", "Integrated loudness", "LUFS", 1),
-    ("true_peak_dbtp", "True peak", "dBTP", 1),
-    ("loudness_range_lu", "Loudness range (LRA)", "LU", 1),
-    ("plr_db", "Peak to loudness (PLR)", "dB", 1),
-    ("short_term_max_lufs", "Short-term maximum", "LUFS", 1),
-    ("momentary_max_lufs", "Momentary maximum", "LUFS", 1),
-    ("sample_peak_dbfs", "Sample peak", "dBFS", 1),
-    ("headroom_db", "Unused headroom", "dB", 1),
-    ("stereo_correlation", "Stereo correlation", "", 2),
-    ("mono_loudness_drop_lu", "Lost when folded to mono", "LU", 1),
-    ("low_end_correlation", "Low-end correlation", "", 2),
-    ("clipped_samples", "Clipped samples", "", 0),
-    ("duration_seconds", "Duration", "s", 1),
-)
-FIGURE_NAMES = {key: (name, unit, digits) for key, name, unit, digits in FIGURES}
-TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
-                 "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
-                 "club": "Club / DJ", "podcast": "Podcast"}
 
 
 def signed(value: Any, digits: int = 1) -> str:

@@ -191,8 +191,8 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
     assert lines[1] == "  -9.8 LUFS · true peak +0.4 dBTP · LRA 5.2 LU · PLR 10.3 dB"
     assert lines.index("  1. [fix] Lower the limiter's ceiling.") < lines.index(
         "  2. [consider] Check the low end in mono.")
-    assert "  streaming    -4.2 dB  warn" in lines
-    assert "  integrated_lufs +1.2, true_peak_dbtp +0.5" in lines
+    assert "  Streaming (Spotify, YouTube, Tidal)    -4.2 dB  warn" in lines
+    assert "  Integrated loudness +1.2 LUFS, True peak +0.5 dBTP" in lines  # named, as the page
     assert lines[-1].endswith("true peak now over the ceiling.")
     assert digest.short(run) == ("night-drive (v3).wav: fail · -9.8 LUFS · true peak +0.4 dBTP"
                                  " · LRA 5.2 LU · PLR 10.3 dB")
@@ -217,3 +217,37 @@ def test_a_file_name_cannot_forge_a_line() -> None:
            "result": {**REVIEW, "file": {"name": "a.wav\nagentbox: all good"}}}
     assert all("\n" not in line for line in digest.review_lines(run))
     assert digest.review_lines(run)[0].startswith("a.wav\\nagentbox")
+
+
+def test_another_program_on_the_address_is_said_not_crashed_on(tmp_path: Path) -> None:
+    """A web page where agentbox was expected (another program on the port, or --url
+    naming a page): a sentence that says so, never a traceback or the page's HTML."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<!doctype html><title>something else</title>"
+            self.send_response(200 if self.path.startswith("/runs") else 404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
+        env["HOME"] = str(tmp_path)
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        for args in (("runs",), ("show", "run_x")):
+            told = agentbox(env, tmp_path, *args, "--url", url)
+            assert told.returncode == 1, told
+            assert "Traceback" not in told.stderr and "<title>" not in told.stderr
+            assert "not agentbox's JSON" in told.stderr and "--url" in told.stderr
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -271,15 +271,28 @@ class ExportRow:
     accepted_at: str
     finished_at: str | None
     review: Review | None
+    sent_file: str = ""  # the file the event named, for an export with no review (yet)
 
     @property
     def file_name(self) -> str:
-        return self.review.file_name if self.review else ""
+        return self.review.file_name if self.review else self.sent_file
+
+    @property
+    def outcome(self) -> str:
+        """What a musician reads where a verdict would be, for an export with none."""
+        return "reviewing…" if self.status in WAITING else "not reviewed"
 
 
-def export_row(export: ProjectExport) -> ExportRow:
+WAITING = ("accepted", "processing", "failed_retryable")
+
+
+def export_row(export: ProjectExport, event: dict[str, Any] | None = None) -> ExportRow:
+    """`event`: the export's stored event, which names its file when no review does."""
+    payload = event.get("payload") if isinstance(event, dict) else None
+    url = payload.get("mix_url") if isinstance(payload, dict) else None
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
-                     export.finished_at, Review.of(export.result))
+                     export.finished_at, Review.of(export.result),
+                     file_name(url) if isinstance(url, str) else "")
 
 
 @dataclass(frozen=True)

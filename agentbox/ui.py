@@ -51,7 +51,14 @@ from agentbox.mix_review import as_review, local_path
 from agentbox.receiver import error_body, error_response
 from agentbox.runs import RunStatus
 from agentbox.server import stopping
-from agentbox.store import NotReplayable, RunNotFound, StorageUnavailable, Store, Transition
+from agentbox.store import (
+    NotReplayable,
+    ProjectExport,
+    RunNotFound,
+    StorageUnavailable,
+    Store,
+    Transition,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 COOKIE = "agentbox_admin"
@@ -198,7 +205,7 @@ class StatusPages:
         await self.refresh_alerts()
         latest = await self.store.projects(limit=HOME_PROJECTS)
         stats = await self.store.stats()
-        return self._page("home.html", projects=[review_view.export_row(e) for e in latest],
+        return self._page("home.html", projects=await self._rows(latest),
                           stats=stats,
                           oldest_waiting=_age(stats["oldest_waiting_accepted_at"], time.time()))
 
@@ -211,7 +218,7 @@ class StatusPages:
         if not exports:
             return self._error(404, f"No export of a project named {name[:200]!r} has "
                                     "arrived yet.")
-        rows = [review_view.export_row(e) for e in exports]
+        rows = await self._rows(exports)
         reviewed = [row for row in rows if row.review is not None]
         q = request.query_params
         pair = review_view.choose_pair(reviewed, q.get("a"), q.get("b"))
@@ -219,6 +226,16 @@ class StatusPages:
                           trends=review_view.trend_charts(reviewed), pair=pair,
                           comparison=review_view.compare(*pair) if pair else None,
                           capped=len(exports) == PROJECT_EXPORTS)
+
+    async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
+        """Each export as a row; one without a review is named by its event's file."""
+        rows = []
+        for export in exports:
+            row = review_view.export_row(export)
+            if row.review is None:
+                row = review_view.export_row(export, await self.store.event_of(export.run_id))
+            rows.append(row)
+        return rows
 
     async def runs(self, request: Request) -> Response:
         """The operator's view: queue health, runs with filters."""

@@ -229,6 +229,7 @@ async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
 async def measure_file(path: Path, url: str, ctx: AgentContext | None
                        ) -> tuple[dict[str, Any], FileInfo]:
     """The measurements of the file at `path`, or the agent error that says why not."""
+    await _settle(path)
     _check_settled(path)
     before = _stat(path)
     outcome = await analyse_in_process(str(path), None if ctx is None else ctx.cancelled)
@@ -324,6 +325,16 @@ def _stat(path: Path) -> tuple[int, int] | None:
 def _recently_changed(path: Path, seconds: float = SETTLE_SECONDS) -> bool:
     found = _stat(path)
     return found is not None and time.time() - found[1] / 1e9 < seconds
+
+
+async def _settle(path: Path) -> None:
+    """A file written a moment ago (an export script sends as soon as the render ends)
+    is given the rest of its settle time in this attempt, rather than costing one."""
+    found = _stat(path)
+    if found is not None:
+        age = time.time() - found[1] / 1e9
+        if 0 <= age < SETTLE_SECONDS:
+            await asyncio.sleep(SETTLE_SECONDS - age)
 
 
 def _check_settled(path: Path) -> None:

@@ -377,10 +377,26 @@ def test_an_unknown_profile_fails_permanently(write: Callable[..., Path]) -> Non
 
 def test_a_file_still_being_written_is_retried(write: Callable[..., Path]) -> None:
     path = write(sine(-20, 1))
-    os.utime(path)  # written just now
-    with pytest.raises(RetryableAgentError) as retried:
-        review(str(path))
+    os.utime(path)  # written just now, and again while the review waits for it to settle
+    touch = threading.Timer(1.0, os.utime, (path,))
+    touch.start()
+    try:
+        with pytest.raises(RetryableAgentError) as retried:
+            review(str(path))
+    finally:
+        touch.cancel()
     assert retried.value.code == "mix_incomplete"
+
+
+@pytest.mark.slow  # an analysis process
+def test_a_file_sent_the_moment_it_was_written_is_reviewed_in_that_attempt(
+        write: Callable[..., Path]) -> None:
+    path = write(sine(-20, 1))
+    os.utime(path)  # an export script sends as soon as the render ends
+    started = time.monotonic()
+    reviewed = review(str(path))  # no retry: the attempt waits out the settle time
+    assert reviewed.metrics.duration_seconds == pytest.approx(1.0, abs=0.01)
+    assert time.monotonic() - started >= 1.5
 
 
 @pytest.mark.slow  # an analysis process, killed

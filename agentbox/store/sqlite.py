@@ -1,10 +1,12 @@
 """SQLite engine: one WAL file, one writer with group commit, separate readers.
 
 Every write is an operation queued to the writer. The writer takes everything
-queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` (each operation inside its
-own savepoint, so one refusal does not undo its neighbours) and answers all of
-them after the commit's fsync (`synchronous=FULL`). Many requests thus share
-one fsync, and a 202 is only ever sent for data that is on disk.
+queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` and answers all of them
+after the commit's fsync (`synchronous=FULL`). Many requests thus share one
+fsync, and a 202 is only ever sent for data that is on disk. One refusal never
+undoes its neighbours: an operation that fails before it wrote anything (a
+refusal) is simply answered with its error; one that fails after writing sends
+the batch round again with each operation inside its own savepoint.
 """
 
 from __future__ import annotations
@@ -251,7 +253,6 @@ class SqliteStore(SqlStore):
         changes = conn.total_changes
         state = Batch(self._active)
         db = SqliteDb(conn)
-        results: list[tuple[bool, Any]] = []
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
             assert self.last_error is not None
@@ -261,8 +262,12 @@ class SqliteStore(SqlStore):
                 conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
-            for queued in batch:
-                results.append(self._run_op(db, state, queued.op))
+            results = self._run_ops(db, state, batch)
+            if results is None:  # an operation failed after writing: undo it alone
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+                state = Batch(self._active)
+                results = [self._run_op(db, state, queued.op) for queued in batch]
             if durable:
                 await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
             else:
@@ -297,6 +302,30 @@ class SqliteStore(SqlStore):
         """/healthz and the page learn of a removed file before any write does."""
         if self.healthy and self._identity is not None:
             self._same_file()
+
+    @staticmethod
+    def _run_ops(db: SqliteDb, state: Batch,
+                 batch: list[Queued]) -> list[tuple[bool, Any]] | None:
+        """The batch's operations without a savepoint each (a savepoint copies every
+        page an operation touches, most of an event's cost): per operation (True,
+        its value) or (False, the exception it raised before writing anything).
+        None if one raised after writing: only a savepoint round undoes it alone."""
+        conn = db.conn
+        results: list[tuple[bool, Any]] = []
+        for queued in batch:
+            active_before, changes_before = state.active, conn.total_changes
+            try:
+                value = queued.op(db, state)
+            except sqlite3.Error:
+                raise  # the whole transaction is suspect: fail the batch
+            except Exception as exc:  # a refusal or a bug
+                if conn.total_changes != changes_before:
+                    return None
+                state.active = active_before
+                results.append((False, exc))
+                continue
+            results.append((True, value))
+        return results
 
     @staticmethod
     def _run_op(db: SqliteDb, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:

@@ -12,6 +12,7 @@ import pytest
 from agentbox.store import (
     AdmissionRefused,
     IngestResult,
+    StorageUnavailable,
     Store,
 )
 from tests.store.support import (
@@ -177,6 +178,45 @@ async def test_concurrent_ingests_respect_admission(store: Store, aio: Any) -> N
     assert all(isinstance(r, IngestResult | AdmissionRefused) for r in results)
     assert len(admitted) == 10 and admitted.isdisjoint(refused)
     assert len(await store.list_runs(None, 1000)) == 10
+
+
+@async_test
+async def test_an_operation_failing_after_it_wrote_is_undone_alone(store: Store,
+                                                                    aio: Any) -> None:
+    """One batch: an ingest, an operation that writes and then fails, an ingest, and
+    an operation that writes and succeeds. The failure is answered with its error and
+    its write undone; its neighbours' writes are all kept (SQLite runs a batch without
+    a savepoint per operation and sends it round again when this happens)."""
+    run_id = (await ingest(store, "e0")).runs[0].run_id
+    batches: dict[str, list[Any]] = {"bad": [], "good": []}
+
+    def noted(note: str) -> Callable[[Any, Any], str]:
+        def op(db: Any, state: Any) -> str:
+            batches[note].append(state)
+            db.run("insert_history", {"run_id": run_id, "at": T0 + 1, "status": "accepted",
+                                      "attempt": 0, "note": note})
+            if note == "bad":
+                raise ValueError("failed after writing")
+            return note
+        return op
+
+    write = store._write  # type: ignore[attr-defined]  # the writer's queue, as a store op
+    writes = [asyncio.ensure_future(ingest(store, "e1")),
+              asyncio.ensure_future(write(noted("bad"))),
+              asyncio.ensure_future(ingest(store, "e2")),
+              asyncio.ensure_future(write(noted("good")))]
+    first, bad, second, good = await asyncio.gather(*writes, return_exceptions=True)
+    if store.writers == 1:  # type: ignore[attr-defined]  # (PostgreSQL commits two at a time)
+        assert batches["bad"][-1] is batches["good"][-1]  # they did share one batch
+    # A failure that is no refusal is a bug: SQLite answers it as raised, PostgreSQL
+    # as storage unavailable.
+    assert isinstance(bad, ValueError | StorageUnavailable) and good == "good"
+    for result in (first, second):
+        assert isinstance(result, IngestResult) and not result.duplicate
+        assert await status_of(store, result.runs[0].run_id) == "accepted"
+    assert [entry.note for entry in await store.history(run_id)
+            if entry.note in ("bad", "good")] == ["good"]
+    assert (await store.stats())["active"] == 3
 
 
 

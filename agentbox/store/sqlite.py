@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,33 @@ SQL = load("sqlite.sql")
 # version 1's tables already; its statements only add what is missing.
 MIGRATIONS: tuple[str, ...] = tuple(migrations(SQL))
 
+_PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def positional(name: str, order: str) -> str:
+    """Statement `name` of sqlite.sql with its named parameters bound by position, in
+    `order` (a dict costs sqlite3 a look-up per name, on the hot path's every row).
+    The file keeps the names; this checks that `order` names each of them once."""
+    names = order.split()
+    sql = SQL[name]
+    if sorted(set(_PARAMETER.findall(sql))) != sorted(names) or len(set(names)) != len(names):
+        raise AssertionError(f"{name} takes {sorted(set(_PARAMETER.findall(sql)))}, not {names}")
+    return _PARAMETER.sub(lambda found: f"?{names.index(found[1]) + 1}", sql)
+
+
+# The hot path's statements, bound by position.
+_EVENT = positional("store_events.event", "event_id key event_type source correlation_id "
+                    "causation_id hop callback_url now body project")
+_KEY = positional("store_events.key", "key event_pk expires_at now")
+_RUN = positional("store_events.run", "run_id event_pk ordinal agent now")
+_CLAIMED_RUN = positional("store_events.claimed_run",
+                          "run_id event_pk ordinal agent owner lease_until now")
+_FINISH = positional("finish_runs.run", "status next_attempt_at now completed_at result "
+                     "error_code error_message run_id owner attempt")
+_ATTEMPT = positional("record_attempt", "run_id attempt owner started_at finished_at outcome "
+                      "error_code error_message")
+_FINISHED_EVENT = positional("finish_runs.event", "event_pk")
+
 
 class SqliteDb:
     """The writer's connection as the operations see it (`writer.Db`)."""
@@ -66,28 +94,27 @@ class SqliteDb:
 
     def _store_event(self, item: NewEvent, now: float) -> bool:
         env = item.env
-        (event_pk,) = self.run("store_events.event", {
-            "event_id": env.event_id, "key": env.idempotency_key, "event_type": env.event_type,
-            "source": env.source, "correlation_id": env.correlation_id,
-            "causation_id": env.causation_id, "hop": env.hop, "callback_url": env.callback_url,
-            "now": now, "body": item.body, "project": item.project}).fetchone()
-        claimed = self.run("store_events.key", {"key": env.idempotency_key, "event_pk": event_pk,
-                                                "expires_at": item.expires_at,
-                                                "now": now}).fetchone()
+        conn = self.conn
+        (event_pk,) = conn.execute(_EVENT, (
+            env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,
+            env.causation_id, env.hop, env.callback_url, now, item.body, item.project)
+        ).fetchone()
+        claimed = conn.execute(_KEY, (env.idempotency_key, event_pk, item.expires_at, now)
+                               ).fetchone()
         if claimed is None:
             self.run("store_events.undo", {"event_pk": event_pk})
             return False
         for run in item.runs:  # mostly one: execute() costs less than executemany() here
-            params = {"run_id": run.run_id, "event_pk": event_pk, "ordinal": run.ordinal,
-                      "agent": run.agent, "now": now}
             if run.status == "accepted":  # the hot path's statement binds the fewest values
-                self.run("store_events.run", params)
+                conn.execute(_RUN, (run.run_id, event_pk, run.ordinal, run.agent, now))
             elif run.status == "processing":
-                self.run("store_events.claimed_run", {**params, "owner": run.owner,
-                                                      "lease_until": run.lease_until})
+                conn.execute(_CLAIMED_RUN, (run.run_id, event_pk, run.ordinal, run.agent,
+                                            run.owner, run.lease_until, now))
             else:
-                self.run("store_events.stopped_run", {**params, "error_code": run.error_code,
-                                                      "error_message": run.error_message})
+                self.run("store_events.stopped_run", {
+                    "run_id": run.run_id, "event_pk": event_pk, "ordinal": run.ordinal,
+                    "agent": run.agent, "now": now, "error_code": run.error_code,
+                    "error_message": run.error_message})
         return True
 
     def runs_of_keys(self, keys: Sequence[str], now: float) -> dict[str, list[Any]]:
@@ -102,21 +129,20 @@ class SqliteDb:
         return [self._finish_run(item) for item in items]
 
     def _finish_run(self, item: Finish) -> Landed | None:
-        landed = self.run("finish_runs.run", {
-            "status": item.target.value, "next_attempt_at": item.next_attempt_at,
-            "now": item.now, "completed_at": item.completed_at, "result": item.result_json,
-            "error_code": item.outcome.error_code, "error_message": item.outcome.error_message,
-            "run_id": item.run_id, "owner": item.owner, "attempt": item.attempt}).fetchone()
+        conn = self.conn
+        outcome = item.outcome
+        status = item.target.value
+        landed = conn.execute(_FINISH, (
+            status, item.next_attempt_at, item.now, item.completed_at, item.result_json,
+            outcome.error_code, outcome.error_message, item.run_id, item.owner, item.attempt)
+        ).fetchone()
         if landed is None:
             return None  # lease lost: another holder owns this run now
         event_pk, attempt_started_at, agent = landed
-        self.run("record_attempt", {
-            "run_id": item.run_id, "attempt": item.attempt, "owner": item.owner,
-            "started_at": attempt_started_at, "finished_at": item.now,
-            "outcome": item.target.value, "error_code": item.outcome.error_code,
-            "error_message": item.outcome.error_message})
-        event_id, event_type, source, callback_url = self.run(
-            "finish_runs.event", {"event_pk": event_pk}).fetchone()
+        conn.execute(_ATTEMPT, (item.run_id, item.attempt, item.owner, attempt_started_at,
+                                item.now, status, outcome.error_code, outcome.error_message))
+        event_id, event_type, source, callback_url = conn.execute(
+            _FINISHED_EVENT, (event_pk,)).fetchone()
         return Landed(event_pk=event_pk, agent=agent, event_id=event_id, event_type=event_type,
                       source=source, callback_url=callback_url)
 

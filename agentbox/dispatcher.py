@@ -441,13 +441,14 @@ class Dispatcher:
                 delay = min(delay * 2, 5.0)
 
     def _announce(self, transition: Transition, **timings: Any) -> None:
-        log.info("run state changed", extra={
-            "event_id": transition.event_id, "run_id": transition.run_id,
-            "event_type": transition.event_type, "source": transition.source,
-            "agent": transition.agent, "status": transition.status,
-            "attempt": transition.attempt, "error_code": transition.error_code,
-            **({"note": transition.note} if transition.note else {}), **timings,
-        })
+        if log.isEnabledFor(logging.INFO):  # else not even the fields are gathered
+            log.info("run state changed", extra={
+                "event_id": transition.event_id, "run_id": transition.run_id,
+                "event_type": transition.event_type, "source": transition.source,
+                "agent": transition.agent, "status": transition.status,
+                "attempt": transition.attempt, "error_code": transition.error_code,
+                **({"note": transition.note} if transition.note else {}), **timings,
+            })
         if transition.status == RunStatus.DEAD_LETTERED:  # an operator alert
             log.warning("ALERT: a run was dead-lettered; inspect it with `agentbox "
                         "dead-letters` and replay it with `agentbox replay`", extra={

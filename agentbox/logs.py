@@ -14,10 +14,18 @@ _RESERVED = set(vars(logging.makeLogRecord({})))
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1  # the second `_stamp` holds the text of
+        self._stamp = ""
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:  # at INFO a busy server logs many lines a second
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -25,10 +33,16 @@ class JsonFormatter(logging.Formatter):
         line.update({k: v for k, v in vars(record).items() if k not in _RESERVED})
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, ensure_ascii=True)
+        return _ENCODER.encode(line)
+
+
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=True)  # as json.dumps(default=str)
 
 
 def setup_logging(level: str = "info") -> None:
+    # A line holds none of a record's process and thread fields: not worth looking up
+    # for each of the several lines a request logs at INFO.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger(LOGGER_NAME)

@@ -80,6 +80,8 @@ def write_events(work: Path, name: str, count: int) -> Path:
 
 
 class Server:
+    log_level = "warning"  # agentbox's (--log-level); the default configuration's is info
+
     def __init__(self, kind: str, data_dir: Path, database_url: str | None = None) -> None:
         self.kind = kind
         self.port = free_port()
@@ -94,7 +96,7 @@ class Server:
             "BENCH_SECRET": SECRET,
             "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
             "AGENTBOX_MAX_PENDING": "10000000",
-            "AGENTBOX_LOG_LEVEL": "warning",
+            "AGENTBOX_LOG_LEVEL": self.log_level,
             **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
         }
         if kind == "ceiling":
@@ -604,6 +606,8 @@ def main() -> None:
     parser.add_argument("--mix-minutes", type=float, default=10,
                         help="ingest latency while a mix this long is analysed (0: skip)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--log-level", default="warning",
+                        help="agentbox's AGENTBOX_LOG_LEVEL (info: the default configuration's)")
     parser.add_argument("--database-url", default=None, metavar="URL",
                         help="also measure PostgreSQL: a server whose user may CREATE DATABASE "
                              "(each phase gets a fresh database, dropped after)")
@@ -612,10 +616,12 @@ def main() -> None:
     parser.add_argument("--postgres-only", action="store_true",
                         help="with --database-url: the ceiling and PostgreSQL phases only")
     args = parser.parse_args()
+    Server.log_level = args.log_level
     levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="agentbox-bench-"))
     print(f"work directory (removed if the run passes): {work}", file=sys.stderr)
-    report: dict[str, Any] = {"duration_s": args.duration, "load": [], "drain": [],
+    report: dict[str, Any] = {"duration_s": args.duration, "log_level": args.log_level,
+                              "load": [], "drain": [],
                               "cpus": os.cpu_count(), "started": time.strftime("%FT%TZ",
                                                                                 time.gmtime())}
     failed = False

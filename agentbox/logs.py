@@ -43,6 +43,9 @@ def setup_logging(level: str = "info") -> None:
     # A line holds none of a record's process and thread fields: not worth looking up
     # for each of the several lines a request logs at INFO.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    # Nor the caller's file and line: setting _srcfile to None is the logging module's
+    # own documented way to skip walking the stack for them.
+    logging._srcfile = None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger(LOGGER_NAME)

@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbox import portable
+from agentbox.logs import get_logger
 from agentbox.store import SchemaTooNew, StorageUnavailable
 from agentbox.store.outcomes import Landed
 from agentbox.store.queries import load
@@ -32,9 +34,11 @@ if TYPE_CHECKING:
     from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
+AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
 SQL = load("sqlite.sql")
+log = get_logger("store")
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
 # version 1's tables already; its statements only add what is missing.
@@ -200,6 +204,7 @@ class SqliteStore(SqlStore):
         conn = _connect(self.path)
         try:
             migrate(conn, self.path)
+            reclaimable(conn, self.path)
         except BaseException:
             conn.close()
             raise
@@ -251,7 +256,6 @@ class SqliteStore(SqlStore):
         changes = conn.total_changes
         state = Batch(self._active)
         db = SqliteDb(conn)
-        results: list[tuple[bool, Any]] = []
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
             assert self.last_error is not None
@@ -261,8 +265,13 @@ class SqliteStore(SqlStore):
                 conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
-            for queued in batch:
-                results.append(self._run_op(db, state, queued.op))
+            if any(getattr(queued.op, "background", False) for queued in batch):
+                # A step of retention takes milliseconds: on the writer's thread, the
+                # event loop goes on serving meanwhile.
+                results = await loop.run_in_executor(
+                    self._executor, self._run_ops, db, state, batch)
+            else:
+                results = self._run_ops(db, state, batch)
             if durable:
                 await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
             else:
@@ -297,6 +306,10 @@ class SqliteStore(SqlStore):
         """/healthz and the page learn of a removed file before any write does."""
         if self.healthy and self._identity is not None:
             self._same_file()
+
+    def _run_ops(self, db: SqliteDb, state: Batch,
+                 batch: list[Queued]) -> list[tuple[bool, Any]]:
+        return [self._run_op(db, state, queued.op) for queued in batch]
 
     @staticmethod
     def _run_op(db: SqliteDb, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
@@ -339,6 +352,27 @@ def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     return migrate_sqlite(conn, str(path), SQL)
 
 
+def reclaimable(conn: sqlite3.Connection, path: Path) -> None:
+    """Make the file one that retention can shrink (auto_vacuum = INCREMENTAL).
+
+    A new database is made so by `_connect`. One made before retention existed
+    has it off, and only a VACUUM turns it on: a one-time rewrite of the whole
+    file (time and free disk space about the file's size), done here, at open,
+    while nothing else uses the store.
+    """
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == AUTO_VACUUM_INCREMENTAL:
+        return
+    started = time.monotonic()
+    size = path.stat().st_size if path.exists() else 0
+    log.info("making the database file shrinkable by retention (once; a full rewrite)",
+             extra={"database": str(path), "bytes": size})
+    conn.execute(f"PRAGMA auto_vacuum = {AUTO_VACUUM_INCREMENTAL}")
+    conn.execute("VACUUM")
+    log.info("the database file is shrinkable by retention",
+             extra={"database": str(path), "seconds": round(time.monotonic() - started, 3),
+                    "bytes": path.stat().st_size})
+
+
 def migrate_file(path: Path) -> tuple[int, int]:
     """`agentbox migrate` for a SQLite store (safe beside a running server)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +410,9 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
     if by_name:
         conn.row_factory = sqlite3.Row
+    # Takes only on a database with no tables yet (a new one): retention gives the
+    # space of what it removes back to the file system, a step at a time.
+    conn.execute(f"PRAGMA auto_vacuum = {AUTO_VACUUM_INCREMENTAL}")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
     portable.make_sqlite_durable(conn)

@@ -61,6 +61,7 @@ __all__ = [
     "StorageUnavailable",
     "Store",
     "StoreError",
+    "StoreInUse",
     "Transition",
     "iso",
     "notification",
@@ -74,6 +75,10 @@ class StoreError(Exception):
 
 class StorageUnavailable(StoreError):
     """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
+
+
+class StoreInUse(StorageUnavailable):
+    """Another process serves this (SQLite) store: ask it, through its API."""
 
 
 class SchemaTooNew(StoreError):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentbox import portable
 from agentbox.logs import get_logger
-from agentbox.store import SchemaTooNew, StorageUnavailable
+from agentbox.store import SchemaTooNew, StorageUnavailable, StoreInUse
 from agentbox.store.outcomes import Landed
 from agentbox.store.queries import load
 from agentbox.store.schema import migrate_sqlite, migrations
@@ -391,7 +391,7 @@ def _lock_exclusively(path: Path) -> portable.HeldLock:
     try:
         return portable.hold_lock(path)
     except portable.LockHeld:
-        raise StorageUnavailable(
+        raise StoreInUse(
             f"another agentbox process is already serving {path.parent}; stop it or use "
             "another --data-dir") from None
 

@@ -581,9 +581,9 @@ WHERE completed_at IS NOT NULL AND completed_at < :before
 ORDER BY completed_at, run_id LIMIT :scan
 
 -- name: prune_runs.due
-SELECT r.run_id, r.event_pk FROM runs r
-WHERE r.run_id IN (SELECT value FROM json_each(:ids))
-  AND r.completed_at IS NOT NULL AND r.completed_at < :before
+-- CROSS JOIN: the runs named, one primary-key step each (not every run of a status).
+SELECT r.run_id, r.event_pk FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
+WHERE r.completed_at IS NOT NULL AND r.completed_at < :before
   AND (r.status IN ('succeeded', 'failed_permanent')
        OR (r.status = 'dead_lettered' AND EXISTS (
            SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id AND d.at < :before)))
@@ -597,8 +597,9 @@ WHERE r.run_id IN (SELECT value FROM json_each(:ids))
 -- What the project pages read of a run, kept after it goes.
 INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
 SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
-FROM runs r JOIN events e ON e.pk = r.event_pk
-WHERE r.run_id IN (SELECT value FROM json_each(:ids)) AND e.project IS NOT NULL
+FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
+CROSS JOIN events e ON e.pk = r.event_pk
+WHERE e.project IS NOT NULL
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: prune_runs.attempts

@@ -687,9 +687,15 @@ WHERE body_removed_at IS NULL AND received_at < %(before)s
 ORDER BY received_at, pk LIMIT %(scan)s
 
 -- name: remove_bodies.lock
--- The events' runs, shared: a replay (which locks its run FOR UPDATE) waits for
--- this, then finds the body gone; a replay that came first is seen below.
-SELECT run_id FROM runs WHERE event_pk = ANY(%(pks)s) ORDER BY run_id FOR SHARE
+-- The events' runs, shared, never waited for: a run another transaction holds (a
+-- replay, a delivery, a claim) is skipped, and its event left to the next pass.
+-- Held, a replay (which locks its run FOR UPDATE) waits for this, then finds the
+-- body gone; a replay that came first is seen below.
+SELECT run_id, event_pk FROM runs WHERE event_pk = ANY(%(pks)s)
+ORDER BY run_id FOR SHARE SKIP LOCKED
+
+-- name: remove_bodies.count
+SELECT event_pk, count(*) FROM runs WHERE event_pk = ANY(%(pks)s) GROUP BY event_pk
 
 -- name: remove_bodies.update
 -- A body is blanked once every run of its event may go by %(before)s (the body

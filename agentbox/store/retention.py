@@ -5,7 +5,9 @@ A step looks at a bounded number of candidates from a cursor, oldest first,
 and removes the ones that may go (the statements say which: `prune_runs.due`,
 `remove_bodies.update`). Children go before their parents, in the order the
 statements are listed, which is the order every other writer takes its locks
-in (runs, then what hangs off them, then claims and events).
+in (runs, then what hangs off them, then claims and events). No step waits for
+a lock another transaction holds: what is held is skipped (SKIP LOCKED) and
+left to the next pass, so a step can never be one side of a deadlock.
 """
 
 from __future__ import annotations
@@ -71,10 +73,19 @@ def remove_bodies(db: Db, state: Batch, *, now: float, before: float,
         return PruneStep(removed={}, examined=0, cursor=None,
                          seconds=time.perf_counter() - started)
     pks = db.array([row[0] for row in examined])
-    db.run("remove_bodies.lock", {"pks": pks}).fetchall()
-    blanked = db.run("remove_bodies.update", {"pks": pks, "before": before, "now": now})
+    held: dict[Any, int] = {}
+    for _, event_pk in db.run("remove_bodies.lock", {"pks": pks}):
+        held[event_pk] = held.get(event_pk, 0) + 1
+    # Only events whose every run is held: one skipped (someone else holds it) waits
+    # for the next pass, rather than this step waiting for it.
+    whole = [pk for pk, runs in db.run("remove_bodies.count", {"pks": pks})
+             if held.get(pk) == runs]
+    blanked = 0
+    if whole:
+        blanked = max(db.run("remove_bodies.update", {
+            "pks": db.array(sorted(whole)), "before": before, "now": now}).rowcount, 0)
     last = examined[-1]
-    return PruneStep(removed={"bodies": max(blanked.rowcount, 0)}, examined=len(examined),
+    return PruneStep(removed={"bodies": blanked}, examined=len(examined),
                      cursor=(last[1], last[0]), seconds=time.perf_counter() - started)
 
 

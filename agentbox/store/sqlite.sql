@@ -639,8 +639,12 @@ WHERE body_removed_at IS NULL AND received_at < :before
 ORDER BY received_at, pk LIMIT :scan
 
 -- name: remove_bodies.lock
--- SQLite's writer is alone: nothing to lock.
-SELECT run_id FROM runs WHERE event_pk IN (SELECT value FROM json_each(:pks))
+-- SQLite's writer is alone: nothing to lock, nothing skipped.
+SELECT run_id, event_pk FROM runs WHERE event_pk IN (SELECT value FROM json_each(:pks))
+
+-- name: remove_bodies.count
+SELECT event_pk, count(*) FROM runs WHERE event_pk IN (SELECT value FROM json_each(:pks))
+GROUP BY event_pk
 
 -- name: remove_bodies.update
 -- A body is blanked once every run of its event may go by :before (the body

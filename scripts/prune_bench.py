@@ -10,8 +10,10 @@
    first maintenance pass prunes the N runs while wrk offers the same half load;
    ingest p50/p99 during, and the runs removed per second (from the oldest
    completion time left, read through the index once a second).
-4. File size and free pages before and after (the server gives the space back
-   with incremental vacuum steps; the WAL is checkpointed at stop).
+4. The space given back: the same half load goes on until the file has no free
+   page left (the pass returns them with incremental vacuum steps after its
+   deletions); file size and free pages before and after (the WAL is
+   checkpointed at stop).
 
 Reuses scripts/bench.py's servers, pre-signed events and wrk driver. All
 traffic stays on 127.0.0.1.
@@ -108,15 +110,24 @@ class Progress(threading.Thread):
         self.samples: list[tuple[float, int]] = []
         self.stop_event = threading.Event()
 
+        self.free: list[tuple[float, int]] = []  # (when, free pages in the file)
+
     def removed(self) -> int:
         with contextlib.closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
                                                 timeout=10)) as conn:
             oldest = conn.execute(
                 "SELECT completed_at FROM runs INDEXED BY runs_completed "
                 "WHERE completed_at IS NOT NULL ORDER BY completed_at LIMIT 1").fetchone()
+            self.free.append((time.monotonic(),
+                              conn.execute("PRAGMA freelist_count").fetchone()[0]))
         if oldest is None or oldest[0] > self.first + self.count * STEP:
             return self.count
         return min(round((oldest[0] - self.first) / STEP), self.count)
+
+    def done(self) -> bool:
+        """Every seeded run gone, and the space given back (no free page left)."""
+        return bool(self.samples and self.samples[-1][1] >= self.count
+                    and self.free and self.free[-1][1] == 0)
 
     def run(self) -> None:
         while not self.stop_event.wait(1.0):
@@ -125,9 +136,7 @@ class Progress(threading.Thread):
 
     def wait_done(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.samples and self.samples[-1][1] >= self.count:
-                break
+        while time.monotonic() < deadline and not self.done():
             time.sleep(0.5)
         self.stop_event.set()
         self.join()
@@ -162,7 +171,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="each load phase's length (the pruning one lasts until the "
                              "prune is done or --max-prune-seconds)")
-    parser.add_argument("--max-prune-seconds", type=float, default=900.0)
+    parser.add_argument("--max-prune-seconds", type=float, default=1500.0)
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="agentbox-prune-bench-"))
@@ -197,19 +206,24 @@ def main() -> None:
         phase_started = time.monotonic()
         during.append(half_load(server, work, rate, args.seconds, f"during{len(during)}"))
         during[-1]["removed_per_s"] = round(progress.rate(phase_started, time.monotonic()))
+        during[-1]["free_pages"] = progress.free[-1][1] if progress.free else None
         print(json.dumps({"during": during[-1]}), flush=True)
-        if progress.samples and progress.samples[-1][1] >= args.runs:
+        if progress.done():
             break
     progress.wait_done(args.max_prune_seconds)
     done_at = next((t for t, n in progress.samples if n >= args.runs), None)
+    reclaimed_at = next((t for t, free in progress.free
+                         if done_at and t >= done_at and free == 0), None)
     report["ingest_during"] = during
     report["prune_seconds"] = round(done_at - prune_started, 1) if done_at else None
+    report["space_back_seconds"] = round(reclaimed_at - prune_started, 1) if reclaimed_at \
+        else None
+    report["peak_free_pages"] = max((free for _, free in progress.free), default=0)
     report["runs_removed_per_s"] = round(args.runs / (done_at - prune_started)) if done_at \
         else None
     # rows per run: the run, its attempt, its event, its claim (and one project_exports
     # row written for it)
     report["rows_removed_per_s"] = (report["runs_removed_per_s"] or 0) * 4
-    time.sleep(5)  # the pass's last steps: bodies of the new events, space
     server.stop()
     report["after"] = file_figures(path)
     with contextlib.closing(sqlite3.connect(path)) as conn:

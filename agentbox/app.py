@@ -39,6 +39,7 @@ from agentbox.receiver import (
     Receiver,
     error_response,
 )
+from agentbox.retention import Retention
 from agentbox.runs import SteadyClock
 from agentbox.store import RemoteChange, StorageUnavailable
 from agentbox.store.engines import create_store
@@ -97,6 +98,7 @@ def create_app(
     receiver = Receiver(settings, store, registry, dispatcher, clock, metrics,
                         wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
+    retention = api.retention = Retention(store, settings, clock)
 
     pages = StatusPages(settings, store, dispatcher, admin_token)
     dispatcher.listeners.append(pages.live.transition)
@@ -120,6 +122,7 @@ def create_app(
         await store.open()
         await dispatcher.start()
         await deliverer.start()
+        retention.start()
         if any(spec.function is mix_review for spec in registry.for_event_type(
                 "session.exported")):  # exports are reviewed: warm before the first one
             start_analysis_process()
@@ -133,6 +136,7 @@ def create_app(
             # start or are given back (one that commits even later stays leased to
             # this instance until its lease ends, then runs as the next attempt).
             await receiver.settle(INGEST_SETTLE_SECONDS)
+            await retention.stop()
             await dispatcher.stop()
             await deliverer.stop()
             if notices is not None:
@@ -148,6 +152,7 @@ def create_app(
             Route("/runs", api.list_runs, methods=["GET"]),
             Route("/runs/{run_id}", api.get_run, methods=["GET"]),
             Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
+            Route("/prune", api.prune, methods=["POST"]),
             Route("/callbacks", api.list_callbacks, methods=["GET"]),
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),

@@ -371,9 +371,10 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
             sys.exit(EXIT_RUN_FAILED)
 
 
-def _api(url: str, method: str, path: str, **kwargs: Any) -> Any:
+def _api(url: str, method: str, path: str, timeout: float | None = 30,
+         **kwargs: Any) -> Any:
     try:
-        response = httpx.request(method, url.rstrip("/") + path, timeout=30, **kwargs)
+        response = httpx.request(method, url.rstrip("/") + path, timeout=timeout, **kwargs)
     except httpx.HTTPError as exc:
         raise click.ClickException(
             f"cannot reach agentbox at {url}: {exc}. Is it running (scripts/run, or "
@@ -556,6 +557,46 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
         click.echo(f"{where}: schema version {after}, up to date")
     else:
         click.echo(f"{where}: schema version {before} -> {after}")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Say what would go, per table; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+@DATABASE_URL_OPTION
+@URL_OPTION
+def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path | None,
+          database_url: str | None, url: str | None) -> None:
+    """Remove finished runs older than AGENTBOX_RETENTION_DAYS and raw event bodies
+    older than AGENTBOX_BODY_RETENTION_DAYS now (the server does it by itself every
+    maintenance interval). A project's history stays.
+
+    Works with the server stopped (it opens the store) and running: a SQLite store
+    the server holds is pruned by the server (POST /prune, with the admin token);
+    PostgreSQL is pruned from here, beside the running instances.
+    """
+    import asyncio
+
+    from agentbox.retention import prune_store
+    from agentbox.store import StoreError, StoreInUse
+
+    settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
+    try:
+        report = asyncio.run(prune_store(settings, dry_run)).as_json()
+    except StoreInUse:
+        headers = {"Authorization": f"Bearer {cfg.admin_token(settings)}"}
+        report = _api(client_url(url, config_file), "POST", "/prune", timeout=None,
+                      headers=headers, json={"dry_run": dry_run})
+    except (StoreError, cfg.ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    from agentbox.retention import report_lines
+
+    for line in report_lines(report):
+        click.echo(line)
 
 
 @main.command()

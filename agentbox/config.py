@@ -53,6 +53,12 @@ DEFAULT_MAX_HOPS = 8
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0  # the whole request body
 DEFAULT_MAX_CONNECTIONS = 1000  # beyond it new connections get 503 at once
 DEFAULT_KEEP_ALIVE_SECONDS = 5.0  # an idle connection is closed after this
+# Retention: finished runs go after a month (a month of history on the operator's
+# page, and well past the 7-day idempotency window, which it may not undercut);
+# raw event bodies, which may carry personal data, after a week.
+DEFAULT_RETENTION_DAYS = 30.0
+DEFAULT_BODY_RETENTION_DAYS = 7.0
+SECONDS_PER_DAY = 86_400.0
 
 
 class ConfigError(Exception):
@@ -114,6 +120,10 @@ class Settings:
     database_url: str | None = field(default=None, repr=False)
     instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
     notify: bool = True  # a desktop notification when a mix review finishes
+    # Retention (agentbox.retention): finished runs, then raw event bodies, go after
+    # these many days (fractions allowed); a project's history stays.
+    retention_days: float = DEFAULT_RETENTION_DAYS
+    body_retention_days: float = DEFAULT_BODY_RETENTION_DAYS
 
     @property
     def database_path(self) -> Path:
@@ -125,7 +135,7 @@ _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
-    "keep_alive_seconds",
+    "keep_alive_seconds", "retention_days", "body_retention_days",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
@@ -329,10 +339,29 @@ def _check_consistency(settings: Settings) -> None:
             raise ConfigError(f"{env_name('alert_url')}: its origin must be listed in "
                               f"{env_name('callback_allowed')} (alerts follow the callbacks' "
                               "rules), and it must carry no credentials")
+    _check_retention(settings)
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):
                 raise ConfigError(f"{env_name(name)}: a secret is empty")
+
+
+def _check_retention(settings: Settings) -> None:
+    """A run kept shorter than its idempotency claim would let a duplicate inside the
+    window find nothing (retention keeps a run while its claim holds, so the store
+    would grow past the setting instead); a body kept longer than its run is not kept."""
+    days = settings.idempotency_ttl_seconds / SECONDS_PER_DAY
+    if settings.retention_days < days:
+        raise ConfigError(
+            f"{env_name('retention_days')} ({settings.retention_days:g} days) is shorter than "
+            f"the idempotency window {env_name('idempotency_ttl_seconds')} ({days:g} days): "
+            "a duplicate within the window must still find its run. Keep runs at least "
+            "as long, or shorten the window.")
+    if settings.body_retention_days > settings.retention_days:
+        raise ConfigError(
+            f"{env_name('body_retention_days')} ({settings.body_retention_days:g}) is longer "
+            f"than {env_name('retention_days')} ({settings.retention_days:g}): a body goes "
+            "with its run at the latest. Set it to at most the runs' retention.")
 
 
 def check_allowed_origin(origin: str, where: str = env_name("callback_allowed")) -> str:

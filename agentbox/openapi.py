@@ -147,7 +147,18 @@ def document() -> dict[str, Any]:
                 "summary": "Replay a dead-lettered or failed run (admin)",
                 "security": admin, "parameters": [run_id],
                 "responses": {"202": _json("RunView", "back to accepted"),
-                              **_errors(401, 404, 409, 503)},
+                              **_errors(401, 404, 409, 410, 503)},
+            }},
+            "/prune": {"post": {
+                "summary": "A retention pass now, or (dry_run) what it would remove (admin)",
+                "security": admin,
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"type": "object", "properties": {
+                        "dry_run": {"type": "boolean", "default": False}}}}}},
+                "responses": {"200": {"description": "rows removed (or that would be) per "
+                                                     "table", "content": {
+                    "application/json": {"schema": {"type": "object"}}}},
+                              **_errors(401, 422, 503)},
             }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",

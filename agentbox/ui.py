@@ -281,7 +281,7 @@ class StatusPages:
         chain_id = run["correlation_id"] or run["event_id"]
         chain = await self.store.search_runs(chain=chain_id, limit=200)
         chain.sort(key=lambda r: (r["hop"], r["run_id"]))
-        project = _project_of(event)
+        project = _project_of(event) or found_run.project  # the body may be gone (retention)
         return self._page(
             "run.html", run=run, event=event, review=review, chain=chain, project=project,
             history=await self.store.history(run_id),

@@ -19,8 +19,10 @@ from agentbox.events import MAX_ID_LENGTH
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.receiver import error_response
+from agentbox.retention import Retention
 from agentbox.runs import RunStatus
 from agentbox.store import (
+    BodyRemoved,
     DestinationNotFound,
     NotReplayable,
     RunDetail,
@@ -47,6 +49,7 @@ class RunsApi:
         self.dispatcher = dispatcher
         self.deliverer = deliverer
         self._admin_token = admin_token.encode()
+        self.retention: Retention | None = None  # POST /prune's (set by the app)
 
     async def get_run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -130,6 +133,8 @@ class RunsApi:
             await self.dispatcher.replay(run_id)
         except RunNotFound:
             return _not_found(run_id)
+        except BodyRemoved as exc:  # retention took what there was to run again
+            return error_response(410, "body_removed", str(exc))
         except NotReplayable as exc:
             return error_response(409, "not_replayable", str(exc))
         except StorageUnavailable:
@@ -161,6 +166,28 @@ class RunsApi:
             body.update(status="unhealthy", reason=self.store.last_error)
             return JSONResponse(body, status_code=503)
         return JSONResponse(body)
+
+    async def prune(self, request: Request) -> Response:
+        """`agentbox prune` beside a running server (which holds the SQLite file): a
+        retention pass now, `{"dry_run": true}` to be told what would go."""
+        if not self._authorised(request):
+            return _token_required()
+        try:
+            raw = await _small_body(request)
+            body = json.loads(raw) if raw.strip() else {}
+            dry_run = body.get("dry_run", False) if isinstance(body, dict) else None
+            if not isinstance(dry_run, bool):
+                raise ValueError
+        except (ValueError, RecursionError, ClientDisconnect):
+            return error_response(422, "invalid_request",
+                                  'Send {"dry_run": true} or {"dry_run": false}.')
+        if self.retention is None:
+            return error_response(503, "retention_unavailable", "Retention is not running.")
+        try:
+            report = await self.retention.prune(dry_run=dry_run)
+        except StorageUnavailable:
+            return error_response(503, "storage_unavailable", "The store cannot take writes.")
+        return JSONResponse(report.as_json())
 
     def _authorised(self, request: Request) -> bool:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

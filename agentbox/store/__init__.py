@@ -36,6 +36,7 @@ from agentbox.store.views import (
 __all__ = [
     "AdmissionRefused",
     "AttemptView",
+    "BodyRemoved",
     "ClaimResult",
     "ClaimedRun",
     "DeliveryResult",
@@ -50,6 +51,7 @@ __all__ = [
     "NotificationView",
     "Outcome",
     "ProjectExport",
+    "PruneStep",
     "RemoteChange",
     "RunDetail",
     "RunNotFound",
@@ -59,6 +61,7 @@ __all__ = [
     "StorageUnavailable",
     "Store",
     "StoreError",
+    "StoreInUse",
     "Transition",
     "iso",
     "notification",
@@ -72,6 +75,10 @@ class StoreError(Exception):
 
 class StorageUnavailable(StoreError):
     """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
+
+
+class StoreInUse(StorageUnavailable):
+    """Another process serves this (SQLite) store: ask it, through its API."""
 
 
 class SchemaTooNew(StoreError):
@@ -101,6 +108,16 @@ class NotReplayable(StoreError):
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(f"run {run_id} is {status}; only dead_lettered or failed_permanent "
                          "runs can be replayed")
+        self.status = status
+
+
+class BodyRemoved(NotReplayable):
+    """The run's event body was removed by retention: there is nothing to run again."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        StoreError.__init__(
+            self, f"run {run_id} cannot be replayed: its event's body was removed by "
+            "retention (AGENTBOX_BODY_RETENTION_DAYS); send the event again instead")
         self.status = status
 
 
@@ -262,6 +279,16 @@ class ProjectExport:
     accepted_at: str  # ISO 8601, UTC
     finished_at: str | None  # ISO 8601, UTC, when terminal
     result: dict[str, Any] | None  # the agent's result document when succeeded
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneStep:
+    """One bounded step of retention: what it removed, and where the next step starts."""
+
+    removed: dict[str, int]  # rows per table (bodies: events whose body was blanked)
+    examined: int  # candidates looked at; fewer than asked for: the pass is over
+    cursor: tuple[float, Any] | None  # the last one looked at (its time, its key)
+    seconds: float  # how long the step held the writer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -469,7 +496,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def event_of(self, run_id: str) -> dict[str, Any] | None:
-        """The stored event of a run, as received."""
+        """The stored event of a run, as received. Once retention removed its body
+        (AGENTBOX_BODY_RETENTION_DAYS): `event_id`, `event_type`, `source`,
+        `received_at` and `body_removed_at` (ISO 8601) instead."""
 
     @abc.abstractmethod
     async def discarded(self, run_id: str) -> dict[str, Any] | None:
@@ -508,3 +537,36 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def destinations(self) -> list[DestinationView]:
         """Every callback destination with its state, failure count and backlog."""
+
+    # -- retention (store/retention.py) ----------------------------------------------------
+    # Bounded steps, oldest first, each one transaction of the writer (off the event
+    # loop); agentbox.retention paces them. What a project's history needs is kept:
+    # `projects` and `project_exports` answer the same before and after.
+
+    @abc.abstractmethod
+    async def prune_finished(self, *, now: float, before: float,
+                             after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        """Look at up to `scan` finished runs that completed before `before`, from
+        `after` (a previous step's cursor; None: the oldest), and remove those that
+        may go with their attempts, history, delivered or dead callbacks and discard
+        record; an event goes with its last run, its expired claim with it. A run
+        stays while a callback of it is pending, while its event's idempotency claim
+        holds, and while it is a dead letter nobody discarded before `before`."""
+
+    @abc.abstractmethod
+    async def remove_bodies(self, *, now: float, before: float,
+                            after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        """Look at up to `scan` events received before `before` that still hold their
+        raw body, from `after`, and blank the body of each whose runs could all be
+        removed by `before` (its metadata stays, with `body_removed_at`)."""
+
+    @abc.abstractmethod
+    async def prune_preview(self, *, now: float, before: float,
+                            bodies_before: float) -> dict[str, int]:
+        """What pruning now would remove, per table (and `bodies`, `project_exports`:
+        bodies blanked, exports kept for the project pages). A read."""
+
+    @abc.abstractmethod
+    async def reclaim_space(self, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system; the free pages left
+        (0 where the engine reclaims space by itself)."""

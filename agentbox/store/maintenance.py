@@ -1,10 +1,10 @@
 """Maintenance: replay and discard of failed runs (people decide these), and
-the expiry of idempotency claims after their TTL."""
+the expiry of idempotency claims after their TTL. (Retention: store/retention.py.)"""
 
 from __future__ import annotations
 
 from agentbox.runs import RunStatus, check_transition
-from agentbox.store import NotReplayable, RunNotFound, Transition
+from agentbox.store import BodyRemoved, NotReplayable, RunNotFound, Transition
 from agentbox.store.writer import Batch, Db, named
 
 REPLAYED = "replayed"
@@ -18,6 +18,8 @@ def replay(db: Db, state: Batch, *, run_id: str, now: float) -> Transition:
     status = row["status"]
     if status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED_PERMANENT):
         raise NotReplayable(run_id, status)
+    if not bytes(row["body"]):  # blanked by retention: nothing to run again
+        raise BodyRemoved(run_id, status)
     check_transition(run_id, status, RunStatus.ACCEPTED)
     db.run("replay", {"now": now, "run_id": run_id})
     # Replayed, it is no longer set aside: should it fail again, it is listed again.

@@ -146,8 +146,19 @@ class Reads(abc.ABC):
         rows = await self._named("event_of", run_id=run_id)
         if not rows:
             return None
-        found: dict[str, Any] = json.loads(bytes(rows[0]["body"]))
+        row = rows[0]
+        if row["body_removed_at"] is not None:  # retention blanked it: say so, and when
+            return {"event_id": row["event_id"], "event_type": row["event_type"],
+                    "source": row["source"], "received_at": iso(row["received_at"]),
+                    "body_removed_at": iso(row["body_removed_at"])}
+        found: dict[str, Any] = json.loads(bytes(row["body"]))
         return found
+
+    async def prune_preview(self, *, now: float, before: float,
+                            bodies_before: float) -> dict[str, int]:
+        rows = await self._slow_rows(self.sql["prune_preview"], {
+            "now": now, "before": before, "bodies_before": bodies_before})
+        return {name: int(value or 0) for name, value in dict(rows[0]).items()}
 
     async def discarded(self, run_id: str) -> dict[str, Any] | None:
         rows = await self._named("discarded", run_id=run_id)

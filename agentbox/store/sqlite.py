@@ -16,13 +16,15 @@ import contextlib
 import json
 import re
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbox import portable
-from agentbox.store import SchemaTooNew, StorageUnavailable
+from agentbox.logs import get_logger
+from agentbox.store import SchemaTooNew, StorageUnavailable, StoreInUse
 from agentbox.store.outcomes import Landed
 from agentbox.store.queries import load
 from agentbox.store.schema import migrate_sqlite, migrations
@@ -35,9 +37,11 @@ if TYPE_CHECKING:
     from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
+AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
 SQL = load("sqlite.sql")
+log = get_logger("store")
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
 # version 1's tables already; its statements only add what is missing.
@@ -228,6 +232,7 @@ class SqliteStore(SqlStore):
         conn = _connect(self.path)
         try:
             migrate(conn, self.path)
+            reclaimable(conn, self.path)
         except BaseException:
             conn.close()
             raise
@@ -288,7 +293,13 @@ class SqliteStore(SqlStore):
                 conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
-            results = self._run_ops(db, state, batch)
+            if any(getattr(queued.op, "background", False) for queued in batch):
+                # A step of retention takes milliseconds: on the writer's thread, the
+                # event loop goes on serving meanwhile.
+                results = await loop.run_in_executor(
+                    self._executor, self._run_ops, db, state, batch)
+            else:
+                results = self._run_ops(db, state, batch)
             if results is None:  # an operation failed after writing: undo it alone
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
@@ -394,6 +405,27 @@ def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     return migrate_sqlite(conn, str(path), SQL)
 
 
+def reclaimable(conn: sqlite3.Connection, path: Path) -> None:
+    """Make the file one that retention can shrink (auto_vacuum = INCREMENTAL).
+
+    A new database is made so by `_connect`. One made before retention existed
+    has it off, and only a VACUUM turns it on: a one-time rewrite of the whole
+    file (time and free disk space about the file's size), done here, at open,
+    while nothing else uses the store.
+    """
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == AUTO_VACUUM_INCREMENTAL:
+        return
+    started = time.monotonic()
+    size = path.stat().st_size if path.exists() else 0
+    log.info("making the database file shrinkable by retention (once; a full rewrite)",
+             extra={"database": str(path), "bytes": size})
+    conn.execute(f"PRAGMA auto_vacuum = {AUTO_VACUUM_INCREMENTAL}")
+    conn.execute("VACUUM")
+    log.info("the database file is shrinkable by retention",
+             extra={"database": str(path), "seconds": round(time.monotonic() - started, 3),
+                    "bytes": path.stat().st_size})
+
+
 def migrate_file(path: Path) -> tuple[int, int]:
     """`agentbox migrate` for a SQLite store (safe beside a running server)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -412,7 +444,7 @@ def _lock_exclusively(path: Path) -> portable.HeldLock:
     try:
         return portable.hold_lock(path)
     except portable.LockHeld:
-        raise StorageUnavailable(
+        raise StoreInUse(
             f"another agentbox process is already serving {path.parent}; stop it or use "
             "another --data-dir") from None
 
@@ -431,6 +463,9 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
     if by_name:
         conn.row_factory = sqlite3.Row
+    # Takes only on a database with no tables yet (a new one): retention gives the
+    # space of what it removes back to the file system, a step at a time.
+    conn.execute(f"PRAGMA auto_vacuum = {AUTO_VACUUM_INCREMENTAL}")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
     portable.make_sqlite_durable(conn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 from agentbox.events import Event
 from agentbox.store import (
@@ -16,12 +17,14 @@ from agentbox.store import (
     Lease,
     Notification,
     Outcome,
+    PruneStep,
     RunNotFound,
     Store,
     Transition,
     claims,
     maintenance,
     outbox,
+    retention,
 )
 from agentbox.store.ingest import received
 from agentbox.store.outcomes import finish
@@ -125,3 +128,21 @@ class SqlStore(Reads, GroupCommit, Store):
     async def resume_destination(self, destination: str, now: float) -> None:
         await self._write(functools.partial(outbox.resume_destination,
                                             destination=destination, now=now))
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def prune_finished(self, *, now: float, before: float,
+                             after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        return await self._write(retention.Background(functools.partial(
+            retention.prune_finished, now=now, before=before, after=after, scan=scan)),
+            durable=False)
+
+    async def remove_bodies(self, *, now: float, before: float,
+                            after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        return await self._write(retention.Background(functools.partial(
+            retention.remove_bodies, now=now, before=before, after=after, scan=scan)),
+            durable=False)
+
+    async def reclaim_space(self, pages: int) -> int:
+        return await self._write(retention.Background(functools.partial(
+            retention.reclaim_space, pages=pages)), durable=False)

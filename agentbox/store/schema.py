@@ -4,7 +4,9 @@ the previous version whole). SQLite records the version in PRAGMA
 user_version, PostgreSQL in the agentbox_schema table.
 
 Versions: 1, the tables; 2, the index of waiting runs by age; 3, the events'
-`project` (payload.project_id, NFC), filled for the events already stored.
+`project` (payload.project_id, NFC), filled for the events already stored;
+4, subscriptions (agents' changes to their event types, other programs' webhook
+subscriptions, and the outbox's `subscription_id`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ log = get_logger("store")
 MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
 # Columns a version adds on SQLite, which has no ADD COLUMN IF NOT EXISTS (a
 # database from before schema versions has its version applied again).
-SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {3: (("events", "project", "TEXT"),)}
+SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {
+    3: (("events", "project", "TEXT"),),
+    4: (("outbox", "subscription_id", "TEXT"),),  # subscriptions
+}
 SQL_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS agentbox_schema (
     version    INTEGER PRIMARY KEY,

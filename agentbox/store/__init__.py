@@ -344,6 +344,9 @@ class Store(abc.ABC):
         self.last_error: str | None = None  # why not healthy, for people: never a secret
         # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
         self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+        # Told when a commit of this instance queued outbox rows that no announced
+        # change says so (a subscriber's delivery of an event just ingested).
+        self.outbox_listeners: list[Callable[[], None]] = []
 
     @property
     @abc.abstractmethod

@@ -177,6 +177,9 @@ def test_verified_subscribers_get_signed_events_and_the_others_nothing(
     assert len(subscriber.received("/echo")) == 3  # the one challenge and two deliveries
     shown = server.client.get("/subscriptions", headers=AUTH).text
     assert SUB_SECRET not in shown and SUB_SECRET not in server.log_path.read_text()
+    page = server.client.get("/ui/callbacks").text  # the operator's page
+    assert good["id"] in page and wrong["id"] in page and good["secret_hint"] in page
+    assert SUB_SECRET not in page and SUB_SECRET[6:] not in page
 
     # Deleted: the next event and run owe it nothing.
     assert server.client.delete(f"/subscriptions/{good['id']}", headers=AUTH).status_code == 204
@@ -267,6 +270,7 @@ def test_an_agent_unsubscribes_durably_and_only_with_a_success(
     (mine,) = [a for a in listed(server)["agents"] if a["agent"] == SUBSCRIBING]
     assert mine["event_types"] == []
     assert [c["subscribed"] for c in mine["changes"]] == [False]
+    assert "unsubscribed from session.exported" in server.client.get("/ui/callbacks").text
     server.kill9()
     server.start()
     assert agents_of_event(server, "ok") == ["tests.support.agents:scripted"]

@@ -113,7 +113,9 @@ def topics_of(value: Any) -> list[str]:
             or not all(isinstance(item, str) for item in value)):
         raise Invalid("invalid_event_types", f"event_types must be a list of 1 to {MAX_TOPICS} "
                       "event types or run states (run.succeeded, run.dead_lettered, ...).")
-    states = {f"{RUN_TOPIC_PREFIX}{status.value}" for status in RunStatus}
+    # Every state a run changes to (accepted is its event's ingest: subscribe to the type).
+    states = {f"{RUN_TOPIC_PREFIX}{status.value}" for status in RunStatus
+              if status is not RunStatus.ACCEPTED}
     unknown = [item for item in value if item not in PAYLOAD_MODELS and item not in states]
     if unknown:
         shown = ", ".join(repr(item[:60]) for item in unknown[:5])

@@ -294,7 +294,8 @@ def test_a_secret_is_a_whsec_of_24_to_64_bytes_and_never_echoed(key: bytes) -> N
 
 @given(st.lists(st.text(max_size=30), max_size=5))
 def test_topics_are_known_event_types_or_run_states(values: list[str]) -> None:
-    known = {"session.exported", "mix.review_requested", "run.succeeded", "run.processing", "run.failed_retryable", "run.failed_permanent",
+    known = {"session.exported", "mix.review_requested", "run.succeeded", "run.processing",
+             "run.failed_retryable", "run.failed_permanent",
              "run.dead_lettered"}
     if values and all(v in known for v in values):
         assert topics_of(values) == sorted(set(values))

@@ -143,6 +143,21 @@ async def test_an_agent_that_unsubscribes_before_it_emits_does_not_receive_its_e
     assert [(t.agent, t.event_id) for t in transition.spawned] == [("b", f"{run.run_id}.e0")]
 
 
+@async_test
+async def test_loop_detection_still_stops_what_a_subscription_lets_through(
+        store: Store, aio: Any) -> None:
+    await ingest(store, "e1", agents=("a",))
+    run = await claim_one(store)
+    # a subscribes to the type it is handling, and emits that type (configured: b).
+    outcome = Outcome(RunStatus.SUCCEEDED, result={},
+                      subscriptions=(("session.exported", True),),
+                      emitted=(emitted(run.run_id, 0, "session.exported", agents=("b",)),))
+    transition = await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert transition is not None
+    assert sorted((t.agent, t.status, t.error_code) for t in transition.spawned) == [
+        ("a", "dead_lettered", "loop_detected"), ("b", "accepted", None)]
+
+
 # -- other programs ----------------------------------------------------------------------
 
 
@@ -244,3 +259,125 @@ async def test_the_secret_is_kept_for_signing_only(store: Store, aio: Any) -> No
     assert target is not None and target.secret == SECRET and SECRET not in repr(target)
     listed = await store.subscriptions(T0)
     assert SECRET not in json.dumps([v.model_dump(mode="json") for v in listed])
+
+
+# -- the subscription state machine (a property) ---------------------------------------------
+
+STEPS = ("verify_ok", "verify_fail", "event", "deliver_fail", "deliver_ok", "refresh",
+         "expire", "delete")
+VERIFY_LIMIT, PAUSE_AFTER, MACHINE_TTL = 3, 2, 1000.0
+
+
+class Model:
+    """What a subscription must be after each step: pending_verification → active →
+    suspended (verification or delivery failures) → refreshed → pending again;
+    expired once its time is up; deleted; and how many deliveries it has queued."""
+
+    def __init__(self, now: float) -> None:
+        self.state, self.paused, self.deleted = "pending_verification", False, False
+        self.verify_failures = self.delivery_failures = self.queued = 0
+        self.expires_at = now + MACHINE_TTL
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+    def shown(self, now: float) -> str:
+        if self.expired(now):
+            return "expired"
+        return "suspended" if self.state == "active" and self.paused else self.state
+
+
+@async_test
+async def test_the_subscription_state_machine_holds_for_any_sequence_of_steps(
+        store: Store, aio: Any) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    clock = [T0]
+    examples: list[list[str]] = []
+
+    # Steps that build up state drawn more often, so that deep states are reached.
+    weighted = (*STEPS, "verify_ok", "event", "event", "deliver_fail", "deliver_fail")
+
+    @given(st.lists(st.sampled_from(weighted), min_size=4, max_size=20))
+    @settings(max_examples=100, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def collect(steps: list[str]) -> None:
+        examples.append(steps)
+
+    collect()
+    for number, steps in enumerate(examples):
+        sub_id = f"sub_m{number}"
+        clock[0] += 10
+        await subscribe(store, sub_id, ttl=MACHINE_TTL, now=clock[0])
+        model = Model(clock[0])
+        for index, step in enumerate(steps):
+            clock[0] += 2
+            if step == "expire":  # time passes until its end
+                clock[0] = max(clock[0], model.expires_at)
+            now = clock[0]
+            await _step(store, model, sub_id, f"{number}-{index}", step, now)
+            view = await store.subscription(sub_id, now)
+            if model.deleted:
+                assert view is None, (steps, index)
+                continue
+            assert view is not None
+            assert (view.state, view.pending) == (model.shown(now), model.queued), (steps, index)
+        if not model.deleted:
+            await store.delete_subscription(sub_id, clock[0])
+
+
+async def _step(store: Store, model: Model, sub_id: str, event_id: str, step: str,
+                now: float) -> None:
+    if step in ("verify_ok", "verify_fail"):
+        taken, _ = await store.claim_verifications(now, 50, 1.0)
+        mine = [v for v in taken if v.id == sub_id]
+        due = (model.state == "pending_verification" and not model.deleted
+               and not model.expired(now))
+        assert len(mine) == int(due)
+        if mine:
+            error = None if step == "verify_ok" else "challenge_mismatch"
+            await store.record_verification(mine[0], error, now + 1, now, VERIFY_LIMIT)
+            if error is None:
+                model.state, model.paused, model.delivery_failures = "active", False, 0
+            else:
+                model.verify_failures += 1
+                if model.verify_failures >= VERIFY_LIMIT:
+                    model.state = "suspended"
+    elif step == "event":
+        await ingest(store, f"m{event_id}", agents=("a",), now=now)
+        if not model.deleted and not model.expired(now):
+            model.queued += 1
+    elif step in ("deliver_fail", "deliver_ok"):
+        mine = [n for n in await take(store, now=now, limit=100) if n.subscription_id == sub_id]
+        sendable = model.state == "active" and not model.paused and not model.deleted
+        assert len(mine) == (model.queued if sendable else 0)
+        for delivery in mine:
+            if step == "deliver_ok":
+                await store.record_delivery(delivery, "d1", DeliveryResult("delivered"), now,
+                                            PAUSE_AFTER)
+                model.queued -= 1
+                model.delivery_failures = 0
+            else:
+                failed = DeliveryResult("pending", "http_500", 500, now + 1)
+                await store.record_delivery(delivery, "d1", failed, now, PAUSE_AFTER)
+                model.delivery_failures += 1
+                model.paused = model.paused or model.delivery_failures >= PAUSE_AFTER
+    elif step == "refresh":
+        if model.deleted or model.expired(now):
+            with pytest.raises(SubscriptionNotFound):
+                await store.refresh_subscription(sub_id, MACHINE_TTL, "c", now)
+            return
+        await store.refresh_subscription(sub_id, MACHINE_TTL, f"c{event_id}", now)
+        model.expires_at = now + MACHINE_TTL
+        if model.state == "suspended" or (model.state == "active" and model.paused):
+            model.state, model.verify_failures = "pending_verification", 0
+    elif step == "expire":
+        assert model.deleted or model.expired(now)
+    elif step == "delete":
+        if model.deleted:
+            with pytest.raises(SubscriptionNotFound):
+                await store.delete_subscription(sub_id, now)
+            return
+        await store.delete_subscription(sub_id, now)
+        model.deleted, model.queued = True, 0

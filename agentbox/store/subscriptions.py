@@ -23,7 +23,7 @@ from agentbox.store import (
     iso,
     notification,
 )
-from agentbox.store.writer import Batch, Db
+from agentbox.store.writer import Batch, Db, named
 
 if TYPE_CHECKING:
     from agentbox.store.outbox import Callback
@@ -143,12 +143,12 @@ def create(db: Db, state: Batch, *, subscription_id: str, url: str, topics: Sequ
 
 def refresh(db: Db, state: Batch, *, subscription_id: str, ttl: float, challenge: str,
             now: float) -> None:
-    row = db.run("subscription_row", {"id": subscription_id}).fetchone()
-    if row is None or row[9] <= now:  # expires_at: an expired one has stopped
+    row = named(db.run("subscription_row", {"id": subscription_id}))
+    if row is None or row["expires_at"] <= now:  # an expired one has stopped
         raise SubscriptionNotFound(subscription_id)
     db.run("refresh_subscription", {"id": subscription_id, "ttl": ttl, "now": now,
                                     "expires_at": now + ttl})
-    verified_state, destination_state = row[4], row[17]
+    verified_state, destination_state = row["state"], row["destination_state"]
     if verified_state == "suspended" or (verified_state == "active"
                                          and destination_state == "paused"):
         db.run("reverify_subscription", {"id": subscription_id, "challenge": challenge,
@@ -202,5 +202,5 @@ def record_verification(db: Db, state: Batch, *, verification: Verification,
                                              "limit": suspend_after}).fetchone()
         if row is not None:
             return str(row[0])
-    found = db.run("subscription_row", {"id": verification.id}).fetchone()
-    return "deleted" if found is None else str(found[4])
+    found = named(db.run("subscription_row", {"id": verification.id}))
+    return "deleted" if found is None else str(found["state"])

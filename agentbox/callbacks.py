@@ -292,9 +292,15 @@ class CallbackDeliverer:
             "error": result.error, "status_code": result.status_code,
             "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         if paused:
-            log.warning("ALERT: callback destination paused; resume it with "
-                        "`agentbox callbacks resume`",
-                        extra={"destination": notification.destination, "reason": paused})
+            if notification.subscription_id is not None:  # resumed by a refresh, verified
+                log.warning("ALERT: a subscription was suspended after failures; its "
+                            "subscriber refreshes it (POST /subscriptions/{id}/refresh)",
+                            extra={"subscription_id": notification.subscription_id,
+                                   "reason": paused})
+            else:
+                log.warning("ALERT: callback destination paused; resume it with "
+                            "`agentbox callbacks resume`",
+                            extra={"destination": notification.destination, "reason": paused})
             for listener in self.pause_listeners:
                 listener(notification.destination, paused)
 

@@ -93,6 +93,8 @@ class AgentContext:
     # same agent, accepted before this run (None: the project's first). Set by the
     # dispatcher; None when the context was made elsewhere (tests, scripts).
     previous_export: Callable[[str], Awaitable[ProjectExport | None]] | None = None
+    # (event_type, subscribed) as subscribe/unsubscribe were called, in order.
+    subscriptions: list[tuple[str, bool]] = field(default_factory=list)
 
     def time_left(self) -> float | None:
         """Seconds until the run is cut off as a timeout (None: no limit known).
@@ -130,6 +132,32 @@ class AgentContext:
             raise PermanentAgentError(f"emit({event_type!r}): {exc}", "invalid_emit") from None
         self.emitted.append((event, body))
         return event_id
+
+
+    def subscribe(self, event_type: str) -> None:
+        """Receive events of `event_type` from the next event on.
+
+        Like `emit`, it takes effect when this run succeeds, in the same
+        transaction (a run that fails or is retried changes nothing), and before
+        the events this run emitted are routed. The change lasts until this agent
+        changes it again: the configuration's routing is only the starting set.
+        Raises PermanentAgentError (code invalid_subscription) for an event type
+        agentbox does not know.
+        """
+        self._change_subscription(event_type, True)
+
+    def unsubscribe(self, event_type: str) -> None:
+        """Stop receiving events of `event_type` from the next event on (including
+        one this run emits after the call); see `subscribe`."""
+        self._change_subscription(event_type, False)
+
+    def _change_subscription(self, event_type: str, subscribed: bool) -> None:
+        if event_type not in PAYLOAD_MODELS:
+            raise PermanentAgentError(
+                f"{'subscribe' if subscribed else 'unsubscribe'}({event_type!r}): unknown "
+                f"event type (known: {', '.join(sorted(PAYLOAD_MODELS))})",
+                "invalid_subscription")
+        self.subscriptions.append((event_type, subscribed))
 
 
 class InvalidAgentOutput(Exception):

@@ -43,6 +43,7 @@ from agentbox.retention import Retention
 from agentbox.runs import SteadyClock
 from agentbox.store import RemoteChange, StorageUnavailable
 from agentbox.store.engines import create_store
+from agentbox.subscriptions import Subscriptions, SubscriptionsApi
 from agentbox.ui import StatusPages, TokenGuard
 from agentbox.web import RunsApi
 
@@ -95,6 +96,9 @@ def create_app(
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
     deliverer.pause_listeners.append(alerts.on_pause)
+    subscriptions = Subscriptions(store, deliverer, settings, clock)
+    store.outbox_listeners.append(deliverer.wake)
+    subscriptions_api = SubscriptionsApi(store, subscriptions, registry, settings, admin_token)
     receiver = Receiver(settings, store, registry, dispatcher, clock, metrics,
                         wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
@@ -123,6 +127,7 @@ def create_app(
         await dispatcher.start()
         await deliverer.start()
         retention.start()
+        subscriptions.start()
         if any(spec.function is mix_review for spec in registry.for_event_type(
                 "session.exported")):  # exports are reviewed: warm before the first one
             start_analysis_process()
@@ -138,6 +143,7 @@ def create_app(
             await receiver.settle(INGEST_SETTLE_SECONDS)
             await retention.stop()
             await dispatcher.stop()
+            await subscriptions.stop()
             await deliverer.stop()
             if notices is not None:
                 await notices.close()
@@ -157,6 +163,12 @@ def create_app(
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),
             Route("/healthz", api.healthz, methods=["GET"]),
+            Route("/subscriptions", subscriptions_api.create, methods=["POST"]),
+            Route("/subscriptions", subscriptions_api.list, methods=["GET"]),
+            Route("/subscriptions/{subscription_id}", subscriptions_api.delete,
+                  methods=["DELETE"]),
+            Route("/subscriptions/{subscription_id}/refresh", subscriptions_api.refresh,
+                  methods=["POST"]),
             Route("/runs/{run_id}/audio", pages.audio, methods=["GET"]),
             Route("/", pages.home, methods=["GET"]),
             Route("/projects/{project:path}", pages.project, methods=["GET"]),

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -76,6 +76,21 @@ class Attempt:
     error: str | None
     status_code: int | None = None
     retry_after: float | None = None
+    final: bool = False  # no attempt can succeed (its subscription is gone): dead now
+    body: bytes = b""  # the answer's first bytes, only when asked for (a verification)
+
+
+class Signer(Protocol):
+    """Another kind of delivery in the outbox (a subscription's): its rules and
+    its signature instead of the callbacks'."""
+
+    pause_after_failures: int
+
+    async def prepare(self, notification: Notification, now: float
+                      ) -> tuple[DestinationPolicy, dict[str, str]] | Attempt:
+        """The policy to check its URL by and its signed headers; or the Attempt
+        it ends with unsent."""
+        ...
 
 
 class DestinationPolicy:
@@ -191,6 +206,7 @@ class CallbackDeliverer:
         self._inflight: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
+        self.subscriptions: Signer | None = None  # subscriptions' deliveries (set by the app)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -276,9 +292,15 @@ class CallbackDeliverer:
             "error": result.error, "status_code": result.status_code,
             "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         if paused:
-            log.warning("ALERT: callback destination paused; resume it with "
-                        "`agentbox callbacks resume`",
-                        extra={"destination": notification.destination, "reason": paused})
+            if notification.subscription_id is not None:  # resumed by a refresh, verified
+                log.warning("ALERT: a subscription was suspended after failures; its "
+                            "subscriber refreshes it (POST /subscriptions/{id}/refresh)",
+                            extra={"subscription_id": notification.subscription_id,
+                                   "reason": paused})
+            else:
+                log.warning("ALERT: callback destination paused; resume it with "
+                            "`agentbox callbacks resume`",
+                            extra={"destination": notification.destination, "reason": paused})
             for listener in self.pause_listeners:
                 listener(notification.destination, paused)
 
@@ -286,9 +308,11 @@ class CallbackDeliverer:
         delay = 0.1
         while True:
             try:
+                pause_after = self.settings.callback_pause_after_failures
+                if notification.subscription_id is not None and self.subscriptions:
+                    pause_after = self.subscriptions.pause_after_failures
                 return await self.store.record_delivery(
-                    notification, self.owner, result, self.clock(),
-                    self.settings.callback_pause_after_failures)
+                    notification, self.owner, result, self.clock(), pause_after)
             except StorageUnavailable:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -297,6 +321,8 @@ class CallbackDeliverer:
         """The notification's next state after `attempt`, by the retry schedule."""
         if attempt.error is None:
             return DeliveryResult("delivered", status_code=attempt.status_code)
+        if attempt.final:
+            return DeliveryResult("dead", attempt.error, attempt.status_code)
         schedule = self.settings.callback_retry_schedule
         number = notification.attempts + 1  # this attempt's number
         pause = "gone: the destination answered 410" if attempt.status_code == 410 else None
@@ -326,8 +352,25 @@ class CallbackDeliverer:
             return Attempt("timeout")
 
     async def _attempt(self, notification: Notification) -> Attempt:
-        url = notification.url
-        refusal = self.policy.refusal(url)
+        policy = self.policy
+        if notification.subscription_id is not None:
+            if self.subscriptions is None:
+                return Attempt("subscriptions_unavailable")
+            prepared = await self.subscriptions.prepare(notification, self.clock())
+            if isinstance(prepared, Attempt):
+                return prepared
+            policy, signed = prepared
+        else:
+            signed = callback_headers(self.settings.callback_secret,
+                                      notification.notification_id, notification.body,
+                                      int(self.clock()))
+        return await self.send(notification.url, policy, signed, notification.body)
+
+    async def send(self, url: str, policy: DestinationPolicy, signed: dict[str, str],
+                   body: bytes, keep_body: bool = False) -> Attempt:
+        """Check `url` by `policy`, resolve it, and POST `body` with the `signed`
+        headers to an address that passed (the answer's first bytes kept if asked)."""
+        refusal = policy.refusal(url)
         if refusal is not None:
             return Attempt(refusal)
         parts = urlsplit(url)
@@ -343,33 +386,35 @@ class CallbackDeliverer:
                 return Attempt("dns_error")
         if not addresses:
             return Attempt("dns_error")
-        if not all(self.policy.permits(url, address) for address in addresses):
+        if not all(policy.permits(url, address) for address in addresses):
             return Attempt("address_not_allowed")
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "agentbox-callbacks",
             "Host": _host_header(host, parts.port),
-            **callback_headers(self.settings.callback_secret, notification.notification_id,
-                               notification.body, int(self.clock())),
+            **signed,
         }
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         last = Attempt("connection_error")
         for address in addresses:
             netloc = f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
             target = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
-            last = await self._post(target, headers, notification.body, extensions)
+            last = await self._post(target, headers, body, extensions, keep_body)
             if last.error != "connection_error":
                 break  # only an address that cannot be reached makes us try the next
         return last
 
     async def _post(self, target: str, headers: dict[str, str], body: bytes,
-                    extensions: dict[str, str]) -> Attempt:
+                    extensions: dict[str, str], keep_body: bool = False) -> Attempt:
+        kept = bytearray()
         try:
             async with self._client.stream("POST", target, content=body, headers=headers,
                                            extensions=extensions) as response:
                 received = 0
                 async for chunk in response.aiter_raw():
                     received += len(chunk)
+                    if keep_body:
+                        kept += chunk[:RESPONSE_BODY_CAP_BYTES - len(kept)]
                     if received >= RESPONSE_BODY_CAP_BYTES:
                         break
         except httpx.TimeoutException:
@@ -380,7 +425,7 @@ class CallbackDeliverer:
             return Attempt("protocol_error")
         code = response.status_code
         if 200 <= code < 300:
-            return Attempt(None, code)
+            return Attempt(None, code, body=bytes(kept))
         retry_after = None
         if code in (429, 503):
             retry_after = retry_after_seconds(response.headers.get("retry-after"), self.clock())

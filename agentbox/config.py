@@ -59,6 +59,10 @@ DEFAULT_KEEP_ALIVE_SECONDS = 5.0  # an idle connection is closed after this
 DEFAULT_RETENTION_DAYS = 30.0
 DEFAULT_BODY_RETENTION_DAYS = 7.0
 SECONDS_PER_DAY = 86_400.0
+# Subscriptions: the TTL a subscriber may ask for is kept within these bounds.
+DEFAULT_SUBSCRIPTION_MIN_TTL_SECONDS = 60.0
+DEFAULT_SUBSCRIPTION_MAX_TTL_SECONDS = 86_400.0  # a day: refresh to keep it longer
+DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES = 10
 
 
 class ConfigError(Exception):
@@ -124,6 +128,12 @@ class Settings:
     # these many days (fractions allowed); a project's history stays.
     retention_days: float = DEFAULT_RETENTION_DAYS
     body_retention_days: float = DEFAULT_BODY_RETENTION_DAYS
+    # -- subscriptions (other programs' webhook subscriptions) --
+    # Loopback origins a subscription may use over plain http (else https only).
+    subscription_allowed: tuple[str, ...] = ()
+    subscription_min_ttl_seconds: float = DEFAULT_SUBSCRIPTION_MIN_TTL_SECONDS
+    subscription_max_ttl_seconds: float = DEFAULT_SUBSCRIPTION_MAX_TTL_SECONDS
+    subscription_suspend_after_failures: int = DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES
 
     @property
     def database_path(self) -> Path:
@@ -136,11 +146,13 @@ _POSITIVE_FLOATS = {
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
     "keep_alive_seconds", "retention_days", "body_retention_days",
+    "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
-                  "max_connections"}
-_LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret"}
+                  "max_connections", "subscription_suspend_after_failures"}
+_LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
+          "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
@@ -340,6 +352,7 @@ def _check_consistency(settings: Settings) -> None:
                               f"{env_name('callback_allowed')} (alerts follow the callbacks' "
                               "rules), and it must carry no credentials")
     _check_retention(settings)
+    _check_subscriptions(settings)
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):
@@ -362,6 +375,16 @@ def _check_retention(settings: Settings) -> None:
             f"{env_name('body_retention_days')} ({settings.body_retention_days:g}) is longer "
             f"than {env_name('retention_days')} ({settings.retention_days:g}): a body goes "
             "with its run at the latest. Set it to at most the runs' retention.")
+def _check_subscriptions(settings: Settings) -> None:
+    where = env_name("subscription_allowed")
+    for origin in settings.subscription_allowed:
+        check_allowed_origin(origin, where)
+        if not is_loopback_host(urlsplit(origin).hostname or ""):
+            raise ConfigError(f"{where}: {origin!r}: list loopback origins only (other "
+                              "subscribers use https and need no listing)")
+    if settings.subscription_min_ttl_seconds > settings.subscription_max_ttl_seconds:
+        raise ConfigError(f"{env_name('subscription_min_ttl_seconds')} must not exceed "
+                          f"{env_name('subscription_max_ttl_seconds')}")
 
 
 def check_allowed_origin(origin: str, where: str = env_name("callback_allowed")) -> str:

@@ -384,7 +384,7 @@ class Dispatcher:
             async with asyncio.timeout(self.settings.run_timeout_seconds):
                 value = await spec.function(event, ctx)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
-                           emitted=self._emitted(ctx))
+                           emitted=self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
         except AttemptGivenBack as exc:
             if self._stop.is_set():
                 raise

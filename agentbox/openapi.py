@@ -15,7 +15,13 @@ from pydantic.json_schema import models_json_schema
 
 from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
 from agentbox.runs import RunStatus
-from agentbox.store import DestinationView, NotificationView, RunDetail, RunView
+from agentbox.store import (
+    DestinationView,
+    NotificationView,
+    RunDetail,
+    RunView,
+    SubscriptionView,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -74,6 +80,43 @@ class ResumeRequest(BaseModel):
     destination: str
 
 
+class SubscriptionRequest(BaseModel):
+    """`POST /subscriptions`: where to deliver, what (event types, or run states as
+    `run.<state>`), the subscriber's Standard Webhooks secret, a suggested TTL."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    event_types: list[str]
+    secret: str = Field(pattern="^whsec_")
+    ttl_ms: int | None = Field(default=None, gt=0)
+
+
+class RefreshRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_ms: int | None = Field(default=None, gt=0)
+
+
+class AgentChange(BaseModel):
+    event_type: str
+    subscribed: bool
+    run_id: str
+    changed_at: str
+
+
+class AgentSet(BaseModel):
+    """An agent's current event types: the configuration's routing, changed by what
+    the agent subscribed to and unsubscribed from."""
+
+    agent: str
+    event_types: list[str]
+    changes: list[AgentChange]
+
+
+class Subscriptions(BaseModel):
+    agents: list[AgentSet]
+    subscriptions: list[SubscriptionView]
+
+
 def _json(schema: str, description: str) -> dict[str, Any]:
     return {"description": description,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=schema)}}}}
@@ -92,6 +135,8 @@ def document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, RunView, RunDetail, RunList,
                                      Health,
                                      Notifications, Destinations, ResumeRequest,
+                                     SubscriptionRequest, RefreshRequest, SubscriptionView,
+                                     Subscriptions,
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
     signature_headers = [
@@ -103,6 +148,8 @@ def document() -> dict[str, Any]:
     ]
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
     admin: list[dict[str, list[str]]] = [{"admin": []}]
+    subscription_id = {"name": "subscription_id", "in": "path", "required": True,
+                       "schema": {"type": "string"}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "agentbox", "version": _version(),
@@ -178,6 +225,36 @@ def document() -> dict[str, Any]:
                     "schema": {"$ref": REF.format(model="ResumeRequest")}}}},
                 "responses": {"200": {"description": "resumed", "content": {
                     "application/json": {"schema": {"type": "object"}}}},
+                              **_errors(401, 404, 422, 503)},
+            }},
+            "/subscriptions": {
+                "post": {
+                    "summary": "Subscribe a program to event types or run states (admin)",
+                    "security": admin,
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": REF.format(model="SubscriptionRequest")}}}},
+                    "responses": {"201": _json("SubscriptionView", "pending verification"),
+                                  **_errors(401, 422, 503)},
+                },
+                "get": {
+                    "summary": "Agents' current event types and every subscription (admin)",
+                    "security": admin,
+                    "responses": {"200": _json("Subscriptions", "oldest first"),
+                                  **_errors(401)},
+                },
+            },
+            "/subscriptions/{subscription_id}": {"delete": {
+                "summary": "Unsubscribe (admin)", "security": admin,
+                "parameters": [subscription_id],
+                "responses": {"204": {"description": "deleted"},
+                              **_errors(401, 404, 503)},
+            }},
+            "/subscriptions/{subscription_id}/refresh": {"post": {
+                "summary": "Extend a subscription; a suspended one is verified again (admin)",
+                "security": admin, "parameters": [subscription_id],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"$ref": REF.format(model="RefreshRequest")}}}},
+                "responses": {"200": _json("SubscriptionView", "extended"),
                               **_errors(401, 404, 422, 503)},
             }},
             "/healthz": {"get": {

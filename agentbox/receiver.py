@@ -31,7 +31,14 @@ from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
 from agentbox.signing import SignatureError, Verifier
-from agentbox.store import AdmissionRefused, IngestResult, Lease, StorageUnavailable, Store
+from agentbox.store import (
+    AdmissionRefused,
+    IngestResult,
+    Lease,
+    NoSubscribedAgent,
+    StorageUnavailable,
+    Store,
+)
 
 log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
@@ -228,10 +235,9 @@ class Receiver:
                            "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)
 
     async def _store(self, event: Event, body: bytes) -> IngestResult:
+        # The configuration's routing; the store routes by the agents' current
+        # subscriptions in the ingest's transaction (no agent at all: no_agent).
         agents = [spec.name for spec in self.registry.for_event_type(event.envelope.event_type)]
-        if not agents:
-            raise Rejected(422, "no_agent", f"No agent is configured for "
-                           f"{event.envelope.event_type}; see AGENTBOX_AGENTS.")
         # Runs that can start here at once are stored already claimed.
         lease = self.dispatcher.lease_for(len(agents))
         ingest = asyncio.ensure_future(self._ingest(event, body, agents, lease))
@@ -284,6 +290,10 @@ class Receiver:
             return await self.store.ingest(event, body, agents, self.clock(),
                                            s.idempotency_ttl_seconds, s.max_pending,
                                            s.max_hops, lease)
+        except NoSubscribedAgent:
+            raise Rejected(422, "no_agent", f"No agent is configured for "
+                           f"{event.envelope.event_type} (or every one unsubscribed); see "
+                           "AGENTBOX_AGENTS.") from None
         except AdmissionRefused:
             raise Rejected(
                 429, "too_many_pending",

@@ -59,6 +59,7 @@ from agentbox.store import (
     Store,
     Transition,
 )
+from agentbox.subscriptions import agent_sets
 
 TEMPLATES = Path(__file__).parent / "templates"
 COOKIE = "agentbox_admin"
@@ -340,8 +341,12 @@ class StatusPages:
 
     async def callbacks(self, request: Request) -> Response:
         await self.refresh_alerts()
+        subscribers = [{**view.model_dump(mode="json"), "url": redact(view.url)}
+                       for view in await self.store.subscriptions(self.dispatcher.clock())]
         return self._page("callbacks.html", destinations=await self.store.destinations(),
-                          dead=await self.store.list_notifications("dead", 100))
+                          dead=await self.store.list_notifications("dead", 100),
+                          agent_sets=await agent_sets(self.store, self.dispatcher.registry),
+                          subscribers=subscribers)
 
     async def replay(self, request: Request) -> Response:
         form = await self._checked_form(request)

@@ -26,7 +26,7 @@ def test_the_api_keeps_to_its_document(server: Server) -> None:
         @settings(max_examples=40, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case: schemathesis.Case) -> None:
-            calls.append(case.operation.path)
+            calls.append((case.method, case.operation.path))
             case.call_and_validate()  # no 5xx; status, content type and body as documented
 
         check()

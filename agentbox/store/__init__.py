@@ -25,16 +25,19 @@ from typing import Any
 
 from agentbox.events import Event
 from agentbox.store.views import (
+    AgentSubscriptionView,
     AttemptView,
     DestinationView,
     HistoryEntry,
     NotificationView,
     RunDetail,
     RunView,
+    SubscriptionView,
 )
 
 __all__ = [
     "AdmissionRefused",
+    "AgentSubscriptionView",
     "AttemptView",
     "BodyRemoved",
     "ClaimResult",
@@ -46,6 +49,7 @@ __all__ = [
     "HistoryEntry",
     "IngestResult",
     "Lease",
+    "NoSubscribedAgent",
     "NotReplayable",
     "Notification",
     "NotificationView",
@@ -62,7 +66,11 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreInUse",
+    "SubscriptionNotFound",
+    "SubscriptionTarget",
+    "SubscriptionView",
     "Transition",
+    "Verification",
     "iso",
     "notification",
     "project_of",
@@ -102,6 +110,41 @@ class AdmissionRefused(StoreError):
 
 class RunNotFound(StoreError):
     pass
+
+
+class NoSubscribedAgent(StoreError):
+    """No agent receives this event type now (none configured, or every one
+    unsubscribed): answer 422 no_agent; nothing was stored."""
+
+    def __init__(self, event_type: str) -> None:
+        super().__init__(f"no agent is subscribed to {event_type}")
+        self.event_type = event_type
+
+
+class SubscriptionNotFound(StoreError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubscriptionTarget:
+    """What a delivery to a subscriber needs: where, and the secret to sign with."""
+
+    id: str
+    url: str
+    state: str  # pending_verification, active, suspended
+    expires_at: float
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """A subscription's verification challenge, leased for one attempt."""
+
+    id: str
+    url: str
+    challenge: str
+    failures: int  # failed attempts before this one
+    secret: str = field(repr=False)
 
 
 class NotReplayable(StoreError):
@@ -190,6 +233,7 @@ class Notification:
     body: bytes
     attempts: int  # deliveries tried before this one
     lease_until: float  # with the owner, what makes this lease this lease
+    subscription_id: str | None = None  # a delivery to a subscriber, not a callback
 
 
 @dataclass(frozen=True)
@@ -265,6 +309,9 @@ class Outcome:
     error_message: str | None = None
     next_attempt_at: float | None = None
     emitted: tuple[Emitted, ...] = ()  # stored only when the run succeeds
+    # (event_type, subscribed) changes the agent made (ctx.subscribe/unsubscribe), in
+    # order: stored only when the run succeeds, before its emitted events are routed.
+    subscriptions: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,6 +371,9 @@ class Store(abc.ABC):
         self.last_error: str | None = None  # why not healthy, for people: never a secret
         # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
         self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+        # Told when a commit of this instance queued outbox rows that no announced
+        # change says so (a subscriber's delivery of an event just ingested).
+        self.outbox_listeners: list[Callable[[], None]] = []
 
     @property
     @abc.abstractmethod
@@ -570,3 +620,61 @@ class Store(abc.ABC):
     async def reclaim_space(self, pages: int) -> int:
         """Give up to `pages` free pages back to the file system; the free pages left
         (0 where the engine reclaims space by itself)."""
+    # -- subscriptions ------------------------------------------------------------------
+    # An agent's changes to the event types it receives ride in its run's outcome
+    # (`Outcome.subscriptions`); `ingest` routes each event by the current set. Other
+    # programs' subscriptions get their deliveries queued in the outbox with the
+    # ingest (event types) or the state change (run.<state>) they report.
+
+    @abc.abstractmethod
+    async def agent_subscriptions(self) -> list[AgentSubscriptionView]:
+        """Every change agents made to their event types (the configuration's
+        routing is the rest of their current set), by agent then event type."""
+
+    @abc.abstractmethod
+    async def create_subscription(self, *, subscription_id: str, url: str,
+                                  topics: Sequence[str], secret: str, secret_hint: str,
+                                  challenge: str, ttl: float, now: float) -> SubscriptionView:
+        """Store a subscription pending verification: nothing is delivered to it
+        (its deliveries queue, held) until `record_verification` says it answered."""
+
+    @abc.abstractmethod
+    async def refresh_subscription(self, subscription_id: str, ttl: float, challenge: str,
+                                   now: float) -> SubscriptionView:
+        """Extend a subscription to `now + ttl`; a suspended one is verified again
+        (with `challenge`) before anything more goes out. SubscriptionNotFound
+        (an expired one is not found: it has stopped)."""
+
+    @abc.abstractmethod
+    async def delete_subscription(self, subscription_id: str, now: float,
+                                  reason: str = "subscription_deleted") -> None:
+        """Remove a subscription; what was queued for it becomes dead with `reason`.
+        SubscriptionNotFound."""
+
+    @abc.abstractmethod
+    async def subscriptions(self, now: float, limit: int = 500) -> list[SubscriptionView]:
+        """Every subscription (expired ones until they are removed), oldest first."""
+
+    @abc.abstractmethod
+    async def subscription(self, subscription_id: str, now: float) -> SubscriptionView | None:
+        """One subscription as the API shows it, or None."""
+
+    @abc.abstractmethod
+    async def subscription_target(self, subscription_id: str) -> SubscriptionTarget | None:
+        """Where and with which secret to send a subscription's deliveries (None: gone)."""
+
+    @abc.abstractmethod
+    async def claim_verifications(self, now: float, limit: int, lease_seconds: float
+                                  ) -> tuple[list[Verification], float | None]:
+        """Lease due verification attempts; also when the next one falls due."""
+
+    @abc.abstractmethod
+    async def record_verification(self, verification: Verification, error: str | None,
+                                  next_at: float, now: float, suspend_after: int) -> str:
+        """The subscription's state after an attempt: `error` None makes it active
+        and releases what queued meanwhile; else after `suspend_after` failed
+        attempts it is suspended, before that tried again at `next_at`."""
+
+    @abc.abstractmethod
+    async def prune_subscriptions(self, before: float, limit: int) -> int:
+        """Remove subscriptions that expired before `before` (as `delete_subscription`)."""

@@ -23,11 +23,13 @@ from agentbox.store import (
     Emitted,
     IngestResult,
     Lease,
+    NoSubscribedAgent,
     RunRef,
     Transition,
     project_of,
 )
 from agentbox.store.outbox import Callback, queue_callback
+from agentbox.store.subscriptions import queue_event, routed
 from agentbox.store.writer import Batch, Db, answer
 
 LOOP_DETECTED = "loop_detected"
@@ -81,6 +83,11 @@ class Ingest:
     max_pending: int | None  # None: not counted against admission (an emitted event)
     lease: Lease | None  # claim the runs as they are accepted
     notify_due: float  # a callback's first attempt
+    # Subscriptions: `agents` is the configuration's routing until the transaction
+    # routes it by the agents' current subscriptions (an emitted event's is routed
+    # before its stop reasons are found). `stop_all`: a received event's stop reason.
+    routed: bool = False
+    stop_all: str | None = None
 
     def __call__(self, db: Db, state: Batch) -> IngestResult:
         result: IngestResult = answer(ingest_batch(db, state, [self])[0])
@@ -115,11 +122,17 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
     first: dict[str, int] = {}
     admitted: list[int] = []
     refused: list[int] = []
+    unrouted: list[int] = []  # no agent subscribed (unless a duplicate)
     for index, item in enumerate(items):
         key = item.event.envelope.idempotency_key
         if key in first:
             continue
         first[key] = index
+        if not item.routed:
+            _route(db, state, item)
+        if not item.agents:
+            unrouted.append(index)
+            continue
         if item.max_pending is not None and state.active + len(item.agents) > item.max_pending:
             refused.append(index)  # unless it turns out to be a duplicate
             continue
@@ -134,15 +147,17 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
                 state.active -= len(items[i].agents)  # a duplicate after all
                 continue
             answers[i] = (True, _stored(db, state, items[i], plan))
-    unanswered = [i for i in admitted + refused if answers[i] is None]
+    unanswered = [i for i in admitted + refused + unrouted if answers[i] is None]
     if unanswered:
         found = db.runs_of_keys([items[i].event.envelope.idempotency_key for i in unanswered],
                                 now)
         for i in unanswered:
             key = items[i].event.envelope.idempotency_key
-            if key in found or i not in refused:
+            if key in found or i not in refused + unrouted:
                 runs = [RunRef(run_id=r, agent=a, status=s) for r, a, s in found.get(key, [])]
                 answers[i] = (True, IngestResult(runs=runs, duplicate=True))
+            elif i in unrouted:
+                answers[i] = (False, NoSubscribedAgent(items[i].event.envelope.event_type))
             else:
                 answers[i] = (False, AdmissionRefused(state.active, items[i].max_pending or 0))
     if len(first) == len(items):  # no key twice in the batch: every item is answered
@@ -157,9 +172,22 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
     return settled
 
 
+def _route(db: Db, state: Batch, item: Ingest) -> None:
+    """Route a received event by the agents' current subscriptions. Runs that change
+    from what the caller leased for are stored accepted, not claimed."""
+    agents = routed(db, state, item.event.envelope.event_type, item.agents)
+    if agents != item.agents:
+        item.agents, item.lease = agents, None
+    item.stop_reasons = (item.stop_all,) * len(agents)
+    item.routed = True
+
+
 def _stored(db: Db, state: Batch, item: Ingest, planned: NewEvent) -> IngestResult:
-    """What a stored event's runs owe: the counts, the callbacks, the answer."""
+    """What a stored event's runs owe: the counts, the callbacks, the deliveries to
+    subscribers of its type, the answer."""
     env = planned.env
+    queue_event(db, state, env=env, body=item.body, run_ids=[run.run_id for run in planned.runs],
+                now=item.now, due=item.notify_due)
     refs = []
     for run in planned.runs:
         if run.status == RunStatus.DEAD_LETTERED:
@@ -206,7 +234,7 @@ def received(event: Event, body: bytes, agents: Sequence[str], *, now: float, tt
     return Ingest(event=event, body=body, agents=tuple(agents),
                   stop_reasons=(too_far,) * len(agents), now=now, expires_at=now + ttl,
                   max_pending=max_pending, lease=None if too_far else lease,
-                  notify_due=notify_due)
+                  notify_due=notify_due, stop_all=too_far)
 
 
 def store_emitted(db: Db, state: Batch, emitted: Sequence[Emitted], *, parent_pk: int,
@@ -221,7 +249,9 @@ def store_emitted(db: Db, state: Batch, emitted: Sequence[Emitted], *, parent_pk
     loop_detected: visible, never dropped. Answers the new runs' changes, and per
     event the ids of its runs that were accepted.
     """
-    items = [_emitted(db, item, parent_pk, now, notify_due) for item in emitted]
+    # An event no agent receives any more (they unsubscribed) is not stored.
+    items = [ingest for item in emitted
+             if (ingest := _emitted(db, state, item, parent_pk, now, notify_due)).agents]
     spawned: list[Transition] = []
     events: list[tuple[Event, tuple[str, ...]]] = []
     for item, settled in zip(items, ingest_batch(db, state, items), strict=True):
@@ -237,8 +267,10 @@ def store_emitted(db: Db, state: Batch, emitted: Sequence[Emitted], *, parent_pk
     return spawned, events
 
 
-def _emitted(db: Db, item: Emitted, parent_pk: int, now: float, notify_due: float) -> Ingest:
+def _emitted(db: Db, state: Batch, item: Emitted, parent_pk: int, now: float,
+             notify_due: float) -> Ingest:
     env = item.event.envelope
+    agents = routed(db, state, env.event_type, item.agents)
     chain = env.correlation_id or env.event_id
     history = {tuple(row) for row in db.run("chain_history", {"chain": chain,
                                                               "parent": parent_pk})}
@@ -251,7 +283,7 @@ def _emitted(db: Db, item: Emitted, parent_pk: int, now: float, notify_due: floa
             return f"{agent} already handled {env.event_type} in the chain {chain}"
         return None
 
-    return Ingest(event=item.event, body=item.body, agents=item.agents,
-                  stop_reasons=tuple(stop_reason(agent) for agent in item.agents), now=now,
+    return Ingest(event=item.event, body=item.body, agents=agents,
+                  stop_reasons=tuple(stop_reason(agent) for agent in agents), now=now,
                   expires_at=item.key_expires_at, max_pending=None, lease=None,
-                  notify_due=notify_due)
+                  notify_due=notify_due, routed=True)

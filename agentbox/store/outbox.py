@@ -14,6 +14,7 @@ from typing import Any
 
 from agentbox.config import origin_of
 from agentbox.store import DeliveryResult, DestinationNotFound, Notification, notification
+from agentbox.store.subscriptions import queue_run_state
 from agentbox.store.writer import Batch, Db
 
 
@@ -34,7 +35,9 @@ class Callback:
 
 def queue_callback(db: Db, state: Batch, callback: Callback) -> bool:
     """Write the outbox row a state change owes, in the state change's
-    transaction; False if its event gave no callback URL."""
+    transaction; False if its event gave no callback URL. Subscribers of the
+    change's state (run.<state>) get theirs in the same transaction."""
+    queue_run_state(db, state, callback)
     if callback.url is None:
         return False
     state.outbox_ready = True
@@ -66,8 +69,10 @@ def claim_notifications(db: Db, state: Batch, *, owner: str, limit: int, now: fl
     }).fetchall()
     claimed = sorted((Notification(
         pk=pk, notification_id=notification_id, run_id=run_id, destination=destination,
-        url=url, body=bytes(body), attempts=attempts, lease_until=lease_until)
-        for pk, notification_id, run_id, destination, url, body, attempts, lease_until in rows),
+        url=url, body=bytes(body), attempts=attempts, lease_until=lease_until,
+        subscription_id=subscription_id)
+        for pk, notification_id, run_id, destination, url, body, attempts, lease_until,
+        subscription_id in rows),
         key=lambda n: n.pk)
     following = db.run("next_notification").fetchone()
     return claimed, None if following is None else following[0]
@@ -106,7 +111,8 @@ def record_delivery(db: Db, state: Batch, *, notification: Notification, owner: 
         db.run("pause_destination", {"reason": reason, "now": now, "destination": destination})
         db.run("hold_destination", {"destination": destination})
     if result.state != "pending":
-        db.run("ready_next_of_run", {"run_id": notification.run_id})
+        db.run("ready_next_of_run", {"run_id": notification.run_id,
+                                     "subscription_id": notification.subscription_id})
         state.outbox_ready = True
     return reason if paused else None
 
@@ -121,3 +127,4 @@ def resume_destination(db: Db, state: Batch, *, destination: str, now: float) ->
         raise DestinationNotFound(destination)
     db.run("release_destination", {"destination": destination, "now": now})
     state.outbox_ready = True
+

@@ -17,6 +17,7 @@ from agentbox.runs import InvalidTransition, RunStatus, check_transition
 from agentbox.store import Outcome, Transition
 from agentbox.store.ingest import store_emitted
 from agentbox.store.outbox import Callback, queue_callback
+from agentbox.store.subscriptions import change_agent_subscriptions
 from agentbox.store.writer import Batch, Db, answer
 
 
@@ -92,6 +93,11 @@ def finish_batch(db: Db, state: Batch, items: Sequence[Finish]) -> list[tuple[bo
             result=item.outcome.result, error_code=item.outcome.error_code))
         spawned: list[Transition] = []
         emitted: list[Any] = []
+        if item.target is RunStatus.SUCCEEDED and item.outcome.subscriptions:
+            # Before its emitted events are routed: an agent that unsubscribed from
+            # a type right before emitting it does not receive it.
+            change_agent_subscriptions(db, state, agent=landed.agent, run_id=item.run_id,
+                                       changes=item.outcome.subscriptions, now=item.now)
         if item.target is RunStatus.SUCCEEDED and item.outcome.emitted:
             spawned, emitted = store_emitted(db, state, item.outcome.emitted,
                                              parent_pk=landed.event_pk, now=item.now,

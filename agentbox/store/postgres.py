@@ -304,6 +304,9 @@ class PostgresStore(SqlStore):
             return [(False, StorageUnavailable(self.last_error))] * len(batch)
         if any(queued.durable for queued in batch):  # as in SQLite: these vouch for health
             self.healthy, self.last_error = True, None
+        if state.outbox_ready:
+            for listener in self.outbox_listeners:
+                listener()
         # Batches commit side by side: add this one's change, or take its fresh count.
         self._active = state.active if state.recounted else self._active + (
             state.active - state.base)

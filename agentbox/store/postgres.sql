@@ -160,6 +160,52 @@ CREATE INDEX IF NOT EXISTS project_exports_project
 CREATE INDEX IF NOT EXISTS events_with_body ON events (received_at, pk)
     WHERE body_removed_at IS NULL;
 
+-- name: migration_5
+-- Subscriptions. agent_subscriptions: what an agent changed of the event types its
+-- configuration routes to it (1 subscribed, 0 unsubscribed), written with the
+-- success of the run that changed it. subscriptions: other programs' webhook
+-- subscriptions (topics: event types, or run states as run.<state>); their
+-- deliveries are outbox rows with outbox.subscription_id set and destination
+-- 'subscription:<id>'.
+CREATE TABLE IF NOT EXISTS agent_subscriptions (
+    event_type TEXT COLLATE "C" NOT NULL,
+    agent      TEXT COLLATE "C" NOT NULL,
+    subscribed INTEGER NOT NULL,
+    run_id     TEXT NOT NULL,
+    changed_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (event_type, agent)
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id              TEXT COLLATE "C" PRIMARY KEY,
+    url             TEXT NOT NULL,
+    destination     TEXT NOT NULL,
+    topics          TEXT NOT NULL,
+    secret          TEXT NOT NULL,
+    secret_hint     TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    challenge       TEXT,
+    ttl             DOUBLE PRECISION NOT NULL,
+    created_at      DOUBLE PRECISION NOT NULL,
+    refreshed_at    DOUBLE PRECISION NOT NULL,
+    expires_at      DOUBLE PRECISION NOT NULL,
+    verify_at       DOUBLE PRECISION,
+    verify_failures INTEGER NOT NULL DEFAULT 0,
+    verified_at     DOUBLE PRECISION,
+    last_error      TEXT,
+    updated_at      DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subscriptions_verify ON subscriptions (verify_at)
+    WHERE state = 'pending_verification';
+CREATE INDEX IF NOT EXISTS subscriptions_expiry ON subscriptions (expires_at);
+CREATE TABLE IF NOT EXISTS subscription_topics (
+    topic           TEXT COLLATE "C" NOT NULL,
+    subscription_id TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (topic, subscription_id)
+);
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS subscription_id TEXT;
+CREATE INDEX IF NOT EXISTS outbox_subscription ON outbox (subscription_id, state)
+    WHERE subscription_id IS NOT NULL;
+
 -- ===== ingest ==========================================================================
 
 -- name: count_active
@@ -396,7 +442,8 @@ INSERT INTO outbox (notification_id, run_id, status, destination, url, body, cre
                     next_attempt_at, ready)
 VALUES (%(id)s, %(run_id)s, %(status)s, %(destination)s, %(url)s, %(body)s, %(now)s, %(due)s,
         CASE WHEN NOT EXISTS (SELECT 1 FROM outbox
-                              WHERE run_id = %(run_id)s AND state = 'pending')
+                              WHERE run_id = %(run_id)s AND state = 'pending'
+                                AND subscription_id IS NULL)
              AND NOT EXISTS (SELECT 1 FROM callback_destinations
                              WHERE destination = %(destination)s AND state = 'paused')
         THEN 1 ELSE 0 END)
@@ -408,7 +455,8 @@ WHERE pk IN (
     SELECT pk FROM outbox
     WHERE state = 'pending' AND ready = 1 AND next_attempt_at <= %(now)s
     ORDER BY next_attempt_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at
+RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at,
+          subscription_id
 
 -- name: next_notification
 -- A leased one counts too: its lease's end is when it may be sent again.
@@ -426,12 +474,15 @@ WHERE pk = %(pk)s AND lease_owner = %(owner)s AND next_attempt_at = %(lease_unti
   AND state = 'pending'
 
 -- name: ready_next_of_run
--- Once a notification is no longer pending, the next one of its run may go.
+-- Once a notification is no longer pending, the next one of its run may go (a
+-- subscription's deliveries are ordered among themselves, apart from callbacks).
 UPDATE outbox SET ready = CASE WHEN EXISTS (
     SELECT 1 FROM callback_destinations WHERE destination = outbox.destination
     AND state = 'paused') THEN 0 ELSE 1 END
 WHERE pk = (SELECT pk FROM outbox
-            WHERE run_id = %(run_id)s AND state = 'pending' ORDER BY pk LIMIT 1)
+            WHERE run_id = %(run_id)s AND state = 'pending'
+              AND subscription_id IS NOT DISTINCT FROM %(subscription_id)s::text
+            ORDER BY pk LIMIT 1)
 
 -- name: destination_state
 SELECT state, consecutive_failures FROM callback_destinations WHERE destination = %(destination)s
@@ -467,11 +518,149 @@ UPDATE outbox SET ready = 1,
                               ELSE next_attempt_at END
 WHERE destination = %(destination)s AND state = 'pending'
   AND NOT EXISTS (SELECT 1 FROM outbox p
-                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk)
+                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk
+                    AND p.subscription_id IS NOT DISTINCT FROM outbox.subscription_id)
 
 -- name: release_notifications
 UPDATE outbox SET next_attempt_at = %(now)s, lease_owner = NULL
 WHERE state = 'pending' AND lease_owner IS NOT NULL AND (lease_owner = %(owner)s OR %(owner)s::text = '*')
+
+-- ===== subscriptions ===================================================================
+
+-- name: any_agent_subscriptions
+SELECT EXISTS (SELECT 1 FROM agent_subscriptions)
+
+-- name: agent_subscription_changes
+SELECT agent, subscribed FROM agent_subscriptions WHERE event_type = %(event_type)s
+
+-- name: set_agent_subscription
+INSERT INTO agent_subscriptions (event_type, agent, subscribed, run_id, changed_at)
+VALUES (%(event_type)s, %(agent)s, %(subscribed)s, %(run_id)s, %(now)s)
+ON CONFLICT (event_type, agent) DO UPDATE SET subscribed = excluded.subscribed,
+    run_id = excluded.run_id, changed_at = excluded.changed_at
+
+-- name: agent_subscriptions
+SELECT event_type, agent, subscribed, run_id, changed_at FROM agent_subscriptions
+ORDER BY agent, event_type
+
+-- name: any_subscriptions
+SELECT EXISTS (SELECT 1 FROM subscriptions)
+
+-- name: subscribers_of
+SELECT s.id, s.url, s.destination FROM subscription_topics t
+JOIN subscriptions s ON s.id = t.subscription_id
+WHERE t.topic = %(topic)s AND s.expires_at > %(now)s ORDER BY s.id
+
+-- name: insert_subscription_delivery
+-- Ordered behind the pending deliveries of the same run to the same subscription;
+-- held while the subscription is not verified or suspended (its destination paused).
+INSERT INTO outbox (notification_id, run_id, status, destination, url, body, created_at,
+                    next_attempt_at, ready, subscription_id)
+VALUES (%(id)s, %(run_id)s, %(status)s, %(destination)s, %(url)s, %(body)s, %(now)s, %(due)s,
+        CASE WHEN NOT EXISTS (SELECT 1 FROM outbox
+                              WHERE run_id = %(run_id)s AND state = 'pending'
+                                AND subscription_id = %(subscription_id)s)
+             AND NOT EXISTS (SELECT 1 FROM callback_destinations
+                             WHERE destination = %(destination)s AND state = 'paused')
+        THEN 1 ELSE 0 END, %(subscription_id)s)
+ON CONFLICT (notification_id) DO NOTHING
+
+-- name: insert_subscription
+INSERT INTO subscriptions (id, url, destination, topics, secret, secret_hint, state, challenge, ttl,
+                           created_at, refreshed_at, expires_at, verify_at, updated_at)
+VALUES (%(id)s, %(url)s, %(destination)s, %(topics)s, %(secret)s, %(secret_hint)s, 'pending_verification',
+        %(challenge)s, %(ttl)s, %(now)s, %(now)s, %(expires_at)s, %(now)s, %(now)s)
+
+-- name: insert_subscription_topic
+INSERT INTO subscription_topics (topic, subscription_id) VALUES (%(topic)s, %(id)s)
+ON CONFLICT DO NOTHING
+
+-- name: hold_subscription
+-- Nothing goes to a subscription until it is verified: its destination starts paused.
+INSERT INTO callback_destinations (destination, state, paused_reason, paused_at, updated_at)
+VALUES (%(destination)s, 'paused', %(reason)s, %(now)s, %(now)s)
+ON CONFLICT (destination) DO UPDATE SET state = 'paused', paused_reason = excluded.paused_reason,
+    paused_at = excluded.paused_at, updated_at = excluded.updated_at
+
+-- name: subscription_row
+SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.created_at,
+       s.refreshed_at, s.expires_at, s.verify_at, s.verify_failures, s.verified_at,
+       s.last_error, s.updated_at, s.secret_hint, s.secret,
+       d.state AS destination_state, d.paused_reason, d.consecutive_failures,
+       d.last_error AS delivery_error,
+       (SELECT count(*) FROM outbox o
+        WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
+FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
+WHERE s.id = %(id)s
+
+-- name: list_subscriptions
+SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.created_at,
+       s.refreshed_at, s.expires_at, s.verify_at, s.verify_failures, s.verified_at,
+       s.last_error, s.updated_at, s.secret_hint,
+       d.state AS destination_state, d.paused_reason, d.consecutive_failures,
+       d.last_error AS delivery_error,
+       (SELECT count(*) FROM outbox o
+        WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
+FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
+ORDER BY s.created_at, s.id LIMIT %(limit)s
+
+-- name: refresh_subscription
+UPDATE subscriptions SET ttl = %(ttl)s, refreshed_at = %(now)s, expires_at = %(expires_at)s,
+       updated_at = %(now)s
+WHERE id = %(id)s
+
+-- name: reverify_subscription
+-- A suspended subscription refreshed is verified again before anything more is sent.
+UPDATE subscriptions SET state = 'pending_verification', challenge = %(challenge)s,
+       verify_at = %(now)s, verify_failures = 0, updated_at = %(now)s
+WHERE id = %(id)s
+
+-- name: delete_subscription
+DELETE FROM subscriptions WHERE id = %(id)s
+
+-- name: delete_subscription_topics
+DELETE FROM subscription_topics WHERE subscription_id = %(id)s
+
+-- name: drop_subscription_deliveries
+-- What was still queued for a subscription that is gone: dead, with the reason.
+UPDATE outbox SET state = 'dead', last_error = %(error)s, lease_owner = NULL,
+       next_attempt_at = NULL
+WHERE subscription_id = %(id)s AND state = 'pending'
+
+-- name: delete_subscription_destination
+DELETE FROM callback_destinations WHERE destination = %(destination)s
+
+-- name: due_verifications
+SELECT id, url, secret, challenge, verify_failures FROM subscriptions
+WHERE state = 'pending_verification' AND verify_at <= %(now)s AND expires_at > %(now)s
+ORDER BY verify_at LIMIT %(limit)s
+
+-- name: next_verification
+SELECT verify_at FROM subscriptions
+WHERE state = 'pending_verification' AND expires_at > %(now)s ORDER BY verify_at LIMIT 1
+
+-- name: take_verification
+-- Leases a verification attempt: another instance does not send it meanwhile.
+UPDATE subscriptions SET verify_at = %(lease_until)s
+WHERE id = %(id)s AND state = 'pending_verification' AND verify_at <= %(now)s
+
+-- name: subscription_verified
+UPDATE subscriptions SET state = 'active', verified_at = %(now)s, challenge = NULL,
+       verify_at = NULL, verify_failures = 0, last_error = NULL, updated_at = %(now)s
+WHERE id = %(id)s AND state = 'pending_verification' AND challenge = %(challenge)s
+
+-- name: verification_failed
+UPDATE subscriptions SET verify_failures = verify_failures + 1, last_error = %(error)s,
+       verify_at = CASE WHEN verify_failures + 1 >= %(limit)s THEN NULL
+                        ELSE %(next_at)s::double precision END,
+       state = CASE WHEN verify_failures + 1 >= %(limit)s THEN 'suspended' ELSE state END,
+       updated_at = %(now)s
+WHERE id = %(id)s AND state = 'pending_verification' AND challenge = %(challenge)s
+RETURNING state
+
+-- name: expired_subscriptions
+SELECT id, destination FROM subscriptions
+WHERE expires_at <= %(before)s ORDER BY expires_at LIMIT %(limit)s
 
 -- ===== reads and views =================================================================
 

@@ -12,12 +12,15 @@ from typing import Any
 
 from agentbox.runs import TERMINAL, RunStatus
 from agentbox.store import (
+    AgentSubscriptionView,
     AttemptView,
     DestinationView,
     HistoryEntry,
     NotificationView,
     ProjectExport,
     RunView,
+    SubscriptionTarget,
+    SubscriptionView,
     iso,
 )
 
@@ -252,3 +255,55 @@ class Reads(abc.ABC):
             paused_reason=row["paused_reason"], paused_at=iso(row["paused_at"]),
             last_error=row["last_error"], updated_at=iso(row["updated_at"]),
             pending=row["pending"]) for row in await self._named("destinations")]
+
+    # -- subscriptions ------------------------------------------------------------------
+
+    async def agent_subscriptions(self) -> list[AgentSubscriptionView]:
+        return [AgentSubscriptionView(
+            agent=row["agent"], event_type=row["event_type"],
+            subscribed=bool(row["subscribed"]), run_id=row["run_id"],
+            changed_at=iso(row["changed_at"]) or "")
+            for row in await self._named("agent_subscriptions")]
+
+    async def subscriptions(self, now: float, limit: int = 500) -> list[SubscriptionView]:
+        return [subscription_view(row, now)
+                for row in await self._named("list_subscriptions", limit=limit)]
+
+    async def subscription(self, subscription_id: str, now: float) -> SubscriptionView | None:
+        if unaskable(subscription_id):
+            return None
+        rows = await self._named("subscription_row", id=subscription_id)
+        return subscription_view(rows[0], now) if rows else None
+
+    async def subscription_target(self, subscription_id: str) -> SubscriptionTarget | None:
+        rows = await self._named("subscription_row", id=subscription_id)
+        if not rows:
+            return None
+        row = rows[0]
+        return SubscriptionTarget(id=row["id"], url=row["url"], state=row["state"],
+                                  expires_at=row["expires_at"], secret=row["secret"])
+
+
+REFRESH_SHARE = 0.8  # refresh before this share of the TTL has passed
+
+
+def subscription_view(row: Row, now: float) -> SubscriptionView:
+    """A subscription as shown: expired once its time is up; suspended when verified
+    but its deliveries' destination is paused (failures in a row)."""
+    state = row["state"]
+    if row["expires_at"] <= now:
+        state = "expired"
+    elif state == "active" and row["destination_state"] == "paused":
+        state = "suspended"
+    last_error = row["last_error"] if row["state"] != "active" else row["delivery_error"]
+    ttl = row["ttl"]
+    return SubscriptionView(
+        id=row["id"], url=row["url"], event_types=json.loads(row["topics"]), state=state,
+        created_at=iso(row["created_at"]) or "", refreshed_at=iso(row["refreshed_at"]) or "",
+        expires_at=iso(row["expires_at"]) or "",
+        refresh_before=iso(row["refreshed_at"] + ttl * REFRESH_SHARE) or "",
+        ttl_ms=round(ttl * 1000), verified_at=iso(row["verified_at"]),
+        secret_hint=row["secret_hint"], last_error=last_error,
+        consecutive_failures=(row["consecutive_failures"] or 0 if row["state"] == "active"
+                              else row["verify_failures"]),
+        pending=row["pending"])

@@ -7,6 +7,8 @@ Versions: 1, the tables; 2, the index of waiting runs by age; 3, the events'
 `project` (payload.project_id, NFC), filled for the events already stored;
 4, retention: the archive of removed exports (`project_exports`) and the
 events' `body_removed_at`.
+5, subscriptions (agents' changes to their event types, other programs' webhook
+subscriptions, and the outbox's `subscription_id`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
 SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {
     3: (("events", "project", "TEXT"),),
     4: (("events", "body_removed_at", "REAL"),),  # retention
+    5: (("outbox", "subscription_id", "TEXT"),),  # subscriptions
 }
 SQL_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS agentbox_schema (

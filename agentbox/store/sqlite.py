@@ -318,6 +318,9 @@ class SqliteStore(SqlStore):
             self.healthy, self.last_error = True, None
         if conn.total_changes != changes:
             self._written.set()
+        if state.outbox_ready:
+            for listener in self.outbox_listeners:
+                listener()
         self._active = state.active
         return results
 

@@ -161,6 +161,51 @@ CREATE INDEX IF NOT EXISTS project_exports_project
 CREATE INDEX IF NOT EXISTS events_with_body ON events (received_at, pk)
     WHERE body_removed_at IS NULL;
 
+-- name: migration_5
+-- Subscriptions. agent_subscriptions: what an agent changed of the event types its
+-- configuration routes to it (1 subscribed, 0 unsubscribed), written with the
+-- success of the run that changed it. subscriptions: other programs' webhook
+-- subscriptions (topics: event types, or run states as run.<state>); their
+-- deliveries are outbox rows with outbox.subscription_id set (the column is added
+-- by the engine when missing) and destination 'subscription:<id>'.
+CREATE TABLE IF NOT EXISTS agent_subscriptions (
+    event_type TEXT NOT NULL,
+    agent      TEXT NOT NULL,
+    subscribed INTEGER NOT NULL,
+    run_id     TEXT NOT NULL,  -- the run whose success made the change
+    changed_at REAL NOT NULL,
+    PRIMARY KEY (event_type, agent)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id              TEXT PRIMARY KEY,
+    url             TEXT NOT NULL,
+    destination     TEXT NOT NULL,  -- subscription:<id>: its deliveries' pause and failures
+    topics          TEXT NOT NULL,  -- JSON array, sorted
+    secret          TEXT NOT NULL,  -- the subscriber's whsec_ secret: never read by a view
+    secret_hint     TEXT NOT NULL,  -- a fingerprint of it, what views show
+    state           TEXT NOT NULL,  -- pending_verification, active, suspended
+    challenge       TEXT,
+    ttl             REAL NOT NULL,
+    created_at      REAL NOT NULL,
+    refreshed_at    REAL NOT NULL,
+    expires_at      REAL NOT NULL,
+    verify_at       REAL,  -- the next verification attempt, while pending_verification
+    verify_failures INTEGER NOT NULL DEFAULT 0,
+    verified_at     REAL,
+    last_error      TEXT,  -- a category, never a body
+    updated_at      REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS subscriptions_verify ON subscriptions (verify_at)
+    WHERE state = 'pending_verification';
+CREATE INDEX IF NOT EXISTS subscriptions_expiry ON subscriptions (expires_at);
+CREATE TABLE IF NOT EXISTS subscription_topics (
+    topic           TEXT NOT NULL,
+    subscription_id TEXT NOT NULL,
+    PRIMARY KEY (topic, subscription_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS outbox_subscription ON outbox (subscription_id, state)
+    WHERE subscription_id IS NOT NULL;
+
 -- ===== ingest ==========================================================================
 
 -- name: count_active
@@ -355,7 +400,8 @@ INSERT INTO outbox (notification_id, run_id, status, destination, url, body, cre
                     next_attempt_at, ready)
 VALUES (:id, :run_id, :status, :destination, :url, :body, :now, :due,
         CASE WHEN NOT EXISTS (SELECT 1 FROM outbox INDEXED BY outbox_pending_run
-                              WHERE run_id = :run_id AND state = 'pending')
+                              WHERE run_id = :run_id AND state = 'pending'
+                                AND subscription_id IS NULL)
              AND NOT EXISTS (SELECT 1 FROM callback_destinations
                              WHERE destination = :destination AND state = 'paused')
         THEN 1 ELSE 0 END)
@@ -367,7 +413,8 @@ WHERE pk IN (
     SELECT pk FROM outbox INDEXED BY outbox_ready
     WHERE state = 'pending' AND ready = 1 AND next_attempt_at <= :now
     ORDER BY next_attempt_at LIMIT :limit)
-RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at
+RETURNING pk, notification_id, run_id, destination, url, body, attempts, next_attempt_at,
+          subscription_id
 
 -- name: next_notification
 -- A leased one counts too: its lease's end is when it may be sent again.
@@ -385,12 +432,14 @@ WHERE pk = :pk AND lease_owner = :owner AND next_attempt_at = :lease_until
   AND state = 'pending'
 
 -- name: ready_next_of_run
--- Once a notification is no longer pending, the next one of its run may go.
+-- Once a notification is no longer pending, the next one of its run may go (a
+-- subscription's deliveries are ordered among themselves, apart from callbacks).
 UPDATE outbox SET ready = CASE WHEN EXISTS (
     SELECT 1 FROM callback_destinations WHERE destination = outbox.destination
     AND state = 'paused') THEN 0 ELSE 1 END
 WHERE pk = (SELECT pk FROM outbox INDEXED BY outbox_pending_run
-            WHERE run_id = :run_id AND state = 'pending' ORDER BY pk LIMIT 1)
+            WHERE run_id = :run_id AND state = 'pending'
+              AND subscription_id IS :subscription_id ORDER BY pk LIMIT 1)
 
 -- name: destination_state
 SELECT state, consecutive_failures FROM callback_destinations WHERE destination = :destination
@@ -426,11 +475,148 @@ UPDATE outbox INDEXED BY outbox_pending_destination SET ready = 1,
                               ELSE next_attempt_at END
 WHERE destination = :destination AND state = 'pending'
   AND NOT EXISTS (SELECT 1 FROM outbox p INDEXED BY outbox_pending_run
-                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk)
+                  WHERE p.run_id = outbox.run_id AND p.state = 'pending' AND p.pk < outbox.pk
+                    AND p.subscription_id IS outbox.subscription_id)
 
 -- name: release_notifications
 UPDATE outbox SET next_attempt_at = :now, lease_owner = NULL
 WHERE state = 'pending' AND lease_owner IS NOT NULL AND (lease_owner = :owner OR :owner = '*')
+
+-- ===== subscriptions ===================================================================
+
+-- name: any_agent_subscriptions
+SELECT EXISTS (SELECT 1 FROM agent_subscriptions)
+
+-- name: agent_subscription_changes
+SELECT agent, subscribed FROM agent_subscriptions WHERE event_type = :event_type
+
+-- name: set_agent_subscription
+INSERT INTO agent_subscriptions (event_type, agent, subscribed, run_id, changed_at)
+VALUES (:event_type, :agent, :subscribed, :run_id, :now)
+ON CONFLICT (event_type, agent) DO UPDATE SET subscribed = excluded.subscribed,
+    run_id = excluded.run_id, changed_at = excluded.changed_at
+
+-- name: agent_subscriptions
+SELECT event_type, agent, subscribed, run_id, changed_at FROM agent_subscriptions
+ORDER BY agent, event_type
+
+-- name: any_subscriptions
+SELECT EXISTS (SELECT 1 FROM subscriptions)
+
+-- name: subscribers_of
+SELECT s.id, s.url, s.destination FROM subscription_topics t
+JOIN subscriptions s ON s.id = t.subscription_id
+WHERE t.topic = :topic AND s.expires_at > :now ORDER BY s.id
+
+-- name: insert_subscription_delivery
+-- Ordered behind the pending deliveries of the same run to the same subscription;
+-- held while the subscription is not verified or suspended (its destination paused).
+INSERT INTO outbox (notification_id, run_id, status, destination, url, body, created_at,
+                    next_attempt_at, ready, subscription_id)
+VALUES (:id, :run_id, :status, :destination, :url, :body, :now, :due,
+        CASE WHEN NOT EXISTS (SELECT 1 FROM outbox INDEXED BY outbox_pending_run
+                              WHERE run_id = :run_id AND state = 'pending'
+                                AND subscription_id = :subscription_id)
+             AND NOT EXISTS (SELECT 1 FROM callback_destinations
+                             WHERE destination = :destination AND state = 'paused')
+        THEN 1 ELSE 0 END, :subscription_id)
+ON CONFLICT (notification_id) DO NOTHING
+
+-- name: insert_subscription
+INSERT INTO subscriptions (id, url, destination, topics, secret, secret_hint, state, challenge, ttl,
+                           created_at, refreshed_at, expires_at, verify_at, updated_at)
+VALUES (:id, :url, :destination, :topics, :secret, :secret_hint, 'pending_verification', :challenge, :ttl,
+        :now, :now, :expires_at, :now, :now)
+
+-- name: insert_subscription_topic
+INSERT INTO subscription_topics (topic, subscription_id) VALUES (:topic, :id)
+ON CONFLICT DO NOTHING
+
+-- name: hold_subscription
+-- Nothing goes to a subscription until it is verified: its destination starts paused.
+INSERT INTO callback_destinations (destination, state, paused_reason, paused_at, updated_at)
+VALUES (:destination, 'paused', :reason, :now, :now)
+ON CONFLICT (destination) DO UPDATE SET state = 'paused', paused_reason = excluded.paused_reason,
+    paused_at = excluded.paused_at, updated_at = excluded.updated_at
+
+-- name: subscription_row
+SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.created_at,
+       s.refreshed_at, s.expires_at, s.verify_at, s.verify_failures, s.verified_at,
+       s.last_error, s.updated_at, s.secret_hint, s.secret,
+       d.state AS destination_state, d.paused_reason, d.consecutive_failures,
+       d.last_error AS delivery_error,
+       (SELECT count(*) FROM outbox o INDEXED BY outbox_subscription
+        WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
+FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
+WHERE s.id = :id
+
+-- name: list_subscriptions
+SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.created_at,
+       s.refreshed_at, s.expires_at, s.verify_at, s.verify_failures, s.verified_at,
+       s.last_error, s.updated_at, s.secret_hint,
+       d.state AS destination_state, d.paused_reason, d.consecutive_failures,
+       d.last_error AS delivery_error,
+       (SELECT count(*) FROM outbox o INDEXED BY outbox_subscription
+        WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
+FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
+ORDER BY s.created_at, s.id LIMIT :limit
+
+-- name: refresh_subscription
+UPDATE subscriptions SET ttl = :ttl, refreshed_at = :now, expires_at = :expires_at,
+       updated_at = :now
+WHERE id = :id
+
+-- name: reverify_subscription
+-- A suspended subscription refreshed is verified again before anything more is sent.
+UPDATE subscriptions SET state = 'pending_verification', challenge = :challenge,
+       verify_at = :now, verify_failures = 0, updated_at = :now
+WHERE id = :id
+
+-- name: delete_subscription
+DELETE FROM subscriptions WHERE id = :id
+
+-- name: delete_subscription_topics
+DELETE FROM subscription_topics WHERE subscription_id = :id
+
+-- name: drop_subscription_deliveries
+-- What was still queued for a subscription that is gone: dead, with the reason.
+UPDATE outbox INDEXED BY outbox_subscription SET state = 'dead', last_error = :error,
+       lease_owner = NULL, next_attempt_at = NULL
+WHERE subscription_id = :id AND state = 'pending'
+
+-- name: delete_subscription_destination
+DELETE FROM callback_destinations WHERE destination = :destination
+
+-- name: due_verifications
+SELECT id, url, secret, challenge, verify_failures FROM subscriptions INDEXED BY subscriptions_verify
+WHERE state = 'pending_verification' AND verify_at <= :now AND expires_at > :now
+ORDER BY verify_at LIMIT :limit
+
+-- name: next_verification
+SELECT verify_at FROM subscriptions INDEXED BY subscriptions_verify
+WHERE state = 'pending_verification' AND expires_at > :now ORDER BY verify_at LIMIT 1
+
+-- name: take_verification
+-- Leases a verification attempt: another instance does not send it meanwhile.
+UPDATE subscriptions SET verify_at = :lease_until
+WHERE id = :id AND state = 'pending_verification' AND verify_at <= :now
+
+-- name: subscription_verified
+UPDATE subscriptions SET state = 'active', verified_at = :now, challenge = NULL,
+       verify_at = NULL, verify_failures = 0, last_error = NULL, updated_at = :now
+WHERE id = :id AND state = 'pending_verification' AND challenge = :challenge
+
+-- name: verification_failed
+UPDATE subscriptions SET verify_failures = verify_failures + 1, last_error = :error,
+       verify_at = CASE WHEN verify_failures + 1 >= :limit THEN NULL ELSE :next_at END,
+       state = CASE WHEN verify_failures + 1 >= :limit THEN 'suspended' ELSE state END,
+       updated_at = :now
+WHERE id = :id AND state = 'pending_verification' AND challenge = :challenge
+RETURNING state
+
+-- name: expired_subscriptions
+SELECT id, destination FROM subscriptions INDEXED BY subscriptions_expiry
+WHERE expires_at <= :before ORDER BY expires_at LIMIT :limit
 
 -- ===== reads and views =================================================================
 

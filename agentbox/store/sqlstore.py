@@ -20,11 +20,15 @@ from agentbox.store import (
     PruneStep,
     RunNotFound,
     Store,
+    SubscriptionNotFound,
+    SubscriptionView,
     Transition,
+    Verification,
     claims,
     maintenance,
     outbox,
     retention,
+    subscriptions,
 )
 from agentbox.store.ingest import received
 from agentbox.store.outcomes import finish
@@ -146,3 +150,50 @@ class SqlStore(Reads, GroupCommit, Store):
     async def reclaim_space(self, pages: int) -> int:
         return await self._write(retention.Background(functools.partial(
             retention.reclaim_space, pages=pages)), durable=False)
+    # -- subscriptions ------------------------------------------------------------------
+
+    async def create_subscription(self, *, subscription_id: str, url: str,
+                                  topics: Sequence[str], secret: str, secret_hint: str,
+                                  challenge: str, ttl: float, now: float) -> SubscriptionView:
+        await self._write(functools.partial(
+            subscriptions.create, subscription_id=subscription_id, url=url, topics=topics,
+            secret=secret, secret_hint=secret_hint, challenge=challenge, ttl=ttl, now=now))
+        return await self._subscription_written(subscription_id, now)
+
+    async def refresh_subscription(self, subscription_id: str, ttl: float, challenge: str,
+                                   now: float) -> SubscriptionView:
+        if unaskable(subscription_id):
+            raise SubscriptionNotFound(subscription_id)
+        await self._write(functools.partial(
+            subscriptions.refresh, subscription_id=subscription_id, ttl=ttl,
+            challenge=challenge, now=now))
+        return await self._subscription_written(subscription_id, now)
+
+    async def _subscription_written(self, subscription_id: str, now: float) -> SubscriptionView:
+        found = await self.subscription(subscription_id, now)
+        if found is None:  # deleted between the write and this read
+            raise SubscriptionNotFound(subscription_id)
+        return found
+
+    async def delete_subscription(self, subscription_id: str, now: float,
+                                  reason: str = "subscription_deleted") -> None:
+        if unaskable(subscription_id):
+            raise SubscriptionNotFound(subscription_id)
+        await self._write(functools.partial(
+            subscriptions.delete, subscription_id=subscription_id, now=now, reason=reason))
+
+    async def claim_verifications(self, now: float, limit: int, lease_seconds: float
+                                  ) -> tuple[list[Verification], float | None]:
+        return await self._write(functools.partial(
+            subscriptions.claim_verifications, now=now, limit=limit,
+            lease_seconds=lease_seconds), durable=False)
+
+    async def record_verification(self, verification: Verification, error: str | None,
+                                  next_at: float, now: float, suspend_after: int) -> str:
+        return await self._write(functools.partial(
+            subscriptions.record_verification, verification=verification, error=error,
+            next_at=next_at, now=now, suspend_after=suspend_after))
+
+    async def prune_subscriptions(self, before: float, limit: int) -> int:
+        return await self._write(functools.partial(subscriptions.prune, before=before,
+                                                   limit=limit))

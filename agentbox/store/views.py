@@ -109,3 +109,36 @@ class RunDetail(RunView):
     callbacks: list[NotificationView]
     attempts: list[AttemptView] | None = None  # with ?history=1
     history: list[HistoryEntry] | None = None  # with ?history=1
+
+
+# -- subscriptions --------------------------------------------------------------------
+
+
+class AgentSubscriptionView(View):
+    """One change an agent made to the event types it receives."""
+
+    agent: str
+    event_type: str
+    subscribed: bool
+    run_id: str  # the run whose success made it
+    changed_at: str
+
+
+class SubscriptionView(View):
+    """Another program's webhook subscription, as `GET /subscriptions` shows it.
+    Its secret is never shown: `secret_hint` is a fingerprint of it."""
+
+    id: str
+    url: str
+    event_types: list[str]
+    state: str  # pending_verification, active, suspended, expired
+    created_at: str
+    refreshed_at: str
+    expires_at: str
+    refresh_before: str
+    ttl_ms: int
+    verified_at: str | None
+    secret_hint: str
+    last_error: str | None  # a category (timeout, http_503, challenge_mismatch, ...)
+    consecutive_failures: int
+    pending: int  # deliveries queued for it

@@ -70,6 +70,10 @@ class Batch:
         self.recounted = False  # `base` was counted in this transaction
         self.runs_ready = False  # a run became claimable: wake the dispatchers
         self.outbox_ready = False  # a callback was queued: wake the deliverers
+        # Subscriptions (None: not looked at yet in this transaction): whether any
+        # agent changed its event types, and whether any program subscribed.
+        self.agent_overrides: bool | None = None
+        self.subscribers: bool | None = None
 
 
 Operation = Callable[[Db, Batch], T]

@@ -127,3 +127,19 @@ async def bad_emitter(event: Event, ctx: AgentContext) -> dict[str, Any]:
 async def always_permanent(event: Event, ctx: AgentContext) -> dict[str, Any]:
     """A third subscriber that always fails, for fan-out tests."""
     raise PermanentAgentError("this agent never succeeds", code="scripted_permanent")
+
+
+async def subscribing(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """Changes its own subscriptions by the event's project_id: `unsubscribe` or
+    `subscribe` (to session.exported), succeeding; `unsubscribe-then-fail`
+    unsubscribes, then fails every attempt (the change must never land)."""
+    journal("start", ctx)
+    project = event.payload.project_id
+    if project.startswith("unsubscribe"):
+        ctx.unsubscribe("session.exported")
+    elif project == "subscribe":
+        ctx.subscribe("session.exported")
+    if project == "unsubscribe-then-fail":
+        raise RetryableAgentError("changed my mind")
+    journal("return", ctx)
+    return {"agent": "subscribing", "project_id": project}

@@ -1,0 +1,432 @@
+"""Subscriptions: the API that lets other programs ask to be told (MCP Events'
+webhook mode), the verification challenge, and the signing of their deliveries.
+
+    POST   /subscriptions               {url, event_types, secret, ttl_ms} -> 201
+    GET    /subscriptions               agents' current event types, and subscriptions
+    POST   /subscriptions/{id}/refresh  {ttl_ms} (optional) -> 200
+    DELETE /subscriptions/{id}          -> 204
+
+A topic is an event type (`session.exported`) or a run state (`run.succeeded`,
+`run.dead_lettered`, ...: `run.` and a state of the run state machine). The
+store queues each delivery in the outbox with what it reports; the callback
+deliverer sends it (the same SSRF checks, no redirects, retries, pause after
+failures), signed here with the subscriber's own secret (Standard Webhooks,
+a fresh timestamp per attempt) and `X-Subscription-Id`. Nothing goes out until
+the subscriber has answered the verification challenge; deliveries queued
+meanwhile wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from agentbox.agents import AgentRegistry
+from agentbox.callbacks import LEASE_GRACE_SECONDS, Attempt, CallbackDeliverer, DestinationPolicy
+from agentbox.config import Settings, env_name, is_loopback_host, origin_of
+from agentbox.events import PAYLOAD_MODELS
+from agentbox.logs import get_logger
+from agentbox.receiver import error_response
+from agentbox.runs import RunStatus
+from agentbox.signing import (
+    SW_ID_HEADER,
+    SW_SIGNATURE_HEADER,
+    SW_TIMESTAMP_HEADER,
+    secret_keys,
+    standard_signature,
+)
+from agentbox.store import (
+    Notification,
+    StorageUnavailable,
+    Store,
+    SubscriptionNotFound,
+    SubscriptionView,
+    Verification,
+)
+from agentbox.web import _small_body, _token_required
+
+log = get_logger("subscriptions")
+
+SUBSCRIPTION_ID_HEADER = "X-Subscription-Id"
+VERIFICATION_TYPE = "subscription.verification"
+RUN_TOPIC_PREFIX = "run."
+MIN_SECRET_BYTES, MAX_SECRET_BYTES = 24, 64  # Standard Webhooks' bounds for a key
+MAX_URL_CHARS = 2048
+MAX_TOPICS = 50
+# Expired subscriptions are shown as expired this long, then removed.
+REMOVE_EXPIRED_AFTER_SECONDS = 3600.0
+PRUNE_BATCH = 100
+VERIFY_CONCURRENCY = 4
+MAX_IDLE_WAIT_SECONDS = 60.0
+FIELDS = frozenset({"url", "event_types", "secret", "ttl_ms"})
+
+
+class Invalid(Exception):
+    """A request field that cannot be used: 422 with its code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+# -- the rules ------------------------------------------------------------------------------
+
+
+class SubscriptionPolicy(DestinationPolicy):
+    """Where a subscriber may be: any https origin whose every address is public;
+    plain http (or a loopback https origin) only for a loopback origin listed in
+    AGENTBOX_SUBSCRIPTION_ALLOWED, which may then reach loopback addresses only.
+    The address checks are the callbacks' (`DestinationPolicy.permits`)."""
+
+    def __init__(self, allowed: tuple[str, ...]) -> None:
+        super().__init__(allowed, ())
+
+    def refusal(self, url: str) -> str | None:
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None or not url.isascii():
+            return "destination_not_allowed"
+        try:
+            origin = origin_of(url)
+        except ValueError:
+            return "destination_not_allowed"
+        if origin in self.allowed:
+            return None
+        if parts.scheme == "https" and not is_loopback_host(parts.hostname or ""):
+            return None
+        return "destination_not_allowed"
+
+
+def topics_of(value: Any) -> list[str]:
+    """The topics asked for: event types agentbox knows, or `run.<state>`."""
+    if (not isinstance(value, list) or not value or len(value) > MAX_TOPICS
+            or not all(isinstance(item, str) for item in value)):
+        raise Invalid("invalid_event_types", f"event_types must be a list of 1 to {MAX_TOPICS} "
+                      "event types or run states (run.succeeded, run.dead_lettered, ...).")
+    # Every state a run changes to (accepted is its event's ingest: subscribe to the type).
+    states = {f"{RUN_TOPIC_PREFIX}{status.value}" for status in RunStatus
+              if status is not RunStatus.ACCEPTED}
+    unknown = [item for item in value if item not in PAYLOAD_MODELS and item not in states]
+    if unknown:
+        shown = ", ".join(repr(item[:60]) for item in unknown[:5])
+        raise Invalid("invalid_event_types", f"unknown event types or run states: {shown}; "
+                      f"use event types ({', '.join(sorted(PAYLOAD_MODELS))}) or "
+                      f"{', '.join(sorted(states))}.")
+    return sorted(set(value))
+
+
+def secret_of(value: Any) -> str:
+    """A Standard Webhooks secret: `whsec_` and base64 of 24 to 64 bytes. The
+    message never repeats it."""
+    problem = Invalid("invalid_secret", "secret must be whsec_ followed by the base64 of "
+                      f"{MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} random bytes (a Standard "
+                      "Webhooks secret).")
+    if not isinstance(value, str) or not value.startswith("whsec_"):
+        raise problem
+    keys = secret_keys(value)
+    if len(keys) != 2 or not MIN_SECRET_BYTES <= len(keys[0]) <= MAX_SECRET_BYTES:
+        raise problem  # not base64: secret_keys fell back to the raw text alone
+    return value
+
+
+def secret_hint(secret: str) -> str:
+    """What may be shown of a secret: a fingerprint to tell two apart."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+def signed_headers(secret: str, msg_id: str, subscription_id: str, body: bytes,
+                   timestamp: int) -> dict[str, str]:
+    """A delivery's Standard Webhooks headers, signed with the subscriber's secret."""
+    ts = str(timestamp)
+    return {SW_ID_HEADER: msg_id, SW_TIMESTAMP_HEADER: ts,
+            SW_SIGNATURE_HEADER: standard_signature(secret_keys(secret)[0], msg_id, ts, body),
+            SUBSCRIPTION_ID_HEADER: subscription_id}
+
+
+# -- deliveries and verification ------------------------------------------------------------
+
+
+class Subscriptions:
+    """Signs subscribers' deliveries (the deliverer's `Signer`), verifies new and
+    refreshed subscriptions, and removes expired ones."""
+
+    def __init__(self, store: Store, deliverer: CallbackDeliverer, settings: Settings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store, self.deliverer, self.settings, self.clock = store, deliverer, settings, clock
+        self.policy = SubscriptionPolicy(settings.subscription_allowed)
+        self.pause_after_failures = settings.subscription_suspend_after_failures
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        deliverer.subscriptions = self
+
+    async def prepare(self, notification: Notification, now: float
+                      ) -> tuple[DestinationPolicy, dict[str, str]] | Attempt:
+        assert notification.subscription_id is not None
+        target = await self.store.subscription_target(notification.subscription_id)
+        if target is None:
+            return Attempt("subscription_deleted", final=True)
+        if target.expires_at <= now:
+            return Attempt("subscription_expired", final=True)
+        return self.policy, signed_headers(target.secret, notification.notification_id,
+                                           target.id, notification.body, int(now))
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="agentbox-subscriptions")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        next_prune = 0.0
+        while not self._stop.is_set():
+            self._wake.clear()
+            due: float | None = None
+            try:
+                due = await self._verify_due()
+                if self.clock() >= next_prune:
+                    next_prune = self.clock() + self.settings.maintenance_interval_seconds
+                    await self.store.prune_subscriptions(
+                        self.clock() - REMOVE_EXPIRED_AFTER_SECONDS, PRUNE_BATCH)
+            except StorageUnavailable:
+                due = self.clock() + 1.0
+            except Exception:  # a bug: say so, keep the loop alive
+                log.exception("subscription upkeep failed")
+                due = self.clock() + 1.0
+            wait = MAX_IDLE_WAIT_SECONDS if due is None else min(
+                MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _verify_due(self) -> float | None:
+        lease = self.settings.callback_timeout_seconds + LEASE_GRACE_SECONDS
+        taken, due = await self.store.claim_verifications(self.clock(), VERIFY_CONCURRENCY,
+                                                          lease)
+        await asyncio.gather(*(self._verify(v) for v in taken))
+        return self.clock() if taken else due
+
+    async def _verify(self, verification: Verification) -> None:
+        error = await self.challenge(verification)
+        schedule = self.settings.callback_retry_schedule
+        delay = schedule[min(verification.failures + 1, len(schedule) - 1)]
+        state = await self.store.record_verification(
+            verification, error, self.clock() + delay, self.clock(),
+            self.settings.subscription_suspend_after_failures)
+        log.info("subscription verification", extra={
+            "subscription_id": verification.id, "error": error, "state": state,
+            "attempt": verification.failures + 1})
+        if state == "active":
+            self.deliverer.wake()  # what queued meanwhile goes now
+
+    async def challenge(self, verification: Verification) -> str | None:
+        """POST the challenge, signed; None when the subscriber echoed it back, else
+        the error category (never the answer's body)."""
+        body = json.dumps({"type": VERIFICATION_TYPE, "challenge": verification.challenge,
+                           "subscription_id": verification.id},
+                          separators=(",", ":")).encode()
+        msg_id = f"{verification.id}:verification:{verification.failures}"
+        headers = {**signed_headers(verification.secret, msg_id, verification.id, body,
+                                    int(self.clock())), "Accept-Encoding": "identity"}
+        try:
+            async with asyncio.timeout(self.settings.callback_timeout_seconds):
+                attempt = await self.deliverer.send(verification.url, self.policy, headers,
+                                                    body, keep_body=True)
+        except TimeoutError:
+            return "timeout"
+        if attempt.error is not None:
+            return attempt.error
+        try:
+            echoed = json.loads(attempt.body).get("challenge")
+        except (ValueError, AttributeError, RecursionError):
+            return "challenge_mismatch"
+        if not isinstance(echoed, str) or not hmac.compare_digest(
+                echoed.encode(), verification.challenge.encode()):
+            return "challenge_mismatch"
+        return None
+
+
+# -- the API ----------------------------------------------------------------------------------
+
+
+class SubscriptionsApi:
+    """The routes; every one needs the admin token (401 admin_token_required)."""
+
+    def __init__(self, store: Store, subscriptions: Subscriptions, registry: AgentRegistry,
+                 settings: Settings, admin_token: str) -> None:
+        self.store, self.subscriptions, self.registry = store, subscriptions, registry
+        self.settings = settings
+        self._admin_token = admin_token.encode()
+        self.clock = subscriptions.clock
+
+    def _authorised(self, request: Request) -> bool:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self._admin_token)
+
+    async def create(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _token_required()
+        try:
+            fields = await _json_object(request)
+            unknown = sorted(set(fields) - FIELDS)
+            if unknown:
+                raise Invalid("invalid_request", f"unknown fields: {', '.join(unknown)[:200]}; "
+                              "send url, event_types, secret and ttl_ms.")
+            url = self._url(fields.get("url"))
+            topics = topics_of(fields.get("event_types"))
+            secret = secret_of(fields.get("secret"))
+            ttl = self._ttl(fields.get("ttl_ms"))
+        except Invalid as exc:
+            return error_response(422, exc.code, exc.message)
+        try:
+            view = await self.store.create_subscription(
+                subscription_id="sub_" + secrets.token_hex(12), url=url, topics=topics,
+                secret=secret, secret_hint=secret_hint(secret),
+                challenge=secrets.token_urlsafe(24), ttl=ttl, now=self.clock())
+        except StorageUnavailable:
+            return _unavailable()
+        self.subscriptions.wake()
+        log.info("subscription created", extra={"subscription_id": view.id,
+                                                "topics": topics})
+        return JSONResponse(_shown(view), status_code=201)
+
+    async def list(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _token_required()
+        now = self.clock()
+        return JSONResponse({
+            "agents": await agent_sets(self.store, self.registry),
+            "subscriptions": [_shown(view) for view in await self.store.subscriptions(now)]})
+
+    async def refresh(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _token_required()
+        subscription_id = request.path_params["subscription_id"]
+        try:
+            fields = await _json_object(request, empty_ok=True)
+            unknown = sorted(set(fields) - {"ttl_ms"})
+            if unknown:
+                raise Invalid("invalid_request", "a refresh takes only ttl_ms.")
+            ttl = self._ttl(fields.get("ttl_ms"))
+        except Invalid as exc:
+            return error_response(422, exc.code, exc.message)
+        try:
+            view = await self.store.refresh_subscription(
+                subscription_id, ttl, secrets.token_urlsafe(24), self.clock())
+        except SubscriptionNotFound:
+            return _not_found(subscription_id)
+        except StorageUnavailable:
+            return _unavailable()
+        self.subscriptions.wake()
+        return JSONResponse(_shown(view))
+
+    async def delete(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _token_required()
+        subscription_id = request.path_params["subscription_id"]
+        try:
+            await self.store.delete_subscription(subscription_id, self.clock())
+        except SubscriptionNotFound:
+            return _not_found(subscription_id)
+        except StorageUnavailable:
+            return _unavailable()
+        log.info("subscription deleted", extra={"subscription_id": subscription_id})
+        return Response(status_code=204)
+
+    def _url(self, value: Any) -> str:
+        if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
+            raise Invalid("invalid_url", f"url must be an absolute https URL of at most "
+                          f"{MAX_URL_CHARS} characters.")
+        parts = urlsplit(value)
+        if (parts.scheme not in ("http", "https") or not parts.hostname or not value.isascii()
+                or not value.isprintable() or parts.fragment):
+            raise Invalid("invalid_url", "url must be an absolute https URL in ASCII (an "
+                          "international host name in its xn-- form), without a fragment.")
+        if parts.username is not None or parts.password is not None:
+            raise Invalid("url_not_allowed", "url must not carry credentials.")
+        if self.subscriptions.policy.refusal(value) is not None:
+            raise Invalid("url_not_allowed", "url must be https (to a public address); plain "
+                          "http, or a loopback host, only for an origin listed in "
+                          f"{env_name('subscription_allowed')}.")
+        return value
+
+    def _ttl(self, value: Any) -> float:
+        """Seconds: ttl_ms within the configured bounds (absent: the longest)."""
+        s = self.settings
+        if value is None:
+            return s.subscription_max_ttl_seconds
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise Invalid("invalid_ttl", "ttl_ms must be a positive integer (milliseconds); "
+                          f"it is kept between {s.subscription_min_ttl_seconds * 1000:.0f} and "
+                          f"{s.subscription_max_ttl_seconds * 1000:.0f}.")
+        return min(max(value / 1000, s.subscription_min_ttl_seconds),
+                   s.subscription_max_ttl_seconds)
+
+
+async def agent_sets(store: Store, registry: AgentRegistry) -> list[dict[str, Any]]:
+    """Each agent's current event types: the configuration's routing, changed by
+    what the agent subscribed to and unsubscribed from (with the run that did)."""
+    sets: dict[str, set[str]] = {name: set() for name in registry.agent_names()}
+    for event_type in registry.event_types():
+        for spec in registry.for_event_type(event_type):
+            sets[spec.name].add(event_type)
+    changed: dict[str, list[dict[str, Any]]] = {}
+    for change in await store.agent_subscriptions():
+        current = sets.setdefault(change.agent, set())
+        if change.subscribed:
+            current.add(change.event_type)
+        else:
+            current.discard(change.event_type)
+        changed.setdefault(change.agent, []).append(change.model_dump(
+            mode="json", include={"event_type", "subscribed", "run_id", "changed_at"}))
+    return [{"agent": agent, "event_types": sorted(types), "changes": changed.get(agent, [])}
+            for agent, types in sorted(sets.items())]
+
+
+def _shown(view: SubscriptionView) -> dict[str, Any]:
+    return view.model_dump(mode="json")
+
+
+async def _json_object(request: Request, empty_ok: bool = False) -> dict[str, Any]:
+    try:
+        raw = await _small_body(request)
+        if empty_ok and not raw.strip():
+            return {}
+        fields = json.loads(raw)
+    except (ValueError, RecursionError, ClientDisconnect, UnicodeDecodeError):
+        raise Invalid("invalid_request", "Send a JSON object of at most 4096 bytes: "
+                      '{"url": ..., "event_types": [...], "secret": "whsec_...", '
+                      '"ttl_ms": ...}.') from None
+    if not isinstance(fields, dict):
+        raise Invalid("invalid_request", "Send a JSON object.")
+    return fields
+
+
+def _not_found(subscription_id: str) -> Response:
+    return error_response(404, "subscription_not_found",
+                          f"No subscription has the id {subscription_id[:100]!r} (an expired "
+                          "one has stopped: subscribe again).")
+
+
+def _unavailable() -> Response:
+    return error_response(503, "storage_unavailable", "The store cannot take writes.")
+

@@ -148,6 +148,7 @@ def create_app(
             Route("/runs", api.list_runs, methods=["GET"]),
             Route("/runs/{run_id}", api.get_run, methods=["GET"]),
             Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
+            Route("/exports", api.exports, methods=["GET"]),
             Route("/callbacks", api.list_callbacks, methods=["GET"]),
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),

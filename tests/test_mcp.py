@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -24,9 +25,10 @@ from mcp.types import CallToolResult, TextContent
 
 from agentbox.cli import MCP_INSTALL, build_event
 from agentbox.runs import RunStatus
-from tests.conftest import ROOT, SECRET, Server, free_port, wait_until_async
+from tests.conftest import SECRET, Server, free_port, wait_until_async
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # agentbox serve and agentbox mcp
+# Each test but the last starts `agentbox mcp` (most also `agentbox serve`): slow.
+slow = pytest.mark.slow
 
 AGENTS = ("session.exported=agentbox.mix_review:mix_review,"
           "mix.review_requested=tests.support.agents:scripted")
@@ -47,9 +49,9 @@ def write_mix(path: Path, dbfs: float, seconds: float = 4.0) -> Path:
 
 def agentbox_command() -> str:
     """The installed console script, as an assistant's configuration names it."""
-    script = Path(sys.executable).with_name("agentbox")
-    assert script.exists(), f"agentbox is not installed beside {sys.executable}"
-    return str(script)
+    script = shutil.which("agentbox", path=str(Path(sys.executable).parent))
+    assert script, f"agentbox is not installed beside {sys.executable}"
+    return script
 
 
 @asynccontextmanager
@@ -58,7 +60,7 @@ async def mcp_session(home: Path, url: str) -> AsyncIterator[ClientSession]:
     be: AGENTBOX_URL, the config directory (its admin token), the webhook secret."""
     params = StdioServerParameters(command=agentbox_command(), args=["mcp"], env={
         "AGENTBOX_URL": url, "XDG_CONFIG_HOME": str(home / "config"),
-        "AGENTBOX_WEBHOOK_SECRET": SECRET, "PYTHONPATH": str(ROOT)}, cwd=home)
+        "AGENTBOX_WEBHOOK_SECRET": SECRET}, cwd=home)
     with open(home / "mcp.log", "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write), \
                 ClientSession(read, write) as session:
@@ -99,6 +101,8 @@ async def finished(session: ClientSession, run_id: str, timeout: float = 60
     return found
 
 
+@slow
+@pytest.mark.anyio
 async def test_tools_are_listed_with_their_schemas(server_factory: Callable[..., Server],
                                                    tmp_path: Path) -> None:
     server = server_factory({"AGENTBOX_AGENTS": AGENTS}).start()
@@ -120,6 +124,8 @@ async def test_tools_are_listed_with_their_schemas(server_factory: Callable[...,
         tools["show_run"].output_schema["properties"])
 
 
+@slow
+@pytest.mark.anyio
 async def test_an_export_is_reviewed_and_the_project_s_history_read(
         server_factory: Callable[..., Server], tmp_path: Path) -> None:
     server = server_factory({"AGENTBOX_AGENTS": AGENTS}).start()
@@ -172,6 +178,8 @@ async def test_an_export_is_reviewed_and_the_project_s_history_read(
         assert none_failed["runs"] == []
 
 
+@slow
+@pytest.mark.anyio
 async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
         server_factory: Callable[..., Server], tmp_path: Path) -> None:
     server = server_factory({"AGENTBOX_AGENTS": AGENTS}).start()
@@ -232,6 +240,8 @@ async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
     assert "Traceback" not in log and SECRET not in log
 
 
+@slow
+@pytest.mark.anyio
 async def test_an_agentbox_that_is_not_running_is_a_tool_error(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     async with mcp_session(tmp_path, url) as session:

@@ -834,6 +834,8 @@ MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install
                "    pip install 'agentbox[mcp]'\n"
                "(in the environment agentbox is installed in; from a checkout: "
                "pip install -e '.[mcp]')")
+MCP_FROZEN = ("this agentbox executable was built without the MCP SDK; for agentbox mcp, "
+              "install agentbox with pip: pip install 'agentbox[mcp]'")
 EXIT_USAGE = 2  # as click's own usage errors
 
 
@@ -852,7 +854,7 @@ def mcp(url: str | None, config_file: Path | None) -> None:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
             raise
-        click.echo(MCP_INSTALL, err=True)
+        click.echo(MCP_FROZEN if getattr(sys, "frozen", False) else MCP_INSTALL, err=True)
         sys.exit(EXIT_USAGE)
     mcp_server.serve(client_url(url, config_file), config_file)
 

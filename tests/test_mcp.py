@@ -252,6 +252,43 @@ async def test_an_agentbox_that_is_not_running_is_a_tool_error(tmp_path: Path) -
         assert (await session.list_tools()).tools  # still serving
 
 
+@slow
+@pytest.mark.anyio
+async def test_in_process_a_result_that_is_no_review_is_shown_as_the_cli_shows_it(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same tools connected in the test's own process (the SDK's in-memory
+    transport), against the scripted agents, whose results are not mix reviews."""
+    from mcp import Client
+
+    from agentbox.mcp_server import Agentbox, build_server
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the server's token
+    monkeypatch.setenv("AGENTBOX_WEBHOOK_SECRET", SECRET)
+    mix = write_mix(tmp_path / "ok.wav", -14.0, seconds=0.5)
+    async with Client(build_server(Agentbox(server.url))) as client:
+        sent = await client.call_tool("send_export", {"mix_path": str(mix),
+                                                      "wait_seconds": 20})
+        assert not sent.is_error, sent.content
+        done = sent.structured_content["review"]
+        assert done["status"] == "succeeded" and done["verdict"] is None
+        assert done["figures"] == {} and done["notes"] == []
+        assert done["review"] == (f"{done['run_id']}: succeeded\nresult: "
+                                  + json.dumps(server.run(done["run_id"])["result"]))
+        history = (await client.call_tool("project_history", {"project": "ok"}))
+        assert [e["run_id"] for e in history.structured_content["exports"]] == [
+            done["run_id"]]
+        dead = server.post(build_event("session.exported", "studio", uuid.uuid4().hex, {
+            "project_id": "always-fail", "mix_url": str(mix)})).json()["run_id"]
+        server.wait_terminal(dead)
+        listed = await client.call_tool("list_dead_letters", {})
+        assert [r["run_id"] for r in listed.structured_content["runs"]] == [dead]
+        assert text_of(listed).startswith(f"{dead}  ")
+        replayed = await client.call_tool("replay_run", {"run_id": dead})
+        assert replayed.structured_content["status"] == "accepted"
+        unknown = await client.call_tool("replay_run", {"run_id": "run_nope"})
+        assert unknown.is_error and "404: No run has the id 'run_nope'." in text_of(unknown)
+
+
 def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
     """The SDK hidden from the import system (None in sys.modules) in a real process."""
     hide = ("import sys; sys.modules['mcp'] = None; from agentbox.cli import main; "

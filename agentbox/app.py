@@ -159,6 +159,7 @@ def create_app(
             Route("/runs/{run_id}", api.get_run, methods=["GET"]),
             Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
             Route("/prune", api.prune, methods=["POST"]),
+            Route("/exports", api.exports, methods=["GET"]),
             Route("/callbacks", api.list_callbacks, methods=["GET"]),
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),

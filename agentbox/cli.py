@@ -871,6 +871,35 @@ def _print_finished_reviews(url: str, reviewing: dict[str, str]) -> None:
         click.echo("\n".join(told(run, name)))
 
 
+MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install it with\n"
+               "    pip install 'agentbox[mcp]'\n"
+               "(in the environment agentbox is installed in; from a checkout: "
+               "pip install -e '.[mcp]')")
+MCP_FROZEN = ("this agentbox executable was built without the MCP SDK; for agentbox mcp, "
+              "install agentbox with pip: pip install 'agentbox[mcp]'")
+EXIT_USAGE = 2  # as click's own usage errors
+
+
+@main.command()
+@URL_OPTION
+@CONFIG_OPTION
+def mcp(url: str | None, config_file: Path | None) -> None:
+    """Serve agentbox's tools to an AI assistant on this machine: a Model Context
+    Protocol server on stdin/stdout, for the assistant to start (see the README).
+
+    It talks to the running agentbox (as send, runs and show do) and signs with the
+    same secret. Needs the optional MCP SDK: pip install 'agentbox[mcp]'.
+    """
+    try:
+        from agentbox import mcp_server
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
+            raise
+        click.echo(MCP_FROZEN if getattr(sys, "frozen", False) else MCP_INSTALL, err=True)
+        sys.exit(EXIT_USAGE)
+    mcp_server.serve(client_url(url, config_file), config_file)
+
+
 # -- start at login (the logic is in agentbox/service.py) ------------------------------------
 
 

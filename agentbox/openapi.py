@@ -18,6 +18,7 @@ from agentbox.runs import RunStatus
 from agentbox.store import (
     DestinationView,
     NotificationView,
+    ProjectExport,
     RunDetail,
     RunView,
     SubscriptionView,
@@ -61,6 +62,30 @@ class Accepted(BaseModel):
 
 class RunList(BaseModel):
     runs: list[RunView]
+
+
+class ExportView(BaseModel):
+    """One export of a project (a run of an event naming it) as `GET /exports` shows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    project: str
+    agent: str
+    status: str  # the run's status
+    accepted_at: str  # ISO 8601, UTC
+    finished_at: str | None  # ISO 8601, UTC, when terminal
+    result: dict[str, Any] | None  # the agent's result (the review) when succeeded
+
+    @classmethod
+    def of(cls, export: ProjectExport) -> ExportView:
+        return cls(run_id=export.run_id, project=export.project, agent=export.agent,
+                   status=export.status, accepted_at=export.accepted_at,
+                   finished_at=export.finished_at, result=export.result)
+
+
+class ExportList(BaseModel):
+    exports: list[ExportView]
 
 
 class Health(BaseModel):
@@ -133,7 +158,7 @@ def _limit() -> dict[str, Any]:
 
 def document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, RunView, RunDetail, RunList,
-                                     Health,
+                                     ExportView, ExportList, Health,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
                                      Subscriptions,
@@ -206,6 +231,19 @@ def document() -> dict[str, Any]:
                                                      "table", "content": {
                     "application/json": {"schema": {"type": "object"}}}},
                               **_errors(401, 422, 503)},
+            }},
+            "/exports": {"get": {
+                "summary": "A project's exports over time; without project, each project's "
+                           "latest",
+                "parameters": [{"name": "project", "in": "query", "required": False,
+                                "schema": {"type": "string", "minLength": 1,
+                                           "maxLength": MAX_ID_LENGTH},
+                                "description": "the project (payload.project_id, compared in "
+                                               "Unicode NFC): its exports, newest first. "
+                                               "Without it: the latest export of every "
+                                               "project, newest first"}, _limit()],
+                "responses": {"200": _json("ExportList", "exports, newest first"),
+                              **_errors(404, 422)},
             }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",

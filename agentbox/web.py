@@ -15,9 +15,10 @@ from starlette.responses import JSONResponse, Response
 from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import origin_of
 from agentbox.dispatcher import Dispatcher
-from agentbox.events import MAX_ID_LENGTH
+from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.logs import get_logger
 from agentbox.metrics import Metrics
+from agentbox.openapi import ExportView
 from agentbox.receiver import error_response
 from agentbox.retention import Retention
 from agentbox.runs import RunStatus
@@ -82,6 +83,29 @@ class RunsApi:
             return JSONResponse({"runs": _dump(await self.store.list_runs(status, limit))})
         return JSONResponse({"runs": _dump(await self.store.search_runs(
             status=status, chain=chain, include_discarded=discarded == "true", limit=limit))})
+
+    async def exports(self, request: Request) -> Response:
+        """`?project=NAME`: that project's exports, newest first (what its page and the
+        comparison read); without it, the latest export of every project."""
+        limit = _limit(request)
+        if limit is None:
+            return _bad_limit()
+        project = request.query_params.get("project")
+        if project is None:
+            found = await self.store.projects(limit=limit)
+            return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
+        if not 1 <= len(project) <= MAX_ID_LENGTH:
+            return error_response(422, "invalid_query",
+                                  f"project must be 1 to {MAX_ID_LENGTH} characters")
+        name = project_name(project)
+        # A name no event may carry (a control character, a space at an end) names no
+        # project: not asked of the store, where PostgreSQL refuses a NUL.
+        fit = name == name.strip() and not any(unfit_for_a_name(c) for c in name)
+        found = await self.store.project_exports(name, limit=limit) if fit else []
+        if not found:
+            return error_response(404, "project_not_found", "No export of a project named "
+                                  f"{name[:200]!r} has arrived yet.")
+        return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")

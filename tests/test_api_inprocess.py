@@ -133,3 +133,46 @@ async def test_an_unknown_path_is_a_json_404(box: InProcess) -> None:
     response = await box.client.get("/nothing-here")
     assert response.status_code == 404
     assert response.json()["error_code"] == "not_found"
+
+
+# -- a project's exports (GET /exports) ------------------------------------------------------
+
+
+async def test_a_project_s_exports_are_read_newest_first(box: InProcess) -> None:
+    first = await finished(box, "Über Nacht")
+    other = await finished(box, "ok")
+    second = await finished(box, "Über Nacht")
+    # Asked for as a Mac's file system spells it (decomposed): the same project.
+    answer = await box.client.get("/exports", params={"project": "U\u0308ber Nacht"})
+    assert answer.status_code == 200, answer.text
+    exports = answer.json()["exports"]
+    assert [e["run_id"] for e in exports] == [second["run_id"], first["run_id"]]
+    assert {e["project"] for e in exports} == {"Über Nacht"}
+    assert exports[0]["status"] == "succeeded" and exports[0]["finished_at"]
+    assert exports[0]["result"] == second["result"]
+    document = (await box.client.get("/openapi.json")).json()
+    documented = set(document["components"]["schemas"]["ExportView"]["properties"])
+    assert all(set(e) == documented for e in exports)
+    one = (await box.client.get("/exports", params={"project": "Über Nacht", "limit": "1"}))
+    assert [e["run_id"] for e in one.json()["exports"]] == [second["run_id"]]
+    latest = (await box.client.get("/exports")).json()["exports"]
+    assert [(e["project"], e["run_id"]) for e in latest] == [
+        ("Über Nacht", second["run_id"]), ("ok", other["run_id"])]
+
+
+async def test_a_project_without_exports_is_404_and_a_bad_query_422(box: InProcess) -> None:
+    await finished(box, "ok")
+    unknown = await box.client.get("/exports", params={"project": "nothing yet"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error_code"] == "project_not_found"
+    assert unknown.json()["message"] == "No export of a project named 'nothing yet' has " \
+                                        "arrived yet."
+    for unfit in ("a\nb", " ok", "ok\x00", "ok\u202e"):  # names no event may carry
+        answer = await box.client.get("/exports", params={"project": unfit})
+        assert answer.status_code == 404, unfit
+        assert answer.json()["error_code"] == "project_not_found", unfit
+    for query in ({"project": ""}, {"project": "x" * 257}, {"limit": "0"},
+                  {"project": "ok", "limit": "many"}):
+        bad = await box.client.get("/exports", params=query)
+        assert bad.status_code == 422, query
+        assert bad.json()["error_code"] == "invalid_query", query

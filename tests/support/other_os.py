@@ -40,7 +40,7 @@ LIBRARIES = ("asyncio", "subprocess", "concurrent.futures", "multiprocessing", "
              "starlette.routing", "uvicorn", "pydantic", "platformdirs", "httpx", "click",
              "jinja2", "sse_starlette", "prometheus_client", "mimetypes", "email.utils",
              "http.client", "urllib.request", "ssl", "tomllib", "hmac", "hashlib",
-             "logging.handlers")
+             "logging.handlers", "mcp", "mcp.server.mcpserver")
 POSIX_ONLY = {"fcntl", "termios", "tty", "pty", "resource", "pwd", "grp", "syslog", "crypt",
               "spwd", "nis", "ossaudiodev", "posixshmem", "_posixsubprocess", "uvloop"}
 LINUX_ONLY = {"spwd", "ossaudiodev"}

@@ -1,0 +1,418 @@
+"""`agentbox mcp`: agentbox's tools for an AI assistant on this machine, served over
+the Model Context Protocol on stdio with the official MCP Python SDK (`mcp`).
+
+The server is a client of a running agentbox, as `send`, `runs` and `show` are: it
+reads the same configuration (the config file, AGENTBOX_URL, `--url`; the webhook
+secret it signs with, the admin token it replays with) and talks to agentbox's HTTP
+API. It opens no database. A failure comes back as a tool error carrying the
+sentence the CLI would print. stdout is the protocol's channel: the SDK points
+file descriptor 1 at stderr while it serves, so every log line goes there.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from agentbox import cli, digest
+from agentbox import config as cfg
+from agentbox.profiles import PROFILES
+from agentbox.runs import RunStatus
+
+SOURCE = "mcp"  # the events' `source`: what sent them
+SEND_RETRIES = 2  # on 429, 503 and connection errors (0.5 s, then 1 s): an assistant waits
+MAX_WAIT_SECONDS = 600.0
+MAX_LIMIT = 500
+INSTRUCTIONS = (
+    "agentbox runs AI agents on events, durably. Its built-in agent reviews a rendered "
+    "mix: integrated loudness, true peak, loudness range, clipping, stereo, against a "
+    "delivery target, with notes on what to fix first. Send a mix with send_export (or "
+    "request_review), then read the review with show_run (or wait for it with "
+    "wait_seconds). A project's exports over time: project_history. Failed runs that "
+    "wait for a decision: list_dead_letters, then replay_run.")
+UNAVAILABLE = ("cannot reach agentbox at {url}, or it stayed busy: is it running (scripts/run, "
+               "or agentbox serve)? Another address: AGENTBOX_URL, or agentbox mcp --url.")
+
+
+# -- what the tools answer (their output schemas) ---------------------------------------------
+
+
+class Note(BaseModel):
+    severity: str = Field(description="fix, consider or info ('' when the review has none)")
+    text: str
+
+
+class RunSummary(BaseModel):
+    """One run, in a line and in fields."""
+
+    run_id: str
+    status: str
+    event_type: str
+    agent: str
+    project: str | None
+    file: str | None = Field(description="the reviewed file's name, when known")
+    verdict: str | None = Field(description="pass, warn or fail: a review's verdict")
+    headline: str | None = Field(description="integrated loudness, true peak, LRA, PLR")
+    accepted_at: str
+    completed_at: str | None
+    retry_count: int
+    error_code: str | None
+    line: str = Field(description="the run in one line, as `agentbox runs` tells it")
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary]
+
+
+class RunReport(RunSummary):
+    """A run and its review: what the musician reads, and the structured result."""
+
+    terminal: bool
+    figures: dict[str, float] = Field(
+        description="the review's measured figures by key (integrated_lufs, "
+                    "true_peak_dbtp, loudness_range_lu, ...)")
+    notes: list[Note] = Field(description="the review's notes, what to fix first first")
+    review: str = Field(description="the review as `agentbox show` prints it")
+    run: dict[str, Any] = Field(description="the run as GET /runs/{run_id}?history=1 "
+                                            "answers: result, attempts, history, callbacks")
+
+
+class SendAnswer(BaseModel):
+    """What agentbox answered to an event, and the review if it was waited for."""
+
+    run_id: str = Field(description="the (first) run the event started")
+    status: str
+    duplicate: bool = Field(description="true: this event was sent before; the first "
+                                        "run's id and status")
+    runs: list[dict[str, Any]] = Field(description="one run per agent the event reached")
+    review: RunReport | None = Field(default=None,
+                                     description="with wait_seconds: the finished run")
+
+
+class ExportSummary(BaseModel):
+    run_id: str
+    status: str
+    accepted_at: str
+    finished_at: str | None
+    file: str | None
+    verdict: str | None
+    headline: str | None
+    figures: dict[str, float]
+
+
+class ProjectHistory(BaseModel):
+    project: str
+    exports: list[ExportSummary] = Field(description="oldest first")
+
+
+# -- talking to agentbox ----------------------------------------------------------------------
+
+
+class Agentbox:
+    """The running agentbox, as the CLI's client commands reach it."""
+
+    def __init__(self, url: str, config_file: Path | None = None) -> None:
+        self.url = url
+        self.config_file = config_file
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The CLI's request, its failures as tool errors with the CLI's sentences."""
+        try:
+            return cli._api(self.url, method, path, **kwargs)
+        except click.ClickException as exc:
+            raise ToolError(exc.format_message()) from None
+
+    def settings(self) -> cfg.Settings:
+        try:
+            return cfg.load_settings(self.config_file)
+        except cfg.ConfigError as exc:
+            raise ToolError(str(exc)) from None
+
+    def send(self, body: bytes) -> dict[str, Any]:
+        """Sign `body` with the configured secret and deliver it as `agentbox send` does."""
+        settings, _ = cfg.ensure_webhook_secret(self.settings())
+        response = cli.deliver(self.url, settings.webhook_secret[0], body, SEND_RETRIES)
+        if response is None:
+            raise ToolError(UNAVAILABLE.format(url=self.url))
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise ToolError(f"{self.url} answered {response.status_code} with something that "
+                            "is not agentbox's JSON: is another program listening there?")
+        if response.status_code >= 300:
+            raise ToolError(refusal(response.status_code, answer))
+        return answer
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {cfg.admin_token(self.settings())}"}
+
+
+def refusal(status_code: int, answer: Mapping[str, Any]) -> str:
+    """`agentbox refused the event (422 invalid_event): ...` with each field's error."""
+    told = (f"agentbox refused the event ({status_code} "
+            f"{digest.one_line(answer.get('error_code', ''))}): "
+            f"{digest.one_line(answer.get('message', ''))}")
+    errors = answer.get("errors")
+    if isinstance(errors, list):
+        fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
+                  for e in errors if isinstance(e, Mapping)]
+        told += "".join(f"\n  {digest.one_line(field)}" for field in fields[:20])
+    return told
+
+
+# -- reading runs as people do ---------------------------------------------------------------
+
+
+def figures(result: Any) -> dict[str, float]:
+    """The review's numbers the page names (digest.FIGURES), those it has."""
+    metrics = digest.metrics_of(result)
+    found = {key: metrics.get(key) for key, *_ in digest.FIGURES}
+    return {key: float(value) for key, value in found.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)}
+
+
+def summary(run: Mapping[str, Any]) -> RunSummary:
+    result = run.get("result")
+    reviewed = run.get("status") == "succeeded" and bool(digest.metrics_of(result))
+    verdict = result.get("verdict") if isinstance(result, Mapping) else None
+    return RunSummary(
+        run_id=run["run_id"], status=run["status"], event_type=run["event_type"],
+        agent=run["agent"], project=digest.project_of(run) or None,
+        file=digest.file_name(run) or None,
+        verdict=digest.one_line(verdict) if isinstance(verdict, str) and reviewed else None,
+        headline=(digest.headline(result) or None) if reviewed else None,
+        accepted_at=run["accepted_at"], completed_at=run["completed_at"],
+        retry_count=run["retry_count"], error_code=run["error_code"],
+        line=digest.short(run))
+
+
+def report(run: dict[str, Any]) -> RunReport:
+    base = summary(run)
+    if run["terminal"]:
+        review = "\n".join(cli.told(run))
+    else:
+        review = (f"{base.file or run['run_id']}: {run['status']} (not finished yet: ask "
+                  "show_run again in a few seconds)")
+    return RunReport(**base.model_dump(), terminal=run["terminal"],
+                     figures=figures(run.get("result")) if base.verdict else {},
+                     notes=[Note(severity=s, text=t) for s, t in
+                            digest.notes(run.get("result"))] if base.verdict else [],
+                     review=review, run=run)
+
+
+def answer(text: str, model: BaseModel) -> CallToolResult:
+    """What people read first, then the structured answer (also as JSON text, for
+    clients that read only the text)."""
+    structured = model.model_dump(mode="json")
+    return CallToolResult(content=[TextContent(text=text),
+                                   TextContent(text=json.dumps(structured))],
+                          structured_content=structured)
+
+
+def runs_text(runs: list[RunSummary], empty: str) -> str:
+    return "\n".join(f"{r.run_id}  {r.line}" for r in runs) if runs else empty
+
+
+# -- the server -------------------------------------------------------------------------------
+
+RunId = Annotated[str, Field(min_length=1, max_length=256,
+                             description="a run's id (run_…), as send_export or list_runs "
+                                         "gave it")]
+MixPath = Annotated[str, Field(min_length=1, description=(
+    "the rendered mix on this machine: an absolute path (~ allowed), e.g. "
+    "/Users/me/Music/exports/night-drive.wav; WAV, AIFF, FLAC, MP3, Ogg, CAF..."))]
+Profile = Annotated[str | None, Field(description=(
+    "the delivery target to review against: " + ", ".join(PROFILES)
+    + " (default: agentbox's configured one)"))]
+WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS, description=(
+    "wait up to this many seconds for the run to finish and answer its review "
+    "(0: answer at once; read it later with show_run)"))]
+Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many, at most")]
+
+
+def _mix_file(mix_path: str) -> Path:
+    path = Path(mix_path).expanduser()
+    if not path.is_absolute():
+        raise ToolError(f"mix_path must be an absolute path (this server's working directory "
+                        f"is not yours): {digest.one_line(mix_path)[:200]!r}")
+    if not path.is_file():
+        raise ToolError(f"no file at {digest.one_line(path)[:300]!r}")
+    return path
+
+
+def build_server(box: Agentbox) -> MCPServer[Any]:
+    """The MCP server and its tools, each a thin shell over agentbox's HTTP API."""
+    server: MCPServer[Any] = MCPServer(name="agentbox", version=_version(),
+                                       instructions=INSTRUCTIONS)
+
+    def sent(event: dict[str, Any] | bytes, wait_seconds: float) -> CallToolResult:
+        body = event if isinstance(event, bytes) else json.dumps(
+            event, separators=(",", ":")).encode()
+        got = box.send(body)
+        result = SendAnswer(run_id=got["run_id"], status=got["status"],
+                            duplicate=got["duplicate"], runs=got.get("runs", []))
+        what = "already sent before: run" if got["duplicate"] else "accepted: run"
+        text = f"{what} {got['run_id']} ({got['status']})"
+        if wait_seconds > 0:
+            try:
+                run = cli.follow(box.url, got["run_id"], wait_seconds)
+            except click.ClickException as exc:
+                raise ToolError(exc.format_message()) from None
+            if run is None:
+                text += (f"; not finished after {wait_seconds:g} s: ask show_run "
+                         f"{got['run_id']} later")
+            else:
+                run = box.api("GET", f"/runs/{got['run_id']}", params={"history": "1"})
+                result.review = report(run)
+                text += "\n" + result.review.review
+        else:
+            text += f"; its review: show_run {got['run_id']}"
+        return answer(text, result)
+
+    @server.tool()
+    def send_export(mix_path: MixPath,
+                    project: Annotated[str | None, Field(
+                        description="the project (song) it belongs to; default: the file's "
+                                    "name without its extension")] = None,
+                    profile: Profile = None, wait_seconds: WaitSeconds = 0
+                    ) -> Annotated[CallToolResult, SendAnswer]:
+        """Send a rendered mix to agentbox for review, as a DAW's export script does
+        (`agentbox send --type session.exported`). Sending the same unchanged file
+        again is a duplicate: it answers the first run."""
+        from agentbox.watch import content_id
+
+        path = _mix_file(mix_path)
+        body = cli._export_event(path, content_id(path, path.stat().st_size), project,
+                                 profile, SOURCE)
+        return sent(body, wait_seconds)
+
+    @server.tool()
+    def request_review(mix_path: MixPath,
+                       project: Annotated[str, Field(min_length=1, max_length=256)],
+                       requested_by: Annotated[str, Field(
+                           min_length=1, max_length=256, description="who asks")],
+                       note: Annotated[str | None, Field(
+                           max_length=4096, description="what to listen for")] = None,
+                       profile: Profile = None, wait_seconds: WaitSeconds = 0
+                       ) -> Annotated[CallToolResult, SendAnswer]:
+        """Ask for a (new) review of a mix (event mix.review_requested); every request
+        is a new run."""
+        from agentbox.events import project_name
+
+        path = _mix_file(mix_path)
+        payload = {"project_id": project_name(project), "mix_url": str(path.resolve()),
+                   "requested_by": requested_by,
+                   **({"note": note} if note else {}), **({"profile": profile} if profile else {})}
+        event = cli.build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
+        return sent(event, wait_seconds)
+
+    @server.tool()
+    def send_event(event: Annotated[dict[str, Any], Field(description=(
+                       "a complete v1 envelope: schema_version, event_id, idempotency_key "
+                       "(source:event_type:event_id), event_type, source, timestamp "
+                       "(with a time zone), payload; optional callback_url, correlation_id, "
+                       "causation_id, hop. Sent as given, signed."))],
+                   wait_seconds: WaitSeconds = 0) -> Annotated[CallToolResult, SendAnswer]:
+        """Send any event agentbox knows (see GET /openapi.json), signed with the
+        configured secret. A refusal names each field to fix."""
+        return sent(event, wait_seconds)
+
+    @server.tool()
+    def list_runs(status: Annotated[RunStatus | None, Field(
+                      description="only runs in this state")] = None,
+                  limit: Limit = 20,
+                  correlation_id: Annotated[str | None, Field(
+                      min_length=1, max_length=256,
+                      description="only the runs of one agent chain")] = None
+                  ) -> Annotated[CallToolResult, RunList]:
+        """The newest runs, newest first: project, file, verdict and loudness of each
+        (what `agentbox runs` lists)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status.value
+        if correlation_id is not None:
+            params["correlation_id"] = correlation_id
+        found = [summary(r) for r in box.api("GET", "/runs", params=params)["runs"]]
+        return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
+                      RunList(runs=found))
+
+    @server.tool()
+    def show_run(run_id: RunId) -> Annotated[CallToolResult, RunReport]:
+        """One run and its review: the verdict, the headline figures and the notes in
+        order (what the musician reads), the comparison with the project's previous
+        export, and the whole result, attempts and history."""
+        found = report(box.api("GET", f"/runs/{run_id}", params={"history": "1"}))
+        return answer(found.review, found)
+
+    @server.tool()
+    def list_dead_letters(limit: Limit = 50) -> Annotated[CallToolResult, RunList]:
+        """Runs that failed for good and wait for a decision (replay_run), newest
+        first; those discarded on the status page are left out."""
+        found = [summary(r) for r in box.api("GET", "/runs", params={
+            "status": "dead_lettered", "limit": limit, "discarded": "false"})["runs"]]
+        return answer(runs_text(found, "no dead letters waiting for a decision"),
+                      RunList(runs=found))
+
+    @server.tool()
+    def replay_run(run_id: RunId) -> Annotated[CallToolResult, RunSummary]:
+        """Send a dead-lettered or permanently failed run back to the queue (same run
+        id, a new attempt), as `agentbox replay` does."""
+        run = box.api("POST", f"/runs/{run_id}/replay", headers=box.admin_headers())
+        found = summary(run)
+        return answer(f"{found.run_id} is {found.status} again: follow it with show_run",
+                      found)
+
+    @server.tool()
+    def project_history(project: Annotated[str, Field(min_length=1, max_length=256)],
+                        limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
+        """A project's exports over time, oldest first, each with its verdict and
+        headline figures (the project page's history): how the mix has moved."""
+        exports = box.api("GET", "/exports", params={"project": project,
+                                                     "limit": limit})["exports"]
+        history = ProjectHistory(project=exports[0]["project"] if exports else project,
+                                 exports=[export_summary(e) for e in reversed(exports)])
+        lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "
+                 + (f"{e.verdict} · {e.headline}" if e.verdict else e.status)
+                 for e in history.exports]
+        return answer(f"{history.project}: {len(lines)} export(s), oldest first\n"
+                      + "\n".join(lines), history)
+
+    return server
+
+
+def export_summary(export: Mapping[str, Any]) -> ExportSummary:
+    as_run = {"run_id": export["run_id"], "status": export["status"],
+              "result": export.get("result")}
+    found = summary({**as_run, "event_type": "", "agent": export["agent"], "project": None,
+                     "accepted_at": export["accepted_at"],
+                     "completed_at": export["finished_at"], "retry_count": 0,
+                     "error_code": None})
+    return ExportSummary(run_id=export["run_id"], status=export["status"],
+                         accepted_at=export["accepted_at"], finished_at=export["finished_at"],
+                         file=found.file, verdict=found.verdict, headline=found.headline,
+                         figures=figures(export.get("result")) if found.verdict else {})
+
+
+def _version() -> str:
+    try:
+        return version("agentbox")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "0"
+
+
+def serve(url: str, config_file: Path | None = None) -> None:
+    """Serve the tools on stdin/stdout until the client closes them."""
+    build_server(Agentbox(url, config_file)).run("stdio")
+

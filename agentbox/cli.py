@@ -476,6 +476,8 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
                   if run["error_code"] else ""))
     if digest.project_of(run):
         click.echo(f"project {digest.project_of(run)}")
+    if digest.file_name(run):
+        click.echo(f"file {digest.file_name(run)}")
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
                    f"hop {run['hop']}")

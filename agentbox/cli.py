@@ -477,6 +477,8 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
                   if run["error_code"] else ""))
     if digest.project_of(run):
         click.echo(f"project {digest.project_of(run)}")
+    if digest.file_name(run):
+        click.echo(f"file {digest.file_name(run)}")
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
                    f"hop {run['hop']}")
@@ -706,6 +708,9 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--source", default="watch", show_default=True)
 @click.option("--settle", default=2.0, show_default=True,
               help="Seconds a file must stay unchanged to count as written.")
+@click.option("--headerless-settle", default=10.0, show_default=True,
+              help="Seconds unchanged for a streamed file that says nothing of its length "
+              "(an MP3 without a Xing/Info frame, a CAF written to the end).")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
 @click.option("--existing", is_flag=True, help="Also send the files already there at start.")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
@@ -713,16 +718,21 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
               help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def watch(folder: Path, url: str | None, project: str | None, profile: str | None,
-          source: str, settle: float, interval: float, existing: bool, once: bool,
-          retries: int, config_file: Path | None) -> None:
+          source: str, settle: float, headerless_settle: float, interval: float,
+          existing: bool, once: bool, retries: int, config_file: Path | None) -> None:
     """Watch an export folder and send session.exported for each finished mix,
     then print each review as it finishes.
 
     A file counts as finished when its size and modification time have stayed
-    the same for --settle seconds and, for WAV, AIFF and FLAC, its header says
-    the audio is all there. Its event id comes from its path, size and content:
-    restarting the watcher or touching the file is a duplicate, not a second
-    run. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
+    the same for --settle seconds and its header says the audio is all there
+    (WAV, RF64, W64, AIFF, CAF, FLAC, Ogg's last page, an MP3's Xing/Info frame);
+    a streamed file that says nothing of its length must stay unchanged for
+    --headerless-settle seconds. Its event id comes from its path, size and
+    content when first sent: restarting the watcher or touching the file is a
+    duplicate, not a second run, and so is a file written on after it was sent
+    (one export, one run); if that run's review read less than the whole file,
+    the whole file is reviewed again by a mix.review_requested naming the run.
+    Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
     hidden files are skipped. The project is --project, else the file's name
     without its extension (in Unicode NFC, as `send --project` keeps it).
 
@@ -735,7 +745,7 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     from agentbox.watch import Watcher
 
     url = client_url(url, config_file)
-    watcher = Watcher(folder, settle, existing)
+    watcher = Watcher(folder, settle, existing, headerless_settle=headerless_settle)
     watcher.poll()  # what is there now is left alone (unless --existing)
     click.echo(f"agentbox: watching {folder.resolve()} for {url} (Ctrl-C stops)", err=True)
     try:
@@ -748,13 +758,22 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
 
 
 def _export_event(path: Path, event_id: str, project: str | None, profile: str | None,
-                  source: str) -> bytes:
+                  source: str, again_of: str | None = None) -> bytes:
+    """session.exported for a finished file; with `again_of`, the follow-up that has
+    the whole file reviewed when the run `again_of` read it before it was all written."""
     from agentbox.events import project_name
     from agentbox.watch import project_of
 
     payload = {"project_id": project_name(project) if project else project_of(path),
                "mix_url": str(path.resolve()), **({"profile": profile} if profile else {})}
-    event = build_event("session.exported", source, event_id, payload)
+    if again_of is None:
+        event = build_event("session.exported", source, event_id, payload)
+    else:
+        payload["requested_by"] = "agentbox watch"
+        payload["note"] = (f"{path.name} was written on after run {again_of} reviewed it: "
+                           "the whole file, reviewed again")
+        event = build_event("mix.review_requested", source, event_id, payload)
+        event["causation_id"] = again_of
     return json.dumps(event, separators=(",", ":")).encode()
 
 
@@ -765,14 +784,15 @@ def _signing_secret(config_file: Path | None) -> str:
 
 def _watch_once(watcher: Any, url: str, project: str | None, profile: str | None,
                 source: str, interval: float, retries: int, config_file: Path | None) -> int:
-    from agentbox.watch import content_id
-
     idle, status = 0, EXIT_OK
     while True:
         ready = watcher.poll()
         for path in ready:
-            body = _export_event(path, content_id(path, path.stat().st_size), project,
-                                 profile, source)
+            found = _event_id(watcher, path)
+            if found is None:
+                continue
+            event_id = found[0]
+            body = _export_event(path, event_id, project, profile, source)
             # After one file found agentbox unavailable, the rest are not tried.
             response = (None if status == EXIT_UNAVAILABLE else
                         deliver(url, _signing_secret(config_file), body, retries))
@@ -786,7 +806,7 @@ def _watch_once(watcher: Any, url: str, project: str | None, profile: str | None
             else:
                 click.echo(f"{_line(path.name)}: refused: {_line(response.text)}", err=True)
                 status = max(status, EXIT_REFUSED)
-            watcher.sent(path)
+            watcher.sent(path, event_id)
         idle = 0 if ready or watcher.busy else idle + 1
         if idle >= 2:
             return status
@@ -799,21 +819,38 @@ HEALING_STATUSES = (401, *RETRYABLE_STATUSES)
 FOLLOW_EVERY_SECONDS = 1.0
 
 
+def _event_id(watcher: Any, path: Path) -> tuple[str, bool] | None:
+    """The event_id of a finished file, and whether it is an export sent before and
+    written on since (same event_id: one export, one run); else the id comes from
+    its path, size and content (a touch, a restart: the same id again)."""
+    from agentbox.watch import content_id
+
+    try:
+        own = content_id(path, path.stat().st_size)
+    except OSError:
+        return None  # gone meanwhile
+    earlier = watcher.continues(path)
+    if earlier is not None:
+        return str(earlier.event_id), earlier.event_id != own
+    return own, False
+
+
 def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | None,
                    source: str, interval: float, config_file: Path | None) -> None:
-    from agentbox.watch import Pending, content_id
+    from agentbox.watch import Pending, Reviewing
 
     pending: dict[Path, Pending] = {}
-    reviewing: dict[str, str] = {}  # run_id -> file name, until its review is printed
+    reviewing: dict[str, Reviewing] = {}  # run_id -> its file, until its review is printed
     followed = 0.0
     while True:
         now = time.monotonic()
         for path in watcher.poll():
-            try:
-                pending[path] = Pending(path, content_id(path, path.stat().st_size))
-            except OSError:
-                continue  # gone meanwhile
-            watcher.sent(path)  # pending now: not again until it changes
+            found = _event_id(watcher, path)
+            if found is None:
+                continue
+            event_id, grown = found
+            pending[path] = Pending(path, event_id, grown=grown)
+            watcher.sent(path, event_id)  # pending now: not again until it changes
         for item in [p for p in pending.values() if p.due <= now]:
             run_id = _try_once(item, url, project, profile, source, config_file)
             if run_id is None:
@@ -821,10 +858,16 @@ def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | N
                 continue
             del pending[item.path]
             if run_id:
-                reviewing[run_id] = item.path.name
+                try:
+                    size = item.path.stat().st_size
+                except OSError:
+                    continue
+                reviewing[run_id] = Reviewing(item.path.name, item.path, item.event_id, size,
+                                              item.grown)
         if reviewing and now - followed >= FOLLOW_EVERY_SECONDS:
             followed = now
-            _print_finished_reviews(url, reviewing)
+            for again in _print_finished_reviews(url, reviewing):
+                pending.setdefault(again.path, again)
         time.sleep(interval)
 
 
@@ -834,7 +877,8 @@ def _try_once(item: Any, url: str, project: str | None, profile: str | None, sou
     good (or is gone), None when it should be tried again later."""
     name = _line(item.path.name)
     try:
-        body = _export_event(item.path, item.event_id, project, profile, source)
+        body = _export_event(item.path, item.event_id, project, profile, source,
+                             item.again_of)
         response = send_event(url, _signing_secret(config_file), body)
         answer = response.json()
     except (OSError, httpx.TransportError) as exc:
@@ -847,6 +891,10 @@ def _try_once(item: Any, url: str, project: str | None, profile: str | None, sou
     else:
         if response.status_code < 300:
             what = "duplicate" if answer["duplicate"] else "accepted"
+            if item.grown:  # the same export, written on: its run, not a new one
+                what = "written on after it was sent; still"
+            elif item.again_of:
+                what = f"reviewed whole again (run {item.again_of} read it unfinished):"
             click.echo(f"{name}: {what} {answer['run_id']}")
             return str(answer["run_id"])
         if response.status_code not in HEALING_STATUSES:
@@ -859,16 +907,26 @@ def _try_once(item: Any, url: str, project: str | None, profile: str | None, sou
     return None
 
 
-def _print_finished_reviews(url: str, reviewing: dict[str, str]) -> None:
-    for run_id, name in list(reviewing.items()):
+def _print_finished_reviews(url: str, reviewing: dict[str, Any]) -> list[Any]:
+    """Print the reviews that finished; the follow-ups to send for files written on
+    after their run read them (their review is of less than the whole file)."""
+    from agentbox.watch import Pending, follow_up_id, reviewed_whole
+
+    again: list[Any] = []
+    for run_id, item in list(reviewing.items()):
         try:
             run = httpx.get(f"{url}/runs/{run_id}", timeout=10).json()
         except (httpx.HTTPError, ValueError):
-            return  # asked again at the next turn
+            return again  # asked again at the next turn
         if not isinstance(run, dict) or not run.get("terminal"):
             continue
         del reviewing[run_id]
-        click.echo("\n".join(told(run, name)))
+        if item.grown and not reviewed_whole(run, item.size) and item.path.exists():
+            again.append(Pending(item.path, follow_up_id(item.event_id, item.size),
+                                 again_of=run_id))
+            continue
+        click.echo("\n".join(told(run, item.name)))
+    return again
 
 
 MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install it with\n"

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import PurePath
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 # Every figure the page and the CLI name, in the order a mastering engineer reads them:
 # (key in metrics, what it is called, unit, decimals)
@@ -91,15 +92,25 @@ def headline(result: Any) -> str:
 
 
 def file_name(run: Mapping[str, Any]) -> str:
-    """The reviewed file's name: the review's `file.name`, else the end of `mix_url`."""
+    """The reviewed file's name: the review's `file.name`, else the end of its
+    `mix_url`, else the run view's `file` (the name the event's payload gives, for a
+    run that was not reviewed: queued, retrying, failed)."""
     result = run.get("result")
     if isinstance(result, Mapping):
         file = result.get("file")
         if isinstance(file, Mapping) and isinstance(file.get("name"), str):
             return one_line(file["name"])
         if isinstance(result.get("mix_url"), str):
-            return one_line(PurePath(result["mix_url"].replace("\\", "/")).name)
-    return ""
+            return one_line(mix_name(result["mix_url"]))
+    named = run.get("file")
+    return one_line(named) if isinstance(named, str) else ""
+
+
+def mix_name(url: str) -> str:
+    """The file's name from a mix_url (a path, a file:// URL, a Windows path)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path) if parts.scheme == "file" else url
+    return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
 
 
 def project_of(run: Mapping[str, Any]) -> str:

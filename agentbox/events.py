@@ -201,7 +201,9 @@ def parse_event(body: bytes) -> Event:
     try:
         envelope = Envelope.model_validate_json(body)
     except ValidationError as exc:
-        raise InvalidEvent(_field_errors(exc)) from None
+        # The payload's errors too (one round of fixes, not two), the most useful first.
+        raise InvalidEvent(_most_useful_first(_field_errors(exc) + _payload_errors(body))
+                           ) from None
     if envelope.idempotency_key != (
         f"{envelope.source}:{envelope.event_type}:{envelope.event_id}"
     ):
@@ -220,6 +222,37 @@ def parse_event(body: bytes) -> Event:
     except ValidationError as exc:
         raise InvalidEvent(_field_errors(exc, prefix=("payload",))) from None
     return Event(envelope, payload)
+
+
+def _payload_errors(body: bytes) -> list[dict[str, Any]]:
+    """The payload's field errors in a body whose envelope is refused, when its
+    event type is known and its payload an object (else none: the envelope's say it)."""
+    try:
+        found = json.loads(body)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(found, dict) or not isinstance(found.get("payload"), dict):
+        return []
+    event_type = found.get("event_type")
+    model = PAYLOAD_MODELS.get(event_type) if isinstance(event_type, str) else None
+    if model is None:
+        return []
+    try:
+        model.model_validate_json(json.dumps(found["payload"]), strict=True)
+    except ValidationError as exc:
+        return _field_errors(exc, prefix=("payload",))
+    except (ValueError, RecursionError):
+        return []
+    return []
+
+
+# What a person fixes first: a field that is missing, then a value that is wrong, then
+# a field that does not belong (often the misspelling of a missing one, listed above it).
+_ERROR_RANK = {"missing": 0, "extra_forbidden": 2}
+
+
+def _most_useful_first(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(errors, key=lambda e: _ERROR_RANK.get(e["type"], 1))
 
 
 def _field_errors(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:

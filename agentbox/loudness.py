@@ -46,7 +46,7 @@ CLIP_LEVEL = 0.9999  # |sample| at or above this is at full scale
 CLIP_RUN = 3  # consecutive full-scale samples that count as clipping
 OVERSAMPLING = 4
 TRUE_PEAK_HALF_TAPS = 10  # input samples each side of an interpolated one (81 taps at 4x)
-TRUE_PEAK_CHUNK = 4096  # stretches checked against the bound (see _Meter._true_peak)
+TRUE_PEAK_CHUNK = 512  # stretches checked against the bound (see _Meter._true_peak)
 SILENCE_DBFS = -60.0  # quieter than this at the start or the end is silence
 DUAL_MONO_DIFFERENCE = 1e-6  # |L - R| below this everywhere: the same signal twice
 LOW_END_HZ = 120.0  # below this, left and right should agree (mono compatibility)
@@ -349,10 +349,14 @@ class _Meter:
         self.low = np.zeros(3)  # below LOW_END_HZ: sum Re(L R*), |L|^2, |R|^2
 
     def feed(self, block: np.ndarray) -> None:
-        sums = block.sum(axis=0, dtype=np.float64)
+        # One lane per channel, contiguous, in float64: the K-weighting filter's
+        # input, and sums without a strided float32 -> float64 reduction.
+        lanes = np.array(block.T, dtype=np.float64, order="C")
+        sums = lanes.sum(axis=1)
         if not np.isfinite(sums).all():  # NaN or inf somewhere in a float file
             block = np.nan_to_num(block, nan=0.0, posinf=1.0, neginf=-1.0)
-            sums = block.sum(axis=0, dtype=np.float64)
+            lanes = np.array(block.T, dtype=np.float64, order="C")
+            sums = lanes.sum(axis=1)
         offset = self.frames
         self.frames += block.shape[0]
         self.sums += sums
@@ -369,7 +373,6 @@ class _Meter:
             self._clipping(np.abs(block) >= self.clip_level, offset)
         self._true_peak(block, offset)
         self._spectrum(block)
-        lanes = np.array(block.T, dtype=np.float64, order="C")
         _sosfilt(self.sos, lanes, self.zi)  # in place, state carried to the next block
         self._mean_squares(lanes.T)
 
@@ -378,10 +381,10 @@ class _Meter:
         loudest = np.abs(block[:, 0])
         for ch in range(1, self.channels):
             np.maximum(loudest, np.abs(block[:, ch]), out=loudest)
-        loud = np.flatnonzero(loudest > self.silence)
+        loud = loudest > self.silence  # the first and the last: no list of every one
         if self.first_loud is None:
-            self.first_loud = offset + int(loud[0])
-        self.last_loud = offset + int(loud[-1])
+            self.first_loud = offset + int(np.argmax(loud))
+        self.last_loud = offset + len(loud) - 1 - int(np.argmax(loud[::-1]))
 
     def _mean_squares(self, weighted: np.ndarray) -> None:
         if len(self.pending):
@@ -441,7 +444,10 @@ class _Meter:
         window times its phase's sum of absolute taps (the bound): a stretch whose
         bound stays under what is already known (the sample peak, the true peak so
         far, and 0 dBTP, so that overs are still located) cannot change the
-        reading, and is skipped, loudest stretches first."""
+        reading, and is skipped. The loudest stretch is taken first (it raises what
+        the others must beat); the rest are taken in runs of neighbours, one matrix
+        product per run (a limited master: the whole block at once). Short stretches
+        (TRUE_PEAK_CHUNK) skip more of dynamic material."""
         half = TRUE_PEAK_HALF_TAPS
         joined = np.vstack([self.context, block])
         stop = len(joined) - half  # positions with full context on the right
@@ -453,26 +459,45 @@ class _Meter:
 
     def _true_peak_of(self, column: np.ndarray, count: int, base: int) -> None:
         windows = sliding_window_view(column, 2 * TRUE_PEAK_HALF_TAPS + 1)[:count]
-        starts = range(0, count, TRUE_PEAK_CHUNK)
-        magnitude = np.abs(column)
-        padded = np.zeros((len(starts) + 1) * TRUE_PEAK_CHUNK, dtype=magnitude.dtype)
-        padded[:len(magnitude)] = magnitude
+        chunks = -(-count // TRUE_PEAK_CHUNK)
+        padded = np.zeros((chunks + 1) * TRUE_PEAK_CHUNK, dtype=column.dtype)
+        np.abs(column, out=padded[:len(column)])
         loudest = padded.reshape(-1, TRUE_PEAK_CHUNK).max(axis=1)
         # a stretch's windows reach TRUE_PEAK_HALF_TAPS * 2 samples into the next one
         bounds = np.maximum(loudest[:-1], loudest[1:]) * self.tap_bound
-        overs = []
-        for index in np.argsort(bounds)[::-1]:
-            if bounds[index] <= min(max(self.true_peak, self.peak), 1.0):
-                break  # this stretch and every quieter one: nothing to find
-            first = starts[index]
-            interpolated = windows[first:first + TRUE_PEAK_CHUNK] @ self.phases
-            top = max(float(interpolated.max()), -float(interpolated.min()))
-            self.true_peak = max(self.true_peak, top)
-            if top > 1.0:  # overs between the samples: where
-                overs.append(base + first + np.flatnonzero(
-                    np.abs(interpolated).max(axis=1) > 1.0))
-        if overs:  # found loudest first: located in time order
+        chosen = np.flatnonzero(bounds > self._floor())
+        if not len(chosen):
+            return  # nothing here can change the reading
+        overs: list[np.ndarray] = []
+        first = int(chosen[np.argmax(bounds[chosen])])  # the loudest stretch raises the floor
+        self._interpolate(windows, first, first + 1, base, overs)
+        chosen = chosen[(bounds[chosen] > self._floor()) & (chosen != first)]
+        # what is left, neighbouring stretches in one product (a limited master: the
+        # whole block at once)
+        breaks = np.flatnonzero(np.diff(chosen) > 1)
+        starts = chosen[np.concatenate([[0], breaks + 1])] if len(chosen) else chosen
+        ends = chosen[np.concatenate([breaks, [len(chosen) - 1]])] if len(chosen) else chosen
+        for start, end in zip(starts, ends, strict=True):
+            self._interpolate(windows, int(start), int(end) + 1, base, overs)
+        if overs:
             self._overs(np.sort(np.concatenate(overs)))
+
+    def _floor(self) -> float:
+        """What a stretch's bound must beat to matter: the reading so far, the sample
+        peak, and never more than 0 dBTP (so that overs are still located)."""
+        return min(max(self.true_peak, self.peak), 1.0)
+
+    def _interpolate(self, windows: np.ndarray, first: int, end: int, base: int,
+                     overs: list[np.ndarray]) -> None:
+        """The interpolated samples of stretches [first, end): the true peak; overs."""
+        start = first * TRUE_PEAK_CHUNK
+        interpolated = windows[start:end * TRUE_PEAK_CHUNK] @ self.phases
+        if not len(interpolated):
+            return
+        top = max(float(interpolated.max()), -float(interpolated.min()))
+        self.true_peak = max(self.true_peak, top)
+        if top > 1.0:  # overs between the samples: where
+            overs.append(base + start + np.flatnonzero(np.abs(interpolated).max(axis=1) > 1.0))
 
     def _overs(self, positions: np.ndarray) -> None:
         gap = RANGE_GAP_SECONDS * self.rate

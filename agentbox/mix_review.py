@@ -119,6 +119,7 @@ class FileInfo(BaseModel):
     duration_seconds: float
     frames_declared: int | None
     frames_read: int
+    size_bytes: int | None = None  # the file's size as reviewed (None in older results)
 
 
 class TargetView(BaseModel):
@@ -249,7 +250,8 @@ async def measure_file(path: Path, url: str, ctx: AgentContext | None
                     bit_depth=raw["bit_depth"], channels=raw["channels"],
                     duration_seconds=raw["duration_seconds"],
                     frames_declared=raw.get("frames_declared"),
-                    frames_read=raw.get("frames_read", 0))
+                    frames_read=raw.get("frames_read", 0),
+                    size_bytes=None if before is None else before[0])
     return raw, file
 
 

@@ -245,6 +245,22 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _json("ExportList", "exports, newest first"),
                               **_errors(404, 422)},
             }},
+            "/runs/{run_id}/audio": {"get": {
+                "summary": "The mix a finished mix review listened to (the page's player)",
+                "description": "Only the file the run's own event named, never a path "
+                               "the request names; byte ranges for seeking.",
+                "parameters": [run_id, {"name": "Range", "in": "header", "required": False,
+                                        "schema": {"type": "string"},
+                                        "description": "bytes=first-last"}],
+                "responses": {"200": {"description": "the whole file", "content": {
+                                  "audio/*": {"schema": {"type": "string",
+                                                         "format": "binary"}}}},
+                              "206": {"description": "the range asked for", "content": {
+                                  "audio/*": {"schema": {"type": "string",
+                                                         "format": "binary"}}}},
+                              "416": {"description": "a range past the end of the file"},
+                              **_errors(404)},
+            }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",
                 "parameters": [{"name": "state", "in": "query", "required": False,

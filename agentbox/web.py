@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from agentbox.callbacks import CallbackDeliverer
 from agentbox.config import origin_of
+from agentbox.digest import mix_name
 from agentbox.dispatcher import Dispatcher
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.logs import get_logger
@@ -28,6 +29,7 @@ from agentbox.store import (
     NotReplayable,
     RunDetail,
     RunNotFound,
+    RunView,
     StorageUnavailable,
     Store,
 )
@@ -57,6 +59,7 @@ class RunsApi:
         run = await self.store.get_run(run_id)
         if run is None:
             return _not_found(run_id)
+        run = (await self._with_files([run]))[0]
         detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id))
         if request.query_params.get("history") in ("1", "true"):
             detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
@@ -80,9 +83,24 @@ class RunsApi:
         if discarded not in ("true", "false"):
             return error_response(422, "invalid_query", "discarded must be true or false")
         if chain is None and discarded == "true":
-            return JSONResponse({"runs": _dump(await self.store.list_runs(status, limit))})
-        return JSONResponse({"runs": _dump(await self.store.search_runs(
-            status=status, chain=chain, include_discarded=discarded == "true", limit=limit))})
+            found = await self.store.list_runs(status, limit)
+        else:
+            found = await self.store.search_runs(
+                status=status, chain=chain, include_discarded=discarded == "true", limit=limit)
+        return JSONResponse({"runs": _dump(await self._with_files(found))})
+
+    async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:
+        """Each run with the name of the file its event names (payload.mix_url), so that
+        a run that was not reviewed (queued, retrying, dead-lettered) still says which
+        export it is. One small read per run (GET /runs is no hot path)."""
+        named = []
+        for run in runs:
+            event = await self.store.event_of(run.run_id)
+            payload = event.get("payload") if isinstance(event, dict) else None
+            mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
+            name = mix_name(mix_url) if isinstance(mix_url, str) else None
+            named.append(run.model_copy(update={"file": name}) if name else run)
+        return named
 
     async def exports(self, request: Request) -> Response:
         """`?project=NAME`: that project's exports, newest first (what its page and the

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from agentbox import digest
-from tests.conftest import Server, free_port, make_event
+from tests.conftest import Server, free_port, make_event, wait_until
 
 
 def agentbox(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -134,6 +134,42 @@ def test_send_wait_prints_the_review_for_people(server_factory: Any, tmp_path: P
     assert told[1] in shown.splitlines()
     assert agentbox(env, server.home, "dead-letters").stdout.strip() == (
         "no dead letters waiting for a decision")
+
+
+def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
+                                                     tmp_path: Path) -> None:
+    """`runs`, `show` and `send --wait` name the export of every run, also one that
+    failed or is waiting for its retry: the file its event names."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "600",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "600"}).start()
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    gone = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                    "Lost Song", "--mix", str(tmp_path / "gone take.wav"), "--wait")
+    assert gone.returncode == 4, gone.stderr
+    failed = json.loads(gone.stdout.splitlines()[0])["run_id"]
+    assert gone.stdout.splitlines()[1].startswith(
+        "gone take.wav: failed_permanent: mix_not_found")
+    whole = tone(tmp_path / "whole.wav", seconds=3.0)
+    cut = tmp_path / "cut short.wav"  # its header promises more: retried while fresh
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    sent = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                    "Cut Song", "--mix", str(cut))
+    retrying = json.loads(sent.stdout)["run_id"]
+    wait_until(lambda: server.run(retrying)["status"] == "failed_retryable", 60,
+               "the cut file's run to wait for its retry")
+    listed = agentbox(env, server.home, "runs").stdout.splitlines()
+    header = listed[0]
+    column = header.index("FILE")
+    rows = {line.split()[0]: line for line in listed[1:]}
+    assert rows[failed][column:].startswith("gone take.wav")
+    assert rows[retrying][column:].startswith("cut short.wav")
+    assert "failed_retryable" in rows[retrying] and "mix_truncated" in rows[retrying]
+    as_json = {r["run_id"]: r for r in server.client.get("/runs").json()["runs"]}
+    assert as_json[failed]["file"] == "gone take.wav"
+    assert as_json[retrying]["file"] == "cut short.wav"
+    shown = agentbox(env, server.home, "show", failed).stdout.splitlines()
+    assert "file gone take.wav" in shown and "project Lost Song" in shown
+    assert "file cut short.wav" in agentbox(env, server.home, "show", retrying).stdout
 
 
 def test_send_and_watch_name_a_project_alike(server: Server, tmp_path: Path) -> None:

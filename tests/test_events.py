@@ -501,3 +501,20 @@ def test_review_requested_needs_requested_by() -> None:
     assert one_error(obj)["loc"] == ["payload", "requested_by"]
     obj["payload"]["requested_by"] = None
     assert one_error(obj)["loc"] == ["payload", "requested_by"]
+
+
+def test_a_refused_envelope_lists_the_payload_errors_too_most_useful_first():
+    """One round of fixes, not two: with the envelope's errors come the payload's, a
+    missing field before a wrong value before a field that does not belong."""
+    obj = base_event()
+    obj["schema_version"] = "v0"
+    obj["extra"] = 1
+    del obj["payload"]["mix_url"]
+    errors = errors_of(encode(obj))
+    assert locs(errors) == [("payload", "mix_url"), ("schema_version",), ("extra",)]
+    assert [e["type"] for e in errors] == ["missing", "literal_error", "extra_forbidden"]
+    # An unknown event type or a payload that is no object: the envelope's errors alone.
+    obj["event_type"] = "no.such_type"
+    assert ("payload", "mix_url") not in locs(errors_of(encode(obj)))
+    obj["event_type"], obj["payload"] = "session.exported", [1]
+    assert locs(errors_of(encode(obj))) == [("schema_version",), ("payload",), ("extra",)]

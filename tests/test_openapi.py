@@ -40,7 +40,8 @@ def test_the_document_describes_the_contract(server: Server) -> None:
     assert "idempotency_key" in envelope["required"]
     assert envelope.get("additionalProperties") is False
     assert set(document["paths"]) >= {"/webhooks/events", "/runs", "/runs/{run_id}",
-                                      "/runs/{run_id}/replay", "/healthz"}
+                                      "/runs/{run_id}/replay", "/runs/{run_id}/audio",
+                                      "/healthz"}
 
 
 def test_every_field_a_run_answers_with_is_documented_and_none_is_missing(

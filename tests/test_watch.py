@@ -188,7 +188,12 @@ def test_a_header_that_promises_more_than_is_there_is_waited_for(tmp_path: Path)
         assert audio_complete(path) is False, fmt
     mp3 = tmp_path / "x.mp3"
     sf.write(mp3, audio, rate, format="MP3")
-    assert audio_complete(mp3) is None  # no declared length: the settle time decides
+    assert audio_complete(mp3) is True  # its Xing frame says how many bytes follow
+    mp3.write_bytes(mp3.read_bytes()[:-500])
+    assert audio_complete(mp3) is False
+    bare = tmp_path / "bare.mp3"  # no Xing/Info frame: the headerless settle time decides
+    bare.write_bytes(ffmpeg_render(tmp_path / "r.mp3", 1.0, "-write_xing", "0"))
+    assert audio_complete(bare) is None
     flac = tmp_path / "x.flac"
     with sf.SoundFile(flac, "w", rate, 2, "PCM_24") as f:  # libsndfile's FLAC writer
         f.write(audio[: rate // 2])
@@ -224,3 +229,136 @@ def test_every_format_the_review_reads_is_watched(tmp_path: Path) -> None:
     watcher.poll()
     now[0] = 2.0
     assert sorted(watcher.poll()) == sorted(made)
+
+
+# -- one export, one run, however the writer stalls (every format) -----------------------------
+
+
+def ffmpeg_render(path: Path, seconds: float, *options: str) -> bytes:
+    """A finished render made by ffmpeg (a real encoder: MP3 with its Xing/Info frame
+    unless told otherwise, Ogg Vorbis, WAV), as the bytes a writer would put out."""
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi",
+                    "-i", f"sine=frequency=330:duration={seconds}", "-ac", "2", "-ar", "48000",
+                    *options, str(path)], check=True, timeout=120)
+    data = path.read_bytes()
+    path.unlink()
+    return data
+
+
+def stalling_writer(path: Path, data: bytes, cut: int, stall: float,
+                    before_rest: threading.Event | None = None) -> threading.Thread:
+    """A writer that puts out `data[:cut]`, stalls for `stall` seconds (or until
+    `before_rest` is set), then writes the rest: a DAW whose render hangs halfway."""
+    def write() -> None:
+        with open(path, "wb") as f:
+            f.write(data[:cut])
+            f.flush()
+            if before_rest is not None:
+                before_rest.wait(120)
+            else:
+                time.sleep(stall)
+            f.write(data[cut:])
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    return writer
+
+
+@pytest.mark.parametrize(("suffix", "options", "headerless_settle"), [
+    (".mp3", (), "10"),  # its Xing/Info frame says how many bytes follow
+    (".mp3", ("-write_xing", "0"), "8"),  # says nothing: the headerless settle time decides
+    (".ogg", ("-c:a", "libvorbis"), "10"),  # the last page flagged end-of-stream
+    (".wav", ("-c:a", "pcm_s24le"), "10"),  # the header's data size
+], ids=["mp3", "mp3-no-xing", "ogg", "wav"])
+def test_a_stalling_writer_makes_one_run_of_the_whole_file(
+        server_factory: Any, tmp_path: Path, suffix: str, options: tuple[str, ...],
+        headerless_settle: str) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    data = ffmpeg_render(tmp_path / f"render{suffix}", 6.0, *options)
+    settle = 0.3
+    mix = folder / f"stalled{suffix}"
+    with watching(server.env, server.home, folder, "--settle", str(settle), "--url",
+                  server.url, "--headerless-settle", headerless_settle) as watched:
+        writer = stalling_writer(mix, data, len(data) // 2, stall=settle * 10)
+        writer.join(60)
+        run_id = watched.wait_for("stalled").split()[-1]
+        assert watched.lines[-1].startswith("stalled") and "accepted" in watched.lines[-1]
+        run = server.wait_terminal(run_id, timeout=90)
+        assert run["status"] == "succeeded", run
+        reviewed = run["result"]["file"]
+        assert reviewed["size_bytes"] == len(data)  # the whole file, not the half
+        assert reviewed["duration_seconds"] == pytest.approx(sf.info(mix).duration, abs=0.05)
+        assert reviewed["duration_seconds"] > 5.5
+        watched.wait_for(f"stalled{suffix}: {run['result']['verdict']}")
+        time.sleep(settle * 4)
+        assert watched.count("stalled") == 1 + watched.count(f"stalled{suffix}: "
+                                                             f"{run['result']['verdict']}")
+    listed = server.client.get("/runs").json()["runs"]
+    assert [r["run_id"] for r in listed] == [run_id]  # one export, one run
+
+
+def test_a_file_written_on_after_its_review_is_reviewed_whole_in_a_follow_up(
+        server_factory: Any, tmp_path: Path) -> None:
+    """The one case the watcher cannot see coming: a file that says nothing of its
+    length, stalled longer than even the headerless settle time, reviewed meanwhile.
+    The export keeps its one session.exported run; the whole file is reviewed by a
+    mix.review_requested that names that run."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    data = ffmpeg_render(tmp_path / "render.mp3", 6.0, "-write_xing", "0")
+    mix = folder / "late.mp3"
+    go_on = threading.Event()
+    with watching(server.env, server.home, folder, "--settle", "0.3", "--url", server.url,
+                  "--headerless-settle", "0.6") as watched:
+        writer = stalling_writer(mix, data, len(data) // 2, stall=0, before_rest=go_on)
+        first = watched.wait_for("late.mp3: accepted").split()[-1]
+        run = server.wait_terminal(first, timeout=90)
+        assert run["result"]["file"]["size_bytes"] == len(data) // 2  # it read the half
+        go_on.set()
+        writer.join(60)
+        watched.wait_for(f"late.mp3: written on after it was sent; still {first}")
+        again = watched.wait_for("late.mp3: reviewed whole again").split()[-1]
+        assert f"(run {first} read it unfinished)" in watched.wait_for("late.mp3: reviewed")
+        whole = server.wait_terminal(again, timeout=90)
+        assert whole["status"] == "succeeded", whole
+        assert whole["event_type"] == "mix.review_requested"
+        assert whole["causation_id"] == first
+        assert whole["result"]["file"]["size_bytes"] == len(data)
+        assert whole["result"]["file"]["duration_seconds"] > 5.5
+    listed = server.client.get("/runs").json()["runs"]
+    assert sorted(r["run_id"] for r in listed) == sorted([first, again])
+    assert sum(r["event_type"] == "session.exported" for r in listed) == 1
+
+
+def test_a_file_rewritten_under_the_same_name_is_a_new_export(tmp_path: Path) -> None:
+    now = [0.0]
+    watcher = Watcher(tmp_path, settle=1.0, clock=lambda: now[0], headerless_settle=3.0)
+    watcher.poll()
+    first, second = (ffmpeg_render(tmp_path / "r.mp3", s, "-write_xing", "0")
+                     for s in (2.0, 3.0))
+    mix = tmp_path / "song.mp3"
+    mix.write_bytes(first[: len(first) // 2])
+    watcher.poll()
+    now[0] = 2.0
+    assert watcher.poll() == []  # no Xing/Info frame: 1 s is not enough
+    now[0] = 3.5
+    assert watcher.poll() == [mix]
+    watcher.sent(mix, "watch-first")
+    with open(mix, "ab") as f:  # the same writer, on again
+        f.write(first[len(first) // 2:])
+    now[0] = 4.0
+    watcher.poll()
+    now[0] = 8.0
+    assert watcher.poll() == [mix]
+    assert watcher.continues(mix) is not None and watcher.continues(mix).event_id == "watch-first"
+    watcher.sent(mix, "watch-first")
+    mix.write_bytes(second)  # a new render under the same name
+    now[0] = 9.0
+    watcher.poll()
+    now[0] = 13.0
+    assert watcher.poll() == [mix]
+    assert watcher.continues(mix) is None

@@ -47,6 +47,9 @@ class RunView(View):
     causation_id: str | None
     hop: int
     terminal: bool
+    # The name of the file the run's event names (payload.mix_url), whatever became
+    # of the run: filled in by the API (GET /runs, GET /runs/{run_id}).
+    file: str | None = None
 
 
 class AttemptView(View):

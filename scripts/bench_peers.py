@@ -189,7 +189,6 @@ def peer_phase(bench: Any, work: Path, events: Path, connections: int, duration:
         processes.append(front)
         for process in processes:
             process.watch(bench)
-        started = time.monotonic()
         wrk = bench.run_wrk(url, events, connections, duration)
         loaded = time.monotonic()
         # wrk stops without waiting for its last requests: stopping the receiver lets
@@ -205,17 +204,19 @@ def peer_phase(bench: Any, work: Path, events: Path, connections: int, duration:
             process.measured()
         done = completed()
         cpu_seconds = sum(p.monitor.cpu_seconds for p in processes)
+        # from the load's start (wrk's clock: it reads its events before) to the drain's end
+        seconds = wrk["duration_us"] / 1e6 + finished - loaded
         return {
             "target": target, "store": store, "round": 1, "connections": connections,
             "accepted_per_s": round(wrk["per_second"]),
             "p50_ms": wrk["p50_us"] / 1000, "p99_ms": wrk["p99_us"] / 1000,
             "p999_ms": wrk["p999_us"] / 1000, "statuses": wrk["statuses"],
             "errors": wrk["errors"],
-            "server_cpu_percent": round(100 * cpu_seconds / (finished - started)),
+            "server_cpu_percent": round(100 * cpu_seconds / seconds),
             "max_rss_mb": round(sum(p.monitor.max_rss_mb for p in processes)),
             # per completed event, all the peer's processes, the drain included
             "cpu_us_per_request": round(cpu_seconds * 1e6 / max(done, 1)),
-            "completed_per_s": round(done / (finished - started)),
+            "completed_per_s": round(done / seconds),
             "drain_after_load_s": round(finished - loaded, 2),
             "processes": {p.name: round(p.monitor.cpu_seconds, 2) for p in processes},
             "store_check": {"accepted": accepted, "enqueued": total, "completed": done,

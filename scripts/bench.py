@@ -615,8 +615,15 @@ def main() -> None:
                         help="PostgreSQL phases: how many agentbox instances share the database")
     parser.add_argument("--postgres-only", action="store_true",
                         help="with --database-url: the ceiling and PostgreSQL phases only")
+    parser.add_argument("--peers", action="store_true",
+                        help="also measure the peers end to end (Redis reference design, "
+                             "huey): scripts/bench_peers.py")
     args = parser.parse_args()
     Server.log_level = args.log_level
+    if args.peers:
+        import bench_peers
+
+        bench_peers.require()  # exits 2, naming what to install, before measuring anything
     levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="agentbox-bench-"))
     print(f"work directory (removed if the run passes): {work}", file=sys.stderr)
@@ -660,6 +667,9 @@ def main() -> None:
             report["load"].append(row)
             failed |= set(row["statuses"]) != {"202"} or any(row["errors"].values())
             failed |= not row.get("store_check", {"ok": True})["ok"]
+        if args.peers and not args.postgres_only:  # the same events as the ceiling's
+            failed |= bench_peers.load_phases(sys.modules[__name__], work, events[1],
+                                              connections, args.duration, report)
         for path in events.values():
             path.unlink()
     best = max((r for r in report["load"] if r["target"] == "agentbox"
@@ -694,6 +704,9 @@ def main() -> None:
         failed |= report["mix"]["review_status"] != "succeeded" or any(
             set(report["mix"][k]["statuses"]) != {"202"} for k in ("before", "during"))
     print_table(report)
+    if args.peers and not args.postgres_only:
+        report["peers"] = bench_peers.summary(report)
+        bench_peers.print_summary(report)
     text = json.dumps(report, indent=2)
     print("\n" + text)
     if args.json:

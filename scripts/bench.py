@@ -400,12 +400,12 @@ def seed(data_dir: Path, count: int, backlog: bool = False) -> None:
 
     Written with SQL for speed; the schema and the run id format are the store's own.
     """
-    from agentbox.store.sqlite import SCHEMA
+    from agentbox.store.sqlite import migrate_file
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(data_dir / "agentbox.sqlite3", isolation_level=None)
+    path = data_dir / "agentbox.sqlite3"
+    migrate_file(path)  # the store's own schema, by its own migrations
+    conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.executescript(SCHEMA)
     conn.execute("BEGIN")
     now = time.time() - (0 if backlog else 86_400)
     status, result = ("accepted", None) if backlog else ("succeeded", '{"ok":true}')
@@ -414,7 +414,8 @@ def seed(data_dir: Path, count: int, backlog: bool = False) -> None:
         ids = range(start, min(start + batch, count))
         conn.executemany(
             "INSERT INTO events (pk, event_id, idempotency_key, event_type, source, "
-            "received_at, body) VALUES (?, ?, ?, 'session.exported', 'seed', ?, ?)",
+            "received_at, body, project) VALUES (?, ?, ?, 'session.exported', 'seed', ?, ?, "
+            "'bench')",
             ((i + 1, f"seed-{i}", f"seed:session.exported:seed-{i}", now + i * 1e-3,
               _seed_body(i)) for i in ids))
         conn.executemany(

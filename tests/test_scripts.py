@@ -106,3 +106,19 @@ def test_scripts_test_hands_its_arguments_to_pytest(tmp_path: Path) -> None:
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "tests collected" in done.stdout
+
+
+def test_the_benchmark_seeds_a_store_of_the_current_schema(tmp_path: Path) -> None:
+    """scripts/bench's seeded phases write with SQL: the store they make must be the
+    one agentbox opens today (it once imported a schema constant that had gone)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    for name, backlog in (("history", False), ("backlog", True)):
+        bench.seed(tmp_path / name, 300, backlog=backlog)
+        checked = subprocess.run(
+            [sys.executable, "-m", "agentbox", "verify", "--data-dir", str(tmp_path / name)],
+            capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0 and checked.stdout.strip().endswith(": ok"), checked

@@ -226,6 +226,10 @@ from agentbox import portable
 if sys.argv[1] == "ignore":
     portable.ignore_interrupts()
 os.kill(os.getpid(), signal.SIGINT)  # delivered before kill returns, to this process
+# The interpreter runs a pending handler at its next check (a loop's jump back), not
+# inside a C call such as print's: without this loop a busy machine could print first.
+for _ in range(1000):
+    pass
 print("still running")
 """
 

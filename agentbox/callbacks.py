@@ -109,14 +109,18 @@ class DestinationPolicy:
 
     def refusal(self, url: str) -> str | None:
         """Why `url` may not be used at all (an error category), or None."""
+        return None if self.origin(url) in self.allowed else "destination_not_allowed"
+
+    @staticmethod
+    def origin(url: str) -> str | None:
+        """The origin of a URL fit to be called (ASCII, no credentials), else None."""
         parts = urlsplit(url)
         if parts.username is not None or parts.password is not None or not url.isascii():
-            return "destination_not_allowed"
+            return None
         try:
-            origin = origin_of(url)
+            return origin_of(url)
         except ValueError:
-            return "destination_not_allowed"
-        return None if origin in self.allowed else "destination_not_allowed"
+            return None
 
     def permits(self, url: str, address: IPAddress) -> bool:
         origin, host = origin_of(url), urlsplit(url).hostname or ""

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response
 
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import LEASE_GRACE_SECONDS, Attempt, CallbackDeliverer, DestinationPolicy
-from agentbox.config import Settings, env_name, is_loopback_host, origin_of
+from agentbox.config import Settings, env_name, is_loopback_host
 from agentbox.events import PAYLOAD_MODELS
 from agentbox.logs import get_logger
 from agentbox.receiver import error_response
@@ -93,15 +93,12 @@ class SubscriptionPolicy(DestinationPolicy):
         super().__init__(allowed, ())
 
     def refusal(self, url: str) -> str | None:
-        parts = urlsplit(url)
-        if parts.username is not None or parts.password is not None or not url.isascii():
-            return "destination_not_allowed"
-        try:
-            origin = origin_of(url)
-        except ValueError:
+        origin = self.origin(url)
+        if origin is None:
             return "destination_not_allowed"
         if origin in self.allowed:
             return None
+        parts = urlsplit(url)
         if parts.scheme == "https" and not is_loopback_host(parts.hostname or ""):
             return None
         return "destination_not_allowed"

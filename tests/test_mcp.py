@@ -199,8 +199,8 @@ async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
                                       interval=0.2) == [failing]
         dead = await call(session, "show_run", run_id=failing)
         assert dead["status"] == "dead_lettered"
-        # As `agentbox show` tells it: no review, so the run is named by its id.
-        assert dead["review"] == (f"{failing}: dead_lettered: agent_retryable_error: "
+        # As `agentbox show` tells it: no review, so the run is named by its event's file.
+        assert dead["review"] == ("mix.wav: dead_lettered: agent_retryable_error: "
                                   "scripted failure, every time")
 
         replayed = await call(session, "replay_run", run_id=failing)

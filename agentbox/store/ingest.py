@@ -118,6 +118,8 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
     """Admit, claim the keys and store the events whose key was free, then look
     up the runs of the duplicates: per item (True, IngestResult) or (False,
     AdmissionRefused). The same key twice in one batch is answered like the first."""
+    if not items:  # e.g. a run's emitted events that no agent receives any more
+        return []
     answers: list[tuple[bool, Any] | None] = [None] * len(items)
     first: dict[str, int] = {}
     admitted: list[int] = []

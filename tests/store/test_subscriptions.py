@@ -144,6 +144,22 @@ async def test_an_agent_that_unsubscribes_before_it_emits_does_not_receive_its_e
 
 
 @async_test
+async def test_an_agent_that_unsubscribes_every_receiver_of_what_it_emits_still_succeeds(
+        store: Store, aio: Any) -> None:
+    await ingest(store, "e1", agents=("a",))
+    run = await claim_one(store)
+    # a, the only agent of mix.review_requested, leaves it and emits one: nobody
+    # receives that event, so it is not stored, and the run's success is.
+    outcome = Outcome(RunStatus.SUCCEEDED, result={},
+                      subscriptions=(("mix.review_requested", False),),
+                      emitted=(emitted(run.run_id, 0, "mix.review_requested", agents=("a",)),))
+    transition = await store.finish(run.run_id, "w1", 1, outcome, T0 + 1)
+    assert transition is not None and transition.status == RunStatus.SUCCEEDED
+    assert transition.spawned == ()
+    assert (await store.get_run(run.run_id)).status == "succeeded"  # type: ignore[union-attr]
+
+
+@async_test
 async def test_loop_detection_still_stops_what_a_subscription_lets_through(
         store: Store, aio: Any) -> None:
     await ingest(store, "e1", agents=("a",))

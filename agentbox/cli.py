@@ -479,6 +479,9 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
         click.echo(f"project {digest.project_of(run)}")
     if digest.file_name(run):
         click.echo(f"file {digest.file_name(run)}")
+    if run.get("body_removed_at"):
+        click.echo(f"event body removed by retention at {run['body_removed_at']} "
+                   "(the run cannot be replayed)")
     if run["correlation_id"] or run["hop"]:
         click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
                    f"hop {run['hop']}")

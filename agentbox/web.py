@@ -60,7 +60,10 @@ class RunsApi:
         if run is None:
             return _not_found(run_id)
         run = (await self._with_files([run]))[0]
-        detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id))
+        event = await self.store.event_of(run_id)
+        removed = event.get("body_removed_at") if isinstance(event, dict) else None
+        detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id),
+                           body_removed_at=removed if isinstance(removed, str) else None)
         if request.query_params.get("history") in ("1", "true"):
             detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
                                                "history": await self.store.history(run_id)})

@@ -70,5 +70,6 @@ def test_every_field_a_run_answers_with_is_documented_and_none_is_missing(
     listed = server.client.get("/runs").json()["runs"]
     assert listed and all(set(run) == documented("RunView") for run in listed)
     assert documented("RunView") == documented("RunDetail") - {"callbacks", "attempts",
-                                                               "history"}
+                                                               "history", "body_removed_at"}
+    assert full["body_removed_at"] is None  # retention has not removed its body
     assert full["project"] == "ok"  # the event's payload.project_id

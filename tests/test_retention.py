@@ -187,6 +187,10 @@ def test_prune_through_a_running_server_and_a_run_whose_body_is_gone(
     assert refused.status_code == 410 and refused.json()["error_code"] == "body_removed"
     shown = agentbox(env, "show", failed)
     assert shown.returncode == 0, shown.stderr
+    # The API and `show` say the body is gone, before a replay has to find out.
+    assert server.run(failed)["body_removed_at"].endswith("Z")
+    assert server.run(ok)["body_removed_at"] is not None
+    assert "event body removed by retention at " in shown.stdout
 
     def runs_due() -> bool:
         report = json.loads(agentbox(env, "prune", "--dry-run", "--json").stdout)

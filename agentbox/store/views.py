@@ -110,6 +110,9 @@ class RunDetail(RunView):
     attempts and state changes."""
 
     callbacks: list[NotificationView]
+    # When retention removed the event's raw body (ISO 8601, UTC): the run stays
+    # readable, but it cannot be replayed any more.
+    body_removed_at: str | None = None
     attempts: list[AttemptView] | None = None  # with ?history=1
     history: list[HistoryEntry] | None = None  # with ?history=1
 

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from agentbox.addresses import is_public, parse_address
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import LEASE_GRACE_SECONDS, Attempt, CallbackDeliverer, DestinationPolicy
 from agentbox.config import Settings, env_name, is_loopback_host
@@ -99,7 +100,11 @@ class SubscriptionPolicy(DestinationPolicy):
         if origin in self.allowed:
             return None
         parts = urlsplit(url)
-        if parts.scheme == "https" and not is_loopback_host(parts.hostname or ""):
+        host = parts.hostname or ""
+        literal = parse_address(host)  # an address written out is checked now, a name
+        if literal is not None and not is_public(literal):  # when it is resolved
+            return "destination_not_allowed"
+        if parts.scheme == "https" and not is_loopback_host(host):
             return None
         return "destination_not_allowed"
 

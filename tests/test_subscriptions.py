@@ -91,6 +91,8 @@ def test_the_api_needs_the_admin_token_and_refuses_each_bad_field(
         ({"url": "http://studio.example/hook"}, "url_not_allowed"),  # http, not loopback
         ({"url": unlisted}, "url_not_allowed"),  # loopback, not listed
         ({"url": "https://127.0.0.1/hook"}, "url_not_allowed"),
+        ({"url": "https://10.0.0.1/hook"}, "url_not_allowed"),  # a private address, written out
+        ({"url": "https://[fd00::1]/hook"}, "url_not_allowed"),
         ({"url": "https://user:pw@studio.example/h"}, "url_not_allowed"),
         ({"url": "ftp://studio.example/h"}, "invalid_url"),
         ({"url": 7}, "invalid_url"),

@@ -329,6 +329,9 @@ def _recently_changed(path: Path, seconds: float = SETTLE_SECONDS) -> bool:
     return found is not None and time.time() - found[1] / 1e9 < seconds
 
 
+SETTLE_MARGIN_SECONDS = 0.05
+
+
 async def _settle(path: Path) -> None:
     """A file written a moment ago (an export script sends as soon as the render ends)
     is given the rest of its settle time in this attempt, rather than costing one."""
@@ -336,7 +339,9 @@ async def _settle(path: Path) -> None:
     if found is not None:
         age = time.time() - found[1] / 1e9
         if 0 <= age < SETTLE_SECONDS:
-            await asyncio.sleep(SETTLE_SECONDS - age)
+            # A little past it: the loop's timer may fire a hair before the wall clock
+            # reaches the settle time, and the check after this must find it passed.
+            await asyncio.sleep(SETTLE_SECONDS - age + SETTLE_MARGIN_SECONDS)
 
 
 def _check_settled(path: Path) -> None:

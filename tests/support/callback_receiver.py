@@ -65,18 +65,19 @@ def standard_valid(secret: str, headers: dict[str, str], body: bytes) -> bool:
     return any(hmac.compare_digest(expected, g) for g in given)
 
 
-class CallbackReceiver:
-    def __init__(self, secret: str, tls: ssl.SSLContext | None = None) -> None:
-        self.secret = secret
-        self.received: list[Received] = []
-        self.outage = False
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 serving from a thread of its own; a subclass answers
+    each POST in `_handle` (set what it reads before calling this __init__: the
+    server serves from here on)."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._seen: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
-        receiver = self
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                receiver._handle(self)
+                server._handle(self)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -96,6 +97,17 @@ class CallbackReceiver:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
+
+class CallbackReceiver(LoopbackServer):
+    def __init__(self, secret: str, tls: ssl.SSLContext | None = None) -> None:
+        self.secret = secret
+        self.received: list[Received] = []
+        self.outage = False
+        super().__init__(tls)
 
     # -- what arrived -------------------------------------------------------------------
 

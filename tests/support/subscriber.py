@@ -15,60 +15,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from tests.support.callback_receiver import LoopbackServer, Received
 
-@dataclass(frozen=True)
-class Request:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    answered: int
-    at: float
 
+class Request(Received):
     @property
     def document(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.body)
-        return value
+        return self.notification
 
     @property
     def is_verification(self) -> bool:
         return self.document.get("type") == "subscription.verification"
 
 
-class Subscriber:
+class Subscriber(LoopbackServer):
     def __init__(self) -> None:
         self.requests: list[Request] = []
         self.failing = False
-        self._seen: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
-        subscriber = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                subscriber._handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self.origin = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def url(self, path: str) -> str:
-        return self.origin + path
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def received(self, path: str, verification: bool | None = None) -> list[Request]:
         with self._lock:

@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from tests.conftest import ROOT, free_port, wait_until
 
@@ -109,6 +110,24 @@ def test_the_executable_reviews_a_mix_sent_by_its_own_send(
     assert run["result"]["review_notes"]
     page = httpx.get(f"{server}/", timeout=30)
     assert page.status_code == 200 and "night-drive" in page.text
+
+
+@pytest.mark.anyio
+async def test_the_executable_serves_agentbox_mcp(
+        executable: Path, server: str, home: dict[str, str], tmp_path: Path) -> None:
+    """A musician's assistant starts the executable's `mcp`, as it would an installed
+    agentbox's: the SDK is in the file, and its tools reach the running server."""
+    params = StdioServerParameters(command=str(executable), args=["mcp"],
+                                   env={**home, "AGENTBOX_URL": server}, cwd=tmp_path)
+    with open(tmp_path / "mcp.log", "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {tool.name for tool in (await session.list_tools()).tools}
+            runs = await session.call_tool("list_runs", {})
+    assert {"send_export", "request_review", "list_runs", "show_run"} <= tools
+    assert not runs.is_error, runs.content
+    assert runs.structured_content == {"runs": []}  # the fresh home's server holds none yet
 
 
 def test_the_executable_cleans_up_after_itself(executable: Path, home: dict[str, str]) -> None:

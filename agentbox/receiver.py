@@ -131,7 +131,7 @@ class Receiver:
             result = await self._receive(scope, receive)
             status, answer = (200 if result.duplicate else 202), _accepted(result)
         except Rejected as rejected:
-            self.metrics.refused.labels(rejected.code).inc()
+            self.metrics.event_refused(rejected.code)
             await send_json(send, rejected.status, rejected.body(), rejected.headers)
             return
         except Exception:  # a bug: say so in the log, answer as the app's other routes do
@@ -273,7 +273,7 @@ class Receiver:
             if result.duplicate:
                 self.metrics.duplicates.inc()
             else:
-                self.metrics.accepted.labels(env.event_type).inc()
+                self.metrics.event_accepted(env.event_type)
         except Exception:  # a bug: in a callback, nobody else would say so
             log.exception("settling an ingest failed")
         finally:  # whatever happens, the lease is settled and the runs it claimed start

@@ -39,6 +39,7 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
 )
+from agentbox.timeouts import within
 
 log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
@@ -190,29 +191,16 @@ class Receiver:
         if (declared is not None and declared.isascii() and declared.isdecimal()
                 and int(declared) > limit):
             raise _too_large(limit)
-        chunks, size = [], 0
         try:
             # A sender that trickles its body (a byte a second) would hold a
             # connection and its buffers for as long as it likes: the whole body
             # must arrive within AGENTBOX_BODY_TIMEOUT_SECONDS.
-            async with asyncio.timeout(self.settings.body_timeout_seconds):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise Rejected(400, "client_disconnected", "The body ended early.")
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise _too_large(limit)
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
+            return await within(self.settings.body_timeout_seconds, _chunks(receive, limit))
         except TimeoutError:
             raise Rejected(408, "body_timeout",
                            f"The body did not arrive within {self.settings.body_timeout_seconds:g}"
                            " s (AGENTBOX_BODY_TIMEOUT_SECONDS).",
                            headers={"Connection": "close"}) from None
-        return b"".join(chunks)
 
     def _check_callback(self, url: str | None) -> None:
         if url is None:
@@ -304,6 +292,22 @@ class Receiver:
                 503, "storage_unavailable",
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+
+
+async def _chunks(receive: Receive, limit: int) -> bytes:
+    """The body, read to its end (usually there already, in one message)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Rejected(400, "client_disconnected", "The body ended early.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _too_large(limit: int) -> Rejected:

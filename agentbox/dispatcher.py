@@ -46,6 +46,7 @@ from agentbox.store import (
     Store,
     Transition,
 )
+from agentbox.timeouts import within
 
 log = get_logger("runs")
 # Idle, the claim loop sleeps until the next retry or lease end it knows of, or until
@@ -381,8 +382,7 @@ class Dispatcher:
         ctx.event = event
         ctx.deadline = time.monotonic() + self.settings.run_timeout_seconds
         try:
-            async with asyncio.timeout(self.settings.run_timeout_seconds):
-                value = await spec.function(event, ctx)
+            value = await within(self.settings.run_timeout_seconds, spec.function(event, ctx))
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
                            emitted=self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
         except AttemptGivenBack as exc:

@@ -13,11 +13,26 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 from agentbox.store import Transition
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
                    600, 1800, 3600)
+
+
+class Children(dict[tuple[str, ...], Any]):
+    """A labelled metric's children by label values, each looked up once: `labels()`
+    takes the metric's lock and builds its key on every call, and the hot path
+    counts several things per event."""
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, values: tuple[str, ...]) -> Any:
+        child = self[values] = self.metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -51,14 +66,25 @@ class Metrics:
         self.queue = Gauge("agentbox_runs", "Runs by state", ["status"], registry=r)
         self.oldest_waiting = Gauge("agentbox_oldest_waiting_age_seconds",
                                     "Age of the oldest run waiting to be claimed", registry=r)
+        self._accepted = Children(self.accepted)
+        self._refused = Children(self.refused)
+        self._transitions = Children(self.transitions)
+        self._run_latency = Children(self.run_latency)
+        self._agent_duration = Children(self.agent_duration)
+
+    def event_accepted(self, event_type: str) -> None:
+        self._accepted[event_type,].inc()
+
+    def event_refused(self, reason: str) -> None:
+        self._refused[reason,].inc()
 
     def transition(self, t: Transition) -> None:
-        self.transitions.labels(t.agent, t.status).inc()
+        self._transitions[t.agent, t.status].inc()
 
     def attempt(self, agent: str, seconds: float, status: str | None, accepted_at: float) -> None:
-        self.agent_duration.labels(agent).observe(seconds)
+        self._agent_duration[agent,].observe(seconds)
         if status in ("succeeded", "failed_permanent", "dead_lettered"):
-            self.run_latency.labels(agent).observe(max(0.0, time.time() - accepted_at))
+            self._run_latency[agent,].observe(max(0.0, time.time() - accepted_at))
 
     def render(self, stats: dict[str, Any], now: float) -> bytes:
         for status, count in stats["runs"].items():

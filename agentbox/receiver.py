@@ -39,6 +39,7 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
 )
+from agentbox.timeouts import within
 
 log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
@@ -131,7 +132,7 @@ class Receiver:
             result = await self._receive(scope, receive)
             status, answer = (200 if result.duplicate else 202), _accepted(result)
         except Rejected as rejected:
-            self.metrics.refused.labels(rejected.code).inc()
+            self.metrics.event_refused(rejected.code)
             await send_json(send, rejected.status, rejected.body(), rejected.headers)
             return
         except Exception:  # a bug: say so in the log, answer as the app's other routes do
@@ -190,29 +191,16 @@ class Receiver:
         if (declared is not None and declared.isascii() and declared.isdecimal()
                 and int(declared) > limit):
             raise _too_large(limit)
-        chunks, size = [], 0
         try:
             # A sender that trickles its body (a byte a second) would hold a
             # connection and its buffers for as long as it likes: the whole body
             # must arrive within AGENTBOX_BODY_TIMEOUT_SECONDS.
-            async with asyncio.timeout(self.settings.body_timeout_seconds):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise Rejected(400, "client_disconnected", "The body ended early.")
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise _too_large(limit)
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
+            return await within(self.settings.body_timeout_seconds, _chunks(receive, limit))
         except TimeoutError:
             raise Rejected(408, "body_timeout",
                            f"The body did not arrive within {self.settings.body_timeout_seconds:g}"
                            " s (AGENTBOX_BODY_TIMEOUT_SECONDS).",
                            headers={"Connection": "close"}) from None
-        return b"".join(chunks)
 
     def _check_callback(self, url: str | None) -> None:
         if url is None:
@@ -273,7 +261,7 @@ class Receiver:
             if result.duplicate:
                 self.metrics.duplicates.inc()
             else:
-                self.metrics.accepted.labels(env.event_type).inc()
+                self.metrics.event_accepted(env.event_type)
         except Exception:  # a bug: in a callback, nobody else would say so
             log.exception("settling an ingest failed")
         finally:  # whatever happens, the lease is settled and the runs it claimed start
@@ -304,6 +292,22 @@ class Receiver:
                 503, "storage_unavailable",
                 "The event store cannot take writes right now; retry later. Nothing was stored.",
                 headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+
+
+async def _chunks(receive: Receive, limit: int) -> bytes:
+    """The body, read to its end (usually there already, in one message)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Rejected(400, "client_disconnected", "The body ended early.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _too_large(limit: int) -> Rejected:

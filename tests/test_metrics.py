@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentbox.metrics import Metrics
+from agentbox.runs import RunStatus
+from agentbox.store import Transition
 from tests.conftest import Server, make_event, wait_until
 
 
@@ -53,3 +57,34 @@ def test_metrics_count_what_happened(server_factory: Callable[..., Server]) -> N
                 if '"msg": "event accepted"' in line]
     assert {line["event_id"] for line in accepted} >= {ok["event_id"]}
     assert any(run_id in line["run_ids"] for line in accepted)
+
+
+def test_counts_through_the_kept_children_land_in_the_labelled_series() -> None:
+    """The hot path keeps each labelled child it looked up: what it counts must be
+    what `/metrics` shows, one series per label set (a status given as the enum or
+    as its text is the same series)."""
+    metrics = Metrics("instance", "sqlite")
+    for _ in range(2):
+        metrics.event_accepted("session.exported")
+    metrics.event_refused("signature_invalid")
+    for status in (RunStatus.SUCCEEDED, "succeeded", "processing"):
+        metrics.transition(Transition(run_id="r", status=status, attempt=1, event_id="e",
+                                      event_type="session.exported", source="s", agent="a"))
+    metrics.attempt("a", 0.002, "succeeded", time.time() - 1)
+    metrics.attempt("a", 0.002, "failed_retryable", time.time() - 1)
+    found = {}
+    for family in text_string_to_metric_families(
+            metrics.render({"runs": {}, "oldest_waiting_accepted_at": None}, time.time()).decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert found[("agentbox_events_accepted_total",
+                  (("event_type", "session.exported"),))] == 2
+    assert found[("agentbox_events_refused_total", (("reason", "signature_invalid"),))] == 1
+    assert found[("agentbox_run_transitions_total",
+                  (("agent", "a"), ("status", "succeeded")))] == 2
+    assert found[("agentbox_run_transitions_total",
+                  (("agent", "a"), ("status", "processing")))] == 1
+    assert len([key for key in found if key[0] == "agentbox_run_transitions_total"]) == 2
+    assert found[("agentbox_agent_duration_seconds_count", (("agent", "a"),))] == 2
+    assert found[("agentbox_run_latency_seconds_count", (("agent", "a"),))] == 1
+    assert found[("agentbox_run_latency_seconds_bucket", (("agent", "a"), ("le", "0.5")))] == 0

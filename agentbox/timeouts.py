@@ -1,0 +1,62 @@
+"""`within`: `asyncio.timeout` for work that usually finishes without waiting.
+
+A request's body has normally arrived with its headers, and many agents return
+without waiting on anything. A timeout can only cut work off where it waits
+(the loop runs no timer while a task runs), so such work needs no timer at all:
+`within` takes the first step itself and sets the timer, for the same deadline,
+only if that step stopped to wait. The receiver (a body's deadline) and the
+dispatcher (a run's) would otherwise each set and cancel a timer per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+async def within(seconds: float, awaitable: Awaitable[T]) -> T:
+    """`await awaitable` under `asyncio.timeout(seconds)`: the same deadline (counted
+    from this call), the same TimeoutError, the same cancellation; a timer only
+    if it waits."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    steps = awaitable.__await__()
+    try:
+        waits_on = steps.send(None)
+    except StopIteration as done:
+        value: T = done.value
+        return value  # finished without waiting: nothing could have cut it off
+    async with asyncio.timeout_at(deadline):
+        return await _Resumed(steps, waits_on)
+
+
+class _Resumed(Generic[T]):
+    """The rest of an awaitable whose first step was taken: it hands the task what
+    that step waits on, then passes on to it what the task sends or throws (what
+    `await` itself does, from the second step on)."""
+
+    def __init__(self, steps: Generator[Any, None, T], waits_on: Any) -> None:
+        self._steps, self._waits_on = steps, waits_on
+
+    def __await__(self) -> Generator[Any, None, T]:
+        steps, waits_on = self._steps, self._waits_on
+        while True:
+            try:
+                yield waits_on
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # a cancellation, the timeout's among them
+                try:
+                    waits_on = steps.throw(exc)
+                except StopIteration as done:
+                    value: T = done.value
+                    return value
+            else:
+                try:
+                    waits_on = steps.send(None)
+                except StopIteration as done:
+                    value = done.value
+                    return value

@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox import charts, review_view
 from agentbox.agents import PermanentAgentError
+from agentbox.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
 from agentbox.mix_review import as_review, local_path
@@ -436,10 +437,21 @@ class StatusPages:
             count = "100+" if len(dead) > 100 else str(len(dead))
             alerts.append(f'{count} dead-lettered run(s) need a look: '
                           f'<a href="/ui/dead-letters">dead letters</a>.')
-        paused = [d for d in await self.store.destinations() if d["state"] == "paused"]
-        if paused:
-            alerts.append(f'{len(paused)} callback destination(s) paused: '
-                          f'<a href="/ui/callbacks">callbacks</a>.')
+        paused = [d["destination"] for d in await self.store.destinations()
+                  if d["state"] == "paused"]
+        origins = [d for d in paused if not d.startswith(SUBSCRIPTION_DESTINATION)]
+        if origins:
+            alerts.append(f'{len(origins)} callback destination(s) paused; resume one with '
+                          '<span class="mono">agentbox callbacks resume ORIGIN</span>: '
+                          '<a href="/ui/callbacks">callbacks</a>.')
+        if len(origins) < len(paused):  # held for verification, or suspended
+            suspended = [s for s in await self.store.subscriptions(self.dispatcher.clock())
+                         if s.state == "suspended"]
+            if suspended:
+                alerts.append(f'{len(suspended)} subscription(s) suspended; each resumes when '
+                              'its subscriber refreshes it (<span class="mono">POST '
+                              '/subscriptions/{id}/refresh</span>): '
+                              '<a href="/ui/callbacks">callbacks</a>.')
         self.alerts = alerts
 
 

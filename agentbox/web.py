@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from agentbox.callbacks import CallbackDeliverer
+from agentbox.callbacks import SUBSCRIPTION_DESTINATION, CallbackDeliverer, how_to_resume
 from agentbox.config import origin_of
 from agentbox.digest import mix_name
 from agentbox.dispatcher import Dispatcher
@@ -150,6 +150,9 @@ class RunsApi:
             given = body["destination"]
             if not isinstance(given, str) or not given.isascii():
                 raise ValueError
+            if given.startswith(SUBSCRIPTION_DESTINATION):  # not the operator's to resume
+                return error_response(422, "invalid_request", f"{given[:200]} is a "
+                                      f"subscription's: {how_to_resume(given[:200])}.")
             parts = urlsplit(given)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError

@@ -68,6 +68,30 @@ def test_retention_settings_refused_name_the_setting(environ: dict[str, str], sa
     assert said in str(refused.value)
 
 
+def test_retention_refused_in_the_config_file_names_its_key(tmp_path: Path) -> None:
+    """A value from agentbox.toml is named as its key in that file (as every other
+    refused setting is); one from the environment by its variable."""
+    toml = tmp_path / "agentbox.toml"
+    toml.write_text("retention_days = 0.5\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={})
+    assert str(refused.value).startswith(
+        f"retention_days in {toml} (0.5 days) is shorter than the idempotency window "
+        "AGENTBOX_IDEMPOTENCY_TTL_SECONDS (7 days)")
+    assert "AGENTBOX_RETENTION_DAYS" not in str(refused.value)
+    toml.write_text("body_retention_days = 12\nidempotency_ttl_seconds = 3600\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={"AGENTBOX_RETENTION_DAYS": "10"})
+    assert str(refused.value).startswith(
+        f"body_retention_days in {toml} (12) is longer than AGENTBOX_RETENTION_DAYS (10)")
+    toml.write_text("retention_days = 1\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={"AGENTBOX_IDEMPOTENCY_TTL_SECONDS": "90000"},
+                      overrides={"retention_days": 0.5})
+    assert str(refused.value).startswith("--retention-days (0.5 days) is shorter than the "
+                                         "idempotency window AGENTBOX_IDEMPOTENCY_TTL_SECONDS")
+
+
 def test_a_window_shortened_with_retention_is_accepted() -> None:
     settings = load_settings(environ={"AGENTBOX_RETENTION_DAYS": "0.5",
                                       "AGENTBOX_BODY_RETENTION_DAYS": "0.1",

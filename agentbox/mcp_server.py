@@ -108,6 +108,8 @@ class ExportSummary(BaseModel):
     verdict: str | None
     headline: str | None
     figures: dict[str, float]
+    archived: bool = Field(default=False, description="retention removed its run "
+                           "(show_run finds it no more); this is what the history kept")
 
 
 class ProjectHistory(BaseModel):
@@ -458,6 +460,7 @@ def build_server(box: Agentbox) -> ToolServer:
                                  exports=[export_summary(e) for e in reversed(exports)])
         lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "
                  + (f"{e.verdict} · {e.headline}" if e.verdict else e.status)
+                 + (" (run removed by retention)" if e.archived else "")
                  for e in history.exports]
         return answer(f"{history.project}: {len(lines)} export(s), oldest first\n"
                       + "\n".join(lines), history)
@@ -475,7 +478,8 @@ def export_summary(export: Mapping[str, Any]) -> ExportSummary:
     return ExportSummary(run_id=export["run_id"], status=export["status"],
                          accepted_at=export["accepted_at"], finished_at=export["finished_at"],
                          file=found.file, verdict=found.verdict, headline=found.headline,
-                         figures=figures(export.get("result")) if found.verdict else {})
+                         figures=figures(export.get("result")) if found.verdict else {},
+                         archived=bool(export.get("archived")))
 
 
 def _version() -> str:

@@ -327,8 +327,9 @@ class ProjectExport:
     finished_at: str | None  # ISO 8601, UTC, when terminal
     result: dict[str, Any] | None  # the agent's result document when succeeded
     # Retention removed the run (GET /runs/{id} answers 404): this is what the
-    # project's history kept of it (project_exports).
-    archived: bool = False
+    # project's history kept of it (project_exports). Where it is kept, not what it
+    # is: an export compares equal before and after retention.
+    archived: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -257,9 +257,10 @@ def test_a_suspended_subscription_is_told_to_the_operator_as_one_its_refresh_res
         subscriber.failing = True
         for _ in range(3):
             server.wait_terminal(server.post(make_event(project_id="ok")).json()["run_id"])
-        for sub in (wrong, failing):
-            wait_until(lambda sub=sub: state_of(server, sub["id"])["state"] == "suspended",  # type: ignore[misc]
-                       20, f"{sub['id']} to be suspended")
+        def suspended() -> bool:
+            return all((state_of(server, sub["id"]) or {}).get("state") == "suspended"
+                       for sub in (wrong, failing))
+        wait_until(suspended, 20, "both subscriptions to be suspended")
 
         def alerts() -> dict[str, dict[str, Any]]:
             return {r.notification.get("subscription_id", ""): r.notification

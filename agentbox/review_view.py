@@ -393,7 +393,8 @@ def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
              "target"),
             ("true_peak_dbtp", "trend-true-peak", "True peak", "dBTP", "ceiling"),
             ("loudness_range_lu", "trend-lra", "Loudness range (LRA)", "LU", None)):
-        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name)
+        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name,
+                                    not row.archived)
                   for row in oldest_first if row.review is not None
                   and (value := row.review.figure(key)) is not None]
         line = None

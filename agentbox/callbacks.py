@@ -56,6 +56,19 @@ MAX_LOCAL_IDLE_WAIT_SECONDS = 60.0  # a local store (SQLite)
 JITTER = 0.2
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
+# A subscription's deliveries go to the destination `subscription:<id>` (see
+# agentbox.store.subscriptions); its subscriber's refresh resumes it, not an operator.
+SUBSCRIPTION_DESTINATION = "subscription:"
+
+
+def how_to_resume(destination: str) -> str:
+    """What resumes a paused destination, in the words of the operator's alerts."""
+    if destination.startswith(SUBSCRIPTION_DESTINATION):
+        subscription_id = destination.removeprefix(SUBSCRIPTION_DESTINATION)
+        return (f"its subscriber resumes it with a refresh, POST /subscriptions/"
+                f"{subscription_id}/refresh (it is verified again, then what waited is sent)")
+    return (f"resume it with `agentbox callbacks resume {destination}` (or POST "
+            "/callbacks/destinations/resume)")
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
@@ -150,9 +163,11 @@ class OperatorAlerts:
     def on_pause(self, destination: str, reason: str) -> None:
         if self.url is not None and origin_of(self.url) == destination:
             return  # the alert destination itself: nobody to tell
+        subscription = destination.removeprefix(SUBSCRIPTION_DESTINATION)
         self._queue(f"alert:paused:{destination}:{int(self.clock())}", "alerts", {
             "alert": "callback_destination_paused", "destination": destination,
-            "reason": reason})
+            "reason": reason, "resume": how_to_resume(destination),
+            **({"subscription_id": subscription} if subscription != destination else {})})
 
     def _queue(self, notification_id: str, run_id: str, fields: dict[str, Any]) -> None:
         if self.url is None:
@@ -297,13 +312,13 @@ class CallbackDeliverer:
             "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         if paused:
             if notification.subscription_id is not None:  # resumed by a refresh, verified
-                log.warning("ALERT: a subscription was suspended after failures; its "
-                            "subscriber refreshes it (POST /subscriptions/{id}/refresh)",
+                log.warning(f"ALERT: subscription {notification.subscription_id} suspended "
+                            "after failed deliveries; " + how_to_resume(notification.destination),
                             extra={"subscription_id": notification.subscription_id,
                                    "reason": paused})
             else:
-                log.warning("ALERT: callback destination paused; resume it with "
-                            "`agentbox callbacks resume`",
+                log.warning("ALERT: callback destination paused; "
+                            + how_to_resume(notification.destination),
                             extra={"destination": notification.destination, "reason": paused})
             for listener in self.pause_listeners:
                 listener(notification.destination, paused)

@@ -287,12 +287,14 @@ class TrendPoint:
     value: float
     run_id: str
     label: str  # what the point's tooltip names (a file)
+    linked: bool = True  # False: its run is gone (retention), no review page to open
 
 
 def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPoint],
                 guide: tuple[float, str] | None = None, frame: Frame | None = None) -> str:
     """One figure across a project's exports, oldest left; each point links to its
-    review. `guide` is a horizontal reference line (a target, a ceiling)."""
+    review (unless its run is gone). `guide` is a horizontal reference line (a target,
+    a ceiling)."""
     frame = frame or Frame(440, 210, left=46, top=34, bottom=44)
     if not points:
         return ""
@@ -323,10 +325,11 @@ def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPo
                             SHORT_TERM, 2, "trend"))
     labelled = {0, len(points) - 1} | set(range(0, len(points), max(1, len(points) // 4)))
     for i, point in enumerate(points):
-        parts.append(f'<a href="/ui/runs/{escape(point.run_id)}"><circle class="point" '
-                     f'cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" fill="{SHORT_TERM}">'
-                     f'<title>{escape(point.label)}: {point.value:g} {escape(unit)}</title>'
-                     f'</circle></a>')
+        circle = (f'<circle class="point" cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" '
+                  f'fill="{SHORT_TERM}"><title>{escape(point.label)}: {point.value:g} '
+                  f'{escape(unit)}</title></circle>')
+        parts.append(f'<a href="/ui/runs/{escape(point.run_id)}">{circle}</a>'
+                      if point.linked else circle)
         if i in labelled and (i == len(points) - 1 or len(points) - 1 - i >= 2 or i == 0):
             anchor = ("middle" if len(points) == 1 else "start" if i == 0
                       else "end" if i == len(points) - 1 else "middle")

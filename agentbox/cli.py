@@ -735,7 +735,8 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     duplicate, not a second run, and so is a file written on after it was sent
     (one export, one run); if that run's review read less than the whole file,
     the whole file is reviewed again by a mix.review_requested naming the run.
-    Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
+    What was sent is kept in the data dir (watch/), so a restarted watcher
+    goes on where it stopped. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
     hidden files are skipped. The project is --project, else the file's name
     without its extension (in Unicode NFC, as `send --project` keeps it).
 
@@ -745,11 +746,13 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     up instead, and the exit status says so as `send`'s does (1: a file was
     refused, 3: agentbox unreachable or busy).
     """
-    from agentbox.watch import Watcher
+    from agentbox.watch import Watcher, state_file
 
     url = client_url(url, config_file)
-    watcher = Watcher(folder, settle, existing, headerless_settle=headerless_settle)
-    watcher.poll()  # what is there now is left alone (unless --existing)
+    watcher = Watcher(folder, settle, existing, headerless_settle=headerless_settle,
+                      state=state_file(_settings(config_file).data_dir, folder),
+                      warn=lambda message: click.echo(f"agentbox: {message}", err=True))
+    watcher.poll()  # what is there now is left alone (unless --existing, or sent unfinished)
     click.echo(f"agentbox: watching {folder.resolve()} for {url} (Ctrl-C stops)", err=True)
     try:
         if once:
@@ -799,17 +802,19 @@ def _watch_once(watcher: Any, url: str, project: str | None, profile: str | None
             # After one file found agentbox unavailable, the rest are not tried.
             response = (None if status == EXIT_UNAVAILABLE else
                         deliver(url, _signing_secret(config_file), body, retries))
+            watcher.sent(path, event_id)
             if response is None:
                 click.echo(f"{_line(path.name)}: not sent (agentbox unavailable)", err=True)
                 status = EXIT_UNAVAILABLE
-            elif response.status_code < 300:
+                continue
+            if response.status_code < 300:
                 answer = response.json()
                 what = "duplicate" if answer["duplicate"] else "accepted"
                 click.echo(f"{_line(path.name)}: {what} {answer['run_id']}")
             else:
                 click.echo(f"{_line(path.name)}: refused: {_line(response.text)}", err=True)
                 status = max(status, EXIT_REFUSED)
-            watcher.sent(path, event_id)
+            watcher.taken(path)
         idle = 0 if ready or watcher.busy else idle + 1
         if idle >= 2:
             return status
@@ -860,6 +865,8 @@ def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | N
                 item.later(time.monotonic())
                 continue
             del pending[item.path]
+            if item.again_of is None:  # a follow-up's id is not the file's
+                watcher.taken(item.path)
             if run_id:
                 try:
                     size = item.path.stat().st_size

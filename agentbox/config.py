@@ -191,7 +191,7 @@ def load_settings(
     values = {name: _coerce(name, where, value) for name, (where, value) in raw.items()}
     values.setdefault("config_dir", path.parent)
     settings = Settings(**values)
-    _check_consistency(settings)
+    _check_consistency(settings, {name: where for name, (where, _) in raw.items()})
     return settings
 
 
@@ -323,23 +323,36 @@ def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBind
     return tuple(bindings)
 
 
-def _check_consistency(settings: Settings) -> None:
+class Named:
+    """Names a setting in a message as `_coerce` does: where its value came from (the
+    TOML key in its file, the environment variable, the flag); one left at its
+    default by the environment variable that would set it."""
+
+    def __init__(self, sources: Mapping[str, str]) -> None:
+        self.sources = sources
+
+    def __call__(self, name: str) -> str:
+        return self.sources.get(name) or env_name(name)
+
+
+def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = None) -> None:
+    named = Named(sources or {})
     if settings.port > 65535:
-        raise ConfigError(f"{env_name('port')} / --port must be at most 65535")
+        raise ConfigError(f"{named('port')} must be at most 65535")
     if settings.retry_base_seconds > settings.retry_max_seconds:
         raise ConfigError(
-            f"{env_name('retry_base_seconds')} must not exceed {env_name('retry_max_seconds')}"
+            f"{named('retry_base_seconds')} must not exceed {named('retry_max_seconds')}"
         )
     if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
-        raise ConfigError(f"{env_name('mix_profile')}: {_describe(settings.mix_profile)} is not "
+        raise ConfigError(f"{named('mix_profile')}: {_describe(settings.mix_profile)} is not "
                           f"a profile; use one of {', '.join(PROFILES)}")
     if settings.llm_base_url is not None and urlsplit(settings.llm_base_url).scheme not in (
             "http", "https"):
-        raise ConfigError(f"{env_name('llm_base_url')} must be an http(s) URL such as "
+        raise ConfigError(f"{named('llm_base_url')} must be an http(s) URL such as "
                           "http://127.0.0.1:11434/v1")
     for name in ("callback_allowed", "callback_allowed_local"):
         for origin in getattr(settings, name):
-            check_allowed_origin(origin, env_name(name))
+            check_allowed_origin(origin, named(name))
     if settings.alert_url is not None:
         allowed = {origin_of(o) for o in (*settings.callback_allowed,
                                           *settings.callback_allowed_local)}
@@ -348,43 +361,45 @@ def _check_consistency(settings: Settings) -> None:
         except ValueError:
             alert_origin = ""
         if alert_origin not in allowed or urlsplit(settings.alert_url).username is not None:
-            raise ConfigError(f"{env_name('alert_url')}: its origin must be listed in "
-                              f"{env_name('callback_allowed')} (alerts follow the callbacks' "
+            raise ConfigError(f"{named('alert_url')}: its origin must be listed in "
+                              f"{named('callback_allowed')} (alerts follow the callbacks' "
                               "rules), and it must carry no credentials")
-    _check_retention(settings)
-    _check_subscriptions(settings)
+    _check_retention(settings, named)
+    _check_subscriptions(settings, named)
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):
-                raise ConfigError(f"{env_name(name)}: a secret is empty")
+                raise ConfigError(f"{named(name)}: a secret is empty")
 
 
-def _check_retention(settings: Settings) -> None:
+def _check_retention(settings: Settings, named: Named) -> None:
     """A run kept shorter than its idempotency claim would let a duplicate inside the
     window find nothing (retention keeps a run while its claim holds, so the store
     would grow past the setting instead); a body kept longer than its run is not kept."""
     days = settings.idempotency_ttl_seconds / SECONDS_PER_DAY
     if settings.retention_days < days:
         raise ConfigError(
-            f"{env_name('retention_days')} ({settings.retention_days:g} days) is shorter than "
-            f"the idempotency window {env_name('idempotency_ttl_seconds')} ({days:g} days): "
+            f"{named('retention_days')} ({settings.retention_days:g} days) is shorter than "
+            f"the idempotency window {named('idempotency_ttl_seconds')} ({days:g} days): "
             "a duplicate within the window must still find its run. Keep runs at least "
             "as long, or shorten the window.")
     if settings.body_retention_days > settings.retention_days:
         raise ConfigError(
-            f"{env_name('body_retention_days')} ({settings.body_retention_days:g}) is longer "
-            f"than {env_name('retention_days')} ({settings.retention_days:g}): a body goes "
+            f"{named('body_retention_days')} ({settings.body_retention_days:g}) is longer "
+            f"than {named('retention_days')} ({settings.retention_days:g}): a body goes "
             "with its run at the latest. Set it to at most the runs' retention.")
-def _check_subscriptions(settings: Settings) -> None:
-    where = env_name("subscription_allowed")
+
+
+def _check_subscriptions(settings: Settings, named: Named) -> None:
+    where = named("subscription_allowed")
     for origin in settings.subscription_allowed:
         check_allowed_origin(origin, where)
         if not is_loopback_host(urlsplit(origin).hostname or ""):
             raise ConfigError(f"{where}: {origin!r}: list loopback origins only (other "
                               "subscribers use https and need no listing)")
     if settings.subscription_min_ttl_seconds > settings.subscription_max_ttl_seconds:
-        raise ConfigError(f"{env_name('subscription_min_ttl_seconds')} must not exceed "
-                          f"{env_name('subscription_max_ttl_seconds')}")
+        raise ConfigError(f"{named('subscription_min_ttl_seconds')} must not exceed "
+                          f"{named('subscription_max_ttl_seconds')}")
 
 
 def check_allowed_origin(origin: str, where: str = env_name("callback_allowed")) -> str:

@@ -384,7 +384,7 @@ class Dispatcher:
         try:
             value = await within(self.settings.run_timeout_seconds, spec.function(event, ctx))
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
-                           emitted=self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
+                           emitted=await self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
         except AttemptGivenBack as exc:
             if self._stop.is_set():
                 raise
@@ -404,15 +404,30 @@ class Dispatcher:
             ctx.log.warning("agent raised", exc_info=True)
             return self._retry(claimed, "agent_exception", f"{type(exc).__name__}: {exc}")
 
-    def _emitted(self, ctx: AgentContext) -> tuple[Emitted, ...]:
+    async def _emitted(self, ctx: AgentContext) -> tuple[Emitted, ...]:
+        """The run's emitted events, each with the agents configured for its type. A
+        type no configured agent handles is still routed (by the store, in the
+        success's transaction) when an agent subscribed to it, this run's own
+        `ctx.subscribe` included (it lands first); one nobody receives fails the
+        run (emit_unhandled)."""
         s = self.settings
         found = []
+        subscribed: dict[tuple[str, str], bool] | None = None  # (agent, type): read once
         for event, body in ctx.emitted:
-            agents = tuple(spec.name for spec in
-                           self.registry.for_event_type(event.envelope.event_type))
-            if not agents:
+            event_type = event.envelope.event_type
+            agents = tuple(spec.name for spec in self.registry.for_event_type(event_type))
+            if not agents and subscribed is None:
+                try:
+                    changes = await self.store.agent_subscriptions()
+                except StorageUnavailable:
+                    raise RetryableAgentError("the store could not be read to route an "
+                                              "emitted event", "storage_unavailable") from None
+                subscribed = {(c.agent, c.event_type): c.subscribed for c in changes}
+                subscribed.update(((ctx.agent, kind), on) for kind, on in ctx.subscriptions)
+            if not agents and not any(on for (_, kind), on in (subscribed or {}).items()
+                                      if kind == event_type):
                 raise PermanentAgentError(
-                    f"emitted {event.envelope.event_type}, which no agent handles; "
+                    f"emitted {event_type}, which no agent handles or subscribed to; "
                     "configure one in AGENTBOX_AGENTS", "emit_unhandled")
             found.append(Emitted(event, body, agents, self.clock() + s.idempotency_ttl_seconds,
                                  s.max_hops))

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import click
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent
-from pydantic import BaseModel, Field
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import BaseModel, Field, ValidationError
 
 from agentbox import cli, digest
 from agentbox import config as cfg
@@ -108,6 +108,8 @@ class ExportSummary(BaseModel):
     verdict: str | None
     headline: str | None
     figures: dict[str, float]
+    archived: bool = Field(default=False, description="retention removed its run "
+                           "(show_run finds it no more); this is what the history kept")
 
 
 class ProjectHistory(BaseModel):
@@ -242,6 +244,80 @@ WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS, description=(
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many, at most")]
 
 
+# -- arguments that do not fit, told as the CLI tells a bad option --------------------------
+
+
+class ToolServer(MCPServer[Any]):
+    """The SDK's server, whose argument errors (pydantic's text) are told as the CLI
+    tells a bad option: which argument, what it must be, what it got."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None
+                        ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            schema = next((tool.input_schema for tool in await self.list_tools()
+                           if tool.name == name), {})
+            raise ToolError(argument_errors(name, cause, schema)) from cause
+
+
+def argument_errors(tool: str, error: ValidationError, schema: Mapping[str, Any]) -> str:
+    """`list_runs: limit must be a whole number from 1 to 500 (got 0)`, a line for
+    each argument that does not fit (its first problem)."""
+    told: dict[str, str] = {}
+    for problem in error.errors():
+        name = str(problem["loc"][0]) if problem["loc"] else "arguments"
+        if name in told:
+            continue
+        field = _field_schema(schema, name)
+        if problem["type"] == "missing":
+            description = field.get("description")
+            told[name] = f"{name} is missing: {expected(field)}" + (
+                f", {description}" if isinstance(description, str) else "")
+        elif not field:
+            told[name] = f"{name} is not an argument of {tool}"
+        else:
+            got = digest.one_line(json.dumps(problem.get("input"), default=str))
+            got = got if len(got) <= 60 else got[:57] + "..."
+            told[name] = f"{name} must be {expected(field)}, not {got}"
+    return f"{tool}: " + "; ".join(told.values())
+
+
+def _field_schema(schema: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """An argument's JSON schema, its enum resolved and `null` (left out) dropped."""
+    field = dict(schema.get("properties", {}).get(name) or {})
+    choices = [c for c in field.pop("anyOf", []) if c.get("type") != "null"]
+    if len(choices) == 1:
+        field = {**choices[0], **field}
+    ref = field.pop("$ref", None)
+    if isinstance(ref, str):
+        field = {**schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1], {}), **field}
+    return field
+
+
+def expected(field: Mapping[str, Any]) -> str:
+    """What an argument must be, from its JSON schema: `a whole number from 1 to 500`."""
+    kind = field.get("type")
+    if "enum" in field:
+        return "one of " + ", ".join(str(v) for v in field["enum"])
+    if kind in ("integer", "number"):
+        low, high = field.get("minimum"), field.get("maximum")
+        what = "a whole number" if kind == "integer" else "a number"
+        if low is not None and high is not None:
+            return f"{what} from {low:g} to {high:g}"
+        return what if low is None else f"{what} of at least {low:g}"
+    if kind == "string":
+        shortest, longest = field.get("minLength") or 0, field.get("maxLength")
+        if longest is not None:
+            return f"text of {shortest} to {longest} characters"
+        return "text (not empty)" if shortest else "text"
+    return "a JSON object" if kind == "object" else "what the tool's schema says"
+
+
 def _mix_file(mix_path: str) -> Path:
     path = Path(mix_path).expanduser()
     if not path.is_absolute():
@@ -252,10 +328,9 @@ def _mix_file(mix_path: str) -> Path:
     return path
 
 
-def build_server(box: Agentbox) -> MCPServer[Any]:
+def build_server(box: Agentbox) -> ToolServer:
     """The MCP server and its tools, each a thin shell over agentbox's HTTP API."""
-    server: MCPServer[Any] = MCPServer(name="agentbox", version=_version(),
-                                       instructions=INSTRUCTIONS)
+    server = ToolServer(name="agentbox", version=_version(), instructions=INSTRUCTIONS)
 
     def sent(event: dict[str, Any] | bytes, wait_seconds: float) -> CallToolResult:
         body = event if isinstance(event, bytes) else json.dumps(
@@ -385,6 +460,7 @@ def build_server(box: Agentbox) -> MCPServer[Any]:
                                  exports=[export_summary(e) for e in reversed(exports)])
         lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "
                  + (f"{e.verdict} · {e.headline}" if e.verdict else e.status)
+                 + (" (run removed by retention)" if e.archived else "")
                  for e in history.exports]
         return answer(f"{history.project}: {len(lines)} export(s), oldest first\n"
                       + "\n".join(lines), history)
@@ -402,7 +478,8 @@ def export_summary(export: Mapping[str, Any]) -> ExportSummary:
     return ExportSummary(run_id=export["run_id"], status=export["status"],
                          accepted_at=export["accepted_at"], finished_at=export["finished_at"],
                          file=found.file, verdict=found.verdict, headline=found.headline,
-                         figures=figures(export.get("result")) if found.verdict else {})
+                         figures=figures(export.get("result")) if found.verdict else {},
+                         archived=bool(export.get("archived")))
 
 
 def _version() -> str:

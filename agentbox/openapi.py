@@ -76,12 +76,16 @@ class ExportView(BaseModel):
     accepted_at: str  # ISO 8601, UTC
     finished_at: str | None  # ISO 8601, UTC, when terminal
     result: dict[str, Any] | None  # the agent's result (the review) when succeeded
+    # Retention removed its run (GET /runs/{run_id} answers 404): what is here is all
+    # that is kept of it.
+    archived: bool = False
 
     @classmethod
     def of(cls, export: ProjectExport) -> ExportView:
         return cls(run_id=export.run_id, project=export.project, agent=export.agent,
                    status=export.status, accepted_at=export.accepted_at,
-                   finished_at=export.finished_at, result=export.result)
+                   finished_at=export.finished_at, result=export.result,
+                   archived=export.archived)
 
 
 class ExportList(BaseModel):

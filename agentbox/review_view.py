@@ -272,6 +272,7 @@ class ExportRow:
     finished_at: str | None
     review: Review | None
     sent_file: str = ""  # the file the event named, for an export with no review (yet)
+    archived: bool = False  # retention removed its run: no run page to link to
 
     @property
     def file_name(self) -> str:
@@ -292,7 +293,7 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None) -> Ex
     url = payload.get("mix_url") if isinstance(payload, dict) else None
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
                      export.finished_at, Review.of(export.result),
-                     file_name(url) if isinstance(url, str) else "")
+                     file_name(url) if isinstance(url, str) else "", export.archived)
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,7 @@ class Previous:
     accepted_at: str | None
     review: Review | None
     this: Review
+    archived: bool = False  # retention removed that run: its review is the project's copy
 
     @property
     def rows(self) -> list[Delta]:
@@ -391,7 +393,8 @@ def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
              "target"),
             ("true_peak_dbtp", "trend-true-peak", "True peak", "dBTP", "ceiling"),
             ("loudness_range_lu", "trend-lra", "Loudness range (LRA)", "LU", None)):
-        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name)
+        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name,
+                                    not row.archived)
                   for row in oldest_first if row.review is not None
                   and (value := row.review.figure(key)) is not None]
         line = None

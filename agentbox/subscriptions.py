@@ -34,7 +34,14 @@ from starlette.responses import JSONResponse, Response
 
 from agentbox.addresses import is_public, parse_address
 from agentbox.agents import AgentRegistry
-from agentbox.callbacks import LEASE_GRACE_SECONDS, Attempt, CallbackDeliverer, DestinationPolicy
+from agentbox.callbacks import (
+    LEASE_GRACE_SECONDS,
+    SUBSCRIPTION_DESTINATION,
+    Attempt,
+    CallbackDeliverer,
+    DestinationPolicy,
+    how_to_resume,
+)
 from agentbox.config import Settings, env_name, is_loopback_host
 from agentbox.events import PAYLOAD_MODELS
 from agentbox.logs import get_logger
@@ -71,6 +78,11 @@ PRUNE_BATCH = 100
 VERIFY_CONCURRENCY = 4
 MAX_IDLE_WAIT_SECONDS = 60.0
 FIELDS = frozenset({"url", "event_types", "secret", "ttl_ms"})
+# What each route says it takes, to a body that is not a JSON object.
+CREATE_BODY = ('Send a JSON object of at most 4096 bytes: {"url": ..., "event_types": [...], '
+               '"secret": "whsec_...", "ttl_ms": ...}.')
+REFRESH_BODY = ('A refresh takes an empty body or a JSON object of at most 4096 bytes: '
+                '{"ttl_ms": ...} (optional).')
 
 
 class Invalid(Exception):
@@ -238,6 +250,13 @@ class Subscriptions:
             "attempt": verification.failures + 1})
         if state == "active":
             self.deliverer.wake()  # what queued meanwhile goes now
+        elif state == "suspended" and error is not None:  # just now: the operator's alert
+            destination = SUBSCRIPTION_DESTINATION + verification.id
+            log.warning(f"ALERT: subscription {verification.id} suspended after failed "
+                        "verifications; " + how_to_resume(destination),
+                        extra={"subscription_id": verification.id, "reason": error})
+            for listener in self.deliverer.pause_listeners:
+                listener(destination, f"verification failed: {error}")
 
     async def challenge(self, verification: Verification) -> str | None:
         """POST the challenge, signed; None when the subscriber echoed it back, else
@@ -288,7 +307,7 @@ class SubscriptionsApi:
         if not self._authorised(request):
             return _token_required()
         try:
-            fields = await _json_object(request)
+            fields = await _json_object(request, CREATE_BODY)
             unknown = sorted(set(fields) - FIELDS)
             if unknown:
                 raise Invalid("invalid_request", f"unknown fields: {', '.join(unknown)[:200]}; "
@@ -324,10 +343,11 @@ class SubscriptionsApi:
             return _token_required()
         subscription_id = request.path_params["subscription_id"]
         try:
-            fields = await _json_object(request, empty_ok=True)
+            fields = await _json_object(request, REFRESH_BODY, empty_ok=True)
             unknown = sorted(set(fields) - {"ttl_ms"})
             if unknown:
-                raise Invalid("invalid_request", "a refresh takes only ttl_ms.")
+                raise Invalid("invalid_request", f"unknown fields: {', '.join(unknown)[:200]}; "
+                              "a refresh takes only ttl_ms.")
             ttl = self._ttl(fields.get("ttl_ms"))
         except Invalid as exc:
             return error_response(422, exc.code, exc.message)
@@ -408,18 +428,18 @@ def _shown(view: SubscriptionView) -> dict[str, Any]:
     return view.model_dump(mode="json")
 
 
-async def _json_object(request: Request, empty_ok: bool = False) -> dict[str, Any]:
+async def _json_object(request: Request, expected: str, empty_ok: bool = False
+                       ) -> dict[str, Any]:
+    """The request's JSON object; else Invalid, saying what the route takes (`expected`)."""
     try:
         raw = await _small_body(request)
         if empty_ok and not raw.strip():
             return {}
         fields = json.loads(raw)
     except (ValueError, RecursionError, ClientDisconnect, UnicodeDecodeError):
-        raise Invalid("invalid_request", "Send a JSON object of at most 4096 bytes: "
-                      '{"url": ..., "event_types": [...], "secret": "whsec_...", '
-                      '"ttl_ms": ...}.') from None
+        raise Invalid("invalid_request", expected) from None
     if not isinstance(fields, dict):
-        raise Invalid("invalid_request", "Send a JSON object.")
+        raise Invalid("invalid_request", expected)
     return fields
 
 

@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox import charts, review_view
 from agentbox.agents import PermanentAgentError
+from agentbox.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.config import Settings, is_loopback_host
 from agentbox.dispatcher import Dispatcher
 from agentbox.mix_review import as_review, local_path
@@ -233,7 +234,7 @@ class StatusPages:
         rows = []
         for export in exports:
             row = review_view.export_row(export)
-            if row.review is None:
+            if row.review is None and not export.archived:  # an archived one has no event
                 row = review_view.export_row(export, await self.store.event_of(export.run_id))
             rows.append(row)
         return rows
@@ -275,6 +276,9 @@ class StatusPages:
         run_id = request.path_params["run_id"]
         found_run = await self.store.get_run(run_id)
         if found_run is None:
+            archived = await self.store.archived_export(run_id)
+            if archived is not None:
+                return self._removed(archived)
             return self._error(404, f"No run has the id {run_id[:100]!r}.")
         run = {**dict(found_run), "callbacks": await self.store.notifications(run_id)}
         event = redact(await self.store.event_of(run_id) or {})
@@ -302,16 +306,22 @@ class StatusPages:
             return review_view.Previous(None, None, None, review)
         if isinstance(named, str):
             found = await self.store.get_run(named)
-            other = review_view.Review.of(found["result"]) if found else None
-            accepted = found["accepted_at"] if found else None
-            return review_view.Previous(named, accepted, other, review)
+            if found is not None:
+                return review_view.Previous(named, found["accepted_at"],
+                                            review_view.Review.of(found["result"]), review)
+            kept = await self.store.archived_export(named)  # retention removed the run
+            if kept is None:
+                return review_view.Previous(named, None, None, review)
+            return review_view.Previous(named, kept.accepted_at,
+                                        review_view.Review.of(kept.result), review, True)
         earlier = await self.store.project_exports(
             unicodedata.normalize("NFC", project), agent=run["agent"], status="succeeded",
             before_run_id=run["run_id"], limit=1)
         if not earlier:
             return review_view.Previous(None, None, None, review)
         return review_view.Previous(earlier[0].run_id, earlier[0].accepted_at,
-                                    review_view.Review.of(earlier[0].result), review)
+                                    review_view.Review.of(earlier[0].result), review,
+                                    earlier[0].archived)
 
     async def audio(self, request: Request) -> Response:
         """The mix a review listened to, for the page's player: only that file, found
@@ -414,6 +424,22 @@ class StatusPages:
         html = self.env.get_template(template).render(**context)
         return HTMLResponse(html, status_code=status_code)
 
+    def _removed(self, kept: ProjectExport) -> HTMLResponse:
+        """The page of a run retention removed: gone, but its project's history kept
+        what the project page shows of it."""
+        finished = (kept.finished_at or kept.accepted_at)[:16].replace("T", " ")
+        html = self.env.from_string(
+            '{% extends "base.html" %}{% block main %}<h1>404</h1>'
+            '<p id="removed">Retention removed run <span class="mono">{{ run_id }}</span>: it '
+            'finished {{ finished }} UTC, and finished runs are kept {{ days }} days '
+            '(AGENTBOX_RETENTION_DAYS). Its {{ "review" if reviewed else "outcome" }} is kept '
+            'on the project page: <a href="{{ project|project_url }}">{{ project }}</a>.</p>'
+            '<p><a href="/">Your projects</a> · <a href="/ui/runs">Runs</a></p>'
+            '{% endblock %}').render(
+            run_id=kept.run_id, finished=finished, days=f"{self.settings.retention_days:g}",
+            reviewed=kept.result is not None, project=kept.project, alerts=[])
+        return HTMLResponse(html, status_code=404)
+
     def _error(self, status: int, message: str) -> HTMLResponse:
         html = self.env.from_string(
             '{% extends "base.html" %}{% block main %}<h1>{{ title }}</h1><p>{{ message }}</p>'
@@ -436,10 +462,21 @@ class StatusPages:
             count = "100+" if len(dead) > 100 else str(len(dead))
             alerts.append(f'{count} dead-lettered run(s) need a look: '
                           f'<a href="/ui/dead-letters">dead letters</a>.')
-        paused = [d for d in await self.store.destinations() if d["state"] == "paused"]
-        if paused:
-            alerts.append(f'{len(paused)} callback destination(s) paused: '
-                          f'<a href="/ui/callbacks">callbacks</a>.')
+        paused = [d["destination"] for d in await self.store.destinations()
+                  if d["state"] == "paused"]
+        origins = [d for d in paused if not d.startswith(SUBSCRIPTION_DESTINATION)]
+        if origins:
+            alerts.append(f'{len(origins)} callback destination(s) paused; resume one with '
+                          '<span class="mono">agentbox callbacks resume ORIGIN</span>: '
+                          '<a href="/ui/callbacks">callbacks</a>.')
+        if len(origins) < len(paused):  # held for verification, or suspended
+            suspended = [s for s in await self.store.subscriptions(self.dispatcher.clock())
+                         if s.state == "suspended"]
+            if suspended:
+                alerts.append(f'{len(suspended)} subscription(s) suspended; each resumes when '
+                              'its subscriber refreshes it (<span class="mono">POST '
+                              '/subscriptions/{id}/refresh</span>): '
+                              '<a href="/ui/callbacks">callbacks</a>.')
         self.alerts = alerts
 
 

@@ -28,19 +28,27 @@ A file agentbox could not take for a reason that heals (unreachable, busy,
 unavailable, a signature refused while secrets are rotated) stays pending and
 is tried again with backoff (`Pending`); only a refusal of the event itself
 drops it.
+
+What was sent is kept on disk (`state_file`: a small JSON file per folder in
+the data directory, replaced whole with each change), so a watcher restarted
+goes on where it stopped: a file sent before and written on since, while it
+was stopped or after, is still that export (one run); one it had not yet
+handed over is sent again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from agentbox import portable
 from agentbox.events import project_name, unfit_for_a_name
 
 # What the review decodes (libsndfile: WAV and its RF64/W64/BWF kin, AIFF, FLAC,
@@ -280,6 +288,29 @@ class Export:
     event_id: str
     size: int
     tail: bytes  # a digest of its last TAIL_BYTES (past the first half)
+    stamp: Stamp | None = None  # its size and mtime when sent: changed since, if not now
+    taken: bool = False  # agentbox answered for it (a run, or a refusal for good)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "size": self.size, "tail": self.tail.hex(),
+                "stamp": list(self.stamp) if self.stamp else None, "taken": self.taken}
+
+    @classmethod
+    def of_json(cls, found: Any) -> Export:
+        """One kept in the state file (ValueError, KeyError or TypeError if not one)."""
+        stamp = found["stamp"]
+        return cls(str(found["event_id"]), int(found["size"]), bytes.fromhex(found["tail"]),
+                   (int(stamp[0]), int(stamp[1])) if stamp else None, bool(found["taken"]))
+
+
+STATE_VERSION = 1
+
+
+def state_file(data_dir: Path, folder: Path) -> Path:
+    """Where the watcher of `folder` keeps what it sent: a file per folder, named by
+    its absolute path."""
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:20]
+    return data_dir / "watch" / f"{key}.json"
 
 
 def tail_digest(path: Path, size: int) -> bytes:
@@ -299,10 +330,13 @@ class Watcher:
     clock: Callable[[], float] = time.monotonic
     incomplete_grace: float = DEFAULT_INCOMPLETE_GRACE_SECONDS
     headerless_settle: float = DEFAULT_HEADERLESS_SETTLE_SECONDS
+    state: Path | None = None  # where what was sent is kept (None: in memory only)
+    warn: Callable[[str], None] = lambda message: None  # the state file's trouble, once
     _seen: dict[Path, tuple[Stamp, float]] = field(default_factory=dict)  # stamp, since when
     _done: dict[Path, Stamp] = field(default_factory=dict)  # last stamp sent (or skipped)
     _exports: dict[Path, Export] = field(default_factory=dict)  # what was sent, per file
     _started: bool = False
+    _warned: bool = False
 
     def poll(self) -> list[Path]:
         """Files that have just finished being written (each once per change)."""
@@ -310,8 +344,11 @@ class Watcher:
         current = dict(audio_files(self.folder))
         if not self._started:
             self._started = True
+            self._exports.update(self._load(current))
             if not self.include_existing:
-                self._done.update(current)
+                # Except a file sent before and changed since, or not yet handed over.
+                self._done.update((path, stamp) for path, stamp in current.items()
+                                  if self._settled(path, stamp))
         ready = []
         for path, stamp in current.items():
             if self._done.get(path) == stamp:
@@ -324,9 +361,18 @@ class Watcher:
                 ready.append(path)
         for path in set(self._seen) - set(current):
             del self._seen[path]
-        for path in set(self._exports) - set(current):
+        gone = set(self._exports) - set(current)
+        for path in gone:
             del self._exports[path]  # gone: what comes under its name is a new export
+        if gone:
+            self._save()
         return ready
+
+    def _settled(self, path: Path, stamp: Stamp) -> bool:
+        """A file found at start that needs nothing: not sent before, or sent, handed
+        over and unchanged since."""
+        earlier = self._exports.get(path)
+        return earlier is None or (earlier.taken and earlier.stamp == stamp)
 
     def _finished(self, path: Path, unchanged: float) -> bool:
         if unchanged < self.settle:
@@ -357,20 +403,70 @@ class Watcher:
             same = False
         if not same:
             del self._exports[path]
+            self._save()
         return earlier if same else None
 
     def sent(self, path: Path, event_id: str | None = None) -> None:
-        """`path` was handed to agentbox as `event_id` (or refused for good): not again
-        until it changes."""
+        """`path` is being handed to agentbox as `event_id` (or was refused for good):
+        not again until it changes."""
         stamp = self._seen.pop(path, None)
         if stamp is not None:
             self._done[path] = stamp[0]
         if event_id is not None:
             try:
-                size = path.stat().st_size
-                self._exports[path] = Export(event_id, size, tail_digest(path, size))
+                found = path.stat()
+                self._exports[path] = Export(
+                    event_id, found.st_size, tail_digest(path, found.st_size),
+                    stamp[0] if stamp else (found.st_size, found.st_mtime_ns))
             except OSError:
                 self._exports.pop(path, None)
+            self._save()
+
+    def taken(self, path: Path) -> None:
+        """agentbox answered for `path` (a run, or a refusal for good): a restart does
+        not send it again unless it changes."""
+        earlier = self._exports.get(path)
+        if earlier is not None and not earlier.taken:
+            earlier.taken = True
+            self._save()
+
+    # -- the state file ---------------------------------------------------------------
+
+    def _load(self, current: dict[Path, Stamp]) -> dict[Path, Export]:
+        """What an earlier watcher of this folder sent, of the files still here."""
+        if self.state is None:
+            return {}
+        try:
+            kept = json.loads(self.state.read_text(encoding="utf-8"))
+            if kept.get("version") != STATE_VERSION:
+                raise ValueError("another version")
+            found = {self.folder / name: Export.of_json(export)
+                     for name, export in kept["exports"].items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            self._trouble(f"{self.state} cannot be read ({type(exc).__name__}); starting "
+                          "afresh: a file written on since it was sent may be sent as new")
+            return {}
+        return {path: export for path, export in found.items() if path in current}
+
+    def _save(self) -> None:
+        if self.state is None:
+            return
+        kept = {"version": STATE_VERSION, "folder": str(self.folder.resolve()),
+                "exports": {str(path.relative_to(self.folder)): export.as_json()
+                            for path, export in sorted(self._exports.items())}}
+        try:
+            self.state.parent.mkdir(parents=True, exist_ok=True)
+            portable.write_durably(self.state, json.dumps(kept, indent=1) + "\n")
+        except OSError as exc:
+            self._trouble(f"{self.state} cannot be written ({exc.strerror}); what was sent "
+                          "is kept in memory only")
+
+    def _trouble(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            self.warn(message)
 
 
 # -- files waiting to be taken ---------------------------------------------------------------

@@ -6,13 +6,13 @@ import hmac
 import json
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from agentbox.callbacks import CallbackDeliverer
+from agentbox.callbacks import SUBSCRIPTION_DESTINATION, CallbackDeliverer, how_to_resume
 from agentbox.config import origin_of
 from agentbox.digest import mix_name
 from agentbox.dispatcher import Dispatcher
@@ -58,7 +58,7 @@ class RunsApi:
         run_id = request.path_params["run_id"]
         run = await self.store.get_run(run_id)
         if run is None:
-            return _not_found(run_id)
+            return await self._not_found(run_id)
         run = (await self._with_files([run]))[0]
         event = await self.store.event_of(run_id)
         removed = event.get("body_removed_at") if isinstance(event, dict) else None
@@ -150,6 +150,9 @@ class RunsApi:
             given = body["destination"]
             if not isinstance(given, str) or not given.isascii():
                 raise ValueError
+            if given.startswith(SUBSCRIPTION_DESTINATION):  # not the operator's to resume
+                return error_response(422, "invalid_request", f"{given[:200]} is a "
+                                      f"subscription's: {how_to_resume(given[:200])}.")
             parts = urlsplit(given)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError
@@ -177,7 +180,7 @@ class RunsApi:
         try:
             await self.dispatcher.replay(run_id)
         except RunNotFound:
-            return _not_found(run_id)
+            return await self._not_found(run_id)
         except BodyRemoved as exc:  # retention took what there was to run again
             return error_response(410, "body_removed", str(exc))
         except NotReplayable as exc:
@@ -238,6 +241,18 @@ class RunsApi:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(
             token.strip().encode(), self._admin_token)
+
+    async def _not_found(self, run_id: str) -> Response:
+        """404 run_not_found; for a run retention removed, where its export is kept."""
+        kept = await self.store.archived_export(run_id)
+        if kept is None:
+            return _not_found(run_id)
+        days = self.dispatcher.settings.retention_days
+        return error_response(404, "run_not_found", (
+            f"No run has the id {run_id[:100]!r} any more: retention removed it (it finished "
+            f"{kept.finished_at or kept.accepted_at}; finished runs are kept {days:g} days, "
+            f"AGENTBOX_RETENTION_DAYS). Its export is kept in the history of project "
+            f"{kept.project[:200]!r}: GET /exports?project={quote(kept.project, safe='')}"))
 
 
 def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:

@@ -111,6 +111,31 @@ def test_emitting_a_type_nobody_handles_fails_the_run(
     assert (run["status"], run["error_code"]) == ("failed_permanent", "emit_unhandled")
 
 
+def test_emitting_a_type_only_a_subscribed_agent_receives_runs_that_agent(
+        server_factory: Callable[..., Server]) -> None:
+    """chain.pong has no agent in the configuration; one agent subscribes to it with
+    ctx.subscribe. Emitting it then succeeds and runs that agent; before the
+    subscription it fails the run as emit_unhandled."""
+    subscriber = f"{AGENTS}:subscribing"
+    server = server_factory({"AGENTBOX_AGENTS": f"chain.ping={AGENTS}:ping_agent,"
+                                                f"session.exported={subscriber}"}).start()
+    before = server.wait_terminal(server.post(ping()).json()["run_id"])
+    assert (before["status"], before["error_code"]) == ("failed_permanent", "emit_unhandled")
+    assert "no agent handles or subscribed to" in before["error_message"]
+
+    changed = server.post(make_event(project_id="subscribe-pong")).json()["run_id"]
+    assert server.wait_terminal(changed)["status"] == "succeeded"
+    root = ping("after")
+    run = server.wait_terminal(server.post(root).json()["run_id"])
+    assert (run["status"], run["error_code"]) == ("succeeded", None), run
+    chain = wait_until(lambda: (found := runs_of_chain(server, root["event_id"]))
+                       and len(found) == 2 and found, 10, "the chain.pong run")
+    pong = server.wait_terminal(chain[1]["run_id"])
+    assert (pong["event_type"], pong["agent"], pong["status"]) == (
+        "chain.pong", subscriber, "succeeded")
+    assert pong["result"] == {"agent": "subscribing", "label": "after"}
+
+
 def test_fan_out_of_three_agents_with_one_failing(
         server_factory: Callable[..., Server]) -> None:
     receiver = CallbackReceiver(CALLBACK_SECRET)

@@ -160,6 +160,17 @@ def test_retry_base_must_not_exceed_max(tmp_path):
     assert "AGENTBOX_RETRY_BASE_SECONDS" in msg and "AGENTBOX_RETRY_MAX_SECONDS" in msg
 
 
+def test_settings_that_disagree_are_named_where_they_were_set(tmp_path):
+    msg = config_error(tmp_path, {"AGENTBOX_RETRY_MAX_SECONDS": "5"},
+                       toml="retry_base_seconds = 10\n")
+    toml = tmp_path / "agentbox.toml"
+    assert msg == f"retry_base_seconds in {toml} must not exceed AGENTBOX_RETRY_MAX_SECONDS"
+    msg = config_error(tmp_path, toml="port = 70000\n")
+    assert msg == f"port in {toml} must be at most 65535"
+    msg = config_error(tmp_path, toml='callback_allowed = ["http://nas.lan"]\n')
+    assert msg.startswith(f"callback_allowed in {toml}: ") and "plain http" in msg
+
+
 @pytest.mark.parametrize("toml", ["max_retries = 0", "max_retries = -2", "max_retries = 2.5",
                                   "max_retries = true", "lease_seconds = 0.0",
                                   "lease_seconds = -1", "lease_seconds = [1]",

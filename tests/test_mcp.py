@@ -289,6 +289,40 @@ async def test_in_process_a_result_that_is_no_review_is_shown_as_the_cli_shows_i
         assert unknown.is_error and "404: No run has the id 'run_nope'." in text_of(unknown)
 
 
+@pytest.mark.anyio
+async def test_arguments_that_do_not_fit_are_told_as_the_cli_tells_a_bad_option() -> None:
+    """Refused by the tools' own schemas before anything is sent (so no agentbox is
+    needed): each argument named, with what it must be and what it got, not pydantic's
+    text. The SDK's in-memory transport, in the test's process."""
+    from mcp import Client
+
+    from agentbox.mcp_server import Agentbox, build_server
+
+    statuses = ", ".join(s.value for s in RunStatus)
+    async with Client(build_server(Agentbox(f"http://127.0.0.1:{free_port()}"))) as client:
+        async def told(tool: str, arguments: dict[str, Any]) -> str:
+            result = await client.call_tool(tool, arguments)
+            assert result.is_error, result
+            text = text_of(result)
+            for raw in ("validation error", "Input should", "errors.pydantic.dev", "type="):
+                assert raw not in text, text
+            return text
+
+        assert await told("list_runs", {"limit": 0}) == (
+            "list_runs: limit must be a whole number from 1 to 500, not 0")
+        assert await told("list_runs", {"limit": 501, "status": "done"}) == (
+            f'list_runs: status must be one of {statuses}, not "done"; '
+            "limit must be a whole number from 1 to 500, not 501")
+        assert await told("show_run", {"run_id": ""}) == (
+            'show_run: run_id must be text of 1 to 256 characters, not ""')
+        assert await told("send_event", {"event": "session.exported"}) == (
+            'send_event: event must be a JSON object, not "session.exported"')
+        missing = await told("send_export", {"wait_seconds": 601})
+        assert missing.startswith("send_export: mix_path is missing: text (not empty), "
+                                  "the rendered mix on this machine: an absolute path")
+        assert "; wait_seconds must be a number from 0 to 600, not 601" in missing
+
+
 def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
     """The SDK hidden from the import system (None in sys.modules) in a real process."""
     hide = ("import sys; sys.modules['mcp'] = None; from agentbox.cli import main; "

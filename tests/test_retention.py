@@ -21,10 +21,12 @@ from agentbox.config import (
     load_settings,
 )
 from agentbox.events import parse_event
+from agentbox.review_view import Review
 from agentbox.runs import RunStatus
 from agentbox.store import Outcome, Store
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import ROOT, Server, make_event, wait_until
+from tests.test_client import tone
 
 T0 = 1_785_000_000.0  # 2026-07-25: months before any day these tests run
 
@@ -66,6 +68,30 @@ def test_retention_settings_refused_name_the_setting(environ: dict[str, str], sa
     with pytest.raises(ConfigError) as refused:
         load_settings(environ=environ)
     assert said in str(refused.value)
+
+
+def test_retention_refused_in_the_config_file_names_its_key(tmp_path: Path) -> None:
+    """A value from agentbox.toml is named as its key in that file (as every other
+    refused setting is); one from the environment by its variable."""
+    toml = tmp_path / "agentbox.toml"
+    toml.write_text("retention_days = 0.5\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={})
+    assert str(refused.value).startswith(
+        f"retention_days in {toml} (0.5 days) is shorter than the idempotency window "
+        "AGENTBOX_IDEMPOTENCY_TTL_SECONDS (7 days)")
+    assert "AGENTBOX_RETENTION_DAYS" not in str(refused.value)
+    toml.write_text("body_retention_days = 12\nidempotency_ttl_seconds = 3600\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={"AGENTBOX_RETENTION_DAYS": "10"})
+    assert str(refused.value).startswith(
+        f"body_retention_days in {toml} (12) is longer than AGENTBOX_RETENTION_DAYS (10)")
+    toml.write_text("retention_days = 1\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml, environ={"AGENTBOX_IDEMPOTENCY_TTL_SECONDS": "90000"},
+                      overrides={"retention_days": 0.5})
+    assert str(refused.value).startswith("--retention-days (0.5 days) is shorter than the "
+                                         "idempotency window AGENTBOX_IDEMPOTENCY_TTL_SECONDS")
 
 
 def test_a_window_shortened_with_retention_is_accepted() -> None:
@@ -207,3 +233,85 @@ def test_prune_through_a_running_server_and_a_run_whose_body_is_gone(
                              content=b'{"dry_run": "yes"}')
     assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_request"
     assert server.client.post("/prune").status_code == 401
+
+
+# -- what the pages and the API say of a run retention removed ---------------------------
+
+
+def figure_as_shown(review: Review, key: str) -> str:
+    """A figure as the page prints it (macros.html): one decimal, a real minus sign."""
+    value = review.figure(key)
+    assert value is not None
+    return f"{value:.1f}".replace("-", "\N{MINUS SIGN}")
+
+
+async def prune_everything(database: Path) -> None:
+    """Retention a year from now, on the real file (the server stopped): every
+    finished run goes, its export kept for the project's history."""
+    store = SqliteStore(database)
+    await store.open()
+    try:
+        later = T0 + 10 * 365 * 86_400.0
+        step = await store.prune_finished(now=later, before=later, after=None, scan=100)
+        assert step.removed["runs"] == 2 and step.removed["project_exports"] == 2
+    finally:
+        await store.close()
+
+
+def test_an_export_whose_run_retention_removed_keeps_its_review_without_a_dead_link(
+        server_factory: Any, tmp_path: Path) -> None:
+    server: Server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the mix review
+    project, page = "Archive Song", "/projects/Archive%20Song"
+
+    def export(mix: Path) -> dict[str, Any]:
+        answer = server.post(make_event(payload={"project_id": project,
+                                                 "mix_url": str(mix)}))
+        assert answer.status_code == 202, answer.text
+        return server.wait_terminal(answer.json()["run_id"], timeout=90)
+
+    reviewed = export(tone(tmp_path / "first.wav", seconds=2.0))
+    failed = export(tmp_path / "never-rendered.wav")
+    assert (reviewed["status"], failed["status"]) == ("succeeded", "failed_permanent")
+    review = Review.of(reviewed["result"])
+    assert review is not None
+    server.stop()
+    asyncio.run(prune_everything(server.home / "data" / "agentbox.sqlite3"))
+    server.start()
+
+    # The API: 404 run_not_found as before, saying where the export went.
+    gone = server.client.get(f"/runs/{reviewed['run_id']}")
+    assert (gone.status_code, gone.json()["error_code"]) == (404, "run_not_found")
+    assert "retention removed it" in gone.json()["message"]
+    assert "GET /exports?project=Archive%20Song" in gone.json()["message"]
+    never = server.client.get("/runs/run_never_was")
+    assert never.json()["message"] == "No run has the id 'run_never_was'."
+    exports = server.client.get("/exports", params={"project": project}).json()["exports"]
+    assert [(e["run_id"], e["archived"]) for e in exports] == [
+        (failed["run_id"], True), (reviewed["run_id"], True)]
+    assert exports[1]["result"] == reviewed["result"]
+
+    # The project page and the home page: the verdict and readings, no dead link.
+    shown = server.client.get(page).text
+    for run in (reviewed, failed):
+        assert f'href="/ui/runs/{run["run_id"]}"' not in shown
+    row = shown[shown.index(f'data-run-id="{reviewed["run_id"]}"'):]
+    row = row[:row.index("</tr>")]
+    assert "first.wav" in row and "run removed by retention" in row
+    assert f'class="verdict {review.verdict}' in row
+    for key in ("integrated_lufs", "true_peak_dbtp"):
+        assert figure_as_shown(review, key) in row
+    home = server.client.get("/").text
+    assert f'href="/ui/runs/{failed["run_id"]}"' not in home and "data-archived" in home
+
+    # The run's own page says what happened and where the review is kept.
+    removed = server.client.get(f"/ui/runs/{reviewed['run_id']}")
+    assert removed.status_code == 404
+    assert "Retention removed run" in removed.text and f'href="{page}"' in removed.text
+
+    # A new export is compared with the archived one, which is not linked either.
+    later = export(tone(tmp_path / "second.wav", seconds=2.0, level=0.5))
+    assert later["status"] == "succeeded"
+    assert later["result"]["comparison"]["previous_run_id"] == reviewed["run_id"]
+    told = server.client.get(f"/ui/runs/{later['run_id']}").text
+    previous = told[told.index('id="previous"'):]
+    assert "previous" in previous and f'/ui/runs/{reviewed["run_id"]}' not in previous

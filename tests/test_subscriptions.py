@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from agentbox.signing import SW_SIGNATURE_HEADER, SW_TIMESTAMP_HEADER, Verifier
 from agentbox.subscriptions import Invalid, secret_of, topics_of
 from tests.conftest import Server, make_event, wait_until
+from tests.support.callback_receiver import CallbackReceiver
 from tests.support.subscriber import Request, Subscriber
+from tests.test_callbacks import CALLBACK_SECRET
 
 TOKEN = "subscriptions-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -118,6 +120,15 @@ def test_the_api_needs_the_admin_token_and_refuses_each_bad_field(
     created = server.client.post("/subscriptions", headers=AUTH, json=good)
     assert created.status_code == 201
     body = created.json()
+    for raw in (b"{", b"[1]", b"x" * 5000):  # a refresh's own words, not the create's
+        broken = server.client.post(f"/subscriptions/{body['id']}/refresh", headers=AUTH,
+                                    content=raw)
+        assert (broken.status_code, broken.json()["error_code"]) == (422, "invalid_request")
+        assert broken.json()["message"].startswith("A refresh takes"), broken.text
+        assert "event_types" not in broken.json()["message"]
+    extra = server.client.post(f"/subscriptions/{body['id']}/refresh", headers=AUTH,
+                               json={"ttl_ms": 60_000, "url": "x"})
+    assert extra.json()["message"] == "unknown fields: url; a refresh takes only ttl_ms."
     assert body["id"].startswith("sub_") and body["refresh_before"] < body["expires_at"]
     assert body["state"] == "pending_verification" and body["ttl_ms"] == 60_000
     assert SUB_SECRET not in created.text and SUB_SECRET[6:] not in created.text
@@ -226,6 +237,60 @@ def test_retries_carry_a_fresh_timestamp_and_failures_suspend_until_a_refresh(
     again = server.client.post(f"/subscriptions/{sub['id']}/refresh", headers=AUTH,
                                json={"ttl_ms": 600_000})
     assert again.status_code == 200 and again.json()["state"] == "active"  # idempotent
+
+
+def test_a_suspended_subscription_is_told_to_the_operator_as_one_its_refresh_resumes(
+        server_factory: Callable[..., Server], subscriber: Subscriber) -> None:
+    """Suspended by failed verifications or by failed deliveries: the operator's alert
+    (the signed POST, the log line, the page's banner) says the subscriber's refresh
+    resumes it, not `agentbox callbacks resume`, which refuses it and says the same."""
+    operator = CallbackReceiver(CALLBACK_SECRET)
+    try:
+        server = server_factory(settings_for(
+            subscriber, AGENTBOX_ALERT_URL=operator.url("/alerts"),
+            AGENTBOX_CALLBACK_ALLOWED=operator.origin,
+            AGENTBOX_CALLBACK_SECRET=CALLBACK_SECRET)).start()
+        wrong = subscribe(server, subscriber.url("/wrong"), ["run.succeeded"])
+        failing = subscribe(server, subscriber.url("/echo"), ["run.succeeded"])
+        wait_until(lambda: state_of(server, failing["id"])["state"] == "active",  # type: ignore[index]
+                   10, "the subscription to be verified")
+        subscriber.failing = True
+        for _ in range(3):
+            server.wait_terminal(server.post(make_event(project_id="ok")).json()["run_id"])
+        def suspended() -> bool:
+            return all((state_of(server, sub["id"]) or {}).get("state") == "suspended"
+                       for sub in (wrong, failing))
+        wait_until(suspended, 20, "both subscriptions to be suspended")
+
+        def alerts() -> dict[str, dict[str, Any]]:
+            return {r.notification.get("subscription_id", ""): r.notification
+                    for r in operator.delivered("/alerts")}
+        told = wait_until(lambda: {wrong["id"], failing["id"]} <= set(alerts()) and alerts(),
+                          20, "an alert for each suspended subscription")
+        for sub in (wrong, failing):
+            alert = told[sub["id"]]
+            assert alert["alert"] == "callback_destination_paused"
+            assert alert["destination"] == f"subscription:{sub['id']}"
+            assert f"POST /subscriptions/{sub['id']}/refresh" in alert["resume"]
+            assert "callbacks resume" not in alert["resume"]
+        assert "verification failed: challenge_mismatch" in told[wrong["id"]]["reason"]
+        assert "3 failures in a row" in told[failing["id"]]["reason"]
+
+        log = server.log_path.read_text()
+        for sub in (wrong, failing):
+            (line,) = [line for line in log.splitlines()
+                       if f"ALERT: subscription {sub['id']} suspended" in line]
+            assert f"POST /subscriptions/{sub['id']}/refresh" in line
+        page = server.client.get("/").text
+        assert "2 subscription(s) suspended" in page
+        assert "POST /subscriptions/{id}/refresh" in page
+        assert "callback destination(s) paused" not in page
+        refused = server.client.post("/callbacks/destinations/resume", headers=AUTH,
+                                     json={"destination": f"subscription:{failing['id']}"})
+        assert (refused.status_code, refused.json()["error_code"]) == (422, "invalid_request")
+        assert f"POST /subscriptions/{failing['id']}/refresh" in refused.json()["message"]
+    finally:
+        operator.close()
 
 
 def test_an_expired_subscription_stops(server_factory: Callable[..., Server],

@@ -4,6 +4,7 @@ reads is picked up, and each review is printed when it finishes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -362,3 +363,90 @@ def test_a_file_rewritten_under_the_same_name_is_a_new_export(tmp_path: Path) ->
     now[0] = 13.0
     assert watcher.poll() == [mix]
     assert watcher.continues(mix) is None
+
+
+@pytest.mark.parametrize("grows", ["while-stopped", "after-the-restart"])
+def test_a_restarted_watcher_keeps_one_export_for_a_file_written_on(
+        server_factory: Any, tmp_path: Path, grows: str) -> None:
+    """The watcher is killed (SIGKILL: nothing saved at exit) after it sent half a
+    file that says nothing of its length, and started again; the file is written on
+    while it is stopped, or after it started again. Still one session.exported run,
+    and the whole file reviewed by the follow-up that names it."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    data = ffmpeg_render(tmp_path / "render.mp3", 6.0, "-write_xing", "0")
+    mix = folder / "late.mp3"
+    go_on = threading.Event()
+    options = ("--settle", "0.3", "--url", server.url, "--headerless-settle", "0.6")
+    with watching(server.env, server.home, folder, *options) as watched:
+        writer = stalling_writer(mix, data, len(data) // 2, stall=0, before_rest=go_on)
+        first = watched.wait_for("late.mp3: accepted").split()[-1]
+        watched.process.kill()
+        watched.process.wait(10)
+    assert server.wait_terminal(first, timeout=90)["result"]["file"]["size_bytes"] == (
+        len(data) // 2)
+    if grows == "while-stopped":
+        go_on.set()
+        writer.join(60)
+    with watching(server.env, server.home, folder, *options) as watched:
+        go_on.set()
+        writer.join(60)
+        watched.wait_for(f"late.mp3: written on after it was sent; still {first}")
+        again = watched.wait_for("late.mp3: reviewed whole again").split()[-1]
+        whole = server.wait_terminal(again, timeout=90)
+        assert (whole["status"], whole["causation_id"]) == ("succeeded", first), whole
+        assert whole["result"]["file"]["size_bytes"] == len(data)
+        assert watched.count("late.mp3: accepted") == 0  # no second export
+    listed = server.client.get("/runs").json()["runs"]
+    assert sorted(r["run_id"] for r in listed) == sorted([first, again])
+    assert sum(r["event_type"] == "session.exported" for r in listed) == 1
+
+
+def test_what_a_watcher_sent_is_kept_for_the_next_one(tmp_path: Path) -> None:
+    """The state file in process: a file sent and handed over is left alone by the
+    next watcher while unchanged; one written on since is still that export; one
+    found but not handed over is sent again; a state file that cannot be read is
+    said once, and the watcher starts afresh."""
+    folder, state = tmp_path / "exports", tmp_path / "data" / "watch" / "state.json"
+    folder.mkdir()
+    now = [0.0]
+
+    def watcher(**options: Any) -> Watcher:
+        found = Watcher(folder, settle=1.0, clock=lambda: now[0], state=state, **options)
+        assert found.poll() == []  # its first scan
+        return found
+
+    first = watcher()
+    taken, waiting = folder / "taken.wav", folder / "waiting.wav"
+    taken.write_bytes(b"RIFF" + b"\0" * 100)
+    waiting.write_bytes(b"RIFF" + b"\1" * 100)
+    first.poll()
+    now[0] = 2.0
+    assert sorted(first.poll()) == [taken, waiting]
+    first.sent(taken, "watch-taken")
+    first.taken(taken)
+    first.sent(waiting, "watch-waiting")  # the watcher stops before agentbox answers
+    assert json.loads(state.read_text())["exports"]["taken.wav"]["taken"] is True
+
+    second = watcher()
+    now[0] = 4.0
+    assert second.poll() == [waiting]  # sent again; the one handed over is left alone
+    assert second.continues(waiting).event_id == "watch-waiting"  # type: ignore[union-attr]
+    second.sent(waiting, "watch-waiting")
+    with open(taken, "ab") as f:  # written on
+        f.write(b"\2" * 50)
+    second.poll()
+    now[0] = 6.0
+    assert second.poll() == [taken]
+    assert second.continues(taken).event_id == "watch-taken"  # type: ignore[union-attr]
+
+    state.write_text("{not json")
+    said: list[str] = []
+    third = watcher(warn=said.append)
+    assert third.continues(taken) is None
+    third.sent(taken, "watch-again")
+    third.sent(taken, "watch-again")
+    assert len(said) == 1 and "cannot be read" in said[0] and "starting afresh" in said[0]
+    assert json.loads(state.read_text())["exports"]["taken.wav"]["event_id"] == "watch-again"

@@ -326,6 +326,10 @@ class ProjectExport:
     accepted_at: str  # ISO 8601, UTC
     finished_at: str | None  # ISO 8601, UTC, when terminal
     result: dict[str, Any] | None  # the agent's result document when succeeded
+    # Retention removed the run (GET /runs/{id} answers 404): this is what the
+    # project's history kept of it (project_exports). Where it is kept, not what it
+    # is: an export compares equal before and after retention.
+    archived: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -574,6 +578,11 @@ class Store(abc.ABC):
                               limit: int = 50) -> list[ProjectExport]:
         """A project's exports, newest first (accepted_at, then run_id).
         before_run_id: only runs accepted before that run (for "the previous export")."""
+
+    @abc.abstractmethod
+    async def archived_export(self, run_id: str) -> ProjectExport | None:
+        """What a project's history kept of a run that retention removed (`archived`),
+        or None: the run is stored, or never was, or named no project."""
 
     @abc.abstractmethod
     async def notifications(self, run_id: str) -> list[NotificationView]:

@@ -760,28 +760,30 @@ FROM callback_destinations d ORDER BY d.destination
 -- name: projects
 -- The latest run of each project (per agent when %(agent)s is given), newest first:
 -- the runs still stored, and those retention removed (project_exports).
-SELECT run_id, project, agent, status, accepted_at, completed_at, result FROM (
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
     SELECT x.*, row_number() OVER (PARTITION BY x.project
                                    ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
     FROM (
         SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
-               r.result
+               r.result, false AS archived
         FROM events e JOIN runs r ON r.event_pk = e.pk
         WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
         UNION ALL
-        SELECT run_id, project, agent, status, accepted_at, completed_at, result
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               true AS archived
         FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
     ) x
 ) latest WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
 
 -- name: project_exports
-SELECT run_id, project, agent, status, accepted_at, completed_at, result FROM (
-    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           false AS archived
     FROM events e JOIN runs r ON r.event_pk = e.pk
     WHERE e.project = %(project)s
     UNION ALL
-    SELECT run_id, project, agent, status, accepted_at, completed_at, result
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
     FROM project_exports WHERE project = %(project)s
 ) x
 WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
@@ -793,6 +795,11 @@ WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
        WHERE a.run_id = %(before_run_id)s
        LIMIT 1))
 ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+FROM project_exports WHERE run_id = %(run_id)s
 
 -- ===== retention (store/retention.py) =================================================
 -- A finished run may go once it finished before %(before)s (the retention cutoff):

@@ -69,7 +69,8 @@ def project_export(row: Row) -> ProjectExport:
     return ProjectExport(
         run_id=row["run_id"], project=row["project"], agent=row["agent"], status=row["status"],
         accepted_at=iso(row["accepted_at"]) or "", finished_at=iso(row["completed_at"]),
-        result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None)
+        result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None,
+        archived=bool(row["archived"]))
 
 
 def _json(text: str | None) -> Any:
@@ -235,6 +236,12 @@ class Reads(abc.ABC):
             "project": nfc(project), "agent": agent, "status": status,
             "before_run_id": before_run_id, "limit": limit})
         return [project_export(row) for row in rows]
+
+    async def archived_export(self, run_id: str) -> ProjectExport | None:
+        if unaskable(run_id):
+            return None
+        rows = await self._named("archived_export", run_id=run_id)
+        return project_export(rows[0]) if rows else None
 
     async def notifications(self, run_id: str) -> list[NotificationView]:
         return [notification_view(row)

@@ -717,28 +717,30 @@ FROM callback_destinations d ORDER BY d.destination
 -- name: projects
 -- The latest run of each project (per agent when :agent is given), newest first:
 -- the runs still stored, and those retention removed (project_exports).
-SELECT run_id, project, agent, status, accepted_at, completed_at, result FROM (
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
     SELECT x.*, row_number() OVER (PARTITION BY x.project
                                    ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
     FROM (
         SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
-               r.result
+               r.result, 0 AS archived
         FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
         WHERE e.project IS NOT NULL AND (:agent IS NULL OR r.agent = :agent)
         UNION ALL
-        SELECT run_id, project, agent, status, accepted_at, completed_at, result
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               1 AS archived
         FROM project_exports WHERE :agent IS NULL OR agent = :agent
     ) x
 ) WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
 
 -- name: project_exports
-SELECT run_id, project, agent, status, accepted_at, completed_at, result FROM (
-    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           0 AS archived
     FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
     WHERE e.project = :project
     UNION ALL
-    SELECT run_id, project, agent, status, accepted_at, completed_at, result
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
     FROM project_exports WHERE project = :project
 ) x
 WHERE (:agent IS NULL OR agent = :agent)
@@ -749,6 +751,11 @@ WHERE (:agent IS NULL OR agent = :agent)
        SELECT a.accepted_at, a.run_id FROM project_exports a WHERE a.run_id = :before_run_id
        LIMIT 1))
 ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+FROM project_exports WHERE run_id = :run_id
 
 -- ===== retention (store/retention.py) =================================================
 -- A finished run may go once it finished before :before (the retention cutoff):

@@ -131,14 +131,19 @@ async def always_permanent(event: Event, ctx: AgentContext) -> dict[str, Any]:
 
 async def subscribing(event: Event, ctx: AgentContext) -> dict[str, Any]:
     """Changes its own subscriptions by the event's project_id: `unsubscribe` or
-    `subscribe` (to session.exported), succeeding; `unsubscribe-then-fail`
-    unsubscribes, then fails every attempt (the change must never land)."""
+    `subscribe` (to session.exported), `subscribe-pong` (to chain.pong), succeeding;
+    `unsubscribe-then-fail` unsubscribes, then fails every attempt (the change must
+    never land). A chain.pong it subscribed to succeeds with its label."""
     journal("start", ctx)
+    if event.envelope.event_type == "chain.pong":
+        return {"agent": "subscribing", "label": event.payload.label}
     project = event.payload.project_id
     if project.startswith("unsubscribe"):
         ctx.unsubscribe("session.exported")
     elif project == "subscribe":
         ctx.subscribe("session.exported")
+    elif project == "subscribe-pong":
+        ctx.subscribe("chain.pong")
     if project == "unsubscribe-then-fail":
         raise RetryableAgentError("changed my mind")
     journal("return", ctx)

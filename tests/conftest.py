@@ -54,8 +54,18 @@ SLOW_PROGRAMS = frozenset({"chromium", "chromium-browser", "chrome", "initdb", "
                            "postgres", "pg_ctlcluster"})
 
 
+# Module-scoped fixtures that are costly to make (a build, Chromium, a server with
+# reviewed exports): with the tests run in several processes (scripts/test runs
+# pytest-xdist with --dist loadgroup), every test that uses one goes to the same
+# process, so each is made once, as in a run in one process.
+SHARED_FIXTURES = frozenset({"executable", "browser", "studio"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if SHARED_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
         params = getattr(item, "callspec", None)
         on_postgres = params is not None and any(
             isinstance(value, str) and value in POSTGRES_PARAMS
@@ -277,6 +287,15 @@ def server(server_factory: Callable[..., Server]) -> Server:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note a required PostgreSQL that was missing from the test's own failure, so
+    that the summary below says it also when the test ran in another process (xdist),
+    whose `postgres.missing` this process never sees."""
+    prefix = f"{postgres.REQUIRE_ENV}=1 makes a missing PostgreSQL a failure, not a skip: "
+    if report.failed and not postgres.missing and prefix in report.longreprtext:
+        postgres.missing.append(report.longreprtext.split(prefix, 1)[1].strip())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -46,7 +46,7 @@ TERMINAL = ("succeeded", "failed_permanent", "dead_lettered")
 # A test that uses one of these (directly or through another fixture) is slow: each
 # starts a server subprocess, Chromium or PostgreSQL.
 SLOW_FIXTURES = frozenset({"server", "server_factory", "postgres_url", "postgres_admin_url",
-                           "browser", "page"})
+                           "browser", "page", "studio"})
 # A parameter value that means "on PostgreSQL" (the store suite picks its engine by one).
 POSTGRES_PARAMS = frozenset({"postgresql", "postgres"})
 # What the fast tier must not start: found in a subprocess's command line.
@@ -54,18 +54,34 @@ SLOW_PROGRAMS = frozenset({"chromium", "chromium-browser", "chrome", "initdb", "
                            "postgres", "pg_ctlcluster"})
 
 
-# Module-scoped fixtures that are costly to make (a build, Chromium, a server with
-# reviewed exports): with the tests run in several processes (scripts/test runs
-# pytest-xdist with --dist loadgroup), every test that uses one goes to the same
-# process, so each is made once, as in a run in one process.
-SHARED_FIXTURES = frozenset({"executable", "browser", "studio"})
+# Test modules whose module-scoped fixture is costly to make: the one-file build
+# (`executable`), Chromium (`browser`), a server with reviewed exports (`studio`).
+# With the tests in several processes (scripts/test: pytest-xdist, -n 2), each of
+# these modules runs whole in one process, so each fixture is made once, as in a
+# run in one process; every other test goes to whichever process is free.
+SHARED_MODULES = frozenset({"tests/test_build.py", "tests/test_page.py",
+                            "tests/test_page_reviews.py"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: only when it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Test by test to the first free worker, but SHARED_MODULES whole to one.
+    (xdist's own `--dist loadgroup` would do it by mark, but under pytest 9 it can no
+    longer rename the test ids it groups by.) Other --dist modes are left to xdist."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedModulesTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_MODULES else nodeid
+
+    return SharedModulesTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if SHARED_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
         params = getattr(item, "callspec", None)
         on_postgres = params is not None and any(
             isinstance(value, str) and value in POSTGRES_PARAMS

@@ -116,8 +116,7 @@ def test_scripts_test_runs_two_workers_unless_the_arguments_choose(
     script = importlib.util.module_from_spec(spec)
     loader.exec_module(script)
     monkeypatch.delenv("AGENTBOX_TEST_WORKERS", raising=False)
-    assert script.with_workers(["-k", "signing"]) == ["-n", "2", "--dist", "loadgroup",
-                                                      "-k", "signing"]
+    assert script.with_workers(["-k", "signing"]) == ["-n", "2", "-k", "signing"]
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["--dist", "load"], ["--pdb"],
                    ["-x", "-p", "no:xdist"], ["--trace"]):
         assert script.with_workers(chosen) == chosen

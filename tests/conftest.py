@@ -89,6 +89,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or on_postgres
                 or item.get_closest_marker("postgres") is not None):
             item.add_marker(pytest.mark.slow)
+    if config.getoption("core"):  # the core tier is part of the fast one
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+# The core tier (`--core`): the fast tier's tests of the receiver, the API and the page
+# in process, the store on SQLite, signatures, the event contract, run states,
+# configuration and the tiers' own guard. Only these files are even imported, so
+# it runs in seconds; the fast tier (-m "not slow") adds the dispatcher, the clock,
+# callbacks' rules, the mix review's measurements, the portable layer and the rest.
+CORE_TESTS = ("store/", "test_signing.py", "test_events.py", "test_runs.py",
+              "test_config.py", "test_receiver_inprocess.py", "test_api_inprocess.py",
+              "test_page_inprocess.py", "test_tiers.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--core", action="store_true", default=False,
+                     help="run only the core tier: the fast tier's tests of the receiver, "
+                          "API and page in process, the store on SQLite, signatures, events "
+                          "(tests/conftest.py CORE_TESTS)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --core, test files outside CORE_TESTS are not collected (nor imported)."""
+    if not config.getoption("core") or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        relative = collection_path.relative_to(Path(__file__).parent).as_posix()
+    except ValueError:
+        return None
+    if collection_path.is_dir():
+        return None
+    return not relative.startswith(CORE_TESTS)
 
 
 def slow_command(args: Any) -> str | None:

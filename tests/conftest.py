@@ -46,12 +46,38 @@ TERMINAL = ("succeeded", "failed_permanent", "dead_lettered")
 # A test that uses one of these (directly or through another fixture) is slow: each
 # starts a server subprocess, Chromium or PostgreSQL.
 SLOW_FIXTURES = frozenset({"server", "server_factory", "postgres_url", "postgres_admin_url",
-                           "browser", "page"})
+                           "browser", "page", "studio"})
 # A parameter value that means "on PostgreSQL" (the store suite picks its engine by one).
 POSTGRES_PARAMS = frozenset({"postgresql", "postgres"})
 # What the fast tier must not start: found in a subprocess's command line.
 SLOW_PROGRAMS = frozenset({"chromium", "chromium-browser", "chrome", "initdb", "pg_ctl",
                            "postgres", "pg_ctlcluster"})
+
+
+# Test modules whose module-scoped fixture is costly to make: the one-file build
+# (`executable`), Chromium (`browser`), a server with reviewed exports (`studio`).
+# With the tests in several processes (scripts/test: pytest-xdist, -n 2), each of
+# these modules runs whole in one process, so each fixture is made once, as in a
+# run in one process; every other test goes to whichever process is free.
+SHARED_MODULES = frozenset({"tests/test_build.py", "tests/test_page.py",
+                            "tests/test_page_reviews.py"})
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: only when it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Test by test to the first free worker, but SHARED_MODULES whole to one.
+    (xdist's own `--dist loadgroup` would do it by mark, but under pytest 9 it can no
+    longer rename the test ids it groups by.) Other --dist modes are left to xdist."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedModulesTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_MODULES else nodeid
+
+    return SharedModulesTogether(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -63,6 +89,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or on_postgres
                 or item.get_closest_marker("postgres") is not None):
             item.add_marker(pytest.mark.slow)
+    if config.getoption("core"):  # the core tier is part of the fast one
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+# The core tier (`--core`): the fast tier's tests of the receiver, the API and the page
+# in process, the store on SQLite, signatures, the event contract, run states,
+# configuration and the tiers' own guard. Only these files are even imported, so
+# it runs in seconds; the fast tier (-m "not slow") adds the dispatcher, the clock,
+# callbacks' rules, the mix review's measurements, the portable layer and the rest.
+CORE_TESTS = ("store/", "test_signing.py", "test_events.py", "test_runs.py",
+              "test_config.py", "test_receiver_inprocess.py", "test_api_inprocess.py",
+              "test_page_inprocess.py", "test_tiers.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--core", action="store_true", default=False,
+                     help="run only the core tier: the fast tier's tests of the receiver, "
+                          "API and page in process, the store on SQLite, signatures, events "
+                          "(tests/conftest.py CORE_TESTS)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --core, test files outside CORE_TESTS are not collected (nor imported)."""
+    if not config.getoption("core") or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        relative = collection_path.relative_to(Path(__file__).parent).as_posix()
+    except ValueError:
+        return None
+    if collection_path.is_dir():
+        return None
+    return not relative.startswith(CORE_TESTS)
 
 
 def slow_command(args: Any) -> str | None:
@@ -277,6 +338,15 @@ def server(server_factory: Callable[..., Server]) -> Server:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note a required PostgreSQL that was missing from the test's own failure, so
+    that the summary below says it also when the test ran in another process (xdist),
+    whose `postgres.missing` this process never sees."""
+    prefix = f"{postgres.REQUIRE_ENV}=1 makes a missing PostgreSQL a failure, not a skip: "
+    if report.failed and not postgres.missing and prefix in report.longreprtext:
+        postgres.missing.append(report.longreprtext.split(prefix, 1)[1].strip())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

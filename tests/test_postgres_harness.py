@@ -121,3 +121,24 @@ def test_require_postgres_turns_the_skip_into_a_failure(tmp_path: Path, required
         assert result.returncode == 0, output
         assert "1 skipped" in output, output
         assert "install Debian's `postgresql` package" in output, output
+
+
+def test_require_postgres_fails_a_run_in_worker_processes_and_says_why(tmp_path: Path) -> None:
+    """scripts/test runs the tests in worker processes (pytest-xdist): the failure
+    happens in a worker, and the main process's summary still says why."""
+    conftest = INNER_CONFTEST.replace("    pytest_terminal_summary,",
+                                      "    pytest_runtest_logreport,\n    pytest_terminal_summary,")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(conftest))
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TEST))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
+    env.update(PYTHONPATH=str(ROOT), AGENTBOX_TEST_PG_BINDIR=str(tmp_path / "no-such-dir"),
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **{postgres.REQUIRE_ENV: "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "xdist",
+         "-n", "1", "test_inner.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    output = result.stdout + result.stderr
+    assert "1 worker" in output, output  # it did run in a worker process
+    assert result.returncode == 1, output
+    assert "1 error" in output, output
+    assert "PostgreSQL required but unavailable" in output, output

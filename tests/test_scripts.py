@@ -108,6 +108,23 @@ def test_scripts_test_hands_its_arguments_to_pytest(tmp_path: Path) -> None:
     assert "tests collected" in done.stdout
 
 
+def test_scripts_test_runs_two_workers_unless_the_arguments_choose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = SourceFileLoader("scripts_test", str(SCRIPTS / "test"))
+    spec = importlib.util.spec_from_loader("scripts_test", loader)
+    assert spec is not None
+    script = importlib.util.module_from_spec(spec)
+    loader.exec_module(script)
+    monkeypatch.delenv("AGENTBOX_TEST_WORKERS", raising=False)
+    assert script.with_workers(["-k", "signing"]) == ["-n", "2", "-k", "signing"]
+    for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["--dist", "load"], ["--pdb"],
+                   ["-x", "-p", "no:xdist"], ["--trace"]):
+        assert script.with_workers(chosen) == chosen
+    assert script.with_workers(["-p", "no:cacheprovider"])[:2] == ["-n", "2"]
+    monkeypatch.setenv("AGENTBOX_TEST_WORKERS", "3")
+    assert script.with_workers([])[:2] == ["-n", "3"]
+
+
 def test_the_benchmark_seeds_a_store_of_the_current_schema(tmp_path: Path) -> None:
     """scripts/bench's seeded phases write with SQL: the store they make must be the
     one agentbox opens today (it once imported a schema constant that had gone)."""

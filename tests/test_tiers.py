@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SLOW_FIXTURES, Server, slow_command
+from tests.conftest import ROOT, SLOW_FIXTURES, Server, slow_command
 
 
 def test_a_fast_test_that_starts_a_server_fails_asking_for_the_mark(tmp_path: Path) -> None:
@@ -57,7 +57,31 @@ def test_a_slow_test_may_start_a_server(tmp_path: Path) -> None:
 def test_the_fixtures_that_mark_a_test_slow_exist() -> None:
     """A renamed fixture would leave its tests in the fast tier (until the guard above
     failed each one)."""
-    from tests import conftest, test_page
+    from tests import conftest, test_page, test_page_reviews
 
     for name in SLOW_FIXTURES:
-        assert hasattr(conftest, name) or hasattr(test_page, name), name
+        assert any(hasattr(module, name) for module in (conftest, test_page,
+                                                         test_page_reviews)), name
+
+
+def test_each_shared_module_runs_whole_in_one_worker() -> None:
+    """With the tests in several processes, a module whose module-scoped fixture is
+    costly (a build, Chromium, reviewed exports) goes whole to one, so the fixture is
+    made once; every other test is a unit of its own."""
+    pytest.importorskip("xdist")
+    from types import SimpleNamespace
+
+    from tests.conftest import SHARED_MODULES, pytest_xdist_make_scheduler
+
+    for module in SHARED_MODULES:
+        assert (ROOT / module).is_file(), module
+    config = SimpleNamespace(getvalue=lambda name: "load",
+                             option=SimpleNamespace(tx=["popen"] * 2, numprocesses=2,
+                                                    dist="load"))
+    scheduler = pytest_xdist_make_scheduler(config, None)  # type: ignore[arg-type]
+    assert scheduler._split_scope("tests/test_build.py::test_a") == "tests/test_build.py"
+    assert scheduler._split_scope("tests/test_page.py::test_b[x]") == "tests/test_page.py"
+    assert scheduler._split_scope("tests/test_server.py::test_c") == (
+        "tests/test_server.py::test_c")
+    each = SimpleNamespace(getvalue=lambda name: "each")
+    assert pytest_xdist_make_scheduler(each, None) is None  # type: ignore[arg-type]

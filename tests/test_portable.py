@@ -265,9 +265,11 @@ import os, signal, sys
 from agentbox import portable
 if sys.argv[1] == "ignore":
     portable.ignore_interrupts()
-os.kill(os.getpid(), signal.SIGINT)  # delivered before kill returns, to this process
-# The interpreter runs a pending handler at its next check (a loop's jump back), not
-# inside a C call such as print's: without this loop a busy machine could print first.
+# raise() sends it to this thread, so its C handler has run when raise returns (os.kill
+# to the process may be taken by another thread, such as a library's, whose handler a
+# busy machine then runs after the print). The interpreter runs the pending Python
+# handler at its next check (a loop's jump back), not inside a C call such as print's.
+signal.raise_signal(signal.SIGINT)
 for _ in range(1000):
     pass
 print("still running")

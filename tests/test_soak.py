@@ -24,7 +24,8 @@ def load_soak() -> ModuleType:
 @pytest.mark.slow  # servers killed with kill -9 under load
 def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     soak = load_soak()
-    report = soak.soak(kills=4, seed=20261203, home=tmp_path, quiet=True)
+    report = soak.soak(kills=4, seed=20261203, home=tmp_path, quiet=True,
+                       least_per_round=15)
     assert report["events_acknowledged"] > 50, report
     for name in soak.MUST_BE_ZERO:
         assert report[name] == 0, report
@@ -34,7 +35,7 @@ def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
 def test_a_short_soak_on_postgresql_loses_nothing(tmp_path: Path, postgres_url: str) -> None:
     soak = load_soak()
     report = soak.soak(kills=3, seed=20261204, home=tmp_path, quiet=True,
-                       database_url=postgres_url)
+                       database_url=postgres_url, least_per_round=20)
     assert report["events_acknowledged"] > 50, report
     for name in soak.MUST_BE_ZERO:
         assert report[name] == 0, report

@@ -80,6 +80,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedModulesTogether(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker starts with SIGINT ignored, and a program it runs inherits that:
+    a child would survive the Ctrl-C a test sends it (test_portable). Give the worker
+    Python's own handler, as a pytest in one process has, so children start with the
+    default again."""
+    if hasattr(config, "workerinput") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(item, "callspec", None)

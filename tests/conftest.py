@@ -81,11 +81,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """An xdist worker starts with SIGINT ignored, and a program it runs inherits that:
-    a child would survive the Ctrl-C a test sends it (test_portable). Give the worker
-    Python's own handler, as a pytest in one process has, so children start with the
-    default again."""
-    if hasattr(config, "workerinput") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    """A pytest started with SIGINT ignored (in the background of a shell script, as
+    `cmd &` does) passes that on to the programs its tests run: a child would survive
+    the Ctrl-C a test sends it (test_portable). Give this process (and each xdist
+    worker) Python's own handler, so children start with the default again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 

@@ -80,6 +80,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedModulesTogether(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest started with SIGINT ignored (in the background of a shell script, as
+    `cmd &` does) passes that on to the programs its tests run: a child would survive
+    the Ctrl-C a test sends it (test_portable). Give this process (and each xdist
+    worker) Python's own handler, so children start with the default again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(item, "callspec", None)

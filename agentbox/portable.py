@@ -87,37 +87,6 @@ durable_flush: Callable[[int], None] = _full_fsync if MACOS else _fsync
 """Put what was written to file descriptor `fd` on disk, so a power cut keeps it."""
 
 
-def _fdatasync(fd: int) -> None:
-    """Linux: the data and what reading it back needs (the size), not the times: what
-    SQLite itself calls for its own files."""
-    os.fdatasync(fd)
-
-
-file_flush: Callable[[int], None] = _fdatasync if LINUX else durable_flush
-"""The flush `flush_file` uses: fdatasync on Linux, F_FULLFSYNC on macOS,
-FlushFileBuffers on Windows."""
-
-FLUSH_OPEN_FLAGS = os.O_WRONLY if WINDOWS else os.O_RDONLY
-"""Windows' FlushFileBuffers needs a handle with write access; POSIX flushes through
-any descriptor, and one only for reading can never write by mistake."""
-
-
-def flush_file(path: Path) -> None:
-    """Put on disk everything any descriptor of this process wrote to the file at
-    `path` (SQLite's WAL, written by SQLite's own descriptor): a file's flush covers
-    the file, not one descriptor.
-
-    The file is opened for this flush only, so that its owner can delete, truncate
-    or replace it meanwhile (Windows refuses to delete a file another handle holds
-    open); an open and a close cost a few microseconds, once per flush.
-    Raises OSError (the file is gone, or the disk failed: EIO)."""
-    fd = os.open(path, FLUSH_OPEN_FLAGS)
-    try:
-        file_flush(fd)
-    finally:
-        os.close(fd)
-
-
 def flush_directory(path: Path) -> None:
     """Make a rename or a new file in `path` last (POSIX needs the directory's own
     flush; Windows cannot open a directory this way, and NTFS journals it)."""

@@ -60,8 +60,6 @@ def test_on_windows_every_module_imports_and_the_windows_parts_are_picked(
     found = other_os("win32", tmp_path)
     assert found["lock"] == "WindowsFileLock"  # LockFileEx, not flock
     assert found["flush"] == "_fsync"  # os.fsync is FlushFileBuffers there
-    assert found["file_flush"] == "_fsync"  # the WAL's too: FlushFileBuffers,
-    assert found["file_flush_opens_for_writing"] is True  # which needs write access
     assert found["sqlite_fullfsync"] is False
     assert found["clock"] == "_interrupt_time"  # QueryInterruptTimePrecise, counts sleep
     assert found["clock_reads"] == 123456.7890123  # the double's 100 ns count, in seconds
@@ -78,8 +76,6 @@ def test_on_macos_every_module_imports_and_sqlite_flushes_the_drive(tmp_path: Pa
     found = other_os("darwin", tmp_path)
     assert found["lock"] == "UnixFileLock"
     assert found["flush"] == "_full_fsync"  # F_FULLFSYNC for the secret files
-    assert found["file_flush"] == "_full_fsync"  # and for the WAL
-    assert found["file_flush_opens_for_writing"] is False
     assert found["clock"] == "_monotonic_with_sleep"  # CLOCK_MONOTONIC, not mach_absolute
     assert found["loop"] == uvloop_here()
     assert found["stop"] == "_sigterm"
@@ -87,22 +83,18 @@ def test_on_macos_every_module_imports_and_sqlite_flushes_the_drive(tmp_path: Pa
     assert found["posix_mix_path"] == "/Users/me/Mixes/a b.wav"
     pragmas = found["sqlite_pragmas"]  # read back from every connection the store made
     assert len(pragmas) >= 2
-    # the writer at NORMAL (its WAL flushed by flush_file), every other connection FULL
-    assert sorted(p.pop("synchronous") for p in pragmas) == [1] + [2] * (len(pragmas) - 1)
-    assert all(p == {"fullfsync": 1, "checkpoint_fullfsync": 1} for p in pragmas), pragmas
+    assert all(p == {"fullfsync": 1, "checkpoint_fullfsync": 1, "synchronous": 2}
+               for p in pragmas), pragmas
 
 
 def test_on_linux_the_linux_parts_are_picked(tmp_path: Path) -> None:
     found = other_os("linux", tmp_path)
     assert (found["lock"], found["flush"], found["clock"]) == (
         "UnixFileLock", "_fsync", "_boottime")
-    assert (found["file_flush"], found["file_flush_opens_for_writing"]) == (
-        "_fdatasync", False)
     assert found["priority"] == ["_nice_posix", "_idle_io_linux"]
     assert found["loop"] == uvloop_here()
-    pragmas = found["sqlite_pragmas"]
-    assert sorted(p.pop("synchronous") for p in pragmas) == [1] + [2] * (len(pragmas) - 1)
-    assert all(p == {"fullfsync": 0, "checkpoint_fullfsync": 0} for p in pragmas)
+    assert all(p == {"fullfsync": 0, "checkpoint_fullfsync": 0, "synchronous": 2}
+               for p in found["sqlite_pragmas"])
 
 
 # -- nothing OS-specific outside the portable layer ----------------------------------
@@ -167,38 +159,6 @@ def test_secret_files_are_flushed_to_disk_with_their_directory(tmp_path: Path) -
     assert (home / "webhook-secret").stat().st_mode & 0o777 == 0o600
     assert len(config.secrets_in_file(home / "webhook-secret")) == 2
     assert not (home / "webhook-secret.new").exists()
-
-
-@pytest.mark.skipif(not portable.LINUX, reason="strace and fdatasync(2): Linux")
-def test_the_store_flushes_its_wal_on_a_thread_of_its_own(tmp_path: Path) -> None:
-    """Five ingests, one after another: each is answered after its own flush of the
-    WAL, by the thread that opens the WAL just for that (SQLite, at NORMAL, syncs it
-    only in checkpoints, through the descriptor it holds)."""
-    database = tmp_path / "agentbox.sqlite3"
-    code = ("import asyncio; from pathlib import Path; "
-            "from agentbox.store.sqlite import SqliteStore; "
-            "from tests.store.support import ingest\n"
-            "async def main():\n"
-            f"    store = SqliteStore(Path({str(database)!r})); await store.open()\n"
-            "    for n in range(5): await ingest(store, f'e{n}')\n"
-            "    await store.close()\n"
-            "asyncio.run(main())")
-    out = tmp_path / "strace.txt"
-    done = subprocess.run(["strace", "-f", "-y", "-e", "trace=openat,fdatasync,fsync", "-o",
-                           str(out), sys.executable, "-c", code], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    wal = f"{database}-wal"
-    lines = out.read_text().splitlines()
-    flusher = {line.split()[0] for line in lines
-               if f'"{wal}", O_RDONLY' in line and "openat(" in line}
-    assert len(flusher) == 1, lines  # one thread opens it so
-    # (a call another thread's interrupted is printed "<unfinished ...>", then resumed)
-    flushes = [line for line in lines if line.split()[0] in flusher
-               and "fdatasync(" in line and f"<{wal}>" in line]
-    assert len(flushes) == 5, lines
-    assert not [line for line in lines if line.split()[0] in flusher and "= -1 E" in line
-                and "openat(" not in line]
 
 
 def test_the_data_directory_lock_turns_a_second_store_away(tmp_path: Path) -> None:

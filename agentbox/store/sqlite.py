@@ -1,60 +1,22 @@
 """SQLite engine: one WAL file, one writer with group commit, separate readers.
 
 Every write is an operation queued to the writer. The writer takes everything
-queued and runs it in one `BEGIN IMMEDIATE ... COMMIT`. One refusal never
+queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` and answers all of them
+after the commit's fsync (`synchronous=FULL`). Many requests thus share one
+fsync, and a 202 is only ever sent for data that is on disk. One refusal never
 undoes its neighbours: an operation that fails before it wrote anything (a
 refusal) is simply answered with its error; one that fails after writing sends
 the batch round again with each operation inside its own savepoint.
-
-The writer commits at `synchronous=NORMAL`: a COMMIT writes the batch's pages
-to the end of the WAL file and returns without an fsync, and the writer goes
-on to the next batch at once. The WAL is flushed to disk on a thread of its
-own (`WalFlush`): each flush covers every commit whose COMMIT had returned
-when it began, and a batch with a durable operation in it (an ingest: its
-202) is answered only once a flush that began after its COMMIT returned is
-done. While one flush runs, the writer writes the next batch; the batch after
-that waits for the flush to end, and what queues meanwhile joins it (group
-commit, twice over: many requests per COMMIT, and a flush for every COMMIT
-made while the one before it ran). An operation that need not survive a power cut (a claim,
-a lease) waits for no flush of its own, only for the flushes of the durable
-commits before it (which it may have read), as it did behind their fsync.
-
-Why that is as safe as `synchronous=FULL`, which fsyncs the WAL inside each
-COMMIT: what a power cut can lose is what was written and not yet flushed,
-and no 202 is sent before the WAL holding it was flushed. SQLite's own rules
-keep the rest whole at NORMAL: a checkpoint flushes the WAL before it copies
-pages from it into the database file, and flushes the database file before
-it lets the WAL start over from its beginning; starting over writes a new
-header with new salt values and flushes it first. After a cut, recovery
-reads the WAL frame by frame and stops at the first frame whose salt or
-checksum does not match (each frame's checksum runs on from the one before):
-frames a cut lost, or old frames of the WAL's previous round that were never
-overwritten, end the log there, and everything before them was flushed. The
-test of it is tests/test_power_cut.py: a real server on a filesystem that
-drops unflushed writes, cut under load many times.
-
-What is not the same: readers (the API, the page) may see a commit before
-its flush, so for up to a flush's time a run can be listed whose 202 has not
-been sent yet, and which a power cut would take back (its sender then gets no
-202 and sends it again).
-
-A flush that fails (EIO) fails every operation waiting for it with
-storage_unavailable, and every later write until agentbox restarts: after a
-failed fsync the kernel may have dropped those pages, and a later flush that
-succeeds would not bring them back; the WAL's running checksum would then
-end recovery before later commits, so no later 202 could be trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import re
 import sqlite3
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,7 +30,7 @@ from agentbox.store.queries import load
 from agentbox.store.schema import migrate_sqlite, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Operation, Pending, Queued, Settled
+from agentbox.store.writer import Batch, Operation, Queued
 
 if TYPE_CHECKING:
     from agentbox.store.ingest import NewEvent
@@ -189,96 +151,6 @@ class SqliteDb:
                       source=source, callback_url=callback_url)
 
 
-class WalFlush:
-    """The WAL file's flushes, on a thread of their own beside the writer.
-
-    The writer counts each durable commit as its COMMIT returns
-    (`count_commit`); `on_disk(n)` returns once a flush that began after the
-    n-th was counted is done. A flush covers every commit counted before it
-    began, so those made while one runs share the next. A failed flush fails
-    its waiters and every later one (`failure`): see the module's docstring.
-    """
-
-    def __init__(self, wal: Path) -> None:
-        self.wal = wal
-        self.committed = 0  # durable commits counted
-        self.flushed = 0  # how many of them a finished flush covers
-        self.failure: str | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1,
-                                            thread_name_prefix="agentbox-wal-flush")
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()  # counts ascending
-        self._task: asyncio.Task[None] | None = None
-        self._covering = 0  # what the running flush covers
-
-    def count_commit(self) -> int:
-        self.committed += 1
-        return self.committed
-
-    async def on_disk(self, count: int) -> None:
-        """Return once the first `count` durable commits are on disk; raise
-        StorageUnavailable if a flush failed."""
-        if self.failure is not None:
-            raise StorageUnavailable(self.failure)
-        if self.flushed >= count:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((count, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._flush_while_awaited(),
-                                             name="agentbox-wal-flush")
-        await future
-
-    async def room(self) -> None:
-        """Return when the writer may commit again: at once, unless a commit already
-        waits for the next flush; then once the running flush is done. Meanwhile the
-        queue grows into one batch, as it did behind the fsync, rather than into
-        many small commits, each writing the same pages to the WAL again."""
-        if self.failure is not None:
-            raise StorageUnavailable(self.failure)
-        if self._task is not None and self.committed > self._covering:
-            await self.on_disk(self._covering)
-
-    async def _flush_while_awaited(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._waiting and self.failure is None:
-                covered = self._covering = self.committed  # each COMMIT has returned
-                try:
-                    await loop.run_in_executor(self._executor, portable.flush_file, self.wal)
-                except Exception as exc:  # OSError: EIO, the file gone; or a bug
-                    self.fail(f"storage unavailable: flushing {self.wal.name} to disk failed "
-                              f"({_os_reason(exc)}); commits may be lost: restart agentbox")
-                    return
-                self.flushed = covered
-                while self._waiting and self._waiting[0][0] <= covered:
-                    _, future = self._waiting.popleft()
-                    if not future.done():
-                        future.set_result(None)
-        finally:
-            self._task = None
-
-    def fail(self, reason: str) -> None:
-        """No write is trusted from now on; everything waiting fails."""
-        if self.failure is None:
-            self.failure = reason
-        while self._waiting:
-            _, future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(StorageUnavailable(self.failure))
-
-    async def close(self) -> None:
-        """After the writer stopped: the last flush ends, then its thread."""
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._executor.shutdown(wait=True)
-
-
-def _os_reason(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror  # the condition (Input/output error), not a path
-    return type(exc).__name__
-
-
 class SqliteStore(SqlStore):
     engine = "sqlite"
     sql = SQL
@@ -289,7 +161,7 @@ class SqliteStore(SqlStore):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbox-writer")
         self._conn: sqlite3.Connection | None = None  # writer's; used only on its thread
         self._reader: sqlite3.Connection | None = None  # event loop's
-        self._flush = WalFlush(Path(f"{path}-wal"))
+        self._synchronous_full = True
         self._stats_executor = ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix="agentbox-stats")
         self._stats_conn: sqlite3.Connection | None = None  # used on that thread only
@@ -334,8 +206,7 @@ class SqliteStore(SqlStore):
             self._checkpoint_task.cancel()
             await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             self._checkpoint_task = None
-        await self._stop_writer()  # every batch answered: each one's flush is done
-        await self._flush.close()
+        await self._stop_writer()
         await self._close_connections()
         self._executor.shutdown(wait=True)
         self._checkpointer.shutdown(wait=True)
@@ -369,8 +240,6 @@ class SqliteStore(SqlStore):
         # requests are waiting for.
         conn.execute("PRAGMA wal_autocheckpoint = 0")
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        # COMMIT writes the WAL without an fsync; WalFlush flushes it (module docstring).
-        conn.execute("PRAGMA synchronous = NORMAL")
         self._conn = conn
         self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL["count_active"]).fetchone()[0]
@@ -391,14 +260,9 @@ class SqliteStore(SqlStore):
                 await self._written.wait()
                 await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)  # one for a second's writes
                 self._written.clear()
-                try:
+                with contextlib.suppress(sqlite3.Error):  # busy or failing: next time
                     await loop.run_in_executor(
                         self._checkpointer, conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error as exc:  # busy or full: next time
-                    if _io_error(exc):  # its fsync of the WAL may have met what ours will not
-                        self._flush.fail(f"storage unavailable: a checkpoint failed ({exc}); "
-                                         "commits may be lost: restart agentbox")
-                        self.healthy, self.last_error = False, self._flush.failure
         finally:
             await asyncio.shield(loop.run_in_executor(self._checkpointer, conn.close))
 
@@ -407,21 +271,14 @@ class SqliteStore(SqlStore):
     async def _commit(
         self, loop: asyncio.AbstractEventLoop,
         batch: list[Queued],
-    ) -> Settled | Pending:
-        """Run the batch's operations and COMMIT here, on the event loop; answer once
-        the flushes it needs are done (`Pending`), while the writer goes on.
+    ) -> list[tuple[bool, Any]]:
+        """Run the batch's operations here, then COMMIT (the fsync) on the writer thread.
 
         The operations are short CPU work: run on the event loop they need no
-        hand-over of the GIL per statement. COMMIT at `synchronous=NORMAL` writes
-        the WAL's new frames to the page cache and returns; only the flush waits
-        for the disk, on its own thread, while the loop goes on serving requests
-        and the writer writes the next batch.
+        hand-over of the GIL per statement. Only the commit waits for the disk,
+        and the loop goes on serving requests meanwhile; no other write starts
+        until it is done.
         """
-        try:
-            await self._flush.room()
-        except StorageUnavailable as exc:
-            self.healthy, self.last_error = False, str(exc)
-            return [(False, exc)] * len(batch)
         conn = self._conn
         assert conn is not None
         changes = conn.total_changes
@@ -432,6 +289,9 @@ class SqliteStore(SqlStore):
             assert self.last_error is not None
             return [(False, StorageUnavailable(self.last_error))] * len(batch)
         try:
+            if durable != self._synchronous_full:
+                conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+                self._synchronous_full = durable
             conn.execute("BEGIN IMMEDIATE")
             if any(getattr(queued.op, "background", False) for queued in batch):
                 # A step of retention takes milliseconds: on the writer's thread, the
@@ -445,35 +305,24 @@ class SqliteStore(SqlStore):
                 conn.execute("BEGIN IMMEDIATE")
                 state = Batch(self._active)
                 results = [self._run_op(db, state, queued.op) for queued in batch]
-            conn.execute("COMMIT")  # no fsync: a write to the page cache
+            if durable:
+                await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
+            else:
+                conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:
             _rollback(conn)
             self.healthy, self.last_error = False, _storage_reason(exc)
             error = StorageUnavailable(self.last_error)
             return [(False, error)] * len(batch)
+        if durable:  # a claim fits where an event may not: only durable writes vouch
+            self.healthy, self.last_error = True, None
         if conn.total_changes != changes:
             self._written.set()
-        if state.outbox_ready:  # a deliverer's claim waits for this batch's flush
+        if state.outbox_ready:
             for listener in self.outbox_listeners:
                 listener()
         self._active = state.active
-        if durable:
-            through = self._flush.count_commit()
-        else:  # only the durable commits before it, which it may have read
-            through = self._flush.committed
-            if self._flush.flushed >= through:
-                return results
-        return Pending(results, functools.partial(self._on_disk, through, durable))
-
-    async def _on_disk(self, through: int, durable: bool) -> None:
-        try:
-            await self._flush.on_disk(through)
-        except StorageUnavailable:
-            self.healthy, self.last_error = False, self._flush.failure
-            raise
-        if durable and self._flush.failure is None:
-            # a claim fits where an event may not: only durable writes vouch
-            self.healthy, self.last_error = True, None
+        return results
 
     async def _abandon(self) -> None:
         _rollback(self._conn)
@@ -621,8 +470,7 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     # space of what it removes back to the file system, a step at a time.
     conn.execute(f"PRAGMA auto_vacuum = {AUTO_VACUUM_INCREMENTAL}")
     conn.execute("PRAGMA journal_mode = WAL")
-    # Readers and the checkpointer (the writer then turns to NORMAL: module docstring).
-    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA synchronous = FULL")  # every commit before a 202 is fsynced
     portable.make_sqlite_durable(conn)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
@@ -633,11 +481,6 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
         return
     with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
         conn.execute("ROLLBACK")
-
-
-def _io_error(exc: sqlite3.Error) -> bool:
-    """SQLITE_IOERR or one of its extended codes (a read, write or fsync that failed)."""
-    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_IOERR
 
 
 def _storage_reason(exc: sqlite3.Error) -> str:

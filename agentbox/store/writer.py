@@ -3,17 +3,14 @@ many share one commit (group commit: one fsync, or one WAL flush, for all).
 
 An operation is a plain function of a `Db` (the engine's connection, which runs
 named statements) and the `Batch` it commits in. The engine brings `_commit`:
-how it runs a batch in one transaction and commits it. An engine whose COMMIT
-returns before the data is on disk (SQLite at `synchronous=NORMAL`) answers
-with `Pending`: the writer goes on to the next batch at once, and the batch's
-operations are answered once its flush returns.
+how it runs a batch in one transaction and commits it.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -82,20 +79,6 @@ class Batch:
 Operation = Callable[[Db, Batch], T]
 
 
-Settled = list[tuple[bool, Any]]
-"""Per operation of a batch, in order: (True, its value) or (False, the exception)."""
-
-
-@dataclass
-class Pending:
-    """A batch committed but not yet on disk: its answers, given once `on_disk()`
-    returns; if that raises StorageUnavailable, every operation gets that instead
-    (as if the COMMIT had failed)."""
-
-    results: Settled
-    on_disk: Callable[[], Awaitable[None]]
-
-
 @dataclass
 class Queued:
     op: Operation[Any]
@@ -144,7 +127,11 @@ class GroupCommit(abc.ABC):
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.writers)
-        running: set[asyncio.Task[None]] = set()  # until answered (closing waits for them)
+        running: set[asyncio.Task[None]] = set()
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            free.release()
 
         while not (self._closing and not self._queue):
             await self._wake.wait()
@@ -154,25 +141,20 @@ class GroupCommit(abc.ABC):
             if not batch:
                 free.release()
                 continue
-            task = asyncio.create_task(self._settle(loop, batch, free))
+            task = asyncio.create_task(self._settle(loop, batch))
             running.add(task)
-            task.add_done_callback(running.discard)
+            task.add_done_callback(done)
         await asyncio.gather(*running)
 
-    async def _settle(self, loop: asyncio.AbstractEventLoop, batch: list[Queued],
-                      free: asyncio.Semaphore) -> None:
-        """Commit one batch, free the writer for the next one, and answer each of the
-        batch's operations once its commit is on disk."""
+    async def _settle(self, loop: asyncio.AbstractEventLoop, batch: list[Queued]) -> None:
+        """Commit one batch and answer each of its operations."""
         try:
-            committed = await self._commit(loop, batch)
+            results = await self._commit(loop, batch)
         except Exception as exc:  # a bug: fail this batch, keep the writer alive
             log.exception("the writer failed a batch")
             await self._abandon()
-            committed = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
-                         ] * len(batch)
-        finally:
-            free.release()
-        results = await _on_disk(committed) if isinstance(committed, Pending) else committed
+            results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
+                       ] * len(batch)
         for queued, (ok, value) in zip(batch, results, strict=True):
             if queued.future.done():
                 continue
@@ -183,22 +165,13 @@ class GroupCommit(abc.ABC):
 
     @abc.abstractmethod
     async def _commit(self, loop: asyncio.AbstractEventLoop,
-                      batch: list[Queued]) -> Settled | Pending:
+                      batch: list[Queued]) -> list[tuple[bool, Any]]:
         """Run the batch's operations in one transaction and commit it: per
-        operation (True, its value) or (False, the exception to raise), or
-        `Pending` (those, once the commit is on disk)."""
+        operation (True, its value) or (False, the exception to raise)."""
 
     @abc.abstractmethod
     async def _abandon(self) -> None:
         """Roll back whatever the failed batch left open."""
-
-
-async def _on_disk(pending: Pending) -> Settled:
-    try:
-        await pending.on_disk()
-    except StorageUnavailable as exc:
-        return [(False, exc)] * len(pending.results)
-    return pending.results
 
 
 def named(cursor: Any) -> dict[str, Any] | None:

@@ -23,10 +23,7 @@ Torn pages are not modelled either: a page is either written or lost whole.
 
 Run it as a process; its stdin is the control channel. A line `cut` freezes
 and discards now; `arm SUFFIX N` cuts right after the N-th write (from now on)
-to a file whose name ends with SUFFIX, e.g. between a WAL write and its fsync;
-`fail-fsync` makes every later fsync fail with EIO (a disk that cannot write:
-the data stays unsynced, and a cut or an unmount drops it) and answers a JSON
-line once it holds.
+to a file whose name ends with SUFFIX, e.g. between a WAL write and its fsync.
 At its cut it prints one JSON line with the figures (pages discarded per file
 name, fsyncs seen per file name); a second `cut` prints them again. Unmount
 with `fusermount3 -u`.
@@ -142,7 +139,6 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         self.fsyncs: Counter[str] = Counter()
         self.last_cut: dict[str, Any] | None = None
         self.armed: tuple[str, int] | None = None  # (name suffix, writes left before the cut)
-        self.failing_fsyncs = False
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -336,8 +332,6 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         with self.mutex:
             self._check()
-            if self.failing_fsyncs:
-                raise fuse.FuseOSError(errno.EIO)
             self.handles[fh].sync()
             self.fsyncs[Path(path).name] += 1
             return 0
@@ -373,10 +367,6 @@ def _control(fs: LazyFS) -> None:
         words = line.split()
         if words == ["cut"]:
             _say(fs.cut())
-        elif words == ["fail-fsync"]:
-            with fs.mutex:
-                fs.failing_fsyncs = True
-            _say({"failing_fsyncs": True})  # from here on: the caller may go on
         elif len(words) == 3 and words[0] == "arm":
             fs.arm(words[1], int(words[2]))
 

@@ -162,8 +162,6 @@ def report(system: str, directory: Path) -> dict[str, Any]:
         "modules": modules,
         "lock": filelock.FileLock.__name__,
         "flush": portable.durable_flush.__name__,
-        "file_flush": portable.file_flush.__name__,  # the WAL's, behind flush_file
-        "file_flush_opens_for_writing": portable.FLUSH_OPEN_FLAGS == os.O_WRONLY,
         "sqlite_fullfsync": portable.SQLITE_FULLFSYNC,
         "clock": portable.since_boot.__name__,
         "clock_reads": portable.since_boot(),

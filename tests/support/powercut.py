@@ -94,11 +94,6 @@ class Disk:
         """Cut right after the `writes`-th write to a file whose name ends with `suffix`."""
         self._send(f"arm {suffix} {writes}")
 
-    def fail_fsyncs(self) -> None:
-        """From now on every fsync fails with EIO (unsynced data stays unsynced)."""
-        self._send("fail-fsync")
-        assert self._figures() == {"failing_fsyncs": True}
-
     def wait_cut(self, timeout: float) -> dict[str, Any] | None:
         """The figures of the cut an `arm` made, or None if it has not come in `timeout`."""
         assert self.process is not None and self.process.stdout

@@ -12,12 +12,6 @@ avoid, whatever its files and function names:
   that turns any later `PRAGMA synchronous = ...` into a no-op, so the store's
   own `synchronous = FULL` does not take effect;
 - `os.fsync` and `os.fdatasync`: no-ops, for a store that syncs files itself.
-  agentbox's store does: its writer commits at `synchronous=NORMAL` and
-  flushes the WAL through `agentbox.portable.flush_file`, which calls
-  `os.fdatasync` on Linux. With this hook the store goes through every step
-  of its own commit path, waiting for its flush as always, and the flush
-  puts nothing on disk: each 202 is sent after the COMMIT and before any
-  flush of it.
 
 It says so on stderr (the server's log), so that a test can check it ran.
 """

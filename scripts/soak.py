@@ -6,7 +6,7 @@ Each round starts a real `agentbox serve` on 127.0.0.1 (the same data directory
 every time), sends signed events from several threads (with duplicates of
 events already sent, a slow agent, a flaky one, one that always fails, and
 callbacks to a receiver that fails each notification's first delivery), and
-kills the server with SIGKILL at a random moment 0.2–1.5 s after that
+kills the server with SIGKILL at a random moment 0.2 to 1.5 s after that
 round's first acknowledged event (its first 15 or 20 in the test's short
 variant, so that a busy machine's slow start does not leave a round empty).
 At the end one last

@@ -300,18 +300,24 @@ def test_a_stalling_writer_makes_one_run_of_the_whole_file(
     assert [r["run_id"] for r in listed] == [run_id]  # one export, one run
 
 
+def headerless_export(server_factory: Any, tmp_path: Path) -> tuple[Any, Path, bytes, Path]:
+    """A server with quick retries, a watched folder, the bytes of an MP3 without a
+    Xing frame (nothing in it says its length) and where it is to be written."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    data = ffmpeg_render(tmp_path / "render.mp3", 6.0, "-write_xing", "0")
+    return server, folder, data, folder / "late.mp3"
+
+
 def test_a_file_written_on_after_its_review_is_reviewed_whole_in_a_follow_up(
         server_factory: Any, tmp_path: Path) -> None:
     """The one case the watcher cannot see coming: a file that says nothing of its
     length, stalled longer than even the headerless settle time, reviewed meanwhile.
     The export keeps its one session.exported run; the whole file is reviewed by a
     mix.review_requested that names that run."""
-    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
-                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
-    folder = tmp_path / "exports"
-    folder.mkdir()
-    data = ffmpeg_render(tmp_path / "render.mp3", 6.0, "-write_xing", "0")
-    mix = folder / "late.mp3"
+    server, folder, data, mix = headerless_export(server_factory, tmp_path)
     go_on = threading.Event()
     with watching(server.env, server.home, folder, "--settle", "0.3", "--url", server.url,
                   "--headerless-settle", "0.6") as watched:
@@ -372,12 +378,7 @@ def test_a_restarted_watcher_keeps_one_export_for_a_file_written_on(
     file that says nothing of its length, and started again; the file is written on
     while it is stopped, or after it started again. Still one session.exported run,
     and the whole file reviewed by the follow-up that names it."""
-    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
-                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
-    folder = tmp_path / "exports"
-    folder.mkdir()
-    data = ffmpeg_render(tmp_path / "render.mp3", 6.0, "-write_xing", "0")
-    mix = folder / "late.mp3"
+    server, folder, data, mix = headerless_export(server_factory, tmp_path)
     go_on = threading.Event()
     options = ("--settle", "0.3", "--url", server.url, "--headerless-settle", "0.6")
     with watching(server.env, server.home, folder, *options) as watched:

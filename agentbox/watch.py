@@ -33,7 +33,8 @@ What was sent is kept on disk (`state_file`: a small JSON file per folder in
 the data directory, replaced whole with each change), so a watcher restarted
 goes on where it stopped: a file sent before and written on since, while it
 was stopped or after, is still that export (one run); one it had not yet
-handed over is sent again.
+handed over, or had found still being written and not yet sent, is sent once
+it is done.
 """
 
 from __future__ import annotations
@@ -335,6 +336,7 @@ class Watcher:
     _seen: dict[Path, tuple[Stamp, float]] = field(default_factory=dict)  # stamp, since when
     _done: dict[Path, Stamp] = field(default_factory=dict)  # last stamp sent (or skipped)
     _exports: dict[Path, Export] = field(default_factory=dict)  # what was sent, per file
+    _found: set[Path] = field(default_factory=set)  # being written, not yet sent
     _started: bool = False
     _warned: bool = False
 
@@ -346,16 +348,20 @@ class Watcher:
             self._started = True
             self._exports.update(self._load(current))
             if not self.include_existing:
-                # Except a file sent before and changed since, or not yet handed over.
+                # Except a file sent before and changed since, or not yet handed over,
+                # or found being written and not yet sent when the last watcher stopped.
                 self._done.update((path, stamp) for path, stamp in current.items()
                                   if self._settled(path, stamp))
         ready = []
+        found = set(self._found)
         for path, stamp in current.items():
             if self._done.get(path) == stamp:
                 continue
             previous = self._seen.get(path)
             if previous is None or previous[0] != stamp:
                 self._seen[path] = (stamp, now)  # new or still changing
+                if path not in self._exports:
+                    self._found.add(path)  # a restart before it is sent still sends it
                 continue
             if stamp[0] > 0 and self._finished(path, now - previous[1]):
                 ready.append(path)
@@ -364,13 +370,16 @@ class Watcher:
         gone = set(self._exports) - set(current)
         for path in gone:
             del self._exports[path]  # gone: what comes under its name is a new export
-        if gone:
+        self._found &= set(current)
+        if gone or self._found != found:
             self._save()
         return ready
 
     def _settled(self, path: Path, stamp: Stamp) -> bool:
         """A file found at start that needs nothing: not sent before, or sent, handed
         over and unchanged since."""
+        if path in self._found:
+            return False
         earlier = self._exports.get(path)
         return earlier is None or (earlier.taken and earlier.stamp == stamp)
 
@@ -412,6 +421,7 @@ class Watcher:
         stamp = self._seen.pop(path, None)
         if stamp is not None:
             self._done[path] = stamp[0]
+        self._found.discard(path)
         if event_id is not None:
             try:
                 found = path.stat()
@@ -420,7 +430,7 @@ class Watcher:
                     stamp[0] if stamp else (found.st_size, found.st_mtime_ns))
             except OSError:
                 self._exports.pop(path, None)
-            self._save()
+        self._save()
 
     def taken(self, path: Path) -> None:
         """agentbox answered for `path` (a run, or a refusal for good): a restart does
@@ -442,6 +452,8 @@ class Watcher:
                 raise ValueError("another version")
             found = {self.folder / name: Export.of_json(export)
                      for name, export in kept["exports"].items()}
+            self._found = {self.folder / str(name) for name in kept.get("found", [])
+                           } & set(current)
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
@@ -455,7 +467,8 @@ class Watcher:
             return
         kept = {"version": STATE_VERSION, "folder": str(self.folder.resolve()),
                 "exports": {str(path.relative_to(self.folder)): export.as_json()
-                            for path, export in sorted(self._exports.items())}}
+                            for path, export in sorted(self._exports.items())},
+                "found": sorted(str(path.relative_to(self.folder)) for path in self._found)}
         try:
             self.state.parent.mkdir(parents=True, exist_ok=True)
             portable.write_durably(self.state, json.dumps(kept, indent=1) + "\n")

@@ -408,8 +408,9 @@ def test_a_restarted_watcher_keeps_one_export_for_a_file_written_on(
 def test_what_a_watcher_sent_is_kept_for_the_next_one(tmp_path: Path) -> None:
     """The state file in process: a file sent and handed over is left alone by the
     next watcher while unchanged; one written on since is still that export; one
-    found but not handed over is sent again; a state file that cannot be read is
-    said once, and the watcher starts afresh."""
+    sent but not handed over is sent again, and so is one found being written and
+    not yet sent; a state file that cannot be read is said once, and the watcher
+    starts afresh."""
     folder, state = tmp_path / "exports", tmp_path / "data" / "watch" / "state.json"
     folder.mkdir()
     now = [0.0]
@@ -442,6 +443,24 @@ def test_what_a_watcher_sent_is_kept_for_the_next_one(tmp_path: Path) -> None:
     now[0] = 6.0
     assert second.poll() == [taken]
     assert second.continues(taken).event_id == "watch-taken"  # type: ignore[union-attr]
+
+    # Found being written, and the watcher stops before it is sent: the next one sends
+    # it once it is done, though it was there when that one started.
+    second.sent(taken, "watch-taken")
+    second.taken(taken)
+    second.taken(waiting)
+    rendering = folder / "rendering.wav"
+    rendering.write_bytes(b"RIFF" + b"\3" * 40)
+    second.poll()
+    assert json.loads(state.read_text())["found"] == ["rendering.wav"]
+    with open(rendering, "ab") as f:  # the render goes on while no watcher runs
+        f.write(b"\3" * 60)
+    fourth = watcher()
+    now[0] = 8.0
+    assert fourth.poll() == [rendering]
+    fourth.sent(rendering, "watch-rendering")
+    assert json.loads(state.read_text())["found"] == []
+    assert watcher().poll() == []  # sent: not found again
 
     state.write_text("{not json")
     said: list[str] = []

@@ -328,6 +328,10 @@ class StatusPages:
         from the run's own event, never a path the request names."""
         run_id = request.path_params["run_id"]
         run = await self.store.get_run(run_id)
+        if run is None and await self.store.archived_export(run_id) is not None:
+            return error_response(404, "audio_not_found", (
+                f"Retention removed run {run_id[:100]!r} with its event, and with it where "
+                "its mix was; its review is kept in its project's history."))
         if run is None or as_review(run["result"]) is None:
             return error_response(404, "audio_not_found",
                                   "Only the mix of a finished mix review can be played; "

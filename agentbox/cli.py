@@ -587,6 +587,10 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     from agentbox.store import StoreError, StoreInUse
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
+    if settings.database_url is None and not settings.database_path.is_file():
+        # Opening it would make an empty store there (a mistyped --data-dir, say).
+        raise click.ClickException(f"there is no agentbox database at "
+                                   f"{settings.database_path}: nothing to prune")
     try:
         report = asyncio.run(prune_store(settings, dry_run)).as_json()
     except StoreInUse:

@@ -168,6 +168,14 @@ def test_prune_a_stopped_sqlite_store(tmp_path: Path) -> None:
     check_prune_cli(env)
 
 
+def test_prune_where_there_is_no_store_makes_none(tmp_path: Path) -> None:
+    mistyped = tmp_path / "dtaa"
+    told = agentbox(clean_env(tmp_path), "prune", "--data-dir", str(mistyped))
+    assert told.returncode == 1
+    assert f"there is no agentbox database at {mistyped / 'agentbox.sqlite3'}" in told.stderr
+    assert not mistyped.exists()
+
+
 @pytest.mark.postgres
 def test_prune_a_postgres_store(tmp_path: Path, postgres_url: str) -> None:
     from agentbox.store.postgres import PostgresStore

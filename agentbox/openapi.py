@@ -82,10 +82,9 @@ class ExportView(BaseModel):
 
     @classmethod
     def of(cls, export: ProjectExport) -> ExportView:
-        return cls(run_id=export.run_id, project=export.project, agent=export.agent,
-                   status=export.status, accepted_at=export.accepted_at,
-                   finished_at=export.finished_at, result=export.result,
-                   archived=export.archived)
+        # Field by field from the store's dataclass: one added there and here is shown
+        # without a third list of names to keep in step.
+        return cls.model_validate(export, from_attributes=True)
 
 
 class ExportList(BaseModel):

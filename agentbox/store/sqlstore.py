@@ -60,7 +60,7 @@ class SqlStore(Reads, GroupCommit, Store):
     ) -> IngestResult:
         op = received(event, body, agents, now=now, ttl=ttl, max_pending=max_pending,
                       max_hops=max_hops, lease=lease, notify_due=now + self.notification_delay)
-        return await self._write(op, order=event.envelope.idempotency_key)
+        return await self._write(op, order=event.envelope.idempotency_key, event=True)
 
     async def claim(
         self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
@@ -75,7 +75,7 @@ class SqlStore(Reads, GroupCommit, Store):
     ) -> Transition | None:
         op = finish(run_id, owner, attempt, outcome, now=now,
                     notify_due=now + self.notification_delay)
-        return await self._write(op, order=run_id)
+        return await self._write(op, order=run_id, patient=True)
 
     async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
                             until: float) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -29,6 +31,87 @@ from tests.store.support import (
     retryable,
     status_of,
 )
+
+# -- an outcome's commit -------------------------------------------------------------------
+# An outcome queued alone just after an event waits a moment (`linger`) for the next
+# event, to share its commit: at one connection each 202 otherwise waited for the
+# previous run's commit before its own. The tests stretch `linger` so that only what
+# they check can end the wait, on a machine however busy.
+
+
+def batches_of(store: Store) -> list[int]:
+    """Record the size of every batch the store commits from now on."""
+    sizes: list[int] = []
+    commit = store._commit  # type: ignore[attr-defined]
+
+    async def counted(loop: Any, batch: list[Any]) -> Any:
+        sizes.append(len(batch))
+        return await commit(loop, batch)
+
+    store._commit = counted  # type: ignore[attr-defined]
+    return sizes
+
+
+@async_test
+async def test_an_outcome_shares_the_next_events_commit(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    store.linger, store.events_lately = 60.0, 60.0  # type: ignore[attr-defined]
+    sizes = batches_of(store)
+    finishing = asyncio.ensure_future(store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2))
+    await asyncio.sleep(0.2)  # long enough for its own commit, had it not waited
+    assert not finishing.done() and sizes == []
+    second = await asyncio.wait_for(ingest(store, "e2"), 10)  # not the linger's 60 s
+    transition = await asyncio.wait_for(finishing, 10)
+    assert transition is not None and transition.status == "succeeded"
+    assert not second.duplicate and sizes == [2]  # one commit for both
+    assert await status_of(store, run.run_id) == "succeeded"
+
+
+@async_test
+async def test_an_outcome_waits_for_no_event_when_none_came_lately(store: Store,
+                                                                     aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    store.linger, store.events_lately = 60.0, 0.0  # type: ignore[attr-defined]
+    transition = await asyncio.wait_for(
+        store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2), 10)
+    assert transition is not None and await status_of(store, run.run_id) == "succeeded"
+
+
+@async_test
+async def test_an_outcome_alone_commits_after_the_linger(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    store.linger, store.events_lately = 0.3, 60.0  # type: ignore[attr-defined]
+    started = time.monotonic()
+    transition = await asyncio.wait_for(
+        store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2), 10)
+    assert transition is not None and time.monotonic() - started >= 0.3
+    assert await status_of(store, run.run_id) == "succeeded"
+
+
+@async_test
+async def test_a_claim_ends_an_outcomes_wait(store: Store, aio: Any) -> None:
+    """Only outcomes wait: a claim (a dispatcher with free slots) is committed at once,
+    and takes the waiting outcome with it."""
+    first = await ingest_and_claim(store, "e1")
+    await ingest(store, "e2")
+    store.linger, store.events_lately = 60.0, 60.0  # type: ignore[attr-defined]
+    finishing = asyncio.ensure_future(store.finish(first.run_id, "w1", 1, SUCCEEDED, T0 + 2))
+    await asyncio.sleep(0.2)
+    assert not finishing.done()
+    claimed = await asyncio.wait_for(claim(store, limit=1), 10)
+    assert len(claimed.claimed) == 1 and await asyncio.wait_for(finishing, 10) is not None
+
+
+@async_test
+async def test_closing_commits_a_waiting_outcome_at_once(store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1")
+    store.linger, store.events_lately = 60.0, 60.0  # type: ignore[attr-defined]
+    finishing = asyncio.ensure_future(store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2))
+    await asyncio.sleep(0.2)
+    assert not finishing.done()
+    await asyncio.wait_for(store.close(), 10)
+    assert (await finishing) is not None
+
 
 # -- finish ------------------------------------------------------------------------------
 

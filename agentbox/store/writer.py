@@ -193,6 +193,15 @@ class GroupCommit(abc.ABC):
                 queued.future.set_result(value)
             else:
                 queued.future.set_exception(value)
+        try:
+            await self._after_batch(loop)
+        except Exception:  # a bug: say so, keep the writer alive
+            log.exception("the writer's upkeep after a batch failed")
+
+    async def _after_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine's upkeep between two batches, once this one is answered; the
+        next batch waits for it. None by default."""
+        return
 
     @abc.abstractmethod
     async def _commit(self, loop: asyncio.AbstractEventLoop,

@@ -188,6 +188,9 @@ class PostgresStore(SqlStore):
     # Each batch waits for network round trips more than for the CPU: several run at
     # once, as several instances' would (same locks, same SKIP LOCKED claims).
     writers = WRITERS
+    # An outcome never waits for company: a second writer commits it beside the next
+    # event's batch, where one SQLite writer made that event wait for it.
+    linger_seconds = 0.0
 
     def __init__(self, url: str, notification_delay: float = 0.0,
                  instance_id: str = "") -> None:

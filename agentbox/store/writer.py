@@ -87,6 +87,7 @@ class Queued:
     durable: bool
     order: str
     patient: bool
+    event: bool
 
 
 class GroupCommit(abc.ABC):
@@ -94,19 +95,20 @@ class GroupCommit(abc.ABC):
 
     writers = 1  # batches committed at the same time (each on its own connection)
     # A batch of only patient operations (outcomes: no request waits for them) waits
-    # up to `linger` seconds for company when an event came within the last
-    # `events_lately` seconds, as at one connection, where each event was held up by
-    # the previous run's commit: its ingest and that outcome now share one commit
-    # and one fsync. With no events coming (a backlog drained, one export reviewed)
-    # nothing waits; any operation that is not patient ends the wait.
-    linger = 0.002
-    events_lately = 0.01
+    # up to `linger_seconds` for company, if an event was answered in the last
+    # `linger_window_seconds`. At one connection each event was held up by the
+    # previous run's commit: the next event's ingest and that outcome now share one
+    # commit and one fsync. With no events coming (a backlog drained, one export
+    # reviewed) nothing waits; any operation that is not patient ends the wait.
+    linger_seconds = 0.002
+    linger_window_seconds = 0.01
 
     def __init__(self) -> None:
         self._queue: list[Queued] = []
         self._wake = asyncio.Event()
         self._impatient = asyncio.Event()  # an operation that is not patient is queued
-        self._event_at = float("-inf")  # when the last event was queued (loop time)
+        self._event_answered_at = float("-inf")  # the last event's answer (loop time)
+        self._settling: set[asyncio.Task[None]] = set()  # batches being committed
         self._writer_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -118,19 +120,17 @@ class GroupCommit(abc.ABC):
         claim or a lease: the run is simply claimed again); a batch of only
         those may commit without waiting for the disk. `order` sorts the
         operations of a batch (idempotency keys: concurrent writers then take
-        their locks in one order and never deadlock). `patient` operations
-        (outcomes) may wait a moment for an `event` (an ingest, which a request
-        waits for) to share its commit (`linger`).
+        their locks in one order and never deadlock). A `patient` operation (an
+        outcome) may wait a moment to share its commit with the next `event`
+        (an ingest: a request waits for its answer); see `linger_seconds`.
         """
         if self._closing:
             raise StorageUnavailable("the store is closing")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.append(Queued(op, future, durable, order, patient))
+        self._queue.append(Queued(op, future, durable, order, patient, event))
         if not patient:
             self._impatient.set()
-        if event:
-            self._event_at = loop.time()
         self._wake.set()
         return await future
 
@@ -148,7 +148,7 @@ class GroupCommit(abc.ABC):
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.writers)
-        running: set[asyncio.Task[None]] = set()
+        running = self._settling
 
         def done(task: asyncio.Task[None]) -> None:
             running.discard(task)
@@ -160,7 +160,7 @@ class GroupCommit(abc.ABC):
             await free.acquire()  # what queues meanwhile joins this batch
             if self._lingers(loop):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._impatient.wait(), self.linger)
+                    await asyncio.wait_for(self._impatient.wait(), self.linger_seconds)
             batch, self._queue = self._queue, []
             self._impatient.clear()
             if not batch:
@@ -173,9 +173,11 @@ class GroupCommit(abc.ABC):
 
     def _lingers(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Should the queued batch wait for company? Only patient operations are
-        queued, and an event came a moment ago (another is likely on its way)."""
-        return (not self._closing and not self._impatient.is_set() and bool(self._queue)
-                and loop.time() - self._event_at < self.events_lately)
+        queued, and an event was answered a moment ago (the next is likely on its
+        way)."""
+        return (self.linger_seconds > 0 and not self._closing
+                and not self._impatient.is_set() and bool(self._queue)
+                and loop.time() - self._event_answered_at < self.linger_window_seconds)
 
     async def _settle(self, loop: asyncio.AbstractEventLoop, batch: list[Queued]) -> None:
         """Commit one batch and answer each of its operations."""
@@ -193,6 +195,8 @@ class GroupCommit(abc.ABC):
                 queued.future.set_result(value)
             else:
                 queued.future.set_exception(value)
+        if any(queued.event for queued in batch):
+            self._event_answered_at = loop.time()
         try:
             await self._after_batch(loop)
         except Exception:  # a bug: say so, keep the writer alive

@@ -2,16 +2,18 @@
 
 SQLite appends each commit to the WAL and starts it over from its beginning only
 once a checkpoint has copied every frame back into the database file. Run beside
-the writer, a checkpoint never catches up while commits keep coming: the WAL grew
+the writer, a checkpoint never caught up while commits kept coming: the WAL grew
 by every commit (some 20 MB a second at 16 connections), and each commit's fsync,
-an append, had to write the file's size as well. The writer now runs the
-checkpoint between two batches, so the WAL starts over once a second whatever the
-load: a restart is seen in its header's checkpoint counter.
+an append, had to write the file's size as well. The checkpoint thread now copies
+the bulk and the writer the frames left over, between two batches, so the WAL
+starts over once a second whatever the load: a restart is seen in its header's
+checkpoint counter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from agentbox.store.sqlite import SqliteStore
 from tests.store.support import ingest
 
 WRITERS = 8  # requests at once: the writer always has a batch waiting
+MOST_EVENTS = 20_000  # about 6 s of writes here: the code before never got there
 
 
 def restarts_of(wal: Path) -> int:
@@ -31,32 +34,71 @@ def restarts_of(wal: Path) -> int:
     return struct.unpack(">I", header[12:16])[0] if len(header) == 16 else 0
 
 
-def test_the_wal_starts_over_while_commits_keep_coming(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_store, "CHECKPOINT_INTERVAL_SECONDS", 0.05)
-    wal = tmp_path / "agentbox.sqlite3-wal"
+async def write_until_restarted(store: SqliteStore, wal: Path, times: int,
+                                name: str) -> tuple[int, int]:
+    """Ingest from WRITERS tasks at once until the WAL has started over `times` times
+    (or MOST_EVENTS were written): (restarts seen, events written)."""
+    first = restarts_of(wal)
+    seen = {first}
+    written = 0
 
+    async def writer(n: int) -> None:
+        nonlocal written
+        i = 0
+        while len(seen) <= times and written < MOST_EVENTS:
+            await ingest(store, f"{name}-{n}-{i}", max_pending=10**9)
+            written += 1
+            i += 1
+            seen.add(restarts_of(wal))
+
+    await asyncio.wait_for(asyncio.gather(*(writer(n) for n in range(WRITERS))), 120)
+    return len(seen) - 1, written
+
+
+@pytest.fixture
+def quick_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_INTERVAL_SECONDS", 0.05)
+
+
+def test_the_wal_starts_over_while_commits_keep_coming(tmp_path: Path,
+                                                      quick_checkpoints: None) -> None:
     async def scenario() -> tuple[int, int]:
         store = SqliteStore(tmp_path / "agentbox.sqlite3")
         await store.open()
-        seen: set[int] = set()
-        committed = 0
-
-        async def writer(n: int) -> None:
-            nonlocal committed
-            i = 0
-            while len(seen) < 4 and committed < 20_000:  # 4 sequence numbers: 3 restarts
-                await ingest(store, f"w{n}-{i}", max_pending=10**9)
-                committed += 1
-                i += 1
-                seen.add(restarts_of(wal))
-
         try:
-            await asyncio.wait_for(asyncio.gather(*(writer(n) for n in range(WRITERS))), 120)
+            return await write_until_restarted(store, tmp_path / "agentbox.sqlite3-wal", 3,
+                                               "w")
         finally:
             await store.close()
-        return len(seen), committed
 
-    sequence_numbers, committed = asyncio.run(scenario())
-    assert sequence_numbers >= 4, f"{committed} events, the WAL started over " \
-                                  f"{sequence_numbers - 1} times"
+    restarts, written = asyncio.run(scenario())
+    assert restarts >= 3, f"{written} events, the WAL started over {restarts} times"
+
+
+def test_the_wal_starts_over_again_once_a_long_reader_lets_go(tmp_path: Path,
+                                                             quick_checkpoints: None) -> None:
+    """A reader holding an old snapshot (`agentbox verify` beside the server, a
+    backup) keeps every later frame in the WAL; once it ends, checkpoints catch up
+    and the WAL starts over again."""
+    path = tmp_path / "agentbox.sqlite3"
+    wal = tmp_path / "agentbox.sqlite3-wal"
+
+    async def scenario() -> tuple[int, int]:
+        store = SqliteStore(path)
+        await store.open()
+        reader = sqlite3.connect(path, isolation_level=None)
+        try:
+            await ingest(store, "before")
+            reader.execute("BEGIN")
+            assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)
+            for i in range(300):  # a few checkpoint intervals' writes behind the reader
+                await ingest(store, f"pinned-{i}", max_pending=10**9)
+            reader.execute("COMMIT")
+            return await write_until_restarted(store, wal, 2, "after")
+        finally:
+            reader.close()
+            await store.close()
+
+    restarts, written = asyncio.run(scenario())
+    assert restarts >= 2, f"{written} events after the reader, the WAL started over " \
+                          f"{restarts} times"

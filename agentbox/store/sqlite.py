@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
-CHECKPOINT_HANDOVER_SECONDS = 0.1  # the writer idle this long: checkpoint without it
 AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
@@ -238,7 +237,7 @@ class SqliteStore(SqlStore):
         except BaseException:
             conn.close()
             raise
-        # Checkpoints run between batches or on their own thread (below), never
+        # Checkpoints run on their own thread and between batches (below), never
         # inside a commit that requests are waiting for.
         conn.execute("PRAGMA wal_autocheckpoint = 0")
         # A WAL left by a crash is copied back now, before any request waits on the
@@ -255,14 +254,15 @@ class SqliteStore(SqlStore):
         """Copy the WAL back into the database file a second after writes (and not
         at all while nothing is written: an idle process stays asleep).
 
-        The writer does it between two batches, once the first is answered
-        (`_after_batch`), so that no commit lands while it copies: once every
-        frame is copied, the writer's next commit starts the WAL over from its
-        beginning, and the WAL stays small. Run beside a writer that commits
-        without pause, a checkpoint never caught up: the WAL grew by every
-        commit, and every commit's fsync, an append, had to write the file's size
-        too. When the writer is idle (no batch in flight or begun for a moment),
-        the checkpoint runs here, on its own thread (PASSIVE: it blocks nobody).
+        A checkpoint beside a writer that commits without pause never catches up:
+        the frames committed while it copies are left over, and SQLite starts the
+        WAL over only once every frame is copied. Under load the WAL then grew by
+        every commit, and every commit's fsync, an append, had to write the file's
+        size too. So the bulk is copied here, on this thread (PASSIVE: it blocks
+        nobody), and what is left over by the writer between two batches
+        (`_after_batch`), outside any transaction: the frames of the commits that
+        landed meanwhile, or none, and no sync then. The writer's next commit
+        starts the WAL over from its beginning.
         """
         loop = asyncio.get_running_loop()
         conn = await loop.run_in_executor(self._checkpointer, _connect, self.path)
@@ -271,15 +271,8 @@ class SqliteStore(SqlStore):
                 await self._written.wait()
                 await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)  # one for a second's writes
                 self._written.clear()
-                self._checkpoint_due = True  # for the writer, after its next batch
-                await asyncio.sleep(CHECKPOINT_HANDOVER_SECONDS)
-                while self._checkpoint_due and self._settling:  # a batch in flight: its
-                    await asyncio.sleep(CHECKPOINT_HANDOVER_SECONDS)  # end takes it
-                if self._checkpoint_due:  # no batch since: the writer is idle
-                    self._checkpoint_due = False
-                    with contextlib.suppress(sqlite3.Error):  # busy or failing: next time
-                        await loop.run_in_executor(
-                            self._checkpointer, conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
+                await loop.run_in_executor(self._checkpointer, _checkpoint, conn)
+                self._checkpoint_due = True  # the rest, after the writer's next batch
         finally:
             await asyncio.shield(loop.run_in_executor(self._checkpointer, conn.close))
 
@@ -342,14 +335,13 @@ class SqliteStore(SqlStore):
         return results
 
     async def _after_batch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A due checkpoint, on the writer's thread: the next batch waits for it
-        (some 5 to 20 ms a second under load on the machine of the README). One
-        writer (`writers = 1`): no other batch commits meanwhile."""
+        """The rest of a checkpoint, on the writer's thread: the frames committed
+        while the checkpoint thread copied the bulk. The next batch waits for it
+        (under load on the machine of the README, a few milliseconds once a
+        second). One writer (`writers = 1`): no commit lands meanwhile."""
         if self._checkpoint_due and self._conn is not None:
             self._checkpoint_due = False
-            with contextlib.suppress(sqlite3.Error):  # busy or failing: next time
-                await loop.run_in_executor(self._executor, self._conn.execute,
-                                           "PRAGMA wal_checkpoint(PASSIVE)")
+            await loop.run_in_executor(self._executor, _checkpoint, self._conn)
 
     async def _abandon(self) -> None:
         _rollback(self._conn)
@@ -501,6 +493,12 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     portable.make_sqlite_durable(conn)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    """Copy what it can of the WAL into the database file, waiting for nobody."""
+    with contextlib.suppress(sqlite3.Error):  # busy or failing: the next one
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 def _rollback(conn: sqlite3.Connection | None) -> None:

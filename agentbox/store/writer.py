@@ -108,7 +108,6 @@ class GroupCommit(abc.ABC):
         self._wake = asyncio.Event()
         self._impatient = asyncio.Event()  # an operation that is not patient is queued
         self._event_answered_at = float("-inf")  # the last event's answer (loop time)
-        self._settling: set[asyncio.Task[None]] = set()  # batches being committed
         self._writer_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -148,7 +147,7 @@ class GroupCommit(abc.ABC):
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.writers)
-        running = self._settling
+        running: set[asyncio.Task[None]] = set()
 
         def done(task: asyncio.Task[None]) -> None:
             running.discard(task)

@@ -41,6 +41,12 @@ from tests.store.support import (
 # wait so that only what they check can end it, on a machine however busy.
 
 
+def lingering(store: Store, seconds: float, window: float) -> None:
+    """Set the writer's wait for company, and the window after an event it waits in."""
+    store.linger_seconds = seconds  # type: ignore[attr-defined]
+    store.linger_window_seconds = window  # type: ignore[attr-defined]
+
+
 def batches_of(store: Store) -> list[int]:
     """Record the size of every batch the store commits from now on."""
     sizes: list[int] = []
@@ -57,7 +63,7 @@ def batches_of(store: Store) -> list[int]:
 @async_test
 async def test_an_outcome_shares_the_next_events_commit(store: Store, aio: Any) -> None:
     run = await ingest_and_claim(store, "e1")
-    store.linger_seconds, store.linger_window_seconds = 60.0, 60.0  # type: ignore[attr-defined]
+    lingering(store, 60.0, 60.0)
     sizes = batches_of(store)
     finishing = asyncio.ensure_future(store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2))
     await asyncio.sleep(0.2)  # long enough for its own commit, had it not waited
@@ -69,11 +75,14 @@ async def test_an_outcome_shares_the_next_events_commit(store: Store, aio: Any) 
     assert await status_of(store, run.run_id) == "succeeded"
 
 
+@pytest.mark.parametrize(("window", "pause"), [(0.0, 0.0), (0.05, 0.2)],
+                         ids=["no_window", "event_answered_before_the_window"])
 @async_test
-async def test_an_outcome_waits_for_no_event_when_none_came_lately(store: Store,
-                                                                     aio: Any) -> None:
+async def test_an_outcome_waits_for_no_event_when_none_came_lately(
+        store: Store, aio: Any, window: float, pause: float) -> None:
     run = await ingest_and_claim(store, "e1")
-    store.linger_seconds, store.linger_window_seconds = 60.0, 0.0  # type: ignore[attr-defined]
+    lingering(store, 60.0, window)
+    await asyncio.sleep(pause)  # the event's answer is older than the window now
     transition = await asyncio.wait_for(
         store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2), 10)
     assert transition is not None and await status_of(store, run.run_id) == "succeeded"
@@ -82,7 +91,7 @@ async def test_an_outcome_waits_for_no_event_when_none_came_lately(store: Store,
 @async_test
 async def test_an_outcome_alone_commits_after_the_linger(store: Store, aio: Any) -> None:
     run = await ingest_and_claim(store, "e1")
-    store.linger_seconds, store.linger_window_seconds = 0.3, 60.0  # type: ignore[attr-defined]
+    lingering(store, 0.3, 60.0)
     started = time.monotonic()
     transition = await asyncio.wait_for(
         store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2), 10)
@@ -96,7 +105,7 @@ async def test_a_claim_ends_an_outcomes_wait(store: Store, aio: Any) -> None:
     and takes the waiting outcome with it."""
     first = await ingest_and_claim(store, "e1")
     await ingest(store, "e2")
-    store.linger_seconds, store.linger_window_seconds = 60.0, 60.0  # type: ignore[attr-defined]
+    lingering(store, 60.0, 60.0)
     sizes = batches_of(store)
     finishing = asyncio.ensure_future(store.finish(first.run_id, "w1", 1, SUCCEEDED, T0 + 2))
     await asyncio.sleep(0.2)
@@ -107,20 +116,9 @@ async def test_a_claim_ends_an_outcomes_wait(store: Store, aio: Any) -> None:
 
 
 @async_test
-async def test_an_outcome_does_not_wait_long_after_the_last_event(store: Store,
-                                                                   aio: Any) -> None:
-    run = await ingest_and_claim(store, "e1")
-    store.linger_seconds, store.linger_window_seconds = 60.0, 0.05  # type: ignore[attr-defined]
-    await asyncio.sleep(0.2)  # the event's answer is older than the window now
-    transition = await asyncio.wait_for(
-        store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2), 10)
-    assert transition is not None and await status_of(store, run.run_id) == "succeeded"
-
-
-@async_test
 async def test_closing_commits_a_waiting_outcome_at_once(store: Store, aio: Any) -> None:
     run = await ingest_and_claim(store, "e1")
-    store.linger_seconds, store.linger_window_seconds = 60.0, 60.0  # type: ignore[attr-defined]
+    lingering(store, 60.0, 60.0)
     finishing = asyncio.ensure_future(store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2))
     await asyncio.sleep(0.2)
     assert not finishing.done()

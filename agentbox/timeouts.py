@@ -42,21 +42,17 @@ class _Resumed(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         steps, waits_on = self._steps, self._waits_on
-        while True:
-            try:
-                yield waits_on
-            except GeneratorExit:
-                steps.close()
-                raise
-            except BaseException as exc:  # a cancellation, the timeout's among them
+        try:
+            while True:
                 try:
+                    yield waits_on
+                except GeneratorExit:
+                    steps.close()
+                    raise
+                except BaseException as exc:  # a cancellation, the timeout's among them
                     waits_on = steps.throw(exc)
-                except StopIteration as done:
-                    value: T = done.value
-                    return value
-            else:
-                try:
+                else:
                     waits_on = steps.send(None)
-                except StopIteration as done:
-                    value = done.value
-                    return value
+        except StopIteration as done:  # the awaitable returned
+            value: T = done.value
+            return value

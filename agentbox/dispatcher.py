@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentbox import logs
 from agentbox.agents import (
     AgentContext,
     AgentRegistry,
@@ -457,7 +458,7 @@ class Dispatcher:
 
     def _announce(self, transition: Transition, **timings: Any) -> None:
         if log.isEnabledFor(logging.INFO):  # else not even the fields are gathered
-            log.info("run state changed", extra={
+            logs.info(log, "run state changed", {
                 "event_id": transition.event_id, "run_id": transition.run_id,
                 "event_type": transition.event_type, "source": transition.source,
                 "agent": transition.agent, "status": transition.status,

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 LOGGER_NAME = "agentbox"
@@ -20,23 +21,85 @@ class JsonFormatter(logging.Formatter):
         self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
-        if second != self._second:  # at INFO a busy server logs many lines a second
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        line: dict[str, Any] = {
-            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
+        line = self.head(record.created, record.levelname.lower(), record.name,
+                         record.getMessage())
         line.update({k: v for k, v in vars(record).items() if k not in _RESERVED})
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return _ENCODER.encode(line)
 
+    def head(self, created: float, level: str, logger: str, msg: str) -> dict[str, Any]:
+        """A line's first fields; its own follow them."""
+        second = int(created)
+        if second != self._second:  # at INFO a busy server logs many lines a second
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        # The milliseconds as a LogRecord's `msecs`.
+        msecs = int((created - second) * 1000)
+        return {"ts": f"{self._stamp}.{msecs:03d}Z", "level": level, "logger": logger,
+                "msg": msg}
+
 
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=True)  # as json.dumps(default=str)
+
+
+class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler `setup_logging` installs: a JSON line per record, and `write`
+    for the lines that `info` writes without a record."""
+
+    formatter: JsonFormatter
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(JsonFormatter())
+
+    def write(self, logger: str, msg: str, fields: Mapping[str, Any]) -> None:
+        """The line `logger.info(msg, extra=fields)` would write through this handler."""
+        try:
+            line = self.formatter.head(time.time(), "info", logger, msg)
+            line.update(fields)
+            text = _ENCODER.encode(line) + self.terminator
+            with self.lock:  # type: ignore[union-attr]
+                self.stream.write(text)
+                self.stream.flush()
+        except Exception:  # as a handler does: say so on stderr, never raise to the caller
+            self.handleError(logging.makeLogRecord({"name": logger, "msg": msg}))
+
+
+def info(logger: logging.Logger, msg: str, fields: Mapping[str, Any]) -> None:
+    """`logger.info(msg, extra=fields)`, for the lines a request logs at INFO.
+
+    When `setup_logging`'s handler is the only one listening (no other handler, no
+    filter anywhere on the way), it writes the line itself: the same bytes,
+    without the LogRecord and the handling the logging module does for every
+    handler's sake, most of a line's cost (about 27 µs of 30). Anything else
+    (a test's capture, an added handler or filter) gets the record as usual.
+    """
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_handler(logger)
+    if handler is None:
+        logger.info(msg, extra=dict(fields))
+    else:
+        handler.write(logger.name, msg, fields)
+
+
+def _sole_handler(logger: logging.Logger) -> JsonLines | None:
+    """The `JsonLines` handler that alone would handle an INFO record of `logger`."""
+    found: JsonLines | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters or current.disabled:
+            return None
+        for handler in current.handlers:
+            if found is not None or type(handler) is not JsonLines or handler.filters or (
+                    handler.level > logging.INFO):
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found
 
 
 def setup_logging(level: str = "info") -> None:
@@ -46,8 +109,7 @@ def setup_logging(level: str = "info") -> None:
     # Nor the caller's file and line: setting _srcfile to None is the logging module's
     # own documented way to skip walking the stack for them.
     logging._srcfile = None
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler = JsonLines()
     root = logging.getLogger(LOGGER_NAME)
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

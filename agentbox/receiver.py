@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from agentbox import logs
 from agentbox.agents import AgentRegistry
 from agentbox.callbacks import DestinationPolicy
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
@@ -255,7 +256,7 @@ class Receiver:
             result = ingest.result()
             env = event.envelope
             if log.isEnabledFor(logging.INFO):
-                log.info("event duplicate" if result.duplicate else "event accepted", extra={
+                logs.info(log, "event duplicate" if result.duplicate else "event accepted", {
                     "event_id": env.event_id, "event_type": env.event_type,
                     "source": env.source, "run_ids": [run.run_id for run in result.runs]})
             if result.duplicate:

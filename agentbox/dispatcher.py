@@ -50,6 +50,7 @@ from agentbox.store import (
 from agentbox.timeouts import within
 
 log = get_logger("runs")
+agent_log = get_logger("agent")  # what agents log through their context
 # Idle, the claim loop sleeps until the next retry or lease end it knows of, or until
 # woken (a commit, a finishing run, another instance's notice). The longest sleep is a
 # net for what no wake-up reports: on a shared database, another instance's runs (a
@@ -265,7 +266,7 @@ class Dispatcher:
             run_id=claimed.run_id,
             attempt=claimed.attempt,
             agent=claimed.agent,
-            log=logging.LoggerAdapter(get_logger("agent"), {
+            log=logging.LoggerAdapter(agent_log, {
                 "run_id": claimed.run_id, "agent": claimed.agent,
                 "event_id": claimed.event_id, "attempt": claimed.attempt}),
             settings=self.settings,

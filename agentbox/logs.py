@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -45,13 +46,22 @@ _ENCODER = json.JSONEncoder(default=str, ensure_ascii=True)  # as json.dumps(def
 
 class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler `setup_logging` installs: a JSON line per record, and `write`
-    for the lines that `info` writes without a record."""
+    for the lines that `info` writes without a record.
+
+    The lines `write` is given on the event loop's thread go out together once
+    the loop's turn is over: one system call for all of them, where each line
+    was one (stderr writes every line as it comes), several per request under
+    load. A record handled meanwhile (any thread) writes them first, so the
+    order stays; `flush` (at exit too, by the logging module) writes them; a
+    process killed outright loses the lines of that one turn.
+    """
 
     formatter: JsonFormatter
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
         self.setFormatter(JsonFormatter())
+        self._pending: list[str] = []  # written once the loop's turn is over
 
     def write(self, logger: str, msg: str, fields: Mapping[str, Any]) -> None:
         """The line `logger.info(msg, extra=fields)` would write through this handler."""
@@ -59,11 +69,44 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
             line = self.formatter.head(time.time(), "info", logger, msg)
             line.update(fields)
             text = _ENCODER.encode(line) + self.terminator
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not on a loop's thread: at once
+                loop = None
             with self.lock:  # type: ignore[union-attr]
-                self.stream.write(text)
-                self.stream.flush()
+                if loop is None:
+                    self._write_pending()
+                    self.stream.write(text)
+                    self.stream.flush()
+                    return
+                if not self._pending:
+                    loop.call_soon(self._turn_over)
+                self._pending.append(text)
         except Exception:  # as a handler does: say so on stderr, never raise to the caller
             self.handleError(logging.makeLogRecord({"name": logger, "msg": msg}))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.lock:  # type: ignore[union-attr]  # (an RLock: emit's own takes it again)
+            self._write_pending()
+            super().emit(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_pending()
+            super().flush()
+
+    def _turn_over(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # as a handler does: say so on stderr, never raise in the loop
+            self.handleError(logging.makeLogRecord({"name": LOGGER_NAME,
+                                                    "msg": "writing log lines failed"}))
+
+    def _write_pending(self) -> None:
+        if self._pending:
+            text, self._pending = "".join(self._pending), []
+            self.stream.write(text)
+            self.stream.flush()
 
 
 def info(logger: logging.Logger, msg: str, fields: Mapping[str, Any]) -> None:

@@ -4,17 +4,23 @@ hands the record to the logging module whenever anything else listens."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentbox import logs
+from tests.conftest import ROOT
 
 NAMES = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
 
@@ -30,10 +36,31 @@ def stderr(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     monkeypatch.setattr("sys.stderr", buffer)
     logs.setup_logging("info")
     yield buffer
+    alone()  # (pytest's own, once more, before they are restored)
     for name, (handlers, level, propagate, filters) in saved.items():
         logger = logging.getLogger(name)
         logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
         logger.filters[:] = filters
+
+
+def alone() -> None:
+    """The handler `setup_logging` installed, without the capture handlers pytest
+    attaches, for each test, to every logger that does not propagate."""
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    logger.handlers[:] = [h for h in logger.handlers if isinstance(h, logs.JsonLines)]
+
+
+def records_made(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
+    """Every LogRecord made from now on."""
+    made: list[logging.LogRecord] = []
+    factory = logging.getLogRecordFactory()
+
+    def counted(*args: object, **kwargs: object) -> logging.LogRecord:
+        made.append(factory(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(logging, "_logRecordFactory", counted)
+    return made
 
 
 def lines(buffer: io.StringIO) -> list[str]:
@@ -47,10 +74,14 @@ FIELDS = {"event_id": "ev-1", "run_id": "run_1", "event_type": "session.exported
           "error_code": None, "run_ids": ["run_1", "run_2"], "duration_ms": 1.5}
 
 
-def test_the_direct_line_is_the_logging_modules_line(stderr: io.StringIO) -> None:
+def test_the_direct_line_is_the_logging_modules_line(stderr: io.StringIO,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    alone()
     log = logs.get_logger("runs")
     log.info("run state changed", extra=FIELDS)
+    made = records_made(monkeypatch)
     logs.info(log, "run state changed", FIELDS)
+    assert made == []  # written without a record
     through_logging, direct = lines(stderr)
     # The same bytes after the timestamp: same fields, same order, same escaping.
     stamp = re.compile(r'^\{"ts": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", ')
@@ -93,6 +124,7 @@ def not_attempt_2(record: logging.LogRecord) -> bool:
 @pytest.mark.parametrize("where", ["beside", "on the child logger", "logger filter",
                                    "handler filter"])
 def test_anything_else_listening_gets_the_record(stderr: io.StringIO, where: str) -> None:
+    alone()
     log = logs.get_logger("runs")
     handler = logging.getLogger(logs.LOGGER_NAME).handlers[0]
     kept = Kept()
@@ -120,6 +152,7 @@ def test_anything_else_listening_gets_the_record(stderr: io.StringIO, where: str
 
 
 def test_nothing_below_the_level(stderr: io.StringIO) -> None:
+    alone()
     logging.getLogger(logs.LOGGER_NAME).setLevel(logging.WARNING)
     logs.info(logs.get_logger("runs"), "run state changed", FIELDS)
     assert stderr.getvalue() == ""
@@ -135,3 +168,65 @@ def test_without_setup_the_logging_module_decides() -> None:
     logs.info(log, "event accepted", {"event_id": "e"})
     assert [(r.getMessage(), r.event_id) for r in kept.records] == [  # type: ignore[attr-defined]
         ("event accepted", "e")]
+
+
+class Writes(io.StringIO):
+    """A stream that counts its writes (each one a system call on stderr)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_the_lines_of_one_loop_turn_go_out_in_one_write(stderr: io.StringIO) -> None:
+    alone()
+    handler = logging.getLogger(logs.LOGGER_NAME).handlers[0]
+    stream = Writes()
+    handler.setStream(stream)  # type: ignore[attr-defined]
+    log = logs.get_logger("runs")
+
+    async def turn() -> list[int]:
+        for attempt in (1, 2, 3):
+            logs.info(log, "run state changed", FIELDS | {"attempt": attempt})
+        before = stream.writes
+        await asyncio.sleep(0)  # the turn is over
+        return [before, stream.writes]
+
+    assert asyncio.run(turn()) == [0, 1]
+    assert [json.loads(line)["attempt"] for line in lines(stream)] == [1, 2, 3]
+
+
+def test_a_record_between_keeps_the_order(stderr: io.StringIO) -> None:
+    alone()
+    log = logs.get_logger("runs")
+
+    async def turn() -> None:
+        logs.info(log, "run state changed", FIELDS | {"attempt": 1})
+        log.warning("through the logging module", extra={"attempt": 2})
+        logs.info(log, "run state changed", FIELDS | {"attempt": 3})
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    assert [json.loads(line)["attempt"] for line in lines(stderr)] == [1, 2, 3]
+
+
+def test_lines_still_pending_are_written_at_exit(tmp_path: Path) -> None:
+    """The process ends in the turn that logged: the logging module's flush at exit
+    writes what waited for the turn's end."""
+    script = ("import asyncio, logging\n"
+              "from agentbox import logs\n"
+              "logs.setup_logging('info')\n"
+              "async def main():\n"
+              "    logs.info(logs.get_logger('runs'), 'last words', {'n': 1})\n"
+              "    asyncio.get_running_loop().stop()  # before the turn's end\n"
+              "loop = asyncio.new_event_loop()\n"
+              "loop.create_task(main())\n"
+              "loop.run_forever()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["msg"] for line in done.stderr.splitlines()] == ["last words"]

@@ -82,7 +82,9 @@ def write_events(work: Path, name: str, count: int) -> Path:
 class Server:
     log_level = "warning"  # agentbox's (--log-level); the default configuration's is info
 
-    def __init__(self, kind: str, data_dir: Path, database_url: str | None = None) -> None:
+    def __init__(self, kind: str, data_dir: Path, database_url: str | None = None,
+                 floor: str = "") -> None:
+        """`floor`: agentbox with parts taken out (bench_floor.py; scripts/floors)."""
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -98,13 +100,15 @@ class Server:
             "AGENTBOX_MAX_PENDING": "10000000",
             "AGENTBOX_LOG_LEVEL": self.log_level,
             **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
+            "BENCH_FLOOR": floor,
         }
         if kind == "ceiling":
             cmd = [sys.executable, "-m", "uvicorn", "bench_apps:ceiling_app", "--host",
                    "127.0.0.1", "--port", str(self.port), "--loop", "uvloop", "--http",
                    "httptools", "--no-access-log", "--log-level", "warning"]
         else:
-            cmd = [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)]
+            cmd = [sys.executable, "-m", "bench_floor" if floor else "agentbox", "serve",
+                   "--port", str(self.port)]
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(data_dir / f"{kind}.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log,

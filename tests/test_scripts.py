@@ -139,3 +139,34 @@ def test_the_benchmark_seeds_a_store_of_the_current_schema(tmp_path: Path) -> No
             [sys.executable, "-m", "agentbox", "verify", "--data-dir", str(tmp_path / name)],
             capture_output=True, text=True, timeout=60)
         assert checked.returncode == 0 and checked.stdout.strip().endswith(": ok"), checked
+
+
+def test_a_floor_server_answers_without_the_parts_it_takes_out(tmp_path: Path) -> None:
+    """scripts/floors measures agentbox with parts taken out (bench_floor.py): the
+    server must still answer every event 202, and what was taken out must be gone:
+    with no SQL the store holds no event, with no runs none is claimed."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench
+        import bench_floor
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    with pytest.raises(SystemExit, match="unknown"):
+        bench_floor.take_out({"no-fsync"})
+    events = bench.write_events(tmp_path, "floor", 20)
+    for floor, events_stored in (("no-sql,no-runs", 0), ("no-runs", 20)):
+        server = bench.Server("agentbox", tmp_path / floor, floor=floor)
+        try:
+            answered = [httpx.post(f"{server.url}/webhooks/events", content=body, headers={
+                "Content-Type": "application/json", "X-Webhook-Timestamp": ts,
+                "X-Webhook-Signature": signature}).status_code
+                for ts, signature, body in (line.split("\t", 2) for line in
+                                            events.read_text().splitlines())]
+        finally:
+            server.stop()
+        assert answered == [202] * 20, floor
+        rows = bench.store_rows(tmp_path / floor, None, "SELECT count(*) FROM events", ())
+        statuses = bench.store_rows(tmp_path / floor, None,
+                                    "SELECT DISTINCT status FROM runs", ())
+        assert rows[0][0] == events_stored, floor
+        assert [tuple(row) for row in statuses] == ([("accepted",)] if events_stored else [])

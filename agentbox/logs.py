@@ -13,13 +13,14 @@ from typing import Any
 
 LOGGER_NAME = "agentbox"
 _RESERVED = set(vars(logging.makeLogRecord({})))
+_REFUSED = frozenset(_RESERVED | {"message", "asctime"})  # as fields (`extra`)
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
-        self._second = -1  # the second `_stamp` holds the text of
-        self._stamp = ""
+        # A second and its text, replaced as one (lines are formatted on any thread).
+        self._stamped = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
         line = self.head(record.created, record.levelname.lower(), record.name,
@@ -32,13 +33,13 @@ class JsonFormatter(logging.Formatter):
     def head(self, created: float, level: str, logger: str, msg: str) -> dict[str, Any]:
         """A line's first fields; its own follow them."""
         second = int(created)
-        if second != self._second:  # at INFO a busy server logs many lines a second
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        stamped_second, stamp = self._stamped
+        if second != stamped_second:  # at INFO a busy server logs many lines a second
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._stamped = (second, stamp)
         # The milliseconds as a LogRecord's `msecs`.
         msecs = int((created - second) * 1000)
-        return {"ts": f"{self._stamp}.{msecs:03d}Z", "level": level, "logger": logger,
-                "msg": msg}
+        return {"ts": f"{stamp}.{msecs:03d}Z", "level": level, "logger": logger, "msg": msg}
 
 
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=True)  # as json.dumps(default=str)
@@ -62,6 +63,7 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(sys.stderr)
         self.setFormatter(JsonFormatter())
         self._pending: list[str] = []  # written once the loop's turn is over
+        self._turn_loop: asyncio.AbstractEventLoop | None = None  # ... that loop's
 
     def write(self, logger: str, msg: str, fields: Mapping[str, Any]) -> None:
         """The line `logger.info(msg, extra=fields)` would write through this handler."""
@@ -79,15 +81,21 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
                     self.stream.write(text)
                     self.stream.flush()
                     return
-                if not self._pending:
+                # (A loop closed before its turn was over never writes: the next
+                # loop's turn does.)
+                if not self._pending or loop is not self._turn_loop:
                     loop.call_soon(self._turn_over)
+                    self._turn_loop = loop
                 self._pending.append(text)
         except Exception:  # as a handler does: say so on stderr, never raise to the caller
             self.handleError(logging.makeLogRecord({"name": logger, "msg": msg}))
 
     def emit(self, record: logging.LogRecord) -> None:
         with self.lock:  # type: ignore[union-attr]  # (an RLock: emit's own takes it again)
-            self._write_pending()
+            try:
+                self._write_pending()
+            except Exception:  # as emit does: say so on stderr, never raise to the caller
+                self.handleError(record)
             super().emit(record)
 
     def flush(self) -> None:
@@ -101,6 +109,10 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # as a handler does: say so on stderr, never raise in the loop
             self.handleError(logging.makeLogRecord({"name": LOGGER_NAME,
                                                     "msg": "writing log lines failed"}))
+
+    def _at_fork_reinit(self) -> None:
+        super()._at_fork_reinit()  # type: ignore[misc]  # (logging's, not in its stubs)
+        self._pending = []  # the parent writes them
 
     def _write_pending(self) -> None:
         if self._pending:
@@ -121,7 +133,8 @@ def info(logger: logging.Logger, msg: str, fields: Mapping[str, Any]) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
     handler = _sole_handler(logger)
-    if handler is None:
+    # A field named as a record's attribute: the logging module refuses it (KeyError).
+    if handler is None or not _REFUSED.isdisjoint(fields):
         logger.info(msg, extra=dict(fields))
     else:
         handler.write(logger.name, msg, fields)
@@ -135,8 +148,9 @@ def _sole_handler(logger: logging.Logger) -> JsonLines | None:
         if current.filters or current.disabled:
             return None
         for handler in current.handlers:
-            if found is not None or type(handler) is not JsonLines or handler.filters or (
-                    handler.level > logging.INFO):
+            if (found is not None or type(handler) is not JsonLines or handler.filters
+                    or handler.level > logging.INFO
+                    or type(handler.formatter) is not JsonFormatter):
                 return None
             found = handler
         if not current.propagate:
@@ -157,7 +171,9 @@ def setup_logging(level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-    for name in ("uvicorn", "uvicorn.error"):
+    # asyncio's own (an exception no task retrieved, a slow callback): JSON lines too,
+    # in order with the rest, not plain text from the logging module's last resort.
+    for name in ("uvicorn", "uvicorn.error", "asyncio"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.propagate = False

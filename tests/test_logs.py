@@ -230,3 +230,65 @@ def test_lines_still_pending_are_written_at_exit(tmp_path: Path) -> None:
                           timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["msg"] for line in done.stderr.splitlines()] == ["last words"]
+
+
+class Broken(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_stream_that_fails_never_raises_to_the_caller(
+        stderr: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines pending when a record comes, and the stream gone (the log's reader
+    died): the logging module's way, a report on stderr, never an exception."""
+    alone()
+    handler = logging.getLogger(logs.LOGGER_NAME).handlers[0]
+    handler.setStream(Broken())  # type: ignore[attr-defined]
+    reported: list[str] = []
+    monkeypatch.setattr(handler, "handleError", lambda record: reported.append(record.msg))
+    log = logs.get_logger("runs")
+
+    async def turn() -> None:
+        logs.info(log, "run state changed", FIELDS)
+        log.warning("ALERT: a run was dead-lettered")  # writes the pending line first
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    assert reported == ["ALERT: a run was dead-lettered", "ALERT: a run was dead-lettered"]
+
+
+def test_a_loop_closed_before_its_turn_was_over_holds_nothing_up(stderr: io.StringIO) -> None:
+    alone()
+    log = logs.get_logger("runs")
+    first = asyncio.new_event_loop()
+
+    async def log_then_stop() -> None:
+        logs.info(log, "run state changed", FIELDS | {"attempt": 1})
+        asyncio.get_running_loop().stop()  # the turn's write never runs
+
+    task = first.create_task(log_then_stop())
+    first.run_forever()
+    first.close()
+    assert task.done()
+
+    async def turn() -> None:
+        logs.info(log, "run state changed", FIELDS | {"attempt": 2})
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    assert [json.loads(line)["attempt"] for line in lines(stderr)] == [1, 2]
+
+
+@pytest.mark.parametrize("field", ["message", "name", "msg", "asctime"])
+def test_a_field_the_logging_module_refuses_is_refused(stderr: io.StringIO, field: str) -> None:
+    alone()
+    with pytest.raises(KeyError, match=f"overwrite {field!r}|{field}"):
+        logs.info(logs.get_logger("runs"), "run state changed", {field: "x"})
+
+
+def test_another_formatter_gets_the_record(stderr: io.StringIO) -> None:
+    alone()
+    handler = logging.getLogger(logs.LOGGER_NAME).handlers[0]
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s %(run_id)s"))
+    logs.info(logs.get_logger("runs"), "run state changed", FIELDS)
+    assert lines(stderr) == ["INFO run state changed run_1"]

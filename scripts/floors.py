@@ -69,8 +69,8 @@ def main() -> None:
         for r in range(args.rounds):
             ceiling = measure("ceiling", work, f"ceiling-{r}", "", connections, args.duration)
             for label, floor in FLOORS.items():
-                got = measure("agentbox", work, f"{floor or 'whole'}-{r}", floor, connections,
-                              args.duration)
+                name = floor.replace(",", "-") or "whole"  # an event id takes no comma
+                got = measure("agentbox", work, f"{name}-{r}", floor, connections, args.duration)
                 for c in connections:
                     rows.append({"round": r, "floor": label, "connections": c, **got[c],
                                  "ratio": got[c]["per_second"] / ceiling[c]["per_second"],

@@ -80,7 +80,7 @@ def write_events(work: Path, name: str, count: int) -> Path:
 
 
 class Server:
-    log_level = "warning"  # agentbox's (--log-level); the default configuration's is info
+    log_level = "info"  # agentbox's (--log-level): the default configuration's
 
     def __init__(self, kind: str, data_dir: Path, database_url: str | None = None,
                  floor: str = "") -> None:
@@ -611,8 +611,10 @@ def main() -> None:
     parser.add_argument("--mix-minutes", type=float, default=10,
                         help="ingest latency while a mix this long is analysed (0: skip)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
-    parser.add_argument("--log-level", default="warning",
-                        help="agentbox's AGENTBOX_LOG_LEVEL (info: the default configuration's)")
+    parser.add_argument("--log-level", default="info",
+                        help="agentbox's AGENTBOX_LOG_LEVEL (default info: the default "
+                             "configuration's, what users get; warning leaves the log lines "
+                             "out)")
     parser.add_argument("--database-url", default=None, metavar="URL",
                         help="also measure PostgreSQL: a server whose user may CREATE DATABASE "
                              "(each phase gets a fresh database, dropped after)")

@@ -13,8 +13,10 @@ checkpoint counter.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,51 @@ def test_the_wal_starts_over_again_once_a_long_reader_lets_go(tmp_path: Path,
     restarts, written = asyncio.run(scenario())
     assert restarts >= 2, f"{written} events after the reader, the WAL started over " \
                           f"{restarts} times"
+
+
+def test_a_wal_held_by_a_reader_is_said_and_cut_back_after(
+        tmp_path: Path, quick_checkpoints: None, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A reader that never lets go (another program with the database open in a
+    transaction) would keep the WAL growing without a word: the log says so once,
+    and once the reader has gone, that the WAL starts over again; the file is cut
+    back to the limit (journal_size_limit) instead of keeping its largest size."""
+    limit = 4 * 1024 * 1024
+    monkeypatch.setattr(sqlite_store, "WAL_WARN_BYTES", limit)
+    caplog.set_level(logging.INFO, logger="agentbox.store")
+    path = tmp_path / "agentbox.sqlite3"
+    wal = tmp_path / "agentbox.sqlite3-wal"
+
+    def said(text: str) -> int:
+        return sum(text in record.getMessage() for record in caplog.records)
+
+    async def write_until(done: Callable[[], bool], name: str) -> None:
+        for i in range(MOST_EVENTS):
+            if done():
+                return
+            await ingest(store, f"{name}-{i}", max_pending=10**9)
+        raise AssertionError(f"not after {MOST_EVENTS} events: {name}")
+
+    async def scenario() -> None:
+        nonlocal store
+        store = SqliteStore(path)
+        await store.open()
+        reader = sqlite3.connect(path, isolation_level=None)
+        try:
+            await ingest(store, "before")
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM events").fetchone()
+            await write_until(lambda: said("the WAL cannot start over") > 0, "held")
+            assert wal.stat().st_size > limit
+            reader.execute("COMMIT")
+            await write_until(lambda: said("the WAL starts over again") > 0, "freed")
+            await write_until(lambda: wal.stat().st_size <= limit, "cut back")
+        finally:
+            reader.close()
+            await store.close()
+
+    store: SqliteStore
+    asyncio.run(scenario())
+    assert said("the WAL cannot start over") == 1  # once, not every second
+    warning = next(r for r in caplog.records if "cannot start over" in r.getMessage())
+    assert warning.levelno == logging.WARNING and warning.wal_bytes > limit  # type: ignore[attr-defined]

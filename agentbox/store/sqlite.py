@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
+# A WAL that grew past this size without starting over (under load it starts over
+# every second, at some 25 MB at most): something holds it, said in the log. After a
+# start-over SQLite also cuts the file back to this size (journal_size_limit).
+WAL_WARN_BYTES = 64 * 1024 * 1024
+WAL_HELD_CHECKS = 3  # ... and has not started over in this many checkpoints
 AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
@@ -170,6 +175,10 @@ class SqliteStore(SqlStore):
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._written = asyncio.Event()  # a commit changed rows since the last checkpoint
         self._checkpoint_due = False
+        self._wal_held = False  # said in the log: the WAL cannot start over
+        self._wal_frames = 0  # in the WAL at the last checkpoint
+        self._wal_growing = 0  # checkpoints since it last started over
+        self._page_size = 4096  # the database's, read at open
         self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
 
@@ -245,6 +254,8 @@ class SqliteStore(SqlStore):
         with contextlib.suppress(sqlite3.Error):  # busy or failing: the next one
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_WARN_BYTES}")
+        self._page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         self._conn = conn
         self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL["count_active"]).fetchone()[0]
@@ -271,10 +282,43 @@ class SqliteStore(SqlStore):
                 await self._written.wait()
                 await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)  # one for a second's writes
                 self._written.clear()
-                await loop.run_in_executor(self._checkpointer, _checkpoint, conn)
+                self._watch_wal(await loop.run_in_executor(self._checkpointer, _checkpoint,
+                                                           conn))
                 self._checkpoint_due = True  # the rest, after the writer's next batch
         finally:
             await asyncio.shield(loop.run_in_executor(self._checkpointer, conn.close))
+
+    def _watch_wal(self, checkpointed: tuple[int, int, int] | None) -> None:
+        """Say so in the log when the WAL has not started over for a while, and when
+        it did again.
+
+        Without a reader in the way the WAL starts over every checkpoint interval.
+        A reader that holds an old snapshot (another program with the database open
+        in a transaction, a backup) keeps every later frame in it: the file then
+        grows by every commit, and so does each reader's work, for as long as it
+        holds on. `checkpointed`: the checkpoint's (busy, frames in the WAL,
+        frames copied back), None if it failed."""
+        if checkpointed is None:
+            return
+        frames = checkpointed[1]
+        before, self._wal_frames = self._wal_frames, frames
+        if frames < before:  # it started over since the last look
+            self._wal_growing = 0
+            if self._wal_held:
+                self._wal_held = False
+                log.info("the WAL starts over again", extra={"database": str(self.path)})
+            return
+        if frames == before:
+            return
+        self._wal_growing += 1
+        size = frames * self._page_size
+        if (not self._wal_held and self._wal_growing >= WAL_HELD_CHECKS
+                and size > WAL_WARN_BYTES):
+            self._wal_held = True
+            log.warning("the WAL cannot start over: a reader holds an old snapshot of "
+                        "the database (another program with it open in a transaction, "
+                        "a backup?); it grows by every write until the reader ends",
+                        extra={"database": str(self.path), "wal_bytes": size})
 
     # -- the writer -----------------------------------------------------------------
 
@@ -495,10 +539,14 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    """Copy what it can of the WAL into the database file, waiting for nobody."""
-    with contextlib.suppress(sqlite3.Error):  # busy or failing: the next one
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int] | None:
+    """Copy what it can of the WAL into the database file, waiting for nobody: (busy,
+    frames in the WAL, frames copied back), or None if it failed."""
+    try:
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error:  # busy or failing: the next one
+        return None
+    return busy, frames, copied
 
 
 def _rollback(conn: sqlite3.Connection | None) -> None:

@@ -152,3 +152,22 @@ def test_a_wal_held_by_a_reader_is_said_and_cut_back_after(
     assert said("the WAL cannot start over") == 1  # once, not every second
     warning = next(r for r in caplog.records if "cannot start over" in r.getMessage())
     assert warning.levelno == logging.WARNING and warning.wal_bytes > limit  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("seen", "said"), [
+    # (frames in the WAL, frames copied back) at each checkpoint; 4 KiB pages
+    ([(1_000, 990), (20_000, 19_990), (40_000, 39_000), (80_000, 79_000)], []),  # a load
+    ([(30_000, 29_000), (1_000, 1_000), (40_000, 39_000), (2_000, 2_000)], []),  # restarts
+    ([(1_000, 500), (20_000, 500), (40_000, 500), (80_000, 500), (90_000, 500),
+      (100, 100)], ["the WAL cannot start over", "the WAL starts over again"]),  # held
+    ([(1_000, 500), (2_000, 500), (3_000, 500), (4_000, 500)], []),  # held, still small
+])
+def test_only_a_held_wal_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                 seen: list[tuple[int, int]], said: list[str]) -> None:
+    """Only a WAL that grows while not a frame more can be copied back is held: a
+    load that grows second after second copies more each time."""
+    caplog.set_level(logging.INFO, logger="agentbox.store")
+    store = SqliteStore(tmp_path / "agentbox.sqlite3")  # not opened: the decision only
+    for frames, copied in seen:
+        store._watch_wal((0, frames, copied))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == said

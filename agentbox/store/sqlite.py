@@ -41,7 +41,7 @@ CHECKPOINT_INTERVAL_SECONDS = 1.0
 # every second, at some 25 MB at most): something holds it, said in the log. After a
 # start-over SQLite also cuts the file back to this size (journal_size_limit).
 WAL_WARN_BYTES = 64 * 1024 * 1024
-WAL_HELD_CHECKS = 3  # ... and has not started over in this many checkpoints
+WAL_HELD_CHECKS = 3  # ... and could not be copied back at this many checkpoints in a row
 AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
@@ -176,8 +176,8 @@ class SqliteStore(SqlStore):
         self._written = asyncio.Event()  # a commit changed rows since the last checkpoint
         self._checkpoint_due = False
         self._wal_held = False  # said in the log: the WAL cannot start over
-        self._wal_frames = 0  # in the WAL at the last checkpoint
-        self._wal_growing = 0  # checkpoints since it last started over
+        self._wal_seen = (0, 0)  # frames in the WAL and copied back, at the last checkpoint
+        self._wal_growing = 0  # checkpoints in a row that found it held
         self._page_size = 4096  # the database's, read at open
         self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
@@ -300,17 +300,19 @@ class SqliteStore(SqlStore):
         frames copied back), None if it failed."""
         if checkpointed is None:
             return
-        frames = checkpointed[1]
-        before, self._wal_frames = self._wal_frames, frames
-        if frames < before:  # it started over since the last look
+        _, frames, copied = checkpointed
+        (frames_before, copied_before), self._wal_seen = self._wal_seen, (frames, copied)
+        # Held: it grew and not a frame more could be copied back (a reader's
+        # snapshot ends where the copying stops). A load that only grows copies
+        # more each time, and a WAL that started over holds fewer frames.
+        if frames > frames_before and copied == copied_before:
+            self._wal_growing += 1
+        else:
             self._wal_growing = 0
-            if self._wal_held:
+            if self._wal_held and frames < frames_before:  # it started over
                 self._wal_held = False
                 log.info("the WAL starts over again", extra={"database": str(self.path)})
             return
-        if frames == before:
-            return
-        self._wal_growing += 1
         size = frames * self._page_size
         if (not self._wal_held and self._wal_growing >= WAL_HELD_CHECKS
                 and size > WAL_WARN_BYTES):

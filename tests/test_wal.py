@@ -13,10 +13,11 @@ checkpoint counter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,24 @@ async def write_until_restarted(store: SqliteStore, wal: Path, times: int,
     return len(seen) - 1, written
 
 
+@contextlib.asynccontextmanager
+async def a_reader_holding_a_snapshot(
+        path: Path) -> AsyncIterator[tuple[SqliteStore, sqlite3.Connection]]:
+    """An open store with one event, and a connection of another program reading
+    it in a transaction (its snapshot pins the WAL until it commits)."""
+    store = SqliteStore(path)
+    await store.open()
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        await ingest(store, "before")
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        yield store, reader
+    finally:
+        reader.close()
+        await store.close()
+
+
 @pytest.fixture
 def quick_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sqlite_store, "CHECKPOINT_INTERVAL_SECONDS", 0.05)
@@ -86,20 +105,11 @@ def test_the_wal_starts_over_again_once_a_long_reader_lets_go(tmp_path: Path,
     wal = tmp_path / "agentbox.sqlite3-wal"
 
     async def scenario() -> tuple[int, int]:
-        store = SqliteStore(path)
-        await store.open()
-        reader = sqlite3.connect(path, isolation_level=None)
-        try:
-            await ingest(store, "before")
-            reader.execute("BEGIN")
-            assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        async with a_reader_holding_a_snapshot(path) as (store, reader):
             for i in range(300):  # a few checkpoint intervals' writes behind the reader
                 await ingest(store, f"pinned-{i}", max_pending=10**9)
             reader.execute("COMMIT")
             return await write_until_restarted(store, wal, 2, "after")
-        finally:
-            reader.close()
-            await store.close()
 
     restarts, written = asyncio.run(scenario())
     assert restarts >= 2, f"{written} events after the reader, the WAL started over " \
@@ -122,7 +132,7 @@ def test_a_wal_held_by_a_reader_is_said_and_cut_back_after(
     def said(text: str) -> int:
         return sum(text in record.getMessage() for record in caplog.records)
 
-    async def write_until(done: Callable[[], bool], name: str) -> None:
+    async def write_until(store: SqliteStore, done: Callable[[], bool], name: str) -> None:
         for i in range(MOST_EVENTS):
             if done():
                 return
@@ -130,24 +140,13 @@ def test_a_wal_held_by_a_reader_is_said_and_cut_back_after(
         raise AssertionError(f"not after {MOST_EVENTS} events: {name}")
 
     async def scenario() -> None:
-        nonlocal store
-        store = SqliteStore(path)
-        await store.open()
-        reader = sqlite3.connect(path, isolation_level=None)
-        try:
-            await ingest(store, "before")
-            reader.execute("BEGIN")
-            reader.execute("SELECT count(*) FROM events").fetchone()
-            await write_until(lambda: said("the WAL cannot start over") > 0, "held")
+        async with a_reader_holding_a_snapshot(path) as (store, reader):
+            await write_until(store, lambda: said("the WAL cannot start over") > 0, "held")
             assert wal.stat().st_size > limit
             reader.execute("COMMIT")
-            await write_until(lambda: said("the WAL starts over again") > 0, "freed")
-            await write_until(lambda: wal.stat().st_size <= limit, "cut back")
-        finally:
-            reader.close()
-            await store.close()
+            await write_until(store, lambda: said("the WAL starts over again") > 0, "freed")
+            await write_until(store, lambda: wal.stat().st_size <= limit, "cut back")
 
-    store: SqliteStore
     asyncio.run(scenario())
     assert said("the WAL cannot start over") == 1  # once, not every second
     warning = next(r for r in caplog.records if "cannot start over" in r.getMessage())

@@ -85,7 +85,10 @@ def test_ctrl_c_in_the_terminal_does_not_reach_the_analysis(tmp_path: Path) -> N
     """Ctrl-C sends SIGINT to the terminal's whole foreground process group: here a
     parent in its own session, whose analysis child must carry on (the parent
     decides when it stops)."""
-    path = long_mix(tmp_path / "long.wav", 4)
+    # Long enough that the analysis is still measuring when the signal comes: a
+    # 4-minute mix was done in about a second here, and the signal then found the
+    # parent already exiting (it died of it: -2).
+    path = long_mix(tmp_path / "long.wav", 12)
     ready = tmp_path / "analysing"
     script = textwrap.dedent(f"""
         import asyncio, multiprocessing, signal, sys, time

@@ -84,8 +84,9 @@ def main() -> None:
     finally:
         for server in list(bench.RUNNING):
             server.stop()
-    print(f"\nmedians of {args.rounds} rounds, agentbox at --log-level {args.log_level}\n")
-    print("| agentbox | connections | ÷ ceiling, accepted/s | ÷ ceiling, CPU µs / request "
+    rounds = f"{args.rounds} rounds" if args.rounds != 1 else "1 round"
+    print(f"\nmedians of {rounds}, agentbox at --log-level {args.log_level}\n")
+    print("| agentbox | connections | accepted/s ÷ ceiling's | CPU µs per request ÷ ceiling's "
           "| p50 ms (ceiling's) |")
     print("|---|---|---|---|---|")
     for label in FLOORS:

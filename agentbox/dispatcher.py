@@ -149,7 +149,12 @@ class Dispatcher:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
-            await self.store.release_leases(self.owner, self.clock(), self._unstarted)
+            given_back = await self.store.release_leases(self.owner, self.clock(),
+                                                         self._unstarted)
+            if given_back:  # their last line said processing: say where they are now
+                log.info("runs claimed here and not finished are given back, to be "
+                         "claimed again (at the next start, or by another instance)",
+                         extra={"runs": given_back})
 
     def wake(self) -> None:
         self._backlog = True

@@ -134,6 +134,10 @@ def test_claimed_runs_not_started_by_shutdown_run_after_the_restart_as_attempt_1
     assert server.stop() in (0, -signal.SIGTERM)
     assert [line["run_id"] for line in server.journal_lines() if line["kind"] == "start"] == [
         run_ids[0]]  # the running agent finished; the waiting ones did not start
+    # Their last log line said processing: the log says where they are now.
+    said = [json.loads(line) for line in server.log_path.read_text().splitlines()
+            if line.startswith("{") and "are given back" in line]
+    assert [line["runs"] for line in said] == [3]
     server.start()
     for run_id in run_ids:
         assert server.wait_terminal(run_id)["status"] == "succeeded"

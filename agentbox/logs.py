@@ -76,17 +76,14 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
             except RuntimeError:  # not on a loop's thread: at once
                 loop = None
             with self.lock:  # type: ignore[union-attr]
-                if loop is None:
-                    self._write_pending()
-                    self.stream.write(text)
-                    self.stream.flush()
-                    return
                 # (A loop closed before its turn was over never writes: the next
                 # loop's turn does.)
-                if not self._pending or loop is not self._turn_loop:
+                if loop is not None and (not self._pending or loop is not self._turn_loop):
                     loop.call_soon(self._turn_over)
                     self._turn_loop = loop
                 self._pending.append(text)
+                if loop is None:  # at once, after what waits
+                    self._write_pending()
         except Exception:  # as a handler does: say so on stderr, never raise to the caller
             self.handleError(logging.makeLogRecord({"name": logger, "msg": msg}))
 

@@ -168,5 +168,5 @@ def test_only_a_held_wal_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     caplog.set_level(logging.INFO, logger="agentbox.store")
     store = SqliteStore(tmp_path / "agentbox.sqlite3")  # not opened: the decision only
     for frames, copied in seen:
-        store._watch_wal((0, frames, copied))
+        store._watch_wal((frames, copied))
     assert [r.getMessage().split(":")[0] for r in caplog.records] == said

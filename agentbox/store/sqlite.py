@@ -288,7 +288,7 @@ class SqliteStore(SqlStore):
         finally:
             await asyncio.shield(loop.run_in_executor(self._checkpointer, conn.close))
 
-    def _watch_wal(self, checkpointed: tuple[int, int, int] | None) -> None:
+    def _watch_wal(self, checkpointed: tuple[int, int] | None) -> None:
         """Say so in the log when the WAL has not started over for a while, and when
         it did again.
 
@@ -296,11 +296,11 @@ class SqliteStore(SqlStore):
         A reader that holds an old snapshot (another program with the database open
         in a transaction, a backup) keeps every later frame in it: the file then
         grows by every commit, and so does each reader's work, for as long as it
-        holds on. `checkpointed`: the checkpoint's (busy, frames in the WAL,
-        frames copied back), None if it failed."""
+        holds on. `checkpointed`: the checkpoint's (frames in the WAL, frames
+        copied back), None if it failed."""
         if checkpointed is None:
             return
-        _, frames, copied = checkpointed
+        frames, copied = checkpointed
         (frames_before, copied_before), self._wal_seen = self._wal_seen, (frames, copied)
         # Held: it grew and not a frame more could be copied back (a reader's
         # snapshot ends where the copying stops). A load that only grows copies
@@ -541,14 +541,14 @@ def _connect(path: Path, by_name: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int] | None:
-    """Copy what it can of the WAL into the database file, waiting for nobody: (busy,
-    frames in the WAL, frames copied back), or None if it failed."""
+def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int] | None:
+    """Copy what it can of the WAL into the database file, waiting for nobody: (frames
+    in the WAL, frames copied back), or None if it failed."""
     try:
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        _, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     except sqlite3.Error:  # busy or failing: the next one
         return None
-    return busy, frames, copied
+    return frames, copied
 
 
 def _rollback(conn: sqlite3.Connection | None) -> None:

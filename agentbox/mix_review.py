@@ -41,8 +41,13 @@ from agentbox.profiles import DEFAULT_PROFILE, PROFILES, TARGETS, Profile, Targe
 
 SETTLE_SECONDS = 2.0  # a file modified more recently may still be being written
 # A file cut short and modified more recently than this may still be being written
-# (a stalled renderer): retried; older, it is a broken render (failed for good).
+# (a stalled renderer): the attempt waits for the rest, and measures it again when
+# it comes; left unchanged this long, it is a broken render (failed for good).
 TRUNCATED_RETRY_SECONDS = 60.0
+TRUNCATED_POLL_SECONDS = 0.5  # how often a waiting attempt looks at the file
+# Left of the run's own time limit when an attempt stops waiting for the rest of a
+# cut-short render and hands it to a retry: enough to measure it once more.
+TRUNCATED_RESERVE_SECONDS = 30.0
 LLM_TIMEOUT_SECONDS = 30.0  # the whole call, at most
 # Left of the run's own time limit after the call, to finish the review: the call
 # is cut shorter when the run has less, so a slow model never times the run out.
@@ -229,17 +234,26 @@ async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
 
 async def measure_file(path: Path, url: str, ctx: AgentContext | None
                        ) -> tuple[dict[str, Any], FileInfo]:
-    """The measurements of the file at `path`, or the agent error that says why not."""
-    await _settle(path)
-    _check_settled(path)
-    before = _stat(path)
-    outcome = await analyse_in_process(str(path), None if ctx is None else ctx.cancelled)
+    """The measurements of the file at `path`, or the agent error that says why not.
+
+    A render cut short that was modified less than TRUNCATED_RETRY_SECONDS ago may
+    be a renderer that stalled: the attempt waits for the rest and measures again,
+    costing no retry, until the file has stayed as it is that long (failed for
+    good). Waiting, it holds no analysis slot."""
+    while True:
+        await _settle(path)
+        _check_settled(path)
+        before = _stat(path)
+        outcome = await analyse_in_process(str(path), None if ctx is None else ctx.cancelled)
+        if outcome[0] != "error" or outcome[1] != "mix_truncated":
+            break
+        message = f"{url}: {outcome[2]}"
+        if ctx is not None and _recently_changed(path, TRUNCATED_RETRY_SECONDS):
+            ctx.log.info("the render was cut short; waiting for the rest of it")
+        if not await _written_on(path, before, ctx, message):
+            raise PermanentAgentError(message, "mix_truncated")
     if outcome[0] == "error":
         _, code, message = outcome
-        if code == "mix_truncated":
-            if _recently_changed(path, TRUNCATED_RETRY_SECONDS):
-                raise RetryableAgentError(f"{url}: {message}", code)
-            raise PermanentAgentError(f"{url}: {message}", code)
         if code == "mix_unreadable" and _recently_changed(path):
             raise RetryableAgentError(f"{url} is still being written", "mix_incomplete")
         raise PermanentAgentError(message, code)
@@ -327,6 +341,36 @@ def _stat(path: Path) -> tuple[int, int] | None:
 def _recently_changed(path: Path, seconds: float = SETTLE_SECONDS) -> bool:
     found = _stat(path)
     return found is not None and time.time() - found[1] / 1e9 < seconds
+
+
+async def _written_on(path: Path, measured: tuple[int, int] | None,
+                      ctx: AgentContext | None, message: str) -> bool:
+    """Wait for a file measured cut short (as `measured`: size, mtime) to be written
+    on: True once it was and has settled again (or is gone), False once it has been
+    left as it is for TRUNCATED_RETRY_SECONDS. A server stopping gives the attempt
+    back; a run whose time runs short hands the wait to its retry."""
+    cancelled = None if ctx is None else ctx.cancelled
+    while True:
+        found = _stat(path)
+        if found is None:
+            return True  # measured again: it says the file is gone
+        age = time.time() - found[1] / 1e9
+        if found != measured and age >= SETTLE_SECONDS:
+            return True
+        if found == measured and age >= TRUNCATED_RETRY_SECONDS:
+            return False
+        left = None if ctx is None else ctx.time_left()
+        if left is not None and left < TRUNCATED_RESERVE_SECONDS:
+            raise RetryableAgentError(message, "mix_truncated")
+        if cancelled is None:
+            await asyncio.sleep(TRUNCATED_POLL_SECONDS)
+            continue
+        try:
+            await asyncio.wait_for(cancelled.wait(), TRUNCATED_POLL_SECONDS)
+        except TimeoutError:
+            continue
+        raise AttemptGivenBack("the server is stopping; the review waited for the rest "
+                               "of a render cut short")
 
 
 SETTLE_MARGIN_SECONDS = 0.05

@@ -140,8 +140,11 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
                                                      tmp_path: Path) -> None:
     """`runs`, `show` and `send --wait` name the export of every run, also one that
     failed or is waiting for its retry: the file its event names."""
+    # A run time shorter than the wait for a cut-short render's rest would need: the
+    # cut file's attempt hands the wait to its retry at once.
     server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "600",
-                             "AGENTBOX_RETRY_MAX_SECONDS": "600"}).start()
+                             "AGENTBOX_RETRY_MAX_SECONDS": "600",
+                             "AGENTBOX_RUN_TIMEOUT_SECONDS": "20"}).start()
     env = {**server.env, "AGENTBOX_URL": server.url}
     gone = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
                     "Lost Song", "--mix", str(tmp_path / "gone take.wav"), "--wait")
@@ -170,6 +173,31 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
     shown = agentbox(env, server.home, "show", failed).stdout.splitlines()
     assert "file gone take.wav" in shown and "project Lost Song" in shown
     assert "file cut short.wav" in agentbox(env, server.home, "show", retrying).stdout
+
+
+def test_a_render_sent_cut_short_fails_for_good_once_left_as_it_is_not_dead_lettered(
+        server_factory: Any, tmp_path: Path) -> None:
+    """Sent by `send` within the minute a stalled renderer may still finish it, a
+    cut-short render is waited for in one attempt (retries, 2 s apart, used to run
+    out first and dead-letter a broken file), then fails for good."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_MAX_RETRIES": "1"}).start()
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    whole = tone(tmp_path / "whole.wav", seconds=3.0)
+    cut = tmp_path / "stalled.wav"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    stalled_at = time.time() - 54  # the window's last 6 seconds
+    os.utime(cut, (stalled_at, stalled_at))
+    sent = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
+                    "Stalled Song", "--mix", str(cut), "--wait", "--wait-timeout", "60")
+    assert sent.returncode == 4, sent.stderr
+    run_id = json.loads(sent.stdout.splitlines()[0])["run_id"]
+    assert sent.stdout.splitlines()[1].startswith("stalled.wav: failed_permanent: mix_truncated")
+    run = server.run(run_id)
+    assert run["status"] == "failed_permanent" and run["attempt"] == 1
+    assert time.time() - stalled_at >= 60  # not before the window was over
+    said = [json.loads(line) for line in server.log_path.read_text().splitlines()
+            if line.startswith("{") and "waiting for the rest" in line]
+    assert [line["run_id"] for line in said] == [run_id], said
 
 
 def test_send_and_watch_name_a_project_alike(server: Server, tmp_path: Path) -> None:

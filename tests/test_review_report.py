@@ -21,12 +21,20 @@ import numpy as np
 import pytest
 import soundfile
 
-from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.agents import (
+    AgentContext,
+    AttemptGivenBack,
+    PermanentAgentError,
+    RetryableAgentError,
+)
 from agentbox.events import parse_event
 from agentbox.loudness import AudioError, measure
 from agentbox.mix_review import (
+    TRUNCATED_RESERVE_SECONDS,
+    TRUNCATED_RETRY_SECONDS,
     MixMetrics,
     delivery_targets,
+    measure_file,
     mix_review,
     notes_for,
     shutdown_analysis,
@@ -140,12 +148,69 @@ def test_a_render_cut_short_is_mix_truncated(write: Callable[..., Path], name: s
     assert permanent.value.code == "mix_truncated" and "0:17.2" in str(permanent.value)
 
 
-def test_a_cut_short_render_still_being_written_is_retried(write: Callable[..., Path]) -> None:
+def stalled(write: Callable[..., Path], seconds_ago: float) -> tuple[Path, bytes]:
+    """A 20-second render whose writer stalled `seconds_ago`, 5 seconds in (settled
+    for the first look, not for long), and the bytes of the whole render."""
     rate = 8000
-    path = cut(write(sine(-20, 60, channels=1, rate=rate), rate=rate, subtype="PCM_16"), 5.0,
-               rate, 2, mtime=time.time() - 10)  # settled for the first check, not for long
+    path = write(sine(-20, 20, channels=1, rate=rate), rate=rate, subtype="PCM_16")
+    whole = path.read_bytes()
+    return cut(path, 5.0, rate, 2, mtime=time.time() - seconds_ago), whole
+
+
+async def until_waiting(caplog: pytest.LogCaptureFixture) -> None:
+    deadline = time.monotonic() + 60
+    while "waiting for the rest" not in caplog.text:
+        assert time.monotonic() < deadline, "the attempt never began to wait for the rest"
+        await asyncio.sleep(0.02)
+
+
+def test_a_stalled_render_finished_later_is_measured_whole_in_the_same_attempt(
+        write: Callable[..., Path], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="test")
+    path, whole = stalled(write, seconds_ago=10)
+
+    async def finish_while_it_waits() -> Any:
+        measuring = asyncio.ensure_future(measure_file(path, str(path), context()))
+        await until_waiting(caplog)
+        path.write_bytes(whole)  # the renderer goes on and finishes
+        return await asyncio.wait_for(measuring, 60)
+
+    _, file = asyncio.run(finish_while_it_waits())
+    assert file.frames_read == file.frames_declared == 20 * 8000
+
+
+def test_a_stalled_render_left_as_it_is_fails_for_good_without_spending_a_retry(
+        write: Callable[..., Path]) -> None:
+    path, _ = stalled(write, seconds_ago=TRUNCATED_RETRY_SECONDS - 3)
+    started = time.monotonic()
+    with pytest.raises(PermanentAgentError) as failed:  # not a RetryableAgentError first
+        asyncio.run(measure_file(path, str(path), context()))
+    assert failed.value.code == "mix_truncated" and "0:05.0" in str(failed.value)
+    assert time.monotonic() - started >= 2.5  # it waited out the window's rest
+
+
+def test_a_server_stopping_gives_back_an_attempt_waiting_for_the_rest(
+        write: Callable[..., Path], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="test")
+    path, _ = stalled(write, seconds_ago=10)
+    ctx = context()
+
+    async def stop_while_it_waits() -> None:
+        measuring = asyncio.ensure_future(measure_file(path, str(path), ctx))
+        await until_waiting(caplog)
+        ctx.cancelled.set()
+        await asyncio.wait_for(measuring, 5)
+
+    with pytest.raises(AttemptGivenBack):  # costs no retry
+        asyncio.run(stop_while_it_waits())
+
+
+def test_a_run_short_of_time_hands_the_wait_to_its_retry(write: Callable[..., Path]) -> None:
+    path, _ = stalled(write, seconds_ago=10)
+    ctx = context()
+    ctx.deadline = time.monotonic() + TRUNCATED_RESERVE_SECONDS - 5
     with pytest.raises(RetryableAgentError) as retried:
-        review(str(path))
+        asyncio.run(measure_file(path, str(path), ctx))
     assert retried.value.code == "mix_truncated"
 
 

@@ -105,7 +105,10 @@ def test_home_shows_each_project_with_its_latest_figures_and_verdict(
                      ("lra", "loudness_range_lu")):
         value = latest.figure(key)
         assert value is not None
-        expect(row.locator(f".{css}")).to_have_text(f"{value:.1f}".replace("-", "\N{MINUS SIGN}"))
+        shown = f"{value:+.1f}" if key == "true_peak_dbtp" else f"{value:.1f}"  # +0.3 over
+        expect(row.locator(f".{css}")).to_have_text(shown.replace("-", "\N{MINUS SIGN}"))
+    expect(page.locator(f'tr[data-project="{LOUD}"] .true-peak')).to_have_text(
+        re.compile(r"^\+\d"))  # over the ceiling, and says so with its sign
     verdict = studio.runs["take 3.wav"]["result"].get("verdict", latest.verdict)
     expect(row.locator(".verdict")).to_have_text(verdict)
     # a slammed, clipped mix over the ceiling fails whatever else it does

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -34,6 +35,9 @@ FIGURES = (
     ("duration_seconds", "Duration", "s", 1),
 )
 FIGURE_NAMES = {key: (name, unit, digits) for key, name, unit, digits in FIGURES}
+# A difference of two levels is not a level: two loudnesses differ in LU (EBU Tech
+# 3341), two peaks in dB.
+CHANGE_UNITS = {"LUFS": "LU", "dBTP": "dB", "dBFS": "dB"}
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
                  "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
                  "club": "Club / DJ", "podcast": "Podcast"}
@@ -61,6 +65,23 @@ def _number(value: Any) -> float | None:
 
 def _signed(value: float) -> str:
     return f"{value:+.1f}"
+
+
+def change_unit(unit: str) -> str:
+    """The unit of a difference of two figures in `unit`: LUFS -> LU, dBTP -> dB."""
+    return CHANGE_UNITS.get(unit, unit)
+
+
+def local_time(iso: str) -> str:
+    """14:02 (today), else 3 Dec 14:02, in this machine's time zone; what is not an
+    ISO time, as it is."""
+    try:
+        moment = datetime.fromisoformat(iso).astimezone()
+    except ValueError:
+        return iso
+    if moment.date() == datetime.now().astimezone().date():
+        return moment.strftime("%H:%M")
+    return f"{moment.day} {moment.strftime('%b %H:%M')}"
 
 
 def metrics_of(result: Any) -> Mapping[str, Any]:
@@ -158,11 +179,14 @@ def comparison(result: Any) -> list[str]:
     if previous is None:
         return ["First export of this project: nothing to compare with yet."]
     when = found.get("previous_accepted_at")
-    lines = [f"Compared with the previous export ({one_line(previous)}"
-             + (f", {one_line(when)}" if isinstance(when, str) else "") + "):"]
+    lines = ["Compared with the previous export ("
+             + (f"{one_line(local_time(when))}, " if isinstance(when, str) else "")
+             + f"{one_line(previous)}):"]
     deltas = found.get("deltas")
     if isinstance(deltas, Mapping):
-        changes = [_delta(str(name), change) for name, value in deltas.items()
+        order = {key: i for i, key in enumerate(FIGURE_NAMES)}  # as the page reads them
+        changes = [_delta(str(name), change) for name, value in
+                   sorted(deltas.items(), key=lambda item: order.get(item[0], len(order)))
                    if (change := _number(value)) is not None and round(change, 1) != 0]
         if changes:
             lines.append("  " + ", ".join(changes))
@@ -172,8 +196,9 @@ def comparison(result: Any) -> list[str]:
 
 
 def _delta(key: str, change: float) -> str:
-    """"Integrated loudness +2.6 LUFS" for a figure the page names, else its key."""
+    """"Integrated loudness +2.6 LU" for a figure the page names, else its key."""
     name, unit, _ = FIGURE_NAMES.get(key, (key.replace("_", " "), "", 1))
+    unit = change_unit(unit)
     return f"{one_line(name)} {_signed(change)}" + (f" {unit}" if unit else "")
 
 

@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +35,7 @@ from agentbox.agents import (
     RetryableAgentError,
 )
 from agentbox.config import ConfigError, Settings
+from agentbox.digest import local_time
 from agentbox.events import Event
 from agentbox.profiles import DEFAULT_PROFILE, PROFILES, TARGETS, Profile, Target
 
@@ -906,7 +906,7 @@ async def compare_with_previous(ctx: AgentContext, project: str, m: MixMetrics,
 
 def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
                      p: Profile, accepted_at: str) -> str:
-    when = f"the {_local_time(accepted_at)} export"
+    when = f"the {local_time(accepted_at)} export"
     loudness = changes.get("integrated_lufs")
     if loudness is None:
         parts = [f"Compared with {when}"]
@@ -933,17 +933,6 @@ def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics
         longer = changes["duration_seconds"]
         parts.append(f"{abs(longer):.1f} s {'longer' if longer > 0 else 'shorter'}")
     return "; ".join(parts) + "."
-
-
-def _local_time(iso: str) -> str:
-    """14:02 (today), else 3 Dec 14:02, in this machine's time zone."""
-    try:
-        moment = datetime.fromisoformat(iso).astimezone()
-    except ValueError:
-        return iso
-    if moment.date() == datetime.now().astimezone().date():
-        return moment.strftime("%H:%M")
-    return f"{moment.day} {moment.strftime('%b %H:%M')}"
 
 
 async def compare_with_reference(url: str, m: MixMetrics, p: Profile,

@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from agentbox import charts
 from agentbox.charts import mmss
-from agentbox.digest import FIGURES, TARGET_TITLES
+from agentbox.digest import FIGURES, TARGET_TITLES, change_unit
 from agentbox.mix_review import MixReview, as_review
 from agentbox.store import ProjectExport
 
@@ -320,7 +320,7 @@ def deltas(before: Review | None, after: Review, given: dict[str, Any] | None = 
             change = a - b
         if a is None and b is None and change is None:
             continue
-        out.append(Delta(key, name, unit, number(b, digits), number(a, digits),
+        out.append(Delta(key, name, change_unit(unit), number(b, digits), number(a, digits),
                          signed(change, digits), change))
     return out
 

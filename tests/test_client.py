@@ -243,7 +243,8 @@ REVIEW: dict[str, Any] = {  # a review with the fields of the reference result (
     "targets": [{"name": "streaming", "gain_db": -4.2, "verdict": "warn"},
                 {"name": "broadcast", "gain_db": -13.2, "verdict": "pass"}],
     "comparison": {"previous_run_id": "run_01", "previous_accepted_at": "2026-07-27T14:02:00Z",
-                   "deltas": {"integrated_lufs": 1.2, "true_peak_dbtp": 0.5},
+                   "deltas": {"true_peak_dbtp": 0.5, "integrated_lufs": 1.2,
+                              "sample_peak_dbfs": -0.9},  # as stored: keys sorted
                    "note": "1.2 LU louder than the 14:02 export; true peak now over the ceiling."},
 }
 
@@ -256,7 +257,11 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
     assert lines.index("  1. [fix] Lower the limiter's ceiling.") < lines.index(
         "  2. [consider] Check the low end in mono.")
     assert "  Streaming (Spotify, YouTube, Tidal)    -4.2 dB  warn" in lines
-    assert "  Integrated loudness +1.2 LUFS, True peak +0.5 dBTP" in lines  # named, as the page
+    # named and ordered as the page has them; a change of a level in LU or dB, not a level
+    assert "  Integrated loudness +1.2 LU, True peak +0.5 dB, Sample peak -0.9 dB" in lines
+    when = digest.local_time("2026-07-27T14:02:00Z")
+    assert f"Compared with the previous export ({when}, run_01):" in lines
+    assert not any("2026-07-27T14:02" in line for line in lines)  # a time people read
     assert lines[-1].endswith("true peak now over the ceiling.")
     assert digest.short(run) == ("night-drive (v3).wav: fail · -9.8 LUFS · true peak +0.4 dBTP"
                                  " · LRA 5.2 LU · PLR 10.3 dB")

@@ -168,9 +168,10 @@ def test_a_project_page_shows_trends_and_compares_any_two_exports(
     page.select_option('select[name="a"]', studio.runs["take 1.wav"]["run_id"])
     page.select_option('select[name="b"]', studio.runs["take 3.wav"]["run_id"])
     page.click("#compare-form button")
-    for key in ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu"):
+    for key, unit in (("integrated_lufs", "LU"), ("true_peak_dbtp", "dB"),
+                      ("loudness_range_lu", "LU")):  # a change of a level is in LU or dB
         cells = page.locator(f'#comparison tr[data-figure="{key}"] td')
-        expect(cells.nth(2)).to_contain_text(change(takes[0], takes[2], key))
+        expect(cells.nth(2)).to_have_text(f"{change(takes[0], takes[2], key)} {unit}")
     expect(page.locator("#comparison thead")).to_contain_text("take 1.wav")
 
 

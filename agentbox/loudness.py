@@ -279,6 +279,9 @@ def measure(path: str) -> Measurements:
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
         if not os.path.exists(path):
             raise AudioError("mix_not_found", f"no file at {path}") from None
+        if os.path.getsize(path) == 0:  # what a render that failed at once leaves
+            raise AudioError("mix_unreadable", "the file is empty (0 bytes): nothing was "
+                             "rendered into it; export it again") from None
         raise AudioError("mix_unreadable", f"not a readable audio file: {exc}") from None
     header = declared_frames(path)
     if header is not None and header[1] < header[0]:

@@ -363,7 +363,9 @@ class Watcher:
                 if path not in self._exports:
                     self._found.add(path)  # a restart before it is sent still sends it
                 continue
-            if stamp[0] > 0 and self._finished(path, now - previous[1]):
+            unchanged = now - previous[1]
+            if (self._finished(path, unchanged) if stamp[0] > 0
+                    else unchanged >= self.incomplete_grace):  # a render that wrote nothing
                 ready.append(path)
         for path in set(self._seen) - set(current):
             del self._seen[path]

@@ -225,6 +225,19 @@ def test_a_flac_whose_stream_stops_early_is_mix_truncated(write: Callable[..., P
     assert "the header promises 0:30.0" in failed.value.message
 
 
+def test_an_empty_render_is_said_to_be_empty(tmp_path: Path) -> None:
+    path = tmp_path / "failed render.wav"
+    path.write_bytes(b"")
+    os.utime(path, (OLD, OLD))
+    with pytest.raises(AudioError) as failed:
+        measure(str(path))
+    assert failed.value.code == "mix_unreadable"
+    assert "the file is empty (0 bytes)" in failed.value.message
+    with pytest.raises(PermanentAgentError) as permanent:
+        review(str(path))
+    assert "empty (0 bytes)" in str(permanent.value)
+
+
 def test_a_whole_file_is_not_called_truncated(write: Callable[..., Path]) -> None:
     m = measure(str(write(sine(-20, 3), subtype="PCM_16")))
     assert m.frames_declared == m.frames_read == 3 * RATE

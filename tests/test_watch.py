@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from agentbox.watch import AUDIO_SUFFIXES, Watcher, audio_complete
+from agentbox.watch import AUDIO_SUFFIXES, Watcher, audio_complete, reviewed_whole
 from tests.conftest import make_event, wait_until
 from tests.test_client import agentbox, tone
 
@@ -179,8 +179,27 @@ def test_a_header_that_promises_more_than_is_there_is_waited_for(tmp_path: Path)
     now[0] = 5.0
     assert watcher.poll() == [whole]  # settled and whole; the half one waits
     watcher.sent(whole)
-    now[0] = 31.0
-    assert watcher.poll() == [half]  # unchanged that long: sent, the review says it is cut
+    empty = tmp_path / "failed.wav"  # a render that wrote nothing (or has not begun)
+    empty.write_bytes(b"")
+    now[0] = 6.0
+    assert watcher.poll() == []
+    now[0] = 25.0
+    assert watcher.poll() == [] and watcher.busy
+    now[0] = 37.0
+    # unchanged that long: sent, the review says it is cut short / empty
+    assert sorted(watcher.poll()) == [empty, half]
+    watcher.sent(empty, "watch-empty")
+    watcher.sent(half)
+    now[0] = 40.0
+    assert watcher.poll() == [] and not watcher.busy  # `watch --once` can end
+    empty.write_bytes(whole.read_bytes())  # the renderer writes it after all
+    watcher.poll()
+    now[0] = 42.0
+    assert watcher.poll() == [empty]
+    earlier = watcher.continues(empty)  # the same export, written on: its run, then
+    assert earlier is not None and earlier.event_id == "watch-empty"
+    failed = {"status": "failed_permanent", "result": None}  # "the file is empty"
+    assert not reviewed_whole(failed, empty.stat().st_size)  # so: the follow-up, whole
     for fmt, suffix in (("AIFF", ".aiff"), ("RF64", ".rf64")):
         path = tmp_path / f"x{suffix}"
         sf.write(path, audio, rate, subtype="PCM_16", format=fmt)

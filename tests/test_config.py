@@ -214,8 +214,11 @@ def test_numeric_env_any_text_is_value_or_config_error(tmp_path_factory, var, te
 def test_numeric_env_integers(tmp_path_factory, var, n):
     path = write_toml(tmp_path_factory.mktemp("cfg"))
     env = {var: str(n)}
+    # the base may not exceed the maximum: the other one out of the way
     if var == "AGENTBOX_RETRY_BASE_SECONDS":
         env["AGENTBOX_RETRY_MAX_SECONDS"] = str(10**7)
+    if var == "AGENTBOX_RETRY_MAX_SECONDS":
+        env["AGENTBOX_RETRY_BASE_SECONDS"] = "1"  # under the default 2 s, n = 1 was refused
     if n <= 0:
         with pytest.raises(ConfigError, match=var):
             load_settings(path, env)

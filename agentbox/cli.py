@@ -259,16 +259,49 @@ def deliver(url: str, secret_value: str, body: bytes, retries: int,
     return None
 
 
-def follow(url: str, run_id: str, timeout: float, interval: float = 0.2) -> dict[str, Any] | None:
-    """Poll a run until it is terminal; None if `timeout` passes first."""
+# Following a run: the first look soon (a short review is told at once), then less
+# and less often, down to one request a second over one kept-alive connection: a
+# long wait beside a DAW costs next to nothing. A restart of agentbox meanwhile (the
+# run is given back and taken up again) is waited out for FOLLOW_UNREACHABLE_SECONDS.
+FOLLOW_FIRST_SECONDS = 0.1
+FOLLOW_MAX_SECONDS = 1.0
+FOLLOW_UNREACHABLE_SECONDS = 30.0
+
+
+class Unreachable(click.ClickException):
+    exit_code = EXIT_UNAVAILABLE
+
+
+def follow(url: str, run_id: str, timeout: float,
+           sleep: Callable[[float], None] = time.sleep) -> dict[str, Any] | None:
+    """Poll a run until it is terminal; None if `timeout` passes first. Unreachable
+    for FOLLOW_UNREACHABLE_SECONDS on end: Unreachable (exit status 3)."""
     deadline = time.monotonic() + timeout
-    while True:
-        run: dict[str, Any] = _api(url, "GET", f"/runs/{run_id}")
-        if run["terminal"]:
-            return run
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(interval)
+    interval, lost_since = FOLLOW_FIRST_SECONDS, None
+    with httpx.Client(timeout=30) as client:
+        while True:
+            try:
+                response = client.get(url.rstrip("/") + f"/runs/{run_id}")
+            except httpx.TransportError as exc:
+                now = time.monotonic()
+                if lost_since is None:
+                    lost_since = now
+                    click.echo(f"agentbox: cannot reach agentbox at {url} "
+                               f"({type(exc).__name__}); waiting for it", err=True)
+                elif now - lost_since >= FOLLOW_UNREACHABLE_SECONDS:
+                    raise Unreachable(f"cannot reach agentbox at {url} for "
+                                      f"{FOLLOW_UNREACHABLE_SECONDS:g} s: {exc}") from None
+            else:
+                if lost_since is not None:
+                    click.echo("agentbox: reachable again; following the run", err=True)
+                    lost_since = None
+                run: dict[str, Any] = _answer(url, response)
+                if run["terminal"]:
+                    return run
+            if time.monotonic() > deadline:
+                return None
+            sleep(interval)
+            interval = min(interval * 1.5, FOLLOW_MAX_SECONDS)
 
 
 def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
@@ -379,6 +412,11 @@ def _api(url: str, method: str, path: str, timeout: float | None = 30,
         raise click.ClickException(
             f"cannot reach agentbox at {url}: {exc}. Is it running (scripts/run, or "
             "agentbox serve)? Another address: --url or AGENTBOX_URL.") from None
+    return _answer(url, response)
+
+
+def _answer(url: str, response: httpx.Response) -> Any:
+    """agentbox's JSON answer, or a ClickException that says what came instead."""
     try:
         answer = response.json()
     except ValueError:

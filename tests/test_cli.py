@@ -312,3 +312,77 @@ def test_watcher_waits_for_a_file_to_settle(tmp_path: Path) -> None:
     watcher.sent(mix)
     now[0] += 5
     assert watcher.poll() == [] and not watcher.busy
+
+
+# -- send --wait: how it follows a run ------------------------------------------------------
+
+
+def test_send_wait_outlasts_a_restart_of_agentbox(server: Server) -> None:
+    """agentbox gone in the middle of a wait (killed, restarted by the service) is
+    waited for; the run it takes up again is told when it ends, exit status 0."""
+    said: list[str] = []
+    with subprocess.Popen(
+            [sys.executable, "-m", "agentbox", "send", "--url", server.url, "--wait",
+             "session.exported", "project_id=sleep-2", "mix_url=/mixes/a.wav"],
+            env=server.env, cwd=server.home, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) as waiting:
+        assert waiting.stderr is not None and waiting.stdout is not None
+        errors = waiting.stderr
+        reader = threading.Thread(target=lambda: said.extend(errors), daemon=True)
+        reader.start()
+        try:
+            run_id = json.loads(waiting.stdout.readline())["run_id"]
+            wait_until(lambda: server.run(run_id)["status"] == "processing", 30,
+                       "the run to start")
+            server.kill9()
+            wait_until(lambda: any("waiting for it" in line for line in said), 30,
+                       "send --wait to notice agentbox gone")
+            server.start()  # the run, left processing, is taken up again
+            assert waiting.wait(60) == 0, "".join(said)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+            reader.join(10)
+    assert any("reachable again" in line for line in said), said
+    assert server.run(run_id)["status"] == "succeeded"
+
+
+def test_send_wait_gives_up_on_an_agentbox_gone_for_good_with_status_3(
+        monkeypatch: Any) -> None:
+    import click
+
+    from agentbox import cli
+
+    with socket.socket() as closed:  # a loopback port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        monkeypatch.setattr(cli, "FOLLOW_UNREACHABLE_SECONDS", 0.5)
+        started = time.monotonic()
+        try:
+            cli.follow(url, "run_gone", timeout=60)
+        except click.ClickException as exc:
+            assert exc.exit_code == cli.EXIT_UNAVAILABLE == 3
+            assert "cannot reach agentbox" in exc.format_message()
+        else:
+            raise AssertionError("follow returned while agentbox was unreachable")
+    assert 0.5 <= time.monotonic() - started < 10
+
+
+def test_send_wait_looks_less_often_as_the_run_goes_on(server: Server) -> None:
+    """Beside a DAW a long wait must cost next to nothing: one kept-alive connection,
+    the looks spaced out to one a second (they were 5 a second, 19 % of a core)."""
+    from agentbox import cli
+
+    run_id = server.post(make_event(payload={"project_id": "sleep-4",
+                                             "mix_url": "/mixes/a.wav"})).json()["run_id"]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    run = cli.follow(server.url, run_id, timeout=60, sleep=sleep)
+    assert run is not None and run["status"] == "succeeded"
+    assert slept[0] == cli.FOLLOW_FIRST_SECONDS  # a short review is told at once
+    assert slept == sorted(slept) and max(slept) <= cli.FOLLOW_MAX_SECONDS
+    assert len(slept) <= 10  # about 4 s: 0.1, 0.15, 0.23 ... 1, 1 (20 at 0.2 s before)

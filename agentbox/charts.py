@@ -290,6 +290,13 @@ class TrendPoint:
     linked: bool = True  # False: its run is gone (retention), no review page to open
 
 
+def _reading(value: float, unit: str) -> str:
+    """A figure as the pages show it: one decimal; a peak with its sign (+0.3 dBTP is
+    over full scale, and must not read as under it)."""
+    return f"{value:+.1f}" if unit in ("dBTP", "dBFS") and round(value, 1) != 0 else (
+        f"{value:.1f}")
+
+
 def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPoint],
                 guide: tuple[float, str] | None = None, frame: Frame | None = None) -> str:
     """One figure across a project's exports, oldest left; each point links to its
@@ -326,8 +333,8 @@ def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPo
     labelled = {0, len(points) - 1} | set(range(0, len(points), max(1, len(points) // 4)))
     for i, point in enumerate(points):
         circle = (f'<circle class="point" cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" '
-                  f'fill="{SHORT_TERM}"><title>{escape(point.label)}: {point.value:g} '
-                  f'{escape(unit)}</title></circle>')
+                  f'fill="{SHORT_TERM}"><title>{escape(point.label)}: '
+                  f'{_reading(point.value, unit)} {escape(unit)}</title></circle>')
         parts.append(f'<a href="/ui/runs/{escape(point.run_id)}">{circle}</a>'
                       if point.linked else circle)
         if i in labelled and (i == len(points) - 1 or len(points) - 1 - i >= 2 or i == 0):

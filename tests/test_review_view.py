@@ -215,3 +215,15 @@ def test_clipping_is_listed_as_a_few_places() -> None:
     assert review.clipping_text == ("0:10\N{EN DASH}0:11, 0:20, 0:23, 0:26, 0:29, 0:32, 0:35, "
                                     "0:38 and 5 more")
     assert str(review.loudness_chart()).count('class="clip-marker"') == 14
+
+
+def test_a_trend_points_tooltip_reads_as_the_pages_do() -> None:
+    points = [charts.TrendPoint("2026-12-05T00:00:00Z", 1.84, "run_a", "clip.wav"),
+              charts.TrendPoint("2026-12-05T00:01:00Z", -1.04, "run_b", "fixed.wav"),
+              charts.TrendPoint("2026-12-05T00:02:00Z", 0.02, "run_c", "edge.wav")]
+    svg = charts.trend_chart("trend-true-peak", "True peak", "dBTP", points)
+    titles = re.findall(r"<circle[^>]*><title>([^<]*)</title>", svg)
+    assert titles == ["clip.wav: +1.8 dBTP", "fixed.wav: -1.0 dBTP", "edge.wav: 0.0 dBTP"]
+    loudness = charts.trend_chart("trend-integrated", "Integrated", "LUFS", [
+        charts.TrendPoint("2026-12-05T00:00:00Z", -14.234, "run_a", "a.wav")])
+    assert "<title>a.wav: -14.2 LUFS</title>" in loudness

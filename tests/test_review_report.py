@@ -43,7 +43,7 @@ from agentbox.mix_review import (
 )
 from agentbox.profiles import PROFILES
 from agentbox.store import ProjectExport
-from tests.conftest import Server, encode, make_event
+from tests.conftest import Server, encode, make_event, wait_until_async
 
 RATE = 48_000
 OLD = time.time() - 3600  # files are "settled": last written an hour ago
@@ -158,10 +158,8 @@ def stalled(write: Callable[..., Path], seconds_ago: float) -> tuple[Path, bytes
 
 
 async def until_waiting(caplog: pytest.LogCaptureFixture) -> None:
-    deadline = time.monotonic() + 60
-    while "waiting for the rest" not in caplog.text:
-        assert time.monotonic() < deadline, "the attempt never began to wait for the rest"
-        await asyncio.sleep(0.02)
+    await wait_until_async(lambda: "waiting for the rest" in caplog.text, 60,
+                           "the attempt to begin waiting for the rest")
 
 
 def test_a_stalled_render_finished_later_is_measured_whole_in_the_same_attempt(

@@ -197,9 +197,9 @@ def comparison(result: Any) -> list[str]:
 
 def _delta(key: str, change: float) -> str:
     """"Integrated loudness +2.6 LU" for a figure the page names, else its key."""
-    name, unit, _ = FIGURE_NAMES.get(key, (key.replace("_", " "), "", 1))
+    name, unit, digits = FIGURE_NAMES.get(key, (key.replace("_", " "), "", 1))
     unit = change_unit(unit)
-    return f"{one_line(name)} {_signed(change)}" + (f" {unit}" if unit else "")
+    return f"{one_line(name)} {change:+.{digits}f}" + (f" {unit}" if unit else "")
 
 
 def targets(result: Any) -> list[str]:

@@ -243,8 +243,8 @@ REVIEW: dict[str, Any] = {  # a review with the fields of the reference result (
     "targets": [{"name": "streaming", "gain_db": -4.2, "verdict": "warn"},
                 {"name": "broadcast", "gain_db": -13.2, "verdict": "pass"}],
     "comparison": {"previous_run_id": "run_01", "previous_accepted_at": "2026-07-27T14:02:00Z",
-                   "deltas": {"true_peak_dbtp": 0.5, "integrated_lufs": 1.2,
-                              "sample_peak_dbfs": -0.9},  # as stored: keys sorted
+                   "deltas": {"clipped_samples": 120, "true_peak_dbtp": 0.5,
+                              "integrated_lufs": 1.2, "sample_peak_dbfs": -0.9},  # keys sorted
                    "note": "1.2 LU louder than the 14:02 export; true peak now over the ceiling."},
 }
 
@@ -258,7 +258,8 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
         "  2. [consider] Check the low end in mono.")
     assert "  Streaming (Spotify, YouTube, Tidal)    -4.2 dB  warn" in lines
     # named and ordered as the page has them; a change of a level in LU or dB, not a level
-    assert "  Integrated loudness +1.2 LU, True peak +0.5 dB, Sample peak -0.9 dB" in lines
+    assert ("  Integrated loudness +1.2 LU, True peak +0.5 dB, Sample peak -0.9 dB, "
+            "Clipped samples +120") in lines  # a count has no decimals
     when = digest.local_time("2026-07-27T14:02:00Z")
     assert f"Compared with the previous export ({when}, run_01):" in lines
     assert not any("2026-07-27T14:02" in line for line in lines)  # a time people read

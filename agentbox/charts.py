@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from markupsafe import escape
 
+from agentbox.digest import SIGNED_UNITS
+
 TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 LOUDNESS_FLOOR = -60.0  # quieter readings are drawn on the chart's bottom edge
 MOMENTARY = "#98a2b3"
@@ -291,9 +293,8 @@ class TrendPoint:
 
 
 def _reading(value: float, unit: str) -> str:
-    """A figure as the pages show it: one decimal; a peak with its sign (+0.3 dBTP is
-    over full scale, and must not read as under it)."""
-    return f"{value:+.1f}" if unit in ("dBTP", "dBFS") and round(value, 1) != 0 else (
+    """A figure as the pages show it: one decimal, a peak with its sign."""
+    return f"{value:+.1f}" if unit in SIGNED_UNITS and round(value, 1) != 0 else (
         f"{value:.1f}")
 
 

@@ -38,6 +38,9 @@ FIGURE_NAMES = {key: (name, unit, digits) for key, name, unit, digits in FIGURES
 # A difference of two levels is not a level: two loudnesses differ in LU (EBU Tech
 # 3341), two peaks in dB.
 CHANGE_UNITS = {"LUFS": "LU", "dBTP": "dB", "dBFS": "dB"}
+# Peaks are shown with their sign: +0.3 dBTP is over full scale and must not read
+# as under it.
+SIGNED_UNITS = ("dBTP", "dBFS")
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
                  "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
                  "club": "Club / DJ", "podcast": "Podcast"}

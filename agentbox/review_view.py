@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from agentbox import charts
 from agentbox.charts import mmss
-from agentbox.digest import FIGURES, TARGET_TITLES, change_unit
+from agentbox.digest import FIGURES, SIGNED_UNITS, TARGET_TITLES, change_unit
 from agentbox.mix_review import MixReview, as_review
 from agentbox.store import ProjectExport
 
@@ -320,7 +320,8 @@ def deltas(before: Review | None, after: Review, given: dict[str, Any] | None = 
             change = a - b
         if a is None and b is None and change is None:
             continue
-        out.append(Delta(key, name, change_unit(unit), number(b, digits), number(a, digits),
+        shown = signed if unit in SIGNED_UNITS else number
+        out.append(Delta(key, name, change_unit(unit), shown(b, digits), shown(a, digits),
                          signed(change, digits), change))
     return out
 

@@ -227,3 +227,16 @@ def test_a_trend_points_tooltip_reads_as_the_pages_do() -> None:
     loudness = charts.trend_chart("trend-integrated", "Integrated", "LUFS", [
         charts.TrendPoint("2026-12-05T00:00:00Z", -14.234, "run_a", "a.wav")])
     assert "<title>a.wav: -14.2 LUFS</title>" in loudness
+
+
+def test_compared_exports_show_a_peak_with_its_sign() -> None:
+    from agentbox.review_view import deltas
+
+    before, after = (Review.of(old_review(true_peak_dbtp=tp, integrated_lufs=lufs))
+                     for tp, lufs in ((-1.5, -14.2), (0.4, -9.0)))
+    assert before is not None and after is not None
+    rows = {d.key: d for d in deltas(before, after)}
+    assert (rows["true_peak_dbtp"].before, rows["true_peak_dbtp"].after) == (
+        "\N{MINUS SIGN}1.5", "+0.4")  # over full scale, and reads so
+    assert (rows["integrated_lufs"].before, rows["integrated_lufs"].after) == (
+        "\N{MINUS SIGN}14.2", "\N{MINUS SIGN}9.0")  # a loudness is not signed

@@ -145,7 +145,7 @@ def test_a_wal_held_by_a_reader_is_said_and_cut_back_after(
             assert wal.stat().st_size > limit
             reader.execute("COMMIT")
             await write_until(store, lambda: said("the WAL starts over again") > 0, "freed")
-            await write_until(store, lambda: wal.stat().st_size <= limit, "cut back")
+            await write_until(store, lambda: wal.stat().st_size <= limit, "cut-back")
 
     asyncio.run(scenario())
     assert said("the WAL cannot start over") == 1  # once, not every second

@@ -5,7 +5,7 @@ The agent API lives here::
     from agentbox import AgentContext, Event, PermanentAgentError, RetryableAgentError
 """
 
-from agentbox.agents import (
+from agentbox.engine.agents import (
     AgentContext,
     AgentPlugin,
     PermanentAgentError,

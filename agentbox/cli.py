@@ -17,7 +17,8 @@ import click
 import httpx
 
 from agentbox import config as cfg
-from agentbox import digest, portable
+from agentbox import portable
+from agentbox.review import digest
 from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
@@ -56,9 +57,9 @@ def main() -> None:
 def serve(host: str | None, port: int | None, data_dir: Path | None,
           config_file: Path | None, database_url: str | None) -> None:
     """Receive webhooks, run agents, serve the API."""
-    from agentbox import server
     from agentbox import store as st
-    from agentbox.app import create_app
+    from agentbox.http import server
+    from agentbox.http.app import create_app
     from agentbox.logs import setup_logging
     from agentbox.store import engines
 
@@ -539,7 +540,7 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
 
 def _is_review(result: Any) -> bool:
     """A result that validates as a mix review (another agent's may use its key names)."""
-    from agentbox.mix_review import as_review  # numpy and scipy: only when needed
+    from agentbox.review.agent import as_review  # numpy and scipy: only when needed
 
     return as_review(result) is not None
 
@@ -621,7 +622,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     """
     import asyncio
 
-    from agentbox.retention import prune_store
+    from agentbox.engine.retention import prune_store
     from agentbox.store import StoreError, StoreInUse
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
@@ -640,7 +641,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    from agentbox.retention import report_lines
+    from agentbox.engine.retention import report_lines
 
     for line in report_lines(report):
         click.echo(line)
@@ -788,7 +789,7 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     up instead, and the exit status says so as `send`'s does (1: a file was
     refused, 3: agentbox unreachable or busy).
     """
-    from agentbox.watch import Watcher, state_file
+    from agentbox.desktop.watch import Watcher, state_file
 
     url = client_url(url, config_file)
     watcher = Watcher(folder, settle, existing, headerless_settle=headerless_settle,
@@ -809,8 +810,8 @@ def _export_event(path: Path, event_id: str, project: str | None, profile: str |
                   source: str, again_of: str | None = None) -> bytes:
     """session.exported for a finished file; with `again_of`, the follow-up that has
     the whole file reviewed when the run `again_of` read it before it was all written."""
+    from agentbox.desktop.watch import project_of
     from agentbox.events import project_name
-    from agentbox.watch import project_of
 
     payload = {"project_id": project_name(project) if project else project_of(path),
                "mix_url": str(path.resolve()), **({"profile": profile} if profile else {})}
@@ -873,7 +874,7 @@ def _event_id(watcher: Any, path: Path) -> tuple[str, bool] | None:
     """The event_id of a finished file, and whether it is an export sent before and
     written on since (same event_id: one export, one run); else the id comes from
     its path, size and content (a touch, a restart: the same id again)."""
-    from agentbox.watch import content_id
+    from agentbox.desktop.watch import content_id
 
     try:
         own = content_id(path, path.stat().st_size)
@@ -887,7 +888,7 @@ def _event_id(watcher: Any, path: Path) -> tuple[str, bool] | None:
 
 def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | None,
                    source: str, interval: float, config_file: Path | None) -> None:
-    from agentbox.watch import Pending, Reviewing
+    from agentbox.desktop.watch import Pending, Reviewing
 
     pending: dict[Path, Pending] = {}
     reviewing: dict[str, Reviewing] = {}  # run_id -> its file, until its review is printed
@@ -962,7 +963,7 @@ def _try_once(item: Any, url: str, project: str | None, profile: str | None, sou
 def _print_finished_reviews(url: str, reviewing: dict[str, Any]) -> list[Any]:
     """Print the reviews that finished; the follow-ups to send for files written on
     after their run read them (their review is of less than the whole file)."""
-    from agentbox.watch import Pending, follow_up_id, reviewed_whole
+    from agentbox.desktop.watch import Pending, follow_up_id, reviewed_whole
 
     again: list[Any] = []
     for run_id, item in list(reviewing.items()):
@@ -1020,7 +1021,7 @@ def service() -> None:
 
 def _service(action: Callable[[Any], list[str]], config_file: Path | None = None,
              data_dir: Path | None = None) -> None:
-    from agentbox import service as svc
+    from agentbox.desktop import service as svc
 
     manager = svc.manager_for(svc.Installation.this(config_file), data_dir=data_dir)
     try:
@@ -1057,6 +1058,6 @@ def service_status() -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def service_run(log_file: Path, args: tuple[str, ...]) -> None:
     """Run agentbox with its output appended to a file (how the Windows task logs)."""
-    from agentbox.service import run_logged
+    from agentbox.desktop.service import run_logged
 
     run_logged(log_file, args)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import platformdirs
 
 from agentbox import portable
-from agentbox.profiles import PROFILES
+from agentbox.review.profiles import PROFILES
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -124,7 +124,7 @@ class Settings:
     database_url: str | None = field(default=None, repr=False)
     instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
     notify: bool = True  # a desktop notification when a mix review finishes
-    # Retention (agentbox.retention): finished runs, then raw event bodies, go after
+    # Retention (agentbox.engine.retention): finished runs, then raw event bodies, go after
     # these many days (fractions allowed); a project's history stays.
     retention_days: float = DEFAULT_RETENTION_DAYS
     body_retention_days: float = DEFAULT_BODY_RETENTION_DAYS

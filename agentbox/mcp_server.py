@@ -24,9 +24,10 @@ from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
-from agentbox import cli, digest
+from agentbox import cli
 from agentbox import config as cfg
-from agentbox.profiles import PROFILES
+from agentbox.review import digest
+from agentbox.review.profiles import PROFILES
 from agentbox.runs import RunStatus
 
 SOURCE = "mcp"  # the events' `source`: what sent them
@@ -366,7 +367,7 @@ def build_server(box: Agentbox) -> ToolServer:
         """Send a rendered mix to agentbox for review, as a DAW's export script does
         (`agentbox send --type session.exported`). Sending the same unchanged file
         again is a duplicate: it answers the first run."""
-        from agentbox.watch import content_id
+        from agentbox.desktop.watch import content_id
 
         path = _mix_file(mix_path)
         body = cli._export_event(path, content_id(path, path.stat().st_size), project,

@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from agentbox import dispatcher
 from agentbox.cli import main
+from agentbox.engine import dispatcher
 from agentbox.store import sqlite
 from agentbox.store.outcomes import Landed
 

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agentbox.app import App, create_app
 from agentbox.config import Settings, load_settings
+from agentbox.http.app import App, create_app
 from agentbox.signing import sign_headers
 from tests import postgres
 

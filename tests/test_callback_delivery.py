@@ -29,13 +29,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentbox.addresses import REFUSED_V4, REFUSED_V6, IPAddress, is_public
-from agentbox.callbacks import (
+from agentbox.config import Settings
+from agentbox.engine.callbacks import (
     Attempt,
     CallbackDeliverer,
     DestinationPolicy,
     retry_after_seconds,
 )
-from agentbox.config import Settings
 from agentbox.signing import SignatureError, callback_headers, verify_callback
 from agentbox.store import Notification
 from agentbox.store.sqlite import SqliteStore

@@ -193,7 +193,7 @@ def plugin_path(tmp_path: Path) -> Iterator[Path]:
     info = site / "stemcheck-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stemcheck\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[agentbox.agents]\nstems = stemcheck:plugin\n")
+    (info / "entry_points.txt").write_text("[agentbox.engine.agents]\nstems = stemcheck:plugin\n")
     yield site
 
 

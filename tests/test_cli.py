@@ -293,7 +293,7 @@ def test_watch_once_gives_up_on_an_unreachable_agentbox(server: Server, tmp_path
 
 
 def test_watcher_waits_for_a_file_to_settle(tmp_path: Path) -> None:
-    from agentbox.watch import Watcher
+    from agentbox.desktop.watch import Watcher
 
     now = [100.0]
     watcher = Watcher(tmp_path, settle=2.0, clock=lambda: now[0])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from agentbox import digest
+from agentbox.review import digest
 from tests.conftest import Server, free_port, make_event, wait_until
 
 

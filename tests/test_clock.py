@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agentbox.app import create_app
 from agentbox.config import load_settings
+from agentbox.http.app import create_app
 from agentbox.runs import SteadyClock
 from agentbox.signing import sign_headers
 from tests.conftest import SECRET, TEST_AGENT, encode, make_event

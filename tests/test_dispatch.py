@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from agentbox.app import App, create_app
-from agentbox.dispatcher import Dispatcher
+from agentbox.engine.dispatcher import Dispatcher
 from agentbox.events import parse_event
+from agentbox.http.app import App, create_app
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import (
     Server,

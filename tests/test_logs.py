@@ -98,8 +98,8 @@ def test_hostile_values_stay_in_their_line(value: object, msg: str) -> None:
     buffer = io.StringIO()
     handler = logs.JsonLines()
     handler.setStream(buffer)
-    handler.write("agentbox.receiver", msg, {"source": value, "event_id": "e"})
-    handler.handle(logging.makeLogRecord({"name": "agentbox.receiver", "msg": msg,
+    handler.write("agentbox.http.receiver", msg, {"source": value, "event_id": "e"})
+    handler.handle(logging.makeLogRecord({"name": "agentbox.http.receiver", "msg": msg,
                                           "levelname": "INFO", "source": value,
                                           "event_id": "e"}))
     direct, through_logging = lines(buffer)  # a newline in a value is escaped: two lines

@@ -30,7 +30,7 @@ from tests.conftest import SECRET, Server, free_port, wait_until_async
 # Each test but the last starts `agentbox mcp` (most also `agentbox serve`): slow.
 slow = pytest.mark.slow
 
-AGENTS = ("session.exported=agentbox.mix_review:mix_review,"
+AGENTS = ("session.exported=agentbox.review.agent:mix_review,"
           "mix.review_requested=tests.support.agents:scripted")
 TOOLS = {"send_export", "request_review", "send_event", "list_runs", "show_run",
          "list_dead_letters", "replay_run", "project_history"}

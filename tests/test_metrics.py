@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentbox.metrics import Metrics
+from agentbox.engine.metrics import Metrics
 from agentbox.runs import RunStatus
 from agentbox.store import Transition
 from tests.conftest import Server, make_event, wait_until

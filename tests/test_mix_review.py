@@ -28,12 +28,11 @@ import pyloudnorm
 import pytest
 import soundfile
 
-from agentbox import mix_review as mix_review_module
-from agentbox.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.config import Settings
+from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.events import parse_event
-from agentbox.loudness import READ_SECONDS, measure
-from agentbox.mix_review import (
+from agentbox.review import agent as mix_review_module
+from agentbox.review.agent import (
     MixMetrics,
     analyse_in_process,
     mix_review,
@@ -41,7 +40,8 @@ from agentbox.mix_review import (
     shutdown_analysis,
     summarise,
 )
-from agentbox.profiles import PROFILES
+from agentbox.review.loudness import READ_SECONDS, measure
+from agentbox.review.profiles import PROFILES
 from tests.conftest import Server, encode, make_event
 
 RATE = 48_000
@@ -321,7 +321,7 @@ def test_a_wide_mix_is_not_called_out_of_phase(correlation: float) -> None:
 
 
 def context(run_id: str = "run_test", settings: Settings | None = None) -> AgentContext:
-    return AgentContext(run_id=run_id, attempt=1, agent="agentbox.mix_review:mix_review",
+    return AgentContext(run_id=run_id, attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
                         settings=settings)
 

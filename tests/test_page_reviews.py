@@ -21,7 +21,7 @@ import pytest
 import soundfile
 from playwright.sync_api import Browser, Page, expect
 
-from agentbox.review_view import Review, signed
+from agentbox.review.view import Review, signed
 from tests import test_page
 from tests.conftest import Server, make_event
 

@@ -21,7 +21,7 @@ from agentbox.config import (
     load_settings,
 )
 from agentbox.events import parse_event
-from agentbox.review_view import Review
+from agentbox.review.view import Review
 from agentbox.runs import RunStatus
 from agentbox.store import Outcome, Store
 from agentbox.store.sqlite import SqliteStore

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from agentbox import mix_review
-from agentbox.mix_review import BUSY_NAME, analyse_in_process, shutdown_analysis
+from agentbox.review import agent as mix_review
+from agentbox.review.agent import BUSY_NAME, analyse_in_process, shutdown_analysis
 from tests.conftest import ROOT, Server, make_event, wait_until
 
 OLD = time.time() - 3600
@@ -92,7 +92,7 @@ def test_ctrl_c_in_the_terminal_does_not_reach_the_analysis(tmp_path: Path) -> N
     ready = tmp_path / "analysing"
     script = textwrap.dedent(f"""
         import asyncio, multiprocessing, signal, sys, time
-        from agentbox.mix_review import BUSY_NAME, analyse_in_process, shutdown_analysis
+        from agentbox.review.agent import BUSY_NAME, analyse_in_process, shutdown_analysis
 
         interrupted = []
         async def main():

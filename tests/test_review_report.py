@@ -21,15 +21,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from agentbox.agents import (
+from agentbox.engine.agents import (
     AgentContext,
     AttemptGivenBack,
     PermanentAgentError,
     RetryableAgentError,
 )
 from agentbox.events import parse_event
-from agentbox.loudness import AudioError, measure
-from agentbox.mix_review import (
+from agentbox.review.agent import (
     TRUNCATED_RESERVE_SECONDS,
     TRUNCATED_RETRY_SECONDS,
     MixMetrics,
@@ -41,7 +40,8 @@ from agentbox.mix_review import (
     verdict_of,
     with_profile,
 )
-from agentbox.profiles import PROFILES
+from agentbox.review.loudness import AudioError, measure
+from agentbox.review.profiles import PROFILES
 from agentbox.store import ProjectExport
 from tests.conftest import Server, encode, make_event, wait_until_async
 
@@ -90,7 +90,7 @@ def cut(path: Path, keep_seconds: float, rate: int, frame_bytes: int,
 
 
 def context(previous: Callable[[str], Any] | None = None) -> AgentContext:
-    return AgentContext(run_id="run_test", attempt=1, agent="agentbox.mix_review:mix_review",
+    return AgentContext(run_id="run_test", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
                         previous_export=previous)
 
@@ -109,7 +109,7 @@ def test_the_k_weighting_filter_is_pyloudnorms_with_bs1770s_high_pass(
     import pyloudnorm
     from scipy import signal
 
-    from agentbox import loudness
+    from agentbox.review import loudness
 
     for rate in (8000, 44_100, 48_000, 96_000):
         stages = pyloudnorm.Meter(rate)._filters
@@ -418,7 +418,7 @@ def test_an_export_is_compared_with_the_previous_one(write: Callable[..., Path])
     async def previous(project: str) -> ProjectExport:
         asked.append(project)
         return ProjectExport(run_id="run_v1", project=project,
-                             agent="agentbox.mix_review:mix_review", status="succeeded",
+                             agent="agentbox.review.agent:mix_review", status="succeeded",
                              accepted_at="2026-07-27T14:02:00+00:00",
                              finished_at="2026-07-27T14:02:05+00:00", result=before)
 

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentbox import charts
-from agentbox.review_view import Previous, Review, signed
-from agentbox.ui import page_templates
+from agentbox.http.pages import page_templates
+from agentbox.review import charts
+from agentbox.review.view import Previous, Review, signed
 
 RUN_ID = "run_0123456789abcdef"
 
@@ -74,7 +74,7 @@ def render(doc: dict[str, Any], previous: Previous | None = None,
     review = review or Review.of(doc)
     assert review is not None
     run = {"run_id": RUN_ID, "status": "succeeded", "event_type": "session.exported",
-           "source": "studio", "agent": "agentbox.mix_review:mix_review", "attempt": 1,
+           "source": "studio", "agent": "agentbox.review.agent:mix_review", "attempt": 1,
            "accepted_at": "2026-12-04T15:00:00.000Z", "error_code": None, "callbacks": [],
            "correlation_id": None, "causation_id": None, "hop": 0, "result": doc}
     return page_templates().get_template("run.html").render(
@@ -230,7 +230,7 @@ def test_a_trend_points_tooltip_reads_as_the_pages_do() -> None:
 
 
 def test_compared_exports_show_a_peak_with_its_sign() -> None:
-    from agentbox.review_view import deltas
+    from agentbox.review.view import deltas
 
     before, after = (Review.of(old_review(true_peak_dbtp=tp, integrated_lufs=lufs))
                      for tp, lufs in ((-1.5, -14.2), (0.4, -9.0)))

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentbox.app import create_app
-from agentbox.receiver import INTERNAL_ERROR_MESSAGE
+from agentbox.http.app import create_app
+from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE
 from agentbox.signing import sign_headers, standard_signature
 from tests.conftest import (
     SECRET,
@@ -323,7 +323,7 @@ def test_a_bug_in_the_receiver_answers_500_and_says_so_in_the_log(
     def broken(body: bytes) -> None:
         raise RuntimeError("planted")
 
-    monkeypatch.setattr("agentbox.receiver.parse_event", broken)
+    monkeypatch.setattr("agentbox.http.receiver.parse_event", broken)
     app = create_app(in_process_settings(tmp_path), admin_token="t")
     body = encode(make_event())
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from agentbox import service as svc
 from agentbox.cli import main
+from agentbox.desktop import service as svc
 from tests.conftest import ROOT, free_port, wait_until
 
 NS = {"t": svc.TASK_NAMESPACE}
@@ -364,9 +364,9 @@ def test_each_os_gets_its_own_manager_and_places(tmp_path: Path) -> None:
     env = {"USERDOMAIN": "STUDIO", "USERNAME": "ana"}
     linux = svc.manager_for(inst, "linux", home, {})
     assert isinstance(linux, svc.Systemd)
-    assert linux.where == str(home / ".config" / "systemd" / "user" / "agentbox.service")
+    assert linux.where == str(home / ".config" / "systemd" / "user" / "agentbox.desktop.service")
     xdg = svc.manager_for(inst, "linux", home, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
-    assert xdg.where == str(tmp_path / "cfg" / "systemd" / "user" / "agentbox.service")
+    assert xdg.where == str(tmp_path / "cfg" / "systemd" / "user" / "agentbox.desktop.service")
     mac = svc.manager_for(inst, "darwin", home, {})
     assert isinstance(mac, svc.Launchd)
     assert mac.where == str(home / "Library" / "LaunchAgents" / "local.agentbox.plist")

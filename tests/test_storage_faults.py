@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from agentbox.app import create_app
 from agentbox.config import load_settings
+from agentbox.http.app import create_app
 from agentbox.signing import sign_headers
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentbox.engine.subscriptions import Invalid, secret_of, topics_of
 from agentbox.signing import SW_SIGNATURE_HEADER, SW_TIMESTAMP_HEADER, Verifier
-from agentbox.subscriptions import Invalid, secret_of, topics_of
 from tests.conftest import Server, make_event, wait_until
 from tests.support.callback_receiver import CallbackReceiver
 from tests.support.subscriber import Request, Subscriber

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.timeouts import within
+from agentbox.engine.timeouts import within
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from agentbox.watch import AUDIO_SUFFIXES, Watcher, audio_complete, reviewed_whole
+from agentbox.desktop.watch import AUDIO_SUFFIXES, Watcher, audio_complete, reviewed_whole
 from tests.conftest import make_event, wait_until
 from tests.test_client import agentbox, tone
 

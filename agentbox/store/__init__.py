@@ -599,7 +599,7 @@ class Store(abc.ABC):
 
     # -- retention (store/retention.py) ----------------------------------------------------
     # Bounded steps, oldest first, each one transaction of the writer (off the event
-    # loop); agentbox.retention paces them. What a project's history needs is kept:
+    # loop); agentbox.engine.retention paces them. What a project's history needs is kept:
     # `projects` and `project_exports` answer the same before and after.
 
     @abc.abstractmethod

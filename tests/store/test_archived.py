@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentbox.config import SECONDS_PER_DAY, Settings
-from agentbox.retention import Retention
+from agentbox.engine.retention import Retention
 from agentbox.store import Store
 from tests.store.support import PERMANENT, T0, async_test, claim_one
 from tests.store.test_projects import export, succeed

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentbox.config import SECONDS_PER_DAY, Settings
+from agentbox.engine.retention import Retention
 from agentbox.events import parse_event
-from agentbox.retention import Retention
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,

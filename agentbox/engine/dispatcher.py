@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentbox import logs
-from agentbox.agents import (
+from agentbox.config import Settings
+from agentbox.engine.agents import (
     AgentContext,
     AgentRegistry,
     AttemptGivenBack,
@@ -31,10 +32,10 @@ from agentbox.agents import (
     PermanentAgentError,
     RetryableAgentError,
 )
-from agentbox.config import Settings
+from agentbox.engine.metrics import Metrics
+from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
-from agentbox.metrics import Metrics
 from agentbox.runs import RunStatus, backoff_seconds
 from agentbox.store import (
     ClaimedRun,
@@ -47,7 +48,6 @@ from agentbox.store import (
     Store,
     Transition,
 )
-from agentbox.timeouts import within
 
 log = get_logger("runs")
 agent_log = get_logger("agent")  # what agents log through their context

@@ -12,16 +12,16 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from agentbox.callbacks import SUBSCRIPTION_DESTINATION, CallbackDeliverer, how_to_resume
 from agentbox.config import origin_of
-from agentbox.digest import mix_name
-from agentbox.dispatcher import Dispatcher
+from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION, CallbackDeliverer, how_to_resume
+from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.metrics import Metrics
+from agentbox.engine.retention import Retention
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
+from agentbox.http.openapi import ExportView
+from agentbox.http.receiver import error_response
 from agentbox.logs import get_logger
-from agentbox.metrics import Metrics
-from agentbox.openapi import ExportView
-from agentbox.receiver import error_response
-from agentbox.retention import Retention
+from agentbox.review.digest import mix_name
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,

@@ -24,13 +24,14 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from agentbox import logs
-from agentbox.agents import AgentRegistry
-from agentbox.callbacks import DestinationPolicy
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
-from agentbox.dispatcher import Dispatcher
+from agentbox.engine.agents import AgentRegistry
+from agentbox.engine.callbacks import DestinationPolicy
+from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.metrics import Metrics
+from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.logs import get_logger
-from agentbox.metrics import Metrics
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import (
     AdmissionRefused,
@@ -40,7 +41,6 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
 )
-from agentbox.timeouts import within
 
 log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0

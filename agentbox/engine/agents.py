@@ -38,10 +38,13 @@ if TYPE_CHECKING:
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
+# Agents that moved: a configuration, or a run stored before the move, may name them
+# by their old import string; both names find the same agent.
+RENAMED_AGENTS = {"agentbox.mix_review:mix_review": "agentbox.review.agent:mix_review"}
 
 BUILTIN_AGENTS: dict[str, tuple[str, ...]] = {
-    "session.exported": ("agentbox.mix_review:mix_review",),
-    "mix.review_requested": ("agentbox.mix_review:mix_review",),
+    "session.exported": ("agentbox.review.agent:mix_review",),
+    "mix.review_requested": ("agentbox.review.agent:mix_review",),
 }
 
 
@@ -196,6 +199,7 @@ def _summarise(exc: ValidationError) -> str:
 
 def load_agent(target: str) -> AgentSpec:
     """Import `module:function` and check that it is an async function."""
+    target = RENAMED_AGENTS.get(target, target)
     module_name, _, attr = target.partition(":")
     where = env_name("agents")
     try:
@@ -220,16 +224,16 @@ def _result_model(function: Callable[..., Any]) -> type[BaseModel] | None:
     return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
-ENTRY_POINT_GROUP = "agentbox.agents"
+ENTRY_POINT_GROUP = "agentbox.engine.agents"
 
 
 @dataclass(frozen=True)
 class AgentPlugin:
-    """What a package's `agentbox.agents` entry point names: an agent, the event
+    """What a package's `agentbox.engine.agents` entry point names: an agent, the event
     types it subscribes to, and the payload models of event types it brings.
 
         # pyproject.toml of the plugin package
-        [project.entry-points."agentbox.agents"]
+        [project.entry-points."agentbox.engine.agents"]
         stems = "stemcheck.agent:plugin"
 
         # stemcheck/agent.py
@@ -243,7 +247,7 @@ class AgentPlugin:
 
 
 def discover_plugins() -> list[tuple[str, AgentPlugin]]:
-    """Every installed `agentbox.agents` entry point, loaded and checked."""
+    """Every installed `agentbox.engine.agents` entry point, loaded and checked."""
     found = []
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -253,7 +257,7 @@ def discover_plugins() -> list[tuple[str, AgentPlugin]]:
                               f"{type(exc).__name__}: {exc}") from None
         if not isinstance(plugin, AgentPlugin):
             raise ConfigError(f"agent plugin {entry.name} ({entry.value}) is not an "
-                              "agentbox.agents.AgentPlugin")
+                              "agentbox.engine.agents.AgentPlugin")
         found.append((entry.name, plugin))
     return found
 
@@ -323,4 +327,4 @@ class AgentRegistry:
         return self._routes.get(event_type, ())
 
     def get(self, name: str) -> AgentSpec | None:
-        return self._by_name.get(name)
+        return self._by_name.get(RENAMED_AGENTS.get(name, name))

@@ -17,10 +17,10 @@ from urllib.parse import unquote, urlsplit
 
 from markupsafe import Markup
 
-from agentbox import charts
-from agentbox.charts import mmss
-from agentbox.digest import FIGURES, SIGNED_UNITS, TARGET_TITLES, change_unit
-from agentbox.mix_review import MixReview, as_review
+from agentbox.review import charts
+from agentbox.review.agent import MixReview, as_review
+from agentbox.review.charts import mmss
+from agentbox.review.digest import FIGURES, SIGNED_UNITS, TARGET_TITLES, change_unit
 from agentbox.store import ProjectExport
 
 VERDICTS = ("pass", "warn", "fail")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from markupsafe import escape
 
-from agentbox.digest import SIGNED_UNITS
+from agentbox.review.digest import SIGNED_UNITS
 
 TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 LOUDNESS_FLOOR = -60.0  # quieter readings are drawn on the chart's bottom edge

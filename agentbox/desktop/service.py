@@ -28,7 +28,7 @@ import platformdirs
 from agentbox import portable
 
 SERVICE_NAME = "agentbox"
-UNIT_NAME = "agentbox.service"
+UNIT_NAME = "agentbox.desktop.service"
 LAUNCHD_LABEL = "local.agentbox"  # "local.": made on this machine, claims no domain
 TASK_NAME = "agentbox"
 TASK_NAMESPACE = "http://schemas.microsoft.com/windows/2004/02/mit/task"

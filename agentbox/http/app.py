@@ -19,33 +19,33 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentbox.agents import AgentRegistry
-from agentbox.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.config import ConfigError, Settings
-from agentbox.dispatcher import Dispatcher
-from agentbox.logs import get_logger
-from agentbox.metrics import Metrics
-from agentbox.mix_review import (
-    analysis_processes,
-    mix_review,
-    shutdown_analysis,
-    start_analysis_process,
-)
-from agentbox.notifications import ReviewNotifications
-from agentbox.openapi import document
-from agentbox.receiver import (
+from agentbox.desktop.notifications import ReviewNotifications
+from agentbox.engine.agents import AgentRegistry
+from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
+from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.metrics import Metrics
+from agentbox.engine.retention import Retention
+from agentbox.engine.subscriptions import Subscriptions, SubscriptionsApi
+from agentbox.http.api import RunsApi
+from agentbox.http.openapi import document
+from agentbox.http.pages import StatusPages, TokenGuard
+from agentbox.http.receiver import (
     INTERNAL_ERROR_MESSAGE,
     STORAGE_RETRY_AFTER_SECONDS,
     Receiver,
     error_response,
 )
-from agentbox.retention import Retention
+from agentbox.logs import get_logger
+from agentbox.review.agent import (
+    analysis_processes,
+    mix_review,
+    shutdown_analysis,
+    start_analysis_process,
+)
 from agentbox.runs import SteadyClock
 from agentbox.store import RemoteChange, StorageUnavailable
 from agentbox.store.engines import create_store
-from agentbox.subscriptions import Subscriptions, SubscriptionsApi
-from agentbox.ui import StatusPages, TokenGuard
-from agentbox.web import RunsApi
 
 log = get_logger("app")
 GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest generation

@@ -19,14 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
-from agentbox import digest
 from agentbox.logs import get_logger
+from agentbox.review import digest
 from agentbox.store import Store, Transition
 
 log = get_logger("notifications")
 
 APP_NAME = "agentbox"
-MIX_REVIEW_AGENT = "agentbox.mix_review:mix_review"
+MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 SEND_TIMEOUT_SECONDS = 5.0
 TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
 

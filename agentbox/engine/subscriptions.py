@@ -33,8 +33,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.addresses import is_public, parse_address
-from agentbox.agents import AgentRegistry
-from agentbox.callbacks import (
+from agentbox.config import Settings, env_name, is_loopback_host
+from agentbox.engine.agents import AgentRegistry
+from agentbox.engine.callbacks import (
     LEASE_GRACE_SECONDS,
     SUBSCRIPTION_DESTINATION,
     Attempt,
@@ -42,10 +43,10 @@ from agentbox.callbacks import (
     DestinationPolicy,
     how_to_resume,
 )
-from agentbox.config import Settings, env_name, is_loopback_host
 from agentbox.events import PAYLOAD_MODELS
+from agentbox.http.api import _small_body, _token_required
+from agentbox.http.receiver import error_response
 from agentbox.logs import get_logger
-from agentbox.receiver import error_response
 from agentbox.runs import RunStatus
 from agentbox.signing import (
     SW_ID_HEADER,
@@ -62,7 +63,6 @@ from agentbox.store import (
     SubscriptionView,
     Verification,
 )
-from agentbox.web import _small_body, _token_required
 
 log = get_logger("subscriptions")
 

@@ -32,8 +32,8 @@ import httpx
 
 from agentbox.addresses import IPAddress, is_public, parse_address
 from agentbox.config import Settings, is_loopback_host, origin_of
+from agentbox.engine.metrics import Metrics
 from agentbox.logs import get_logger
-from agentbox.metrics import Metrics
 from agentbox.signing import callback_headers
 from agentbox.store import (
     DeliveryResult,

@@ -43,15 +43,17 @@ from starlette.responses import (
 )
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentbox import charts, review_view
-from agentbox.agents import PermanentAgentError
-from agentbox.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.config import Settings, is_loopback_host
-from agentbox.dispatcher import Dispatcher
-from agentbox.mix_review import as_review, local_path
-from agentbox.receiver import error_body, error_response
+from agentbox.engine.agents import PermanentAgentError
+from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
+from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.subscriptions import agent_sets
+from agentbox.http.receiver import error_body, error_response
+from agentbox.http.server import stopping
+from agentbox.review import charts
+from agentbox.review import view as review_view
+from agentbox.review.agent import as_review, local_path
 from agentbox.runs import RunStatus
-from agentbox.server import stopping
 from agentbox.store import (
     NotReplayable,
     ProjectExport,
@@ -60,7 +62,6 @@ from agentbox.store import (
     Store,
     Transition,
 )
-from agentbox.subscriptions import agent_sets
 
 TEMPLATES = Path(__file__).parent / "templates"
 COOKIE = "agentbox_admin"

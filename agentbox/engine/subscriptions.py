@@ -1,10 +1,6 @@
-"""Subscriptions: the API that lets other programs ask to be told (MCP Events'
-webhook mode), the verification challenge, and the signing of their deliveries.
-
-    POST   /subscriptions               {url, event_types, secret, ttl_ms} -> 201
-    GET    /subscriptions               agents' current event types, and subscriptions
-    POST   /subscriptions/{id}/refresh  {ttl_ms} (optional) -> 200
-    DELETE /subscriptions/{id}          -> 204
+"""Subscriptions: other programs asking to be told (MCP Events' webhook mode),
+the verification challenge, and the signing of their deliveries. Their routes
+are agentbox.http.subscriptions_api.
 
 A topic is an event type (`session.exported`) or a run state (`run.succeeded`,
 `run.dead_lettered`, ...: `run.` and a state of the run state machine). The
@@ -23,17 +19,13 @@ import contextlib
 import hashlib
 import hmac
 import json
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
-
 from agentbox.addresses import is_public, parse_address
-from agentbox.config import Settings, env_name, is_loopback_host
+from agentbox.config import Settings, is_loopback_host
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import (
     LEASE_GRACE_SECONDS,
@@ -44,8 +36,6 @@ from agentbox.engine.callbacks import (
     how_to_resume,
 )
 from agentbox.events import PAYLOAD_MODELS
-from agentbox.http.api import _small_body, _token_required
-from agentbox.http.receiver import error_response
 from agentbox.logs import get_logger
 from agentbox.runs import RunStatus
 from agentbox.signing import (
@@ -59,8 +49,6 @@ from agentbox.store import (
     Notification,
     StorageUnavailable,
     Store,
-    SubscriptionNotFound,
-    SubscriptionView,
     Verification,
 )
 
@@ -285,125 +273,6 @@ class Subscriptions:
         return None
 
 
-# -- the API ----------------------------------------------------------------------------------
-
-
-class SubscriptionsApi:
-    """The routes; every one needs the admin token (401 admin_token_required)."""
-
-    def __init__(self, store: Store, subscriptions: Subscriptions, registry: AgentRegistry,
-                 settings: Settings, admin_token: str) -> None:
-        self.store, self.subscriptions, self.registry = store, subscriptions, registry
-        self.settings = settings
-        self._admin_token = admin_token.encode()
-        self.clock = subscriptions.clock
-
-    def _authorised(self, request: Request) -> bool:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self._admin_token)
-
-    async def create(self, request: Request) -> Response:
-        if not self._authorised(request):
-            return _token_required()
-        try:
-            fields = await _json_object(request, CREATE_BODY)
-            unknown = sorted(set(fields) - FIELDS)
-            if unknown:
-                raise Invalid("invalid_request", f"unknown fields: {', '.join(unknown)[:200]}; "
-                              "send url, event_types, secret and ttl_ms.")
-            url = self._url(fields.get("url"))
-            topics = topics_of(fields.get("event_types"))
-            secret = secret_of(fields.get("secret"))
-            ttl = self._ttl(fields.get("ttl_ms"))
-        except Invalid as exc:
-            return error_response(422, exc.code, exc.message)
-        try:
-            view = await self.store.create_subscription(
-                subscription_id="sub_" + secrets.token_hex(12), url=url, topics=topics,
-                secret=secret, secret_hint=secret_hint(secret),
-                challenge=secrets.token_urlsafe(24), ttl=ttl, now=self.clock())
-        except StorageUnavailable:
-            return _unavailable()
-        self.subscriptions.wake()
-        log.info("subscription created", extra={"subscription_id": view.id,
-                                                "topics": topics})
-        return JSONResponse(_shown(view), status_code=201)
-
-    async def list(self, request: Request) -> Response:
-        if not self._authorised(request):
-            return _token_required()
-        now = self.clock()
-        return JSONResponse({
-            "agents": await agent_sets(self.store, self.registry),
-            "subscriptions": [_shown(view) for view in await self.store.subscriptions(now)]})
-
-    async def refresh(self, request: Request) -> Response:
-        if not self._authorised(request):
-            return _token_required()
-        subscription_id = request.path_params["subscription_id"]
-        try:
-            fields = await _json_object(request, REFRESH_BODY, empty_ok=True)
-            unknown = sorted(set(fields) - {"ttl_ms"})
-            if unknown:
-                raise Invalid("invalid_request", f"unknown fields: {', '.join(unknown)[:200]}; "
-                              "a refresh takes only ttl_ms.")
-            ttl = self._ttl(fields.get("ttl_ms"))
-        except Invalid as exc:
-            return error_response(422, exc.code, exc.message)
-        try:
-            view = await self.store.refresh_subscription(
-                subscription_id, ttl, secrets.token_urlsafe(24), self.clock())
-        except SubscriptionNotFound:
-            return _not_found(subscription_id)
-        except StorageUnavailable:
-            return _unavailable()
-        self.subscriptions.wake()
-        return JSONResponse(_shown(view))
-
-    async def delete(self, request: Request) -> Response:
-        if not self._authorised(request):
-            return _token_required()
-        subscription_id = request.path_params["subscription_id"]
-        try:
-            await self.store.delete_subscription(subscription_id, self.clock())
-        except SubscriptionNotFound:
-            return _not_found(subscription_id)
-        except StorageUnavailable:
-            return _unavailable()
-        log.info("subscription deleted", extra={"subscription_id": subscription_id})
-        return Response(status_code=204)
-
-    def _url(self, value: Any) -> str:
-        if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
-            raise Invalid("invalid_url", f"url must be an absolute https URL of at most "
-                          f"{MAX_URL_CHARS} characters.")
-        parts = urlsplit(value)
-        if (parts.scheme not in ("http", "https") or not parts.hostname or not value.isascii()
-                or not value.isprintable() or parts.fragment):
-            raise Invalid("invalid_url", "url must be an absolute https URL in ASCII (an "
-                          "international host name in its xn-- form), without a fragment.")
-        if parts.username is not None or parts.password is not None:
-            raise Invalid("url_not_allowed", "url must not carry credentials.")
-        if self.subscriptions.policy.refusal(value) is not None:
-            raise Invalid("url_not_allowed", "url must be https (to a public address); plain "
-                          "http, or a loopback host, only for an origin listed in "
-                          f"{env_name('subscription_allowed')}.")
-        return value
-
-    def _ttl(self, value: Any) -> float:
-        """Seconds: ttl_ms within the configured bounds (absent: the longest)."""
-        s = self.settings
-        if value is None:
-            return s.subscription_max_ttl_seconds
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise Invalid("invalid_ttl", "ttl_ms must be a positive integer (milliseconds); "
-                          f"it is kept between {s.subscription_min_ttl_seconds * 1000:.0f} and "
-                          f"{s.subscription_max_ttl_seconds * 1000:.0f}.")
-        return min(max(value / 1000, s.subscription_min_ttl_seconds),
-                   s.subscription_max_ttl_seconds)
-
-
 async def agent_sets(store: Store, registry: AgentRegistry) -> list[dict[str, Any]]:
     """Each agent's current event types: the configuration's routing, changed by
     what the agent subscribed to and unsubscribed from (with the run that did)."""
@@ -422,33 +291,3 @@ async def agent_sets(store: Store, registry: AgentRegistry) -> list[dict[str, An
             mode="json", include={"event_type", "subscribed", "run_id", "changed_at"}))
     return [{"agent": agent, "event_types": sorted(types), "changes": changed.get(agent, [])}
             for agent, types in sorted(sets.items())]
-
-
-def _shown(view: SubscriptionView) -> dict[str, Any]:
-    return view.model_dump(mode="json")
-
-
-async def _json_object(request: Request, expected: str, empty_ok: bool = False
-                       ) -> dict[str, Any]:
-    """The request's JSON object; else Invalid, saying what the route takes (`expected`)."""
-    try:
-        raw = await _small_body(request)
-        if empty_ok and not raw.strip():
-            return {}
-        fields = json.loads(raw)
-    except (ValueError, RecursionError, ClientDisconnect, UnicodeDecodeError):
-        raise Invalid("invalid_request", expected) from None
-    if not isinstance(fields, dict):
-        raise Invalid("invalid_request", expected)
-    return fields
-
-
-def _not_found(subscription_id: str) -> Response:
-    return error_response(404, "subscription_not_found",
-                          f"No subscription has the id {subscription_id[:100]!r} (an expired "
-                          "one has stopped: subscribe again).")
-
-
-def _unavailable() -> Response:
-    return error_response(503, "storage_unavailable", "The store cannot take writes.")
-

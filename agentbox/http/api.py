@@ -18,8 +18,9 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
+from agentbox.http.access import small_body, token_required
+from agentbox.http.errors import error_response
 from agentbox.http.openapi import ExportView
-from agentbox.http.receiver import error_response
 from agentbox.logs import get_logger
 from agentbox.review.digest import mix_name
 from agentbox.runs import RunStatus
@@ -37,7 +38,6 @@ from agentbox.store import (
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
-MAX_ADMIN_BODY_BYTES = 4096
 
 log = get_logger("api")
 
@@ -144,9 +144,9 @@ class RunsApi:
 
     async def resume_destination(self, request: Request) -> Response:
         if not self._authorised(request):
-            return _token_required()
+            return token_required()
         try:
-            body = json.loads(await _small_body(request))
+            body = json.loads(await small_body(request))
             given = body["destination"]
             if not isinstance(given, str) or not given.isascii():
                 raise ValueError
@@ -175,7 +175,7 @@ class RunsApi:
 
     async def replay(self, request: Request) -> Response:
         if not self._authorised(request):
-            return _token_required()
+            return token_required()
         run_id = request.path_params["run_id"]
         try:
             await self.dispatcher.replay(run_id)
@@ -219,9 +219,9 @@ class RunsApi:
         """`agentbox prune` beside a running server (which holds the SQLite file): a
         retention pass now, `{"dry_run": true}` to be told what would go."""
         if not self._authorised(request):
-            return _token_required()
+            return token_required()
         try:
-            raw = await _small_body(request)
+            raw = await small_body(request)
             body = json.loads(raw) if raw.strip() else {}
             dry_run = body.get("dry_run", False) if isinstance(body, dict) else None
             if not isinstance(dry_run, bool):
@@ -266,25 +266,9 @@ def _limit(request: Request) -> int | None:
     return int(raw) if ok and 1 <= int(raw) <= MAX_LIST_LIMIT else None
 
 
-async def _small_body(request: Request) -> bytes:
-    """An admin call's JSON body; larger than MAX_ADMIN_BODY_BYTES is refused (ValueError)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_ADMIN_BODY_BYTES:
-            raise ValueError("body too large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _bad_limit() -> Response:
     return error_response(422, "invalid_query",
                           f"limit must be an integer from 1 to {MAX_LIST_LIMIT}")
-
-
-def _token_required() -> Response:
-    return error_response(401, "admin_token_required",
-                          "Send the admin token (agentbox token) as a Bearer token.")
 
 
 def _not_found(run_id: str) -> Response:

@@ -26,16 +26,13 @@ from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
-from agentbox.engine.subscriptions import Subscriptions, SubscriptionsApi
+from agentbox.engine.subscriptions import Subscriptions
 from agentbox.http.api import RunsApi
+from agentbox.http.errors import error_response
 from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard
-from agentbox.http.receiver import (
-    INTERNAL_ERROR_MESSAGE,
-    STORAGE_RETRY_AFTER_SECONDS,
-    Receiver,
-    error_response,
-)
+from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
+from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
 from agentbox.review.agent import (
     analysis_processes,

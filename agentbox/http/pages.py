@@ -48,7 +48,7 @@ from agentbox.engine.agents import PermanentAgentError
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
-from agentbox.http.receiver import error_body, error_response
+from agentbox.http.errors import error_body, error_response
 from agentbox.http.server import stopping
 from agentbox.review import charts
 from agentbox.review import view as review_view

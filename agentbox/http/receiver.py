@@ -13,14 +13,12 @@ verifying the signature and validating the event together.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from agentbox import logs
@@ -31,6 +29,7 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
+from agentbox.http.errors import error_body, send_json
 from agentbox.logs import get_logger
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import (
@@ -62,34 +61,6 @@ class Rejected(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.code, self.message, self.errors)
-
-
-def error_body(code: str, message: str,
-               errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"status": "rejected", "error_code": code, "message": message}
-    if errors is not None:
-        body["errors"] = errors
-    return body
-
-
-def error_response(
-    status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    return JSONResponse(error_body(code, message, errors), status_code=status, headers=headers)
-
-
-async def send_json(send: Send, status: int, body: dict[str, Any],
-                    headers: dict[str, str] | None = None) -> None:
-    """A JSON response, encoded as Starlette's JSONResponse encodes it."""
-    content = json.dumps(body, ensure_ascii=False, allow_nan=False,
-                         separators=(",", ":")).encode()
-    raw = [(b"content-length", str(len(content)).encode()),
-           (b"content-type", b"application/json")]
-    raw += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": content})
 
 
 class Receiver:

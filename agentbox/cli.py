@@ -105,8 +105,10 @@ def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
         agentbox secret rotate   # a new secret signs; the old one still verifies
         (give senders the new secret: agentbox secret)
         agentbox secret retire   # only the new one verifies
+    The same for the callback secret: agentbox secret --callback rotate (callbacks
+    are then signed with both until retire).
     """
-    ctx.obj = config_file
+    ctx.obj = (config_file, callback)
     if ctx.invoked_subcommand is not None:
         return
     settings = _settings(config_file)
@@ -122,30 +124,38 @@ def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
         click.echo(value)
 
 
-def _secret_file(config_file: Path | None) -> Path:
+def _secret_file(chosen: tuple[Path | None, bool]) -> Path:
+    config_file, callback = chosen
     settings = _settings(config_file)
-    if settings.webhook_secret:
+    name = "callback" if callback else "webhook"
+    if settings.callback_secret if callback else settings.webhook_secret:
         raise click.ClickException(
-            "the webhook secrets come from AGENTBOX_WEBHOOK_SECRET or the config file: rotate "
-            "them there (comma separated, the new one first)")
-    return settings.config_dir / cfg.WEBHOOK_SECRET_FILE
+            f"the {name} secrets come from {cfg.env_name(name + '_secret')} or the config file: "
+            "rotate them there (comma separated, the new one first)")
+    return settings.config_dir / (cfg.CALLBACK_SECRET_FILE if callback
+                                  else cfg.WEBHOOK_SECRET_FILE)
 
 
 @secret.command("rotate")
 @click.pass_obj
-def secret_rotate(config_file: Path | None) -> None:
+def secret_rotate(chosen: tuple[Path | None, bool]) -> None:
     """Make a new webhook secret; the old ones keep verifying until retired."""
-    path = _secret_file(config_file)
+    path = _secret_file(chosen)
     cfg.rotate_secret(path)
+    if chosen[1]:
+        click.echo(f"a new callback secret is first in {path}; restart agentbox, and callbacks "
+                   "are signed with both (webhook-signature) until: agentbox secret --callback "
+                   "retire")
+        return
     click.echo(f"a new secret signs from now on ({path}); the old one still verifies. Give "
                "senders the new one (agentbox secret), then: agentbox secret retire")
 
 
 @secret.command("retire")
 @click.pass_obj
-def secret_retire(config_file: Path | None) -> None:
+def secret_retire(chosen: tuple[Path | None, bool]) -> None:
     """Stop accepting every webhook secret but the newest."""
-    path = _secret_file(config_file)
+    path = _secret_file(chosen)
     retired = cfg.retire_secrets(path)
     click.echo(f"retired {retired} old secret(s); only the newest verifies now")
 

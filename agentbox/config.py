@@ -29,6 +29,7 @@ CONFIG_FILE_NAME = "agentbox.toml"
 WEBHOOK_SECRET_FILE = "webhook_secret"
 CALLBACK_SECRET_FILE = "callback_secret"
 ADMIN_TOKEN_FILE = "admin_token"
+WEBHOOK_SECRET_BYTES = 32  # a made secret's key (Standard Webhooks allows 24 to 64)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -452,7 +453,7 @@ def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
     if settings.webhook_secret:
         return settings, None
     path = settings.config_dir / WEBHOOK_SECRET_FILE
-    secret_from_file(path)  # made on first use
+    secret_from_file(path, new_webhook_secret)  # made on first use
     return _replace(settings, webhook_secret=secrets_in_file(path),
                     webhook_secret_file=path), path
 
@@ -472,7 +473,7 @@ def secrets_in_file(path: Path) -> tuple[str, ...]:
 def rotate_secret(path: Path) -> None:
     """Put a new secret first in `path`; the old ones keep verifying until retired."""
     old = secrets_in_file(path) if path.exists() else ()
-    _write_secrets(path, (_random_secret(), *old))
+    _write_secrets(path, (new_webhook_secret(), *old))
 
 
 def retire_secrets(path: Path) -> int:
@@ -491,14 +492,14 @@ def ensure_callback_secret(settings: Settings) -> tuple[Settings, Path | None]:
     """Like the webhook secret: configured, else kept in the config dir, else made.
 
     A made one has the Standard Webhooks form (`whsec_` + base64), so receivers
-    can hand it to any Standard Webhooks library as it is.
+    can hand it to any Standard Webhooks library as it is. The file may hold
+    several, the current first (a rotation): callbacks are signed with each.
     """
     if settings.callback_secret:
         return settings, None
     path = settings.config_dir / CALLBACK_SECRET_FILE
-    secret = secret_from_file(path, lambda: "whsec_" + base64.b64encode(
-        secrets.token_bytes(32)).decode())
-    return _replace(settings, callback_secret=(secret,)), path
+    secret_from_file(path, new_webhook_secret)
+    return _replace(settings, callback_secret=secrets_in_file(path)), path
 
 
 def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
@@ -527,6 +528,13 @@ def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:
 
 def _random_secret() -> str:
     return secrets.token_urlsafe(32)
+
+
+def new_webhook_secret() -> str:
+    """A new webhook or callback secret in the Standard Webhooks form: `whsec_` and
+    the base64 of 32 random bytes (the HMAC key of the standard's headers; the hex
+    scheme keys with the whole text)."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(WEBHOOK_SECRET_BYTES)).decode()
 
 
 def _replace(settings: Settings, **changes: Any) -> Settings:

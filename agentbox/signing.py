@@ -1,11 +1,21 @@
 """Webhook signatures: agentbox's hex HMAC scheme and Standard Webhooks.
 
-agentbox scheme: ``X-Webhook-Signature = hex(HMAC-SHA256(secret, ts + "." + body))``
-for incoming events, and the same with ``X-Agent-*`` headers and the callback
-secret for outgoing callbacks, which also carry the Standard Webhooks headers.
-Standard Webhooks: ``webhook-signature = "v1," + base64(HMAC-SHA256(key, id + "." + ts + "." +
-body))``, where a ``whsec_`` secret's key is its base64-decoded tail. Several
-signatures (space separated) and several secrets (rotation) may be in play.
+Which bytes are the HMAC key, for a secret as it is written (in the secret
+file, AGENTBOX_WEBHOOK_SECRET, AGENTBOX_CALLBACK_SECRET):
+
+- agentbox's hex scheme (``X-Webhook-*`` in, ``X-Agent-*`` out):
+  ``hex(HMAC-SHA256(key, ts + "." + body))`` where the key is the secret's
+  text, UTF-8, whatever its form (a ``whsec_…`` secret too, prefix and all),
+  as in the reference design.
+- Standard Webhooks (``webhook-*``): ``"v1," + base64(HMAC-SHA256(key, id +
+  "." + ts + "." + body))`` where a ``whsec_`` secret's key is its
+  base64-decoded tail (what every Standard Webhooks library does with it) and
+  any other secret's key is its text, UTF-8.
+
+Verifying is lenient where it costs nothing: a ``whsec_`` secret's decoded
+key and its text both verify either scheme. Several signatures (space
+separated) and several secrets (rotation) may be in play; a request that
+carries both header sets verifies when either does.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ SW_SIGNATURE_HEADER = "webhook-signature"
 AGENT_TIMESTAMP_HEADER = "x-agent-timestamp"
 AGENT_SIGNATURE_HEADER = "x-agent-signature"
 MAX_SIGNATURE_HEADER_CHARS = 4096
+WHSEC_PREFIX = "whsec_"
 
 
 class SignatureError(Exception):
@@ -38,19 +49,28 @@ class SignatureError(Exception):
         self.message = message
 
 
-def secret_keys(secret: str) -> tuple[bytes, ...]:
-    """The HMAC keys one configured secret stands for.
+def hex_key(secret: str) -> bytes:
+    """The HMAC key of the hex scheme: the secret's text."""
+    return secret.encode()
 
-    A ``whsec_`` secret is base64 (Standard Webhooks); its raw text is accepted
-    as well so that a sender using the plain hex scheme with it also verifies.
-    """
-    raw = secret.encode()
-    if secret.startswith("whsec_"):
+
+def standard_key(secret: str) -> bytes:
+    """The HMAC key of Standard Webhooks: a ``whsec_`` secret's base64-decoded tail
+    (padding may be left out, as the libraries allow), else the secret's text."""
+    if secret.startswith(WHSEC_PREFIX):
+        tail = secret[len(WHSEC_PREFIX):]
         try:
-            return (base64.b64decode(secret[6:], validate=True), raw)
+            return base64.b64decode(tail + "=" * (-len(tail) % 4), validate=True)
         except (binascii.Error, ValueError):
-            return (raw,)
-    return (raw,)
+            pass
+    return secret.encode()
+
+
+def secret_keys(secret: str) -> tuple[bytes, ...]:
+    """Every HMAC key one configured secret verifies with: a ``whsec_`` secret's
+    decoded key and then its text; any other secret's text alone."""
+    keys = (standard_key(secret), hex_key(secret))
+    return keys if keys[0] != keys[1] else keys[:1]
 
 
 def hex_signature(key: bytes, timestamp: str, body: bytes) -> str:
@@ -67,26 +87,34 @@ def sign_headers(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
     ts = str(timestamp)
     return {
         "X-Webhook-Timestamp": ts,
-        "X-Webhook-Signature": hex_signature(secret_keys(secret)[0], ts, body),
+        "X-Webhook-Signature": hex_signature(hex_key(secret), ts, body),
     }
+
+
+def standard_headers(secret: str, msg_id: str, body: bytes, timestamp: int) -> dict[str, str]:
+    """The Standard Webhooks headers of one request signed with `secret`."""
+    ts = str(timestamp)
+    return {SW_ID_HEADER: msg_id, SW_TIMESTAMP_HEADER: ts,
+            SW_SIGNATURE_HEADER: standard_signature(standard_key(secret), msg_id, ts, body)}
 
 
 def callback_headers(secrets: Sequence[str], notification_id: str, body: bytes,
                      timestamp: int) -> dict[str, str]:
     """The signature headers of one callback delivery.
 
-    ``X-Agent-Signature`` is the hex scheme with the first (current) secret;
-    ``webhook-signature`` carries one Standard Webhooks signature per secret,
-    so a receiver still holding an older secret verifies during a rotation.
+    ``X-Agent-Signature`` is the hex scheme with the first (current) secret, as the
+    reference design has it; ``webhook-signature`` carries one Standard Webhooks
+    signature per active secret, so a receiver holding any of them verifies during
+    a rotation (`verify_callback` tries it first).
     """
     ts = str(timestamp)
     return {
         "X-Agent-Timestamp": ts,
-        "X-Agent-Signature": hex_signature(secrets[0].encode(), ts, body),
+        "X-Agent-Signature": hex_signature(hex_key(secrets[0]), ts, body),
         "webhook-id": notification_id,
         "webhook-timestamp": ts,
         "webhook-signature": " ".join(
-            standard_signature(secret_keys(s)[0], notification_id, ts, body) for s in secrets),
+            standard_signature(standard_key(s), notification_id, ts, body) for s in secrets),
     }
 
 
@@ -95,12 +123,16 @@ def verify_callback(secret: str | Sequence[str], headers: Mapping[str, str], bod
     """Check a callback from agentbox and return its notification.
 
     `headers` may carry either scheme (``X-Agent-*`` or Standard Webhooks);
-    `body` must be the exact raw bytes received. Raises SignatureError. Drop
+    `body` must be the exact raw bytes received. The Standard Webhooks
+    signature is checked first: agentbox signs it with every active callback
+    secret, so any one of them verifies during a rotation (``X-Agent-Signature``
+    carries the current secret's only). Raises SignatureError. Drop
     notifications whose ``notification_id`` you have already handled: a
     callback is delivered at least once.
     """
     secrets = [secret] if isinstance(secret, str) else list(secret)
-    verifier = Verifier(secrets, max_age_seconds, AGENT_TIMESTAMP_HEADER, AGENT_SIGNATURE_HEADER)
+    verifier = Verifier(secrets, max_age_seconds, AGENT_TIMESTAMP_HEADER, AGENT_SIGNATURE_HEADER,
+                        standard_first=True)
     verifier.verify(headers, body, time.time() if now is None else now)
     try:
         notification: dict[str, Any] = json.loads(body)
@@ -114,24 +146,34 @@ class Verifier:
 
     def __init__(self, secrets: Sequence[str], max_age_seconds: float,
                  timestamp_header: str = HEX_TIMESTAMP_HEADER,
-                 signature_header: str = HEX_SIGNATURE_HEADER) -> None:
+                 signature_header: str = HEX_SIGNATURE_HEADER,
+                 standard_first: bool = False) -> None:
         self._keys = tuple(k for s in secrets for k in secret_keys(s))
         self.max_age_seconds = max_age_seconds
         self._timestamp_header, self._signature_header = timestamp_header, signature_header
+        checks = [(signature_header, self._verify_hex),
+                  (SW_SIGNATURE_HEADER, self._verify_standard)]
+        self._checks = checks[::-1] if standard_first else checks
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        """Raise SignatureError unless some secret signed this exact body recently."""
+        """Raise SignatureError unless some secret signed this exact body recently (by
+        either scheme whose headers are present; the first one's refusal is raised)."""
         headers = {name.lower(): value for name, value in headers.items()}
-        if headers.get(self._signature_header) is not None:
-            self._verify_hex(headers, body, now)
-        elif headers.get(SW_SIGNATURE_HEADER) is not None:
-            self._verify_standard(headers, body, now)
-        else:
-            raise SignatureError(
-                "signature_missing",
-                f"Sign the request: send {self._timestamp_header.title()} and "
-                f"{self._signature_header.title()} (or the Standard Webhooks headers).",
-            )
+        refusal: SignatureError | None = None
+        for header, check in self._checks:
+            if headers.get(header) is None:
+                continue
+            try:
+                check(headers, body, now)
+            except SignatureError as exc:
+                refusal = refusal or exc
+            else:
+                return
+        raise refusal or SignatureError(
+            "signature_missing",
+            f"Sign the request: send {self._timestamp_header.title()} and "
+            f"{self._signature_header.title()} (or the Standard Webhooks headers).",
+        )
 
     def _verify_hex(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
         timestamp = self._fresh_timestamp(headers.get(self._timestamp_header), now)

@@ -6,20 +6,27 @@ import base64
 import hashlib
 import hmac
 import json
+import time
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
+from agentbox.config import secrets_in_file
 from agentbox.signing import (
     MAX_SIGNATURE_HEADER_CHARS,
     SignatureError,
     Verifier,
+    callback_headers,
     hex_signature,
     secret_keys,
     sign_headers,
+    standard_headers,
+    standard_key,
     standard_signature,
+    verify_callback,
 )
 from tests.vectors import VECTORS_PATH
 
@@ -332,3 +339,98 @@ def test_vendored_vectors_match_the_shared_ones() -> None:
     if not SHARED_VECTORS_PATH.exists():
         pytest.skip("no shared/ folder beside this clone; the vendored copy is used as is")
     assert json.loads(VECTORS_PATH.read_text()) == json.loads(SHARED_VECTORS_PATH.read_text())
+
+
+# -- Standard Webhooks' own library (the reference implementation) ------------------------
+
+PLAIN = "replace-with-a-long-random-secret"  # a secret from before whsec_ (still works)
+
+
+def _now_headers(headers: dict[str, str]) -> float:
+    return float(headers.get("webhook-timestamp") or headers["X-Webhook-Timestamp"])
+
+
+def test_a_new_webhook_secret_loads_in_the_standard_library(tmp_path) -> None:
+    """The secret agentbox makes (first start, and each rotation) is in the standard's
+    form: its libraries load it, and what they sign with it agentbox verifies."""
+    from standardwebhooks.webhooks import Webhook
+
+    from agentbox.config import ensure_webhook_secret, load_settings, rotate_secret
+
+    _, path = ensure_webhook_secret(load_settings(environ={}, overrides={
+        "config_dir": tmp_path, "data_dir": tmp_path}))
+    assert path is not None
+    rotate_secret(path)
+    made = secrets_in_file(path)
+    assert len(made) == 2
+    body = b'{"a":1}'
+    for secret in made:
+        assert secret.startswith("whsec_")
+        assert len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
+        signed = Webhook(secret).sign("msg_1", datetime.now(UTC), body)
+        headers = {"webhook-id": "msg_1", "webhook-timestamp": str(int(time.time())),
+                   "webhook-signature": signed}
+        Verifier(made, MAX_AGE).verify(headers, body, time.time())
+
+
+@pytest.mark.parametrize("secret", [PLAIN, SW_CASES[0]["secret"]], ids=["plain", "whsec"])
+def test_senders_sign_with_either_header_set_and_either_form(secret: str) -> None:
+    """The docs' rules for a sender: the hex scheme keys with the secret's text; the
+    standard's headers with the decoded whsec_ key, or a plain secret's text (handed
+    to the library as bytes)."""
+    from standardwebhooks.webhooks import Webhook
+
+    body, now = b'{"event":"x"}', time.time()
+    verifier = Verifier([secret], MAX_AGE)
+    library = Webhook(secret) if secret.startswith("whsec_") else Webhook(secret.encode())
+    standard = {"webhook-id": "e1", "webhook-timestamp": str(int(now)),
+                "webhook-signature": library.sign("e1", datetime.fromtimestamp(now, UTC), body)}
+    assert standard == standard_headers(secret, "e1", body, int(now))
+    verifier.verify(standard, body, now)
+    text_key = hmac.new(secret.encode(), f"{int(now)}.".encode() + body, hashlib.sha256)
+    assert sign_headers(secret, body, int(now))["X-Webhook-Signature"] == text_key.hexdigest()
+    verifier.verify(sign_headers(secret, body, int(now)), body, now)
+
+
+def test_an_unpadded_whsec_secret_verifies_as_the_libraries_read_it() -> None:
+    from standardwebhooks.webhooks import Webhook
+
+    secret = "whsec_" + base64.b64encode(b"k" * 25).decode().rstrip("=")
+    assert standard_key(secret) == b"k" * 25
+    body, now = b"{}", time.time()
+    signed = Webhook(secret).sign("m", datetime.fromtimestamp(now, UTC), body)
+    Verifier([secret], MAX_AGE).verify(
+        {"webhook-id": "m", "webhook-timestamp": str(int(now)), "webhook-signature": signed},
+        body, now)
+
+
+@pytest.mark.parametrize("holder", [0, 1, 2])
+def test_a_callback_verifies_with_any_active_secret(holder: int) -> None:
+    """During a rotation a receiver may hold any of the active callback secrets: with
+    the documented recipe (verify_callback) and with the standard's library, every
+    callback verifies, whichever it holds; X-Agent-Signature stays the current one's."""
+    from standardwebhooks.webhooks import Webhook
+
+    active = ["whsec_" + base64.b64encode(bytes([i]) * 32).decode() for i in (1, 2)] + [PLAIN]
+    body = json.dumps({"notification_id": "run_1:succeeded:0"}).encode()
+    now = int(time.time())
+    headers = callback_headers(active, "run_1:succeeded:0", body, now)
+    held = active[holder]
+    assert verify_callback(held, headers, body, now=now)["notification_id"] == "run_1:succeeded:0"
+    library = Webhook(held) if held.startswith("whsec_") else Webhook(held.encode())
+    assert library.verify(body, headers)["notification_id"] == "run_1:succeeded:0"
+    hex_only = {k: v for k, v in headers.items() if k.startswith("X-")}
+    if holder == 0:
+        verify_callback(held, hex_only, body, now=now)
+    else:
+        with pytest.raises(SignatureError):
+            verify_callback(held, hex_only, body, now=now)
+
+
+def test_either_header_set_may_verify_a_request_that_carries_both() -> None:
+    body, now = b"{}", 1000
+    both = {**sign_headers("other", body, now), **standard_headers("mine", "m", body, now)}
+    Verifier(["mine"], MAX_AGE).verify(both, body, now)
+    with pytest.raises(SignatureError) as refused:
+        Verifier(["neither"], MAX_AGE).verify(both, body, now)
+    assert refused.value.code == "signature_invalid"

@@ -1006,7 +1006,7 @@ EXIT_USAGE = 2  # as click's own usage errors
 @CONFIG_OPTION
 def mcp(url: str | None, config_file: Path | None) -> None:
     """Serve agentbox's tools to an AI assistant on this machine: a Model Context
-    Protocol server on stdin/stdout, for the assistant to start (see the README).
+    Protocol server on stdin/stdout, for the assistant to start (agentbox docs cli).
 
     It talks to the running agentbox (as send, runs and show do) and signs with the
     same secret. Needs the optional MCP SDK: pip install 'agentbox[mcp]'.
@@ -1019,6 +1019,19 @@ def mcp(url: str | None, config_file: Path | None) -> None:
         click.echo(MCP_FROZEN if getattr(sys, "frozen", False) else MCP_INSTALL, err=True)
         sys.exit(EXIT_USAGE)
     mcp_server.serve(client_url(url, config_file), config_file)
+
+
+@main.command("docs")
+@click.argument("topic", required=False)
+def docs(topic: str | None) -> None:
+    """Read the manual: its topics, or one TOPIC's text (e.g. agentbox docs review)."""
+    from agentbox import manual
+    try:
+        text = manual.for_terminal(topic)
+    except manual.UnknownTopic as exc:
+        click.echo(manual.unknown_sentence(exc.name), err=True)
+        sys.exit(EXIT_USAGE)
+    (click.echo_via_pager if sys.stdout.isatty() else click.echo)(text)
 
 
 # -- start at login (the logic is in agentbox/service.py) ------------------------------------

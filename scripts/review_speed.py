@@ -1,6 +1,6 @@
 """The built-in review against ffmpeg's ebur128 filter on the same files: time from
 the 202 to `succeeded`, and the readings (integrated loudness, loudness range,
-true peak) side by side. See the README's "How fast the review is".
+true peak) side by side. See agentbox/docs/performance.md, "The review's speed".
 
     .venv/bin/python scripts/review_speed.py [--minutes 5,3,10] [--rounds 3]
 

@@ -1,4 +1,4 @@
-"""Take the README's screenshots of the status page (Debian's Chromium, Playwright).
+"""Take the screenshots of the status page in scripts/screenshots/ (Debian's Chromium, Playwright).
 
     .venv/bin/python scripts/screenshot.py
 

@@ -143,3 +143,18 @@ def test_the_executables_service_runs_the_executable(executable: Path,
                              capture_output=True, text=True, timeout=300, check=False)
     assert planned.returncode == 0, planned.stderr
     assert f"ExecStart={executable} serve\n" in planned.stdout
+
+
+def test_the_executable_carries_the_manual(executable: Path, server: str,
+                                           home: dict[str, str]) -> None:
+    """The Markdown of agentbox/docs/ is inside the file: served at /docs, printed by
+    `agentbox docs`."""
+    contents = httpx.get(f"{server}/docs", timeout=30)
+    assert contents.status_code == 200 and 'href="/docs/review"' in contents.text
+    topic = httpx.get(f"{server}/docs/review", timeout=30)
+    assert topic.status_code == 200 and "<h1>The review</h1>" in topic.text
+    printed = subprocess.run([str(executable), "docs", "configuration"], env=home,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == (ROOT / "agentbox" / "docs" / "configuration.md").read_text(
+        encoding="utf-8") + "\n"

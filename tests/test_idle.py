@@ -24,7 +24,7 @@ from tests.conftest import Server, make_event
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads Linux's /proc counters")
 
-# Longer for the README's figure: AGENTBOX_TEST_IDLE_SECONDS=120 ... -s prints it.
+# Longer for the figure in the performance topic: AGENTBOX_TEST_IDLE_SECONDS=120 ... -s prints it.
 WINDOW_SECONDS = float(os.environ.get("AGENTBOX_TEST_IDLE_SECONDS", "10"))
 SETTLE_SECONDS = 2.5  # a second's checkpoint after the last write, the last tick of a connection
 MAX_WAKEUPS_PER_SECOND = 5.0  # measured: 0 (17.6 before the timers went)

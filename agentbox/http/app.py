@@ -28,6 +28,7 @@ from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
 from agentbox.engine.subscriptions import Subscriptions
 from agentbox.http.api import RunsApi
+from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard
@@ -102,6 +103,7 @@ def create_app(
     retention = api.retention = Retention(store, settings, clock)
 
     pages = StatusPages(settings, store, dispatcher, admin_token)
+    manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     notices = ReviewNotifications(store) if settings.notify else None
     if notices is not None:
@@ -180,6 +182,8 @@ def create_app(
             Route("/ui/login", pages.login, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_json, methods=["GET"]),
+            Route("/docs", manual_pages.contents, methods=["GET"]),
+            Route("/docs/{topic}", manual_pages.topic, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, StorageUnavailable: _storage_error,
                             Exception: _internal_error},

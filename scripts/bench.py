@@ -221,6 +221,40 @@ def split_events(events: Path, parts: int) -> list[Path]:
     return paths
 
 
+def load_split(urls: list[str], events: Path, connections: int,
+               duration: float) -> dict[str, Any]:
+    """One wrk per server, each with its share of the connections and of the events,
+    side by side: accepted/s adds up, latency is the worst server's."""
+    loaded = min(len(urls), connections)  # 1 connection loads one server
+    shares = split_events(events, loaded)
+    results: list[dict[str, Any]] = [{} for _ in range(loaded)]
+
+    def load(index: int) -> None:
+        share = connections // loaded + (1 if index < connections % loaded else 0)
+        results[index] = run_wrk(urls[index], shares[index], share, duration)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(loaded)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for share in shares:
+        share.unlink()
+    if not all(results):
+        raise SystemExit("a wrk run failed (its error is above)")
+    statuses: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for result in results:
+        for key, value in result["statuses"].items():
+            statuses[key] = statuses.get(key, 0) + value
+        for key, value in result["errors"].items():
+            errors[key] = errors.get(key, 0) + value
+    return {"per_second": sum(r["per_second"] for r in results),
+            "duration_us": max(r["duration_us"] for r in results),
+            **{key: max(r[key] for r in results) for key in ("p50_us", "p99_us", "p999_us")},
+            "statuses": statuses, "errors": errors}
+
+
 def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int,
                         duration: float, instances: int) -> dict[str, Any]:
     """`instances` agentbox servers on one fresh database, each loaded by its own wrk
@@ -233,38 +267,15 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
         monitors = [Monitor(server.process.pid) for server in servers]
         for monitor in monitors:
             monitor.start()
-        loaded = min(instances, connections)  # 1 connection loads one instance
-        shares = split_events(events, loaded)
-        results: list[dict[str, Any]] = [{} for _ in range(loaded)]
-
-        def load(index: int) -> None:
-            share = connections // loaded + (1 if index < connections % loaded else 0)
-            results[index] = run_wrk(servers[index].url, shares[index], share, duration)
-
-        threads = [threading.Thread(target=load, args=(i,)) for i in range(loaded)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        wrk = load_split([server.url for server in servers], events, connections, duration)
         for monitor in monitors:
             monitor.finish()
-        if not all(results):
-            raise SystemExit("a wrk run failed (its error is above)")
-        statuses: dict[str, int] = {}
-        errors: dict[str, int] = {}
-        for result in results:
-            for key, value in result["statuses"].items():
-                statuses[key] = statuses.get(key, 0) + value
-            for key, value in result["errors"].items():
-                errors[key] = errors.get(key, 0) + value
+        statuses = wrk["statuses"]
         figures: dict[str, Any] = {
             "target": "agentbox", "store": f"pg x{instances}", "instances": instances,
-            "connections": connections,
-            "accepted_per_s": round(sum(r["per_second"] for r in results)),
-            "p50_ms": max(r["p50_us"] for r in results) / 1000,
-            "p99_ms": max(r["p99_us"] for r in results) / 1000,
-            "p999_ms": max(r["p999_us"] for r in results) / 1000,
-            "statuses": statuses, "errors": errors,
+            "connections": connections, "accepted_per_s": round(wrk["per_second"]),
+            "p50_ms": wrk["p50_us"] / 1000, "p99_ms": wrk["p99_us"] / 1000,
+            "p999_ms": wrk["p999_us"] / 1000, "statuses": statuses, "errors": wrk["errors"],
             "server_cpu_percent": round(sum(m.cpu_percent for m in monitors)),
             "max_rss_mb": round(max(m.max_rss_mb for m in monitors)),
             # agentbox's processes only: PostgreSQL's backends come on top
@@ -275,8 +286,6 @@ def postgres_load_phase(pg: Postgres, work: Path, events: Path, connections: int
         for server in servers:
             server.stop()
         servers.clear()
-        for share in shares:
-            share.unlink()
         figures["store_check"] = check_store(work, statuses.get("202", 0), connections,
                                              database_url=url)
         return figures
@@ -604,7 +613,9 @@ def print_table(report: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=float, default=10)
-    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--concurrency", default=None,
+                        help="connections, comma separated (default 1,16,64,256; with "
+                             "--peers and --database-url 16,64)")
     parser.add_argument("--seed-runs", type=int, default=1_000_000)
     parser.add_argument("--backlog", type=int, default=50_000,
                         help="runs to drain in the backlog phase (0: skip it)")
@@ -618,20 +629,29 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, metavar="URL",
                         help="also measure PostgreSQL: a server whose user may CREATE DATABASE "
                              "(each phase gets a fresh database, dropped after)")
-    parser.add_argument("--instances", default="1,2,3",
-                        help="PostgreSQL phases: how many agentbox instances share the database")
+    parser.add_argument("--instances", default=None,
+                        help="PostgreSQL phases: how many agentbox instances share the database "
+                             "(default 1,2,3; with --peers 1,2: a row each)")
     parser.add_argument("--postgres-only", action="store_true",
                         help="with --database-url: the ceiling and PostgreSQL phases only")
     parser.add_argument("--peers", action="store_true",
                         help="also measure the peers end to end (Redis reference design, "
-                             "huey): scripts/bench_peers.py")
+                             "huey): scripts/bench_peers.py; with --database-url, only "
+                             "agentbox on PostgreSQL against procrastinate and pgqueuer: "
+                             "scripts/bench_pg.py")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--peers with --database-url: rounds, each taking every target")
     args = parser.parse_args()
     Server.log_level = args.log_level
+    if args.peers and args.database_url:
+        postgres_peers(args)
+        return
     if args.peers:
         import bench_peers
 
         bench_peers.require()  # exits 2, naming what to install, before measuring anything
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [int(c) for c in (args.concurrency or "1,16,64,256").split(",")]
+    args.instances = args.instances or "1,2,3"
     work = Path(tempfile.mkdtemp(prefix="agentbox-bench-"))
     print(f"work directory (removed if the run passes): {work}", file=sys.stderr)
     report: dict[str, Any] = {"duration_s": args.duration, "log_level": args.log_level,
@@ -722,6 +742,31 @@ def main() -> None:
         raise SystemExit("FAILED: a request was not answered 202, or the store does not "
                          f"hold exactly one event and one run per 202 (logs and stores: {work})")
     shutil.rmtree(work)  # a seeded store alone is most of a gigabyte
+
+
+def postgres_peers(args: argparse.Namespace) -> None:
+    """--peers --database-url: agentbox on PostgreSQL against procrastinate and pgqueuer,
+    in rounds (bench_pg.py), and nothing else."""
+    import bench_pg
+
+    work = Path(tempfile.mkdtemp(prefix="agentbox-bench-"))
+    print(f"work directory (removed if the run passes): {work}", file=sys.stderr)
+    report: dict[str, Any] = {"duration_s": args.duration, "log_level": args.log_level,
+                              "rounds": args.rounds, "load": [], "cpus": os.cpu_count(),
+                              "started": time.strftime("%FT%TZ", time.gmtime())}
+    failed = bench_pg.run(sys.modules[__name__], args.database_url, work,
+                          [int(c) for c in (args.concurrency or "16,64").split(",")],
+                          args.duration, args.rounds,
+                          [int(n) for n in (args.instances or "1,2").split(",")], report)
+    bench_pg.print_summary(report)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    if failed:
+        print("\n" + text)
+        raise SystemExit("FAILED: a request was not answered 202, or a target did not run "
+                         f"every event it accepted (logs: {work})")
+    shutil.rmtree(work)
 
 
 def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path,

@@ -118,12 +118,14 @@ def wait_for(condition: Callable[[], bool], what: str, processes: list[Process],
         time.sleep(0.02)
 
 
-def receiver(bench: Any, app: str, directory: Path, env: dict[str, str]) -> tuple[Process, str]:
-    """A uvicorn serving `app` as the ceiling is served (uvloop, httptools, one process)."""
+def receiver(bench: Any, app: str, directory: Path, env: dict[str, str],
+             python: str = sys.executable) -> tuple[Process, str]:
+    """A uvicorn serving `app` (module:name) as the ceiling is served (uvloop, httptools,
+    one process), by `python` (a peer's own environment's)."""
     import httpx
 
     port = bench.free_port()
-    cmd = [sys.executable, "-m", "uvicorn", f"bench_apps:{app}", "--host", "127.0.0.1",
+    cmd = [python, "-m", "uvicorn", app, "--host", "127.0.0.1",
            "--port", str(port), "--loop", "uvloop", "--http", "httptools",
            "--no-access-log", "--log-level", "warning"]
     process = Process(bench, "receiver", cmd, directory, env)
@@ -184,7 +186,7 @@ def peer_phase(bench: Any, work: Path, events: Path, connections: int, duration:
 
             def completed() -> int:
                 return kv_count("key NOT LIKE 'dedup:%'")
-        app = "reference_app" if target == "reference" else "huey_app"
+        app = "bench_apps:" + ("reference_app" if target == "reference" else "huey_app")
         front, url = receiver(bench, app, directory, env)
         processes.append(front)
         for process in processes:

@@ -41,6 +41,7 @@ LUA = HERE / "bench.lua"
 MAX_EVENTS_PER_SECOND = 20_000  # enough pre-signed events for the fastest target
 CALIBRATION_SECONDS = 2  # the drain's first run, which sets the pace of the measured one
 RUNNING: set[Server] = set()  # servers started and not stopped: a failing bench kills them
+WRK_PREFIX: list[str] = []  # e.g. taskset -c 1 (scripts/capacity.py pins wrk to a core)
 
 
 def free_port() -> int:
@@ -172,7 +173,7 @@ def run_wrk(url: str, events: Path, connections: int, duration: float,
             pace_ms: float = 0.0) -> dict[str, Any]:
     threads = 1 if connections == 1 else 2
     env = {**os.environ, **({"BENCH_PACE": "1"} if pace_ms else {})}
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
+    cmd = [*WRK_PREFIX, "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
            "--timeout", "10s", "-s", str(LUA), url, "--", str(events), str(threads),
            str(pace_ms)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -116,8 +116,15 @@ def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql).fetchall()  # type: ignore[arg-type]
 
 
-def _count(url: str, sql: str) -> int:
+def count(url: str, sql: str) -> int:
     return int(_rows(url, sql)[0][0])
+
+
+def wait_until_done(url: str, counts: tuple[str, str]) -> None:
+    """Until every event taken has completed (exit when DRAIN_DEADLINE_S passes first)."""
+    taken = count(url, counts[0])
+    bench_peers.wait_for(lambda: count(url, counts[1]) >= taken,
+                         f"the {taken} events taken were not all done", [], DRAIN_DEADLINE_S)
 
 
 # How far each target got: (taken, completed), read from its own tables.
@@ -185,9 +192,9 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
             monitors["receiver"].finish()
             processes[-1].stop(bench)
         taken_sql, done_sql = COUNTS[kind]
-        taken = _count(url, taken_sql)
+        taken = count(url, taken_sql)
         drained = bench_peers.wait_for(
-            lambda: _count(url, done_sql) >= taken, f"{target} did not finish the {taken} "
+            lambda: count(url, done_sql) >= taken, f"{target} did not finish the {taken} "
             "events it took", [p for p in processes if p in bench.RUNNING],
             DRAIN_DEADLINE_S, fatal=False)
         finished = time.monotonic()
@@ -202,7 +209,7 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
             if process in bench.RUNNING:
                 process.stop(bench)
         pg_figures.update(watch.commits())  # the clients are gone: their counts are in
-        done = _count(url, done_sql)
+        done = count(url, done_sql)
         return row(target, instances, connections, wrk, loaded, finished, monitors,
                    pg_figures, taken, done, drained)
     finally:

@@ -33,8 +33,6 @@ from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
-import pytest
-
 DATABASE_URL_ENV = "AGENTBOX_TEST_DATABASE_URL"
 BINDIR_ENV = "AGENTBOX_TEST_PG_BINDIR"
 REQUIRE_ENV = "AGENTBOX_TEST_REQUIRE_POSTGRES"
@@ -78,6 +76,8 @@ def skip_or_fail(reason: str = POSTGRES_SKIP_REASON) -> NoReturn:
     """Skip the test for want of PostgreSQL, or fail it when AGENTBOX_TEST_REQUIRE_POSTGRES=1
     (conftest's terminal summary then says why the run failed). Any test that finds
     PostgreSQL unavailable should call this rather than pytest.skip."""
+    import pytest  # here: scripts/capacity.py starts its server with this module, no pytest
+
     if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
         missing.append(reason)
         pytest.fail(f"{REQUIRE_ENV}=1 makes a missing PostgreSQL a failure, not a skip: "

@@ -1,13 +1,16 @@
-"""Take the screenshots of the status page in scripts/screenshots/ (Debian's Chromium, Playwright).
+"""Take the manual's screenshots of the page (Debian's Chromium, Playwright), at a
+desktop's width (1280 px) and a phone's (390 px).
 
     .venv/bin/python scripts/screenshot.py
 
 Starts a real agentbox on 127.0.0.1 with a fresh data directory, has the mix
 review listen to a few generated mixes (three exports of one project, getting
-better, and another project), adds runs that fail and are dead-lettered, and
-saves into scripts/screenshots/: the home page (home.png), a project's page
-(project.png), a review (review.png) and the operator's runs view
-(overview.png).
+better, another project, and an export that came out empty), adds runs that fail
+and are dead-lettered, and saves into scripts/screenshots/: the home page
+(home.png), a project's page (project.png), a review (review.png), a review that
+could not be made (failed.png) and the operations area's runs view
+(overview.png); and at a phone's width home-phone.png, project-phone.png,
+review-phone.png and failed-phone.png.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ def write(home: Path, name: str, audio: np.ndarray) -> Path:
     return path
 
 
+def write_empty(home: Path, name: str) -> Path:
+    """A render that wrote nothing (the DAW's export failed)."""
+    path = home / name
+    path.write_bytes(b"")
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    return path
+
+
 def review(server: Server, project: str, path: Path) -> str:
     run_id: str = server.post(make_event(payload={"project_id": project,
                                                   "mix_url": str(path)})).json()["run_id"]
@@ -66,6 +78,7 @@ def review(server: Server, project: str, path: Path) -> str:
 
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="agentbox-shot-"))
+    saved: list[Path] = []
     exports = [
         ("night-drive", "night-drive v1.wav", song(64, 0.25, 1)),  # quiet
         ("night-drive", "night-drive v2.wav", song(64, 1.6, 2)),  # slammed and clipped
@@ -80,25 +93,35 @@ def main() -> None:
                 "project_id": project, "mix_url": "/tmp/mix.wav", "requested_by": "me"}))
         runs = [review(server, project, write(home, name, audio))
                 for project, name, audio in exports]
+        empty = review(server, "b-side", write_empty(home, "b-side.wav"))
+        project = "/projects/" + quote("night-drive", safe="")
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                                  args=FLAGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            shots = [("/", "home.png", "#projects"),
-                     ("/projects/" + quote("night-drive", safe=""), "project.png",
-                      "#trend-integrated"),
-                     (f"/ui/runs/{runs[1]}", "review.png", "#loudness-plot"),
-                     ("/ui/runs", "overview.png", "#runs-live")]
-            for path, name, ready in shots:
-                page.goto(server.url + path)
-                page.wait_for_selector(ready)
-                page.wait_for_selector("#live.on")
-                page.screenshot(path=str(OUT / name), full_page=name == "review.png")
+            for width, suffix, shots in (
+                    (1280, "", [("/", "home", "#projects", False),
+                                (project, "project", "#trend-integrated", False),
+                                (f"/ui/runs/{runs[1]}", "review", "#loudness-plot", True),
+                                (f"/ui/runs/{empty}", "failed", "#outcome", False),
+                                ("/ui/runs", "overview", "#runs-live", False)]),
+                    (390, "-phone", [("/", "home", "#projects", True),
+                                     (project, "project", "#exports", True),
+                                     (f"/ui/runs/{runs[1]}", "review", "#loudness-plot",
+                                      True),
+                                     (f"/ui/runs/{empty}", "failed", "#outcome", False)])):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                for path, name, ready, whole in shots:
+                    page.goto(server.url + path)
+                    page.wait_for_selector(ready)
+                    page.wait_for_selector("#live.on")
+                    target = OUT / f"{name}{suffix}.png"
+                    page.screenshot(path=str(target), full_page=whole)
+                    saved.append(target)
+                page.close()
             browser.close()
     finally:
         server.close()
-    print("saved", ", ".join(str(OUT / n) for n in ("home.png", "project.png", "review.png",
-                                                    "overview.png")))
+    print("saved", ", ".join(str(path) for path in saved))
 
 
 if __name__ == "__main__":

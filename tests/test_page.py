@@ -61,14 +61,19 @@ def test_a_dead_letter_is_replayed_by_clicking(server: Server, page: Page) -> No
     run_id = server.post(make_event(project_id="fail-4")).json()["run_id"]
     assert server.wait_terminal(run_id, timeout=30)["status"] == "dead_lettered"
     page.goto(server.url + "/")
+    # a musician's page says only that operations need a look; the operations area why
+    expect(page.get_by_role("alert")).to_have_count(0)
+    expect(page.locator("#nav-operations #attention")).to_be_visible()
+    page.click("#nav-operations")
     expect(page.get_by_role("alert")).to_contain_text("dead-lettered")
-    page.goto(server.url + "/ui/dead-letters")
+    page.click("#tab-dead-letters")
     page.check(f'input[value="{run_id}"]')
     page.click("#replay-selected")
     page.wait_for_url(f"**/ui/runs/{run_id}")
     expect(page.locator("h1 .status")).to_have_text("succeeded", timeout=20_000)
     page.reload()
-    expect(page.get_by_text("replayed")).to_be_visible()
+    expect(page.locator("#timeline").get_by_text("replayed")).to_be_visible()
+    expect(page.locator("#run-facts")).to_contain_text("replayed 1 time")
     run = server.run(run_id)
     assert run["status"] == "succeeded" and run["replays"] == 1
 
@@ -182,7 +187,7 @@ def test_beyond_loopback_every_page_needs_the_token(
     page.fill('input[name="token"]', token)
     page.click("button:has-text(\"Open\")")
     expect(page.locator("h1")).to_have_text("Your projects")
-    page.click("#nav-runs")
+    page.click("#nav-operations")
     expect(page.locator("h1")).to_have_text("Runs")
     expect(page.locator("#live")).to_have_text("live", timeout=10_000)
     html = page.content()

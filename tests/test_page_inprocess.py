@@ -138,3 +138,43 @@ async def test_home_names_an_export_that_was_not_reviewed_by_its_file(box: InPro
     row = row[:row.index("</tr>")]
     assert "mix.wav" in row and "not reviewed" in row
     assert f">{bad}<" not in row and ">failed_permanent<" not in row
+
+
+async def test_the_page_takes_its_style_and_script_from_its_own_files(box: InProcess) -> None:
+    """Nothing inline (a Content-Security-Policy without 'unsafe-inline' allows the
+    page), and each file named by a digest of it, so that a browser keeps it until
+    agentbox changes it."""
+    home = (await box.client.get("/")).text
+    assert "<style" not in home and " style=" not in home
+    assert "<script>" not in home and '<script src="/ui/static/page.js?v=' in home
+    for name, kind in (("page.css", "text/css"), ("page.js", "text/javascript")):
+        url = home[home.index(f"/ui/static/{name}?v="):].split('"')[0]
+        kept = await box.client.get(url)
+        assert kept.status_code == 200 and kept.headers["content-type"].startswith(kind)
+        assert "immutable" in kept.headers["cache-control"]
+        asked = await box.client.get(f"/ui/static/{name}")  # no digest: asked again each time
+        assert asked.headers["cache-control"] == "no-cache" and asked.content == kept.content
+    for name in ("nope.css", "..%2Fpages.py", "%2E%2E%2Ftemplates%2Fbase.html"):
+        assert (await box.client.get(f"/ui/static/{name}")).status_code == 404
+
+
+async def test_the_operations_area_is_one_click_from_every_page(box: InProcess) -> None:
+    dead = await finished(box, "always-fail")
+    home = (await box.client.get("/")).text
+    assert 'id="nav-operations"' in home and 'href="/ui/dead-letters"' not in home
+    assert 'id="attention"' in home and "dead-lettered" not in home  # why: over there
+    runs = (await box.client.get("/ui/runs")).text
+    assert "dead-lettered" in runs  # the banner
+    for tab in ("/ui/runs", "/ui/dead-letters", "/ui/callbacks"):
+        page = (await box.client.get(tab)).text
+        assert f'href="{tab}"' in page and 'aria-current="page"' in page
+    assert f'data-run-id="{dead}"' in (await box.client.get("/ui/dead-letters")).text
+
+
+async def test_off_loopback_the_login_page_has_its_style(tmp_path: Path,
+                                                         anyio_backend: str) -> None:
+    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box:
+        login = await box.client.get("/", headers={"Accept": "text/html"})
+        assert login.status_code == 401
+        url = login.text[login.text.index("/ui/static/page.css"):].split('"')[0]
+        assert (await box.client.get(url)).status_code == 200

@@ -32,6 +32,13 @@ RATE = 48_000
 # A name that must survive URLs: spaces, a slash, a percent sign, a hash, accents.
 PROJECT = "Nacht / Fahrt #2 \N{EN DASH} é 50%"
 LOUD = "loud-and-clipped"
+EMPTY = "a render that failed"
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+# What the page must run under: its script and style from its own files, nothing
+# inline (the test adds it where the server does not send one of its own).
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "media-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'")
 
 
 def song(seconds: float, peak: float, seed: int) -> np.ndarray:
@@ -69,6 +76,19 @@ class Studio:
         self.runs[name] = run
         return run
 
+    def export_empty(self, project: str, name: str) -> dict[str, Any]:
+        """A render that wrote nothing: the review cannot be made."""
+        path = self.folder / name
+        path.write_bytes(b"")
+        settled = time.time() - 60
+        os.utime(path, (settled, settled))
+        response = self.server.post(make_event(payload={"project_id": project,
+                                                        "mix_url": str(path)}))
+        run = self.server.wait_terminal(response.json()["run_id"], timeout=120)
+        assert run["status"] == "failed_permanent", run
+        self.runs[name] = run
+        return run
+
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
@@ -83,6 +103,7 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
         found.export(PROJECT, "take 2.wav", song(12, 0.9, 2))
         found.export(PROJECT, "take 3.wav", song(12, 0.6, 3))  # the latest
         found.export(LOUD, "slammed.wav", np.clip(song(12, 1.8, 4), -1, 1))
+        found.export_empty(EMPTY, "nothing.wav")
         yield found
     finally:
         server.close()
@@ -118,7 +139,7 @@ def test_home_shows_each_project_with_its_latest_figures_and_verdict(
     # one row per project: the older takes are on the project's page
     expect(page.locator(f'tr[data-project="{PROJECT}"]')).to_have_count(1)
     # the operator's view is one click away, and complete
-    page.click("text=all runs, retries and dead letters")
+    page.click("text=Operations: every run, retries and dead letters")
     expect(page.locator("h1")).to_have_text("Runs")
     expect(page.locator('[data-stat="succeeded"]')).to_have_count(1)
     expect(page.locator('form.filters select[name="status"]')).to_have_count(1)
@@ -320,3 +341,60 @@ def test_projects_and_their_exports_on_either_engine(
     page = server.client.get("/projects/ok").text
     listed = re.findall(r'<tr data-run-id="(run_\w+)">', page[page.index('id="exports"'):])
     assert listed == [runs[3], runs[2], runs[0]]
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["phone", "desktop"])
+def test_the_page_fits_a_phone_and_a_desktop(studio: Studio, browser: Browser,
+                                             viewport: dict[str, int],
+                                             tmp_path: Path) -> None:
+    """At 390 px the verdict and the loudness are on screen without scrolling
+    sideways; no page scrolls sideways at either width; the page runs under a
+    strict Content-Security-Policy with no error in the console."""
+    context = browser.new_context(viewport=viewport)
+    problems: list[str] = []
+    context.route(lambda url: "/ui/stream" not in url, _with_csp)
+    try:
+        page = context.new_page()
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        review = studio.runs["take 3.wav"]["run_id"]
+        failed = studio.runs["nothing.wav"]["run_id"]
+        row = f'tr[data-project="{PROJECT}"]'
+        for path, name, seen in (
+                ("/", "home", [f"{row} .verdict", f"{row} .lufs"]),
+                ("/projects/" + quote(PROJECT, safe=""), "project",
+                 ["#exports tbody tr:first-child .verdict",
+                  "#exports tbody tr:first-child .lufs"]),
+                (f"/ui/runs/{review}", "review",
+                 [".headline .verdict", '.headline [data-figure="integrated_lufs"]']),
+                (f"/ui/runs/{failed}", "failed", ["h1", "#outcome"]),
+                ("/ui/runs", "operations", ["h1", "nav.tabs"])):
+            page.goto(studio.server.url + path)
+            expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+            for selector in seen:
+                _on_screen(page, selector, viewport["width"])
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= viewport["width"], f"{path} scrolls sideways: {wide} px"
+            inline = page.evaluate("document.querySelectorAll("
+                                   "'script:not([src]), style, [style]').length")
+            assert inline == 0, f"{path}: inline script or style"
+            page.screenshot(path=str(tmp_path / f"{name}-{viewport['width']}.png"),
+                            full_page=True)
+        expect(page.locator("h1")).to_have_text("Runs")
+        assert problems == [], problems
+    finally:
+        context.close()
+
+
+def _with_csp(route: Any) -> None:
+    response = route.fetch()
+    headers = {"content-security-policy": CSP, **response.headers}
+    route.fulfill(response=response, headers=headers)
+
+
+def _on_screen(page: Page, selector: str, width: int) -> None:
+    found = page.locator(selector).first
+    expect(found).to_be_visible()
+    box = found.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (
+        selector, box)

@@ -31,7 +31,7 @@ from agentbox.http.api import RunsApi
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import document
-from agentbox.http.pages import StatusPages, TokenGuard
+from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
 from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
@@ -177,6 +177,7 @@ def create_app(
             Route("/ui/dead-letters", pages.dead_letters, methods=["GET"]),
             Route("/ui/callbacks", pages.callbacks, methods=["GET"]),
             Route("/ui/stream", pages.stream, methods=["GET"]),
+            Route("/ui/static/{name}", asset, methods=["GET"]),
             Route("/ui/replay", pages.replay, methods=["POST"]),
             Route("/ui/discard", pages.discard, methods=["POST"]),
             Route("/ui/login", pages.login, methods=["POST"]),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import hmac
 import json
 import mimetypes
@@ -52,7 +54,7 @@ from agentbox.http.errors import error_body, error_response
 from agentbox.http.server import stopping
 from agentbox.review import charts
 from agentbox.review import view as review_view
-from agentbox.review.agent import as_review, local_path
+from agentbox.review.agent import as_review, local_path, mix_review
 from agentbox.runs import RunStatus
 from agentbox.store import (
     NotReplayable,
@@ -64,6 +66,9 @@ from agentbox.store import (
 )
 
 TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"  # the page's stylesheet and script
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+STATIC_FILES = frozenset({"page.css", "page.js"})
 COOKIE = "agentbox_admin"
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
@@ -78,7 +83,9 @@ PROJECT_EXPORTS = 200
 AUDIO_TYPES = {".wav": "audio/wav", ".wave": "audio/wav", ".flac": "audio/flac",
                ".mp3": "audio/mpeg", ".ogg": "audio/ogg", ".oga": "audio/ogg",
                ".aif": "audio/aiff", ".aiff": "audio/aiff", ".m4a": "audio/mp4"}
-OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login")  # authenticated otherwise
+# Authenticated otherwise. The stylesheet and script hold nothing of anyone's: the
+# login page needs them before the token is given.
+OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login", "/ui/static/")
 
 
 class Live:
@@ -104,7 +111,8 @@ class StatusPages:
         self.live = Live()
         self._token = admin_token.encode()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
-        self.alerts: list[str] = []
+        self.alerts: list[str] = []  # on every page: what stops exports being stored
+        self.operator_alerts: list[str] = []  # in the operations area: what needs a decision
         self.env = page_templates()
 
     # -- access ---------------------------------------------------------------------------
@@ -264,7 +272,8 @@ class StatusPages:
             next_page = "/ui/runs?" + urlencode({**params, "before": runs[-1]["run_id"]})
         finished = await self._finished_per_interval(now)
         return self._page(
-            "index.html", request=request, runs=runs, stats=stats, query=query,
+            "index.html", area="operations", request=request, runs=runs, stats=stats,
+            query=query,
             statuses=[s.value for s in RunStatus], ranges=RANGES, filtered=filtered,
             event_types=sorted(self.dispatcher.registry.event_types()),
             agents=sorted(self.dispatcher.registry.agent_names()),
@@ -288,13 +297,22 @@ class StatusPages:
         chain = await self.store.search_runs(chain=chain_id, limit=200)
         chain.sort(key=lambda r: (r["hop"], r["run_id"]))
         project = _project_of(event) or found_run.project  # the body may be gone (retention)
+        export = review_view.export_row(ProjectExport(
+            run_id, project or "", found_run.agent, found_run.status, found_run.accepted_at,
+            found_run.completed_at, found_run.result), event)
         return self._page(
             "run.html", run=run, event=event, review=review, chain=chain, project=project,
+            export=export, reviewing=review is not None or self._reviews(found_run.agent),
             history=await self.store.history(run_id),
             attempts=await self.store.attempts(run_id),
             discarded=await self.store.discarded(run_id),
             previous=await self._previous(review, run, project) if review else None,
             audio_type=_audio_type(review.file_name) if review else None)
+
+    def _reviews(self, agent: str) -> bool:
+        """Whether `agent` is the mix review: its runs are told in a musician's words."""
+        spec = self.dispatcher.registry.get(agent)
+        return spec is not None and spec.function is mix_review
 
     async def _previous(self, review: review_view.Review, run: dict[str, Any],
                         project: str | None) -> review_view.Previous | None:
@@ -352,13 +370,14 @@ class StatusPages:
         await self.refresh_alerts()
         runs = await self.store.search_runs(status="dead_lettered", include_discarded=False,
                                             limit=200)
-        return self._page("dead.html", runs=runs)
+        return self._page("dead.html", area="operations", runs=runs)
 
     async def callbacks(self, request: Request) -> Response:
         await self.refresh_alerts()
         subscribers = [{**view.model_dump(mode="json"), "url": redact(view.url)}
                        for view in await self.store.subscriptions(self.dispatcher.clock())]
-        return self._page("callbacks.html", destinations=await self.store.destinations(),
+        return self._page("callbacks.html", area="operations",
+                          destinations=await self.store.destinations(),
                           dead=await self.store.list_notifications("dead", 100),
                           agent_sets=await agent_sets(self.store, self.dispatcher.registry),
                           subscribers=subscribers)
@@ -423,67 +442,60 @@ class StatusPages:
         """Runs that reached a terminal state in each 5-minute slice of the last hour."""
         return await self.store.finished_counts(now - 3600, 300, 12)
 
-    def _page(self, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    def _page(self, template: str, status_code: int = 200, area: str = "projects",
+              **context: Any) -> HTMLResponse:
+        """A page of the musician's area (projects, reviews), or of the operations
+        area (runs, dead letters, callbacks), whose banners only it shows."""
         context.setdefault("csrf", self.csrf)
-        context.setdefault("alerts", self.alerts)
-        html = self.env.get_template(template).render(**context)
+        context.setdefault("alerts", self.alerts + (self.operator_alerts
+                                                    if area == "operations" else []))
+        html = self.env.get_template(template).render(
+            area=area, attention=len(self.operator_alerts), **context)
         return HTMLResponse(html, status_code=status_code)
 
     def _removed(self, kept: ProjectExport) -> HTMLResponse:
         """The page of a run retention removed: gone, but its project's history kept
         what the project page shows of it."""
         finished = (kept.finished_at or kept.accepted_at)[:16].replace("T", " ")
-        html = self.env.from_string(
-            '{% extends "base.html" %}{% block main %}<h1>404</h1>'
-            '<p id="removed">Retention removed run <span class="mono">{{ run_id }}</span>: it '
-            'finished {{ finished }} UTC, and finished runs are kept {{ days }} days '
-            '(AGENTBOX_RETENTION_DAYS). Its {{ "review" if reviewed else "outcome" }} is kept '
-            'on the project page: <a href="{{ project|project_url }}">{{ project }}</a>.</p>'
-            '<p><a href="/">Your projects</a> · <a href="/ui/runs">Runs</a></p>'
-            '{% endblock %}').render(
-            run_id=kept.run_id, finished=finished, days=f"{self.settings.retention_days:g}",
-            reviewed=kept.result is not None, project=kept.project, alerts=[])
-        return HTMLResponse(html, status_code=404)
+        return self._page("removed.html", status_code=404, run_id=kept.run_id,
+                          finished=finished, days=f"{self.settings.retention_days:g}",
+                          reviewed=kept.result is not None, project=kept.project, alerts=[])
 
     def _error(self, status: int, message: str) -> HTMLResponse:
-        html = self.env.from_string(
-            '{% extends "base.html" %}{% block main %}<h1>{{ title }}</h1><p>{{ message }}</p>'
-            '<p><a href="/">Your projects</a> · <a href="/ui/runs">Runs</a></p>'
-            '{% endblock %}').render(
-            title=f"{status}", message=message, alerts=[])
-        return HTMLResponse(html, status_code=status)
+        return self._page("error.html", status_code=status, title=f"{status}",
+                          message=message, alerts=[])
 
     async def refresh_alerts(self) -> None:
-        """The banners: storage trouble, dead letters waiting for a decision, paused
-        destinations."""
-        alerts = []
+        """The banners: storage trouble (every page), and in the operations area dead
+        letters waiting for a decision and paused destinations."""
         self.store.look_around()
+        alerts = []
         if not self.store.healthy:
             alerts.append(f"Events cannot be stored: {escape(self.store.last_error or '')}. "
                           "Senders get 503 and retry.")
+        operator = []
         dead = await self.store.search_runs(status="dead_lettered", include_discarded=False,
                                             limit=101)
         if dead:
             count = "100+" if len(dead) > 100 else str(len(dead))
-            alerts.append(f'{count} dead-lettered run(s) need a look: '
-                          f'<a href="/ui/dead-letters">dead letters</a>.')
+            operator.append(f'{count} dead-lettered run(s) need a look: '
+                            f'<a href="/ui/dead-letters">dead letters</a>.')
         paused = [d["destination"] for d in await self.store.destinations()
                   if d["state"] == "paused"]
         origins = [d for d in paused if not d.startswith(SUBSCRIPTION_DESTINATION)]
         if origins:
-            alerts.append(f'{len(origins)} callback destination(s) paused; resume one with '
-                          '<span class="mono">agentbox callbacks resume ORIGIN</span>: '
-                          '<a href="/ui/callbacks">callbacks</a>.')
+            operator.append(f'{len(origins)} callback destination(s) paused; resume one with '
+                            '<span class="mono">agentbox callbacks resume ORIGIN</span>: '
+                            '<a href="/ui/callbacks">callbacks</a>.')
         if len(origins) < len(paused):  # held for verification, or suspended
             suspended = [s for s in await self.store.subscriptions(self.dispatcher.clock())
                          if s.state == "suspended"]
             if suspended:
-                alerts.append(f'{len(suspended)} subscription(s) suspended; each resumes when '
-                              'its subscriber refreshes it (<span class="mono">POST '
-                              '/subscriptions/{id}/refresh</span>): '
-                              '<a href="/ui/callbacks">callbacks</a>.')
-        self.alerts = alerts
-
+                operator.append(f'{len(suspended)} subscription(s) suspended; each resumes '
+                                'when its subscriber refreshes it (<span class="mono">POST '
+                                '/subscriptions/{id}/refresh</span>): '
+                                '<a href="/ui/callbacks">callbacks</a>.')
+        self.alerts, self.operator_alerts = alerts, operator
 
 async def _form(request: Request) -> dict[str, list[str]]:
     """An urlencoded form (what the pages post), at most MAX_FORM_BYTES."""
@@ -559,12 +571,39 @@ def _bars(counts: list[int]) -> str:
 
 def page_templates() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    env.globals["asset"] = asset_url
     # JSON for people: readable text, which autoescaping then makes inert HTML
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     env.filters["project_url"] = project_url
     env.filters["signed"] = review_view.signed
     env.filters["mmss"] = charts.mmss
     return env
+
+
+@functools.cache
+def _asset(name: str) -> tuple[bytes, str]:
+    """A file of the page's (stylesheet, script): its bytes and a digest of them,
+    read once."""
+    body = (STATIC / name).read_bytes()
+    return body, hashlib.sha256(body).hexdigest()[:12]
+
+
+def asset_url(name: str) -> str:
+    """Where the page finds one of its files: named with its digest, so that a
+    browser keeps it until agentbox changes it."""
+    return f"/ui/static/{name}?v={_asset(name)[1]}"
+
+
+async def asset(request: Request) -> Response:
+    """`GET /ui/static/{name}`: the page's stylesheet and script."""
+    name = request.path_params["name"]
+    if name not in STATIC_FILES:
+        return error_response(404, "not_found", f"The page has no file {name[:100]!r}.")
+    body, version = _asset(name)
+    cache = ("public, max-age=31536000, immutable" if request.query_params.get("v") == version
+             else "no-cache")
+    return Response(body, media_type=STATIC_TYPES[Path(name).suffix],
+                    headers={"Cache-Control": cache, "ETag": f'"{version}"'})
 
 
 def project_url(name: str) -> str:

@@ -40,7 +40,7 @@ from agentbox.review.agent import (
     shutdown_analysis,
     summarise,
 )
-from agentbox.review.loudness import READ_SECONDS, measure
+from agentbox.review.meter import READ_SECONDS, measure
 from agentbox.review.profiles import PROFILES
 from tests.conftest import Server, encode, make_event
 

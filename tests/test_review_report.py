@@ -40,7 +40,7 @@ from agentbox.review.agent import (
     verdict_of,
     with_profile,
 )
-from agentbox.review.loudness import AudioError, measure
+from agentbox.review.meter import AudioError, measure
 from agentbox.review.profiles import PROFILES
 from agentbox.store import ProjectExport
 from tests.conftest import Server, encode, make_event, wait_until_async
@@ -109,20 +109,20 @@ def test_the_k_weighting_filter_is_pyloudnorms_with_bs1770s_high_pass(
     import pyloudnorm
     from scipy import signal
 
-    from agentbox.review import loudness
+    from agentbox.review import meter
 
     for rate in (8000, 44_100, 48_000, 96_000):
         stages = pyloudnorm.Meter(rate)._filters
         shelf, high_pass = stages["high_shelf"], stages["high_pass"]
         expected = np.array([[*shelf.b, *shelf.a], [*(high_pass.b / high_pass.b[0]),
                                                      *high_pass.a]])
-        assert np.allclose(loudness.k_weighting(rate), expected, rtol=1e-12, atol=0)
+        assert np.allclose(meter.k_weighting(rate), expected, rtol=1e-12, atol=0)
     # the compiled filter loaded on its own, and the public fallback, filter alike
     x = np.random.default_rng(1).normal(size=(2, 5000))
-    sos = loudness.k_weighting(48_000)
+    sos = meter.k_weighting(48_000)
     reference, _ = signal.sosfilt(sos, x, axis=-1, zi=np.zeros((2, 2, 2)))
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    for run in (loudness._sosfilt, loudness._load_sosfilt()):  # the second: fallback
+    for run in (meter._sosfilt, meter._load_sosfilt()):  # the second: fallback
         state = np.zeros((2, 2, 2))
         head, tail = np.ascontiguousarray(x[:, :2500]), np.ascontiguousarray(x[:, 2500:])
         run(sos, head, state)

@@ -1,7 +1,7 @@
 """The built-in `mix_review` agent: it listens to the rendered mix and says what
 a mastering engineer would say about its level, peaks and mono compatibility.
 
-The measuring (agentbox.review.loudness) runs in a process pool, so the event loop
+The measuring (agentbox.review.meter) runs in a process pool, so the event loop
 and the receiver stay responsive while a long mix is analysed; the server
 process itself never imports numpy or scipy. The notes are
 rule-based and specific; when an OpenAI-compatible endpoint is configured
@@ -294,7 +294,7 @@ def reference_curve(profile: Profile, bands: int) -> list[float]:
 
 def analyse(path: str) -> tuple[Any, ...]:
     """Runs in an analysis process: ("ok", metrics) or ("error", code, message)."""
-    from agentbox.review.loudness import AudioError, measure
+    from agentbox.review.meter import AudioError, measure
 
     try:
         return ("ok", measure(path).as_dict())
@@ -485,7 +485,7 @@ def serve_analyses(conn: Any) -> None:
     lower_priority()
     for name in SINGLE_THREAD_VARIABLES:
         os.environ[name] = "1"
-    import agentbox.review.loudness  # noqa: F401 - loaded now, while no review waits
+    import agentbox.review.meter  # noqa: F401 - loaded now, while no review waits
     try:
         conn.send(("ready",))
         while conn.poll(WARM_SECONDS):
@@ -613,7 +613,7 @@ def summarise(m: MixMetrics, profile: Profile) -> str:
 SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
 LEADING_SILENCE_SECONDS = 1.0  # more than this before the music starts is worth trimming
 TRAILING_SILENCE_SECONDS = 4.0
-LOW_END_HZ = 120.0  # as agentbox.review.loudness measures it (not imported here: it loads numpy)
+LOW_END_HZ = 120.0  # as agentbox.review.meter measures it (not imported here: it loads numpy)
 LOW_END_CORRELATION_BELOW = 0.3  # bass this decorrelated thins out or vanishes in mono
 TONAL_EXCESS_DB = 4.0  # an octave this far over the reference curve is a problem
 TONAL_MIN_SECONDS = 10.0  # shorter files say little about tonal balance

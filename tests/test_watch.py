@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from agentbox.desktop.watch import AUDIO_SUFFIXES, Watcher, audio_complete, reviewed_whole
+from agentbox.desktop.watch import AUDIO_SUFFIXES, Watcher, reviewed_whole
+from agentbox.review.containers import audio_complete
 from tests.conftest import make_event, wait_until
 from tests.test_client import agentbox, tone
 

@@ -27,7 +27,6 @@ import importlib.machinery
 import importlib.util
 import math
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Any
 import numpy as np
 import soundfile
 from numpy.lib.stride_tricks import sliding_window_view
+
+from agentbox.review.containers import declared_frames
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -195,66 +196,6 @@ def true_peak_phases() -> np.ndarray:
             if 0 <= index <= 2 * half:
                 phases[j, p - 1] = taps[index]
     return phases.astype(np.float32)
-
-
-def declared_frames(path: str) -> tuple[int, int] | None:
-    """(frames the header promises, frames the file's data holds) for WAV and AIFF,
-    read from the chunks themselves: libsndfile quietly shortens a cut-off file's
-    length to what is there. None when the header does not say (streamed
-    writes, RF64, other formats)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-            size = os.fstat(f.fileno()).st_size
-            if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-                return _wav_frames(f, size)
-            if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
-                return _aiff_frames(f, size)
-    except (OSError, struct.error):
-        return None
-    return None
-
-
-def _wav_frames(f: Any, size: int) -> tuple[int, int] | None:
-    block_align = 0
-    while True:
-        header = f.read(8)
-        if len(header) < 8:
-            return None
-        chunk, length = header[:4], struct.unpack("<I", header[4:])[0]
-        if chunk == b"fmt ":
-            fmt = f.read(min(length, 16))
-            block_align = struct.unpack("<H", fmt[12:14])[0] if len(fmt) >= 14 else 0
-            f.seek(length - len(fmt) + (length & 1), 1)
-        elif chunk == b"data":
-            if not block_align or length in (0, 0xFFFFFFFF):
-                return None  # a streamed write: the length is not known in the header
-            present = max(0, size - f.tell())
-            return length // block_align, min(length, present) // block_align
-        else:
-            f.seek(length + (length & 1), 1)
-
-
-def _aiff_frames(f: Any, size: int) -> tuple[int, int] | None:
-    frames = frame_bytes = 0
-    while True:
-        header = f.read(8)
-        if len(header) < 8:
-            return None
-        chunk, length = header[:4], struct.unpack(">I", header[4:])[0]
-        if chunk == b"COMM":
-            comm = f.read(min(length, 8))
-            channels, frames, bits = struct.unpack(">hIh", comm[:8])
-            frame_bytes = channels * ((bits + 7) // 8)
-            f.seek(length - len(comm) + (length & 1), 1)
-        elif chunk == b"SSND":
-            offset = struct.unpack(">I", f.read(8)[:4])[0]
-            if not frame_bytes:
-                return None
-            present = max(0, size - f.tell() - offset)
-            return frames, min(frames, present // frame_bytes)
-        else:
-            f.seek(length + (length & 1), 1)
 
 
 def clock(seconds: float) -> str:

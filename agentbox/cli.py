@@ -550,7 +550,7 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
 
 def _is_review(result: Any) -> bool:
     """A result that validates as a mix review (another agent's may use its key names)."""
-    from agentbox.review.agent import as_review  # numpy and scipy: only when needed
+    from agentbox.review.model import as_review
 
     return as_review(result) is not None
 

@@ -26,7 +26,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from agentbox import cli
 from agentbox import config as cfg
-from agentbox.review import digest
+from agentbox.review import digest, present
+from agentbox.review.figures import FIGURES
 from agentbox.review.profiles import PROFILES
 from agentbox.runs import RunStatus
 
@@ -179,22 +180,22 @@ def refusal(status_code: int, answer: Mapping[str, Any]) -> str:
 
 
 def figures(result: Any) -> dict[str, float]:
-    """The review's numbers the page names (digest.FIGURES), those it has."""
-    metrics = digest.metrics_of(result)
-    found = {key: metrics.get(key) for key, *_ in digest.FIGURES}
-    return {key: float(value) for key, value in found.items()
-            if isinstance(value, int | float) and not isinstance(value, bool)}
+    """The review's numbers the page names (figures.FIGURES), those it has."""
+    review = present.read(result)
+    found = {key: review.figure(key) for key, *_ in FIGURES} if review else {}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def summary(run: Mapping[str, Any]) -> RunSummary:
     result = run.get("result")
-    reviewed = run.get("status") == "succeeded" and bool(digest.metrics_of(result))
-    verdict = result.get("verdict") if isinstance(result, Mapping) else None
+    review = present.read(result) if run.get("status") == "succeeded" else None
+    reviewed = review is not None and bool(review.metrics)
+    verdict = review.verdict if review is not None else None
     return RunSummary(
         run_id=run["run_id"], status=run["status"], event_type=run["event_type"],
         agent=run["agent"], project=digest.project_of(run) or None,
         file=digest.file_name(run) or None,
-        verdict=digest.one_line(verdict) if isinstance(verdict, str) and reviewed else None,
+        verdict=verdict if reviewed else None,
         headline=(digest.headline(result) or None) if reviewed else None,
         accepted_at=run["accepted_at"], completed_at=run["completed_at"],
         retry_count=run["retry_count"], error_code=run["error_code"],

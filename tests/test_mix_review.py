@@ -31,16 +31,12 @@ import soundfile
 from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.events import parse_event
-from agentbox.review import agent as mix_review_module
-from agentbox.review.agent import (
-    MixMetrics,
-    analyse_in_process,
-    mix_review,
-    rule_notes,
-    shutdown_analysis,
-    summarise,
-)
+from agentbox.review import llm as llm_module
+from agentbox.review.agent import mix_review
+from agentbox.review.analysis import Analysis
+from agentbox.review.judge import rule_notes, summarise
 from agentbox.review.meter import READ_SECONDS, measure
+from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
 from tests.conftest import Server, encode, make_event
 
@@ -55,10 +51,13 @@ def sine(dbfs: float, seconds: float, channels: int = 2, rate: int = RATE,
     return np.repeat(wave[:, None], channels, axis=1)
 
 
+ANALYSIS = Analysis()  # the analysis processes the in-process reviews share, as a server's
+
+
 @pytest.fixture(scope="module", autouse=True)
 def analysis_processes() -> Iterator[None]:
     yield
-    shutdown_analysis()  # the agent's process pool, started by the in-process tests
+    ANALYSIS.shutdown()
 
 
 @pytest.fixture
@@ -323,7 +322,7 @@ def test_a_wide_mix_is_not_called_out_of_phase(correlation: float) -> None:
 def context(run_id: str = "run_test", settings: Settings | None = None) -> AgentContext:
     return AgentContext(run_id=run_id, attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        settings=settings)
+                        settings=settings, services={Analysis: ANALYSIS})
 
 
 def review(mix_url: str, profile: str | None = None, settings: Settings | None = None) -> Any:
@@ -404,7 +403,7 @@ def test_a_cancelled_analysis_stops_its_process(write: Callable[..., Path]) -> N
     path = write(sine(-20, 600, rate=48_000).astype(np.float32), "long.wav")
 
     async def cancel_it() -> None:
-        task = asyncio.create_task(analyse_in_process(str(path)))
+        task = asyncio.create_task(ANALYSIS.run(str(path)))
         await asyncio.sleep(1.0)  # the analysis process is working
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -416,11 +415,11 @@ def test_a_cancelled_analysis_stops_its_process(write: Callable[..., Path]) -> N
 
 def test_a_slow_llm_falls_back_to_the_rules(monkeypatch: pytest.MonkeyPatch,
                                             llm: StandInLlm) -> None:
-    monkeypatch.setattr(mix_review_module, "LLM_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(llm_module, "LLM_TIMEOUT_SECONDS", 0.5)
     llm.delay = 3.0
     started = time.monotonic()
-    notes = asyncio.run(mix_review_module.llm_notes(
-        mix_review_module.LlmSettings(llm.url, "stand-in", None), metrics(),
+    notes = asyncio.run(llm_module.llm_notes(
+        llm_module.LlmSettings(llm.url, "stand-in", None), metrics(),
         PROFILES["streaming"], "p", context()))
     assert notes is None and time.monotonic() - started < 2.5
 

@@ -273,7 +273,7 @@ def test_serves_without_uvloop_and_stops_gracefully_when_asked(tmp_path: Path) -
 
 
 def test_file_urls_become_local_paths_through_the_standard_library() -> None:
-    from agentbox.review.agent import local_path
+    from agentbox.review.analysis import local_path
 
     assert portable.path_from_url("/Users/me/Night%20Drive.wav") == "/Users/me/Night Drive.wav"
     assert str(local_path("file:///home/me/%C3%9Cber.wav")) == "/home/me/Über.wav"

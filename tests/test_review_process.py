@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 import soundfile
 
-from agentbox.review import agent as mix_review
-from agentbox.review.agent import BUSY_NAME, analyse_in_process, shutdown_analysis
+from agentbox.review.analysis import BUSY_NAME, Analysis, analysis_processes
 from tests.conftest import ROOT, Server, make_event, wait_until
 
 OLD = time.time() - 3600
 LINUX = sys.platform.startswith("linux")
 
 
-@pytest.fixture(autouse=True)
-def analysis_processes() -> Iterator[None]:
-    yield
-    shutdown_analysis()
+@pytest.fixture
+def analysis() -> Iterator[Analysis]:
+    pool = Analysis()
+    yield pool
+    pool.shutdown()
 
 
 def long_mix(path: Path, minutes: float, rate: int = 48_000) -> Path:
@@ -50,18 +50,19 @@ def busy_analysis() -> multiprocessing.process.BaseProcess | None:
 
 def test_one_analysis_at_a_time_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTBOX_ANALYSIS_PROCESSES", raising=False)
-    assert mix_review.analysis_processes() == 1
+    assert analysis_processes() == 1 and Analysis.configured().processes == 1
     monkeypatch.setenv("AGENTBOX_ANALYSIS_PROCESSES", "3")
-    assert mix_review.analysis_processes() == 3
+    assert analysis_processes() == 3 and Analysis.configured().processes == 3
 
 
 @pytest.mark.skipif(not LINUX, reason="reads the process's priority from /proc (Linux)")
-def test_the_analysis_runs_at_low_priority_on_one_thread(tmp_path: Path) -> None:
+def test_the_analysis_runs_at_low_priority_on_one_thread(tmp_path: Path,
+                                                         analysis: Analysis) -> None:
     path = long_mix(tmp_path / "long.wav", 6)
     seen: dict[str, object] = {}
 
     async def watch() -> None:
-        task = asyncio.create_task(analyse_in_process(str(path)))
+        task = asyncio.create_task(analysis.run(str(path)))
         # the numerical libraries are loaded once the process has opened the file
         process = await asyncio.to_thread(wait_until, busy_analysis, 120, "an analysis")
         assert process.pid is not None
@@ -92,12 +93,12 @@ def test_ctrl_c_in_the_terminal_does_not_reach_the_analysis(tmp_path: Path) -> N
     ready = tmp_path / "analysing"
     script = textwrap.dedent(f"""
         import asyncio, multiprocessing, signal, sys, time
-        from agentbox.review.agent import BUSY_NAME, analyse_in_process, shutdown_analysis
+        from agentbox.review.analysis import BUSY_NAME, Analysis
 
         interrupted = []
         async def main():
             signal.signal(signal.SIGINT, lambda *a: interrupted.append(1))
-            task = asyncio.create_task(analyse_in_process({str(path)!r}))
+            task = asyncio.create_task(analysis.run({str(path)!r}))
             while not [p for p in multiprocessing.active_children() if p.name == BUSY_NAME]:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # the child has loaded numpy and is measuring
@@ -106,8 +107,9 @@ def test_ctrl_c_in_the_terminal_does_not_reach_the_analysis(tmp_path: Path) -> N
             print(outcome[0], len(interrupted))
 
         if __name__ == "__main__":
+            analysis = Analysis()
             asyncio.run(main())
-            shutdown_analysis()
+            analysis.shutdown()
     """)
     (tmp_path / "parent.py").write_text(script)
     parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")],

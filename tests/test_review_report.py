@@ -28,20 +28,13 @@ from agentbox.engine.agents import (
     RetryableAgentError,
 )
 from agentbox.events import parse_event
-from agentbox.review.agent import (
-    TRUNCATED_RESERVE_SECONDS,
-    TRUNCATED_RETRY_SECONDS,
-    MixMetrics,
-    delivery_targets,
-    measure_file,
-    mix_review,
-    notes_for,
-    shutdown_analysis,
-    verdict_of,
-    with_profile,
-)
+from agentbox.review.agent import mix_review
+from agentbox.review.analysis import TRUNCATED_RESERVE_SECONDS, TRUNCATED_RETRY_SECONDS, Analysis
+from agentbox.review.judge import delivery_targets, notes_for, verdict_of, with_profile
 from agentbox.review.meter import AudioError, measure
+from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
+from agentbox.review.view import Review
 from agentbox.store import ProjectExport
 from tests.conftest import Server, encode, make_event, wait_until_async
 
@@ -49,10 +42,13 @@ RATE = 48_000
 OLD = time.time() - 3600  # files are "settled": last written an hour ago
 
 
+ANALYSIS = Analysis()  # the analysis processes the in-process reviews share, as a server's
+
+
 @pytest.fixture(scope="module", autouse=True)
 def analysis_processes() -> Iterator[None]:
     yield
-    shutdown_analysis()
+    ANALYSIS.shutdown()
 
 
 def sine(dbfs: float, seconds: float, channels: int = 2, rate: int = RATE,
@@ -92,7 +88,7 @@ def cut(path: Path, keep_seconds: float, rate: int, frame_bytes: int,
 def context(previous: Callable[[str], Any] | None = None) -> AgentContext:
     return AgentContext(run_id="run_test", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        previous_export=previous)
+                        previous_export=previous, services={Analysis: ANALYSIS})
 
 
 def review(mix_url: str, ctx: AgentContext | None = None, **payload: Any) -> Any:
@@ -168,7 +164,7 @@ def test_a_stalled_render_finished_later_is_measured_whole_in_the_same_attempt(
     path, whole = stalled(write, seconds_ago=10)
 
     async def finish_while_it_waits() -> Any:
-        measuring = asyncio.ensure_future(measure_file(path, str(path), context()))
+        measuring = asyncio.ensure_future(ANALYSIS.measure(path, str(path), context()))
         await until_waiting(caplog)
         path.write_bytes(whole)  # the renderer goes on and finishes
         return await asyncio.wait_for(measuring, 60)
@@ -182,7 +178,7 @@ def test_a_stalled_render_left_as_it_is_fails_for_good_without_spending_a_retry(
     path, _ = stalled(write, seconds_ago=TRUNCATED_RETRY_SECONDS - 3)
     started = time.monotonic()
     with pytest.raises(PermanentAgentError) as failed:  # not a RetryableAgentError first
-        asyncio.run(measure_file(path, str(path), context()))
+        asyncio.run(ANALYSIS.measure(path, str(path), context()))
     assert failed.value.code == "mix_truncated" and "0:05.0" in str(failed.value)
     assert time.monotonic() - started >= 2.5  # it waited out the window's rest
 
@@ -194,7 +190,7 @@ def test_a_server_stopping_gives_back_an_attempt_waiting_for_the_rest(
     ctx = context()
 
     async def stop_while_it_waits() -> None:
-        measuring = asyncio.ensure_future(measure_file(path, str(path), ctx))
+        measuring = asyncio.ensure_future(ANALYSIS.measure(path, str(path), ctx))
         await until_waiting(caplog)
         ctx.cancelled.set()
         await asyncio.wait_for(measuring, 5)
@@ -208,7 +204,7 @@ def test_a_run_short_of_time_hands_the_wait_to_its_retry(write: Callable[..., Pa
     ctx = context()
     ctx.deadline = time.monotonic() + TRUNCATED_RESERVE_SECONDS - 5
     with pytest.raises(RetryableAgentError) as retried:
-        asyncio.run(measure_file(path, str(path), ctx))
+        asyncio.run(ANALYSIS.measure(path, str(path), ctx))
     assert retried.value.code == "mix_truncated"
 
 
@@ -326,8 +322,11 @@ def test_clipping_and_overs_are_located(write: Callable[..., Path]) -> None:
     assert ranges[0].start == pytest.approx(62, abs=0.05)
     assert ranges[0].end == pytest.approx(64, abs=0.05)
     clipping = next(n for n in result.notes if n.code == "clipping")
-    assert "at 1:02-1:04" in clipping.text and clipping.severity == "fix"
+    assert "at 1:02\N{EN DASH}1:04" in clipping.text and clipping.severity == "fix"
     assert result.verdict == "fail"
+    # reported once: the page's caption under the chart names the places the note does
+    page = Review.of(result.model_dump(mode="json"))
+    assert page is not None and page.clipping_text == "1:02\N{EN DASH}1:04"
     # a sine at fs/4 45 degrees off, sample peak -0.5 dBFS: over 0 dBTP between samples
     n = np.arange(RATE * 10)
     wave = 10 ** (-2.5 / 20) / np.sqrt(0.5) * np.sin(2 * np.pi * n / 4 + np.pi / 4)

@@ -13,7 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentbox.http.pages import page_templates
-from agentbox.review import charts
+from agentbox.review import charts, digest, present
+from agentbox.review.judge import judge
+from agentbox.review.model import as_review
+from agentbox.review.profiles import PROFILES
 from agentbox.review.view import Previous, Review, signed
 
 RUN_ID = "run_0123456789abcdef"
@@ -133,14 +136,21 @@ def test_a_review_stored_before_the_new_fields_still_renders() -> None:
     assert [n.text for n in Review.of(doc).notes] == doc["review_notes"]  # type: ignore[union-attr]
 
 
-def test_a_verdict_is_worked_out_for_old_reviews_as_the_profile_says() -> None:
-    def verdict(**metrics: Any) -> str:
-        found = Review.of(old_review(**metrics))
-        assert found is not None
+def test_an_old_review_without_a_verdict_is_given_the_judges() -> None:
+    """Not a rule of the page's own: the judge's verdict on the stored measurements,
+    against the stored profile, the same for every reader."""
+    def verdict(**metrics: Any) -> str | None:
+        doc = old_review(**metrics)
+        found = Review.of(doc)
+        assert found is not None and "verdict" not in doc
+        model = as_review(doc)
+        assert model is not None
+        judged = judge(model.metrics, PROFILES[model.profile.name]).verdict
+        assert found.verdict == judged == present.read(doc).verdict  # type: ignore[union-attr]
+        assert digest.verdict_of({"status": "succeeded", "result": doc}) == judged
         return found.verdict
 
     assert verdict() == "pass"
-    assert verdict(integrated_lufs=-9.0) == "warn"
     assert verdict(true_peak_dbtp=0.3) == "fail"
     assert verdict(clipped_runs=4, clipped_samples=40) == "fail"
     assert verdict(integrated_lufs=None) == "fail"
@@ -156,7 +166,10 @@ def test_fields_of_the_wrong_shape_are_left_out_not_a_crash() -> None:
                notes="no", comparison=[], file={"name": 7})
     doc["metrics"].update(clipping_ranges=[{"start": "a"}, 5], octave_bands=[{"hz": -1}],
                           loudness_curve={"step_seconds": "x", "short_term": "no"})
-    html = render(doc, None, Review(doc, model.model, {**model.metrics, **doc["metrics"]}))
+    shared = present.read(doc)
+    assert shared is not None and shared.verdict is None  # "great" is no verdict
+    html = render(doc, None, Review(doc, {**model.metrics, **doc["metrics"]}, None,
+                                    shared.notes, model.model))
     assert '<tr data-target="club">' in html and "—" in html
     assert 'clip-marker' not in html and 'id="tonal-balance"' not in html
     assert 'id="loudness-plot"' in html  # from short_term_lufs

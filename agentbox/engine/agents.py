@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from agentbox.store import ProjectExport
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
+Service = TypeVar("Service")
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
 # Agents that moved: a configuration, or a run stored before the move, may name them
 # by their old import string; both names find the same agent.
@@ -98,6 +99,15 @@ class AgentContext:
     previous_export: Callable[[str], Awaitable[ProjectExport | None]] | None = None
     # (event_type, subscribed) as subscribe/unsubscribe were called, in order.
     subscriptions: list[tuple[str, bool]] = field(default_factory=list)
+    # What the app lends its agents, by type (the review's analysis processes):
+    # objects it owns, starts and stops, shared by every run.
+    services: Mapping[type, object] = field(default_factory=dict)
+
+    def service(self, kind: type[Service]) -> Service | None:
+        """The app's `kind` of service, or None (a context made elsewhere: the agent
+        makes do, as with a context from a test or a script)."""
+        found = self.services.get(kind)
+        return found if isinstance(found, kind) else None
 
     def time_left(self) -> float | None:
         """Seconds until the run is cut off as a timeout (None: no limit known).

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +86,10 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         owner: str | None = None,
+        services: Mapping[type, object] | None = None,
     ) -> None:
         self.store = store
+        self.services = dict(services or {})  # lent to every agent (AgentContext.service)
         self.metrics = metrics
         self.registry = registry
         self.settings = settings
@@ -276,6 +278,7 @@ class Dispatcher:
                 "event_id": claimed.event_id, "attempt": claimed.attempt}),
             settings=self.settings,
             previous_export=self._previous_export(claimed),
+            services=self.services,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)

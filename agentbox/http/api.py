@@ -22,7 +22,7 @@ from agentbox.http.access import small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import ExportView
 from agentbox.logs import get_logger
-from agentbox.review.digest import mix_name
+from agentbox.review.present import mix_name
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,

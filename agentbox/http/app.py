@@ -35,12 +35,8 @@ from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
 from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
-from agentbox.review.agent import (
-    analysis_processes,
-    mix_review,
-    shutdown_analysis,
-    start_analysis_process,
-)
+from agentbox.review.agent import mix_review
+from agentbox.review.analysis import Analysis
 from agentbox.runs import SteadyClock
 from agentbox.store import RemoteChange, StorageUnavailable
 from agentbox.store.engines import create_store
@@ -83,13 +79,16 @@ def create_app(
     if not settings.webhook_secret or not settings.callback_secret:
         raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
                           "ensure_callback_secret first")
-    analysis_processes()  # refuse a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix
+    # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
+    # no process until the lifespan warms one.
+    analysis = Analysis.configured()
     registry = AgentRegistry.from_bindings(settings.agents)
     instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
     store = create_store(settings, owner)
     metrics = Metrics(instance_id, store.engine)
-    dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner)
+    dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner,
+                            services={Analysis: analysis})
     deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics, owner=owner)
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
@@ -129,7 +128,7 @@ def create_app(
         subscriptions.start()
         if any(spec.function is mix_review for spec in registry.for_event_type(
                 "session.exported")):  # exports are reviewed: warm before the first one
-            start_analysis_process()
+            analysis.warm()
         _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": store.description,
                                              "instance_id": instance_id})
@@ -147,7 +146,7 @@ def create_app(
             if notices is not None:
                 await notices.close()
             await store.close()
-            shutdown_analysis()
+            analysis.shutdown()
             log.info("agentbox stopped")
 
     app = App(
@@ -192,7 +191,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
-    app.state.receiver = receiver
+    app.state.receiver, app.state.analysis = receiver, analysis
     return app
 
 

@@ -52,9 +52,11 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.errors import error_body, error_response
 from agentbox.http.server import stopping
-from agentbox.review import charts
+from agentbox.review import figures
 from agentbox.review import view as review_view
-from agentbox.review.agent import as_review, local_path, mix_review
+from agentbox.review.agent import mix_review
+from agentbox.review.analysis import local_path
+from agentbox.review.model import as_review
 from agentbox.runs import RunStatus
 from agentbox.store import (
     NotReplayable,
@@ -576,7 +578,7 @@ def page_templates() -> Environment:
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     env.filters["project_url"] = project_url
     env.filters["signed"] = review_view.signed
-    env.filters["mmss"] = charts.mmss
+    env.filters["mmss"] = figures.mmss
     return env
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from markupsafe import escape
 
-from agentbox.review.digest import SIGNED_UNITS
+from agentbox.review.figures import SIGNED_UNITS, mmss
 
 TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 LOUDNESS_FLOOR = -60.0  # quieter readings are drawn on the chart's bottom edge
@@ -22,15 +22,8 @@ MOMENTARY = "#98a2b3"
 SHORT_TERM = "#1f5fbf"
 TARGET = "#127a3e"
 CLIP = "#b42318"
+OVER = "#dc6803"
 EN_DASH = "\N{EN DASH}"
-
-
-def mmss(seconds: float) -> str:
-    """1:05 for 65 s; 1:02:05 past an hour."""
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def time_step(span: float, ticks: int = 8) -> int:
@@ -110,6 +103,7 @@ class Curve:
 def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curve | None,
                    target: float, tolerance: float,
                    clipping: Sequence[tuple[float, float]] = (),
+                   overs: Sequence[tuple[float, float]] = (),
                    frame: Frame | None = None) -> str:
     """Loudness over time: momentary and short-term curves, LUFS gridlines, the
     target band and the places where the mix clips."""
@@ -136,7 +130,8 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
     parts = [_open("loudness-plot", frame, "Loudness over time",
                    f"Momentary and short-term loudness in LUFS over {mmss(span_x)}, against "
                    f"the target of {target:g} LUFS ± {tolerance:g} LU"
-                   + (f"; clipping in {len(clipping)} place(s)" if clipping else "") + "."),
+                   + (f"; clipping in {len(clipping)} place(s)" if clipping else "")
+                   + (f"; over 0 dBTP in {len(overs)} place(s)" if overs else "") + "."),
              _background(frame)]
     parts.append(f'<rect class="target-band" x="{frame.x(0):.1f}" '
                  f'y="{py(target + tolerance):.1f}" width="{frame.x(1) - frame.x(0):.1f}" '
@@ -151,15 +146,8 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
                      f'y2="{frame.y(0) + 4:.1f}" stroke="#98a2b3"/>'
                      f'<text class="x-tick" x="{x:.1f}" y="{frame.y(0) + 16:.1f}" '
                      f'text-anchor="middle">{mmss(second)}</text>')
-    for start, end in clipping:  # a faint band over the curve, a solid mark on top
-        x0, width = px(start) - 1, max(px(end) - px(start), 0) + 2
-        parts.append(f'<rect class="clip-band" x="{x0:.1f}" y="{frame.y(1):.1f}" '
-                     f'width="{width:.1f}" height="{frame.y(0) - frame.y(1):.1f}" '
-                     f'fill="{CLIP}" fill-opacity="0.08"/>'
-                     f'<rect class="clip-marker" x="{x0:.1f}" y="{frame.y(1):.1f}" '
-                     f'width="{width:.1f}" height="7" fill="{CLIP}"><title>clipping at '
-                     f'{mmss(start)}{EN_DASH + mmss(end) if mmss(end) != mmss(start) else ""}'
-                     f'</title></rect>')
+    parts += [_mark(start, end, "clip", CLIP, "clipping", px, frame) for start, end in clipping]
+    parts += [_mark(start, end, "over", OVER, "over 0 dBTP", px, frame) for start, end in overs]
     if momentary is not None:
         parts.append(_polylines(
             [None if v is None else (px((i + 1) * momentary.step_seconds), py(v))
@@ -174,13 +162,27 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
     parts.append(_legend(frame, [("short-term (3 s)", SHORT_TERM), ("momentary (400 ms)",
                                                                     MOMENTARY)]
                          if momentary is not None else [("short-term (3 s)", SHORT_TERM)]
-                         , clipping=bool(clipping)))
+                         , clipping=bool(clipping), overs=bool(overs)))
     parts.append(_axis_titles(frame, "time (mm:ss)", "loudness (LUFS)"))
     parts.append(_frame_box(frame))
     return "".join(parts) + "</svg>"
 
 
-def _legend(frame: Frame, entries: list[tuple[str, str]], clipping: bool = False) -> str:
+def _mark(start: float, end: float, css: str, colour: str, what: str,
+          px: Callable[[float], float], frame: Frame) -> str:
+    """A faint band over the curve and a solid mark on top, where `what` happens."""
+    x0, width = px(start) - 1, max(px(end) - px(start), 0) + 2
+    return (f'<rect class="{css}-band" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+            f'width="{width:.1f}" height="{frame.y(0) - frame.y(1):.1f}" '
+            f'fill="{colour}" fill-opacity="0.08"/>'
+            f'<rect class="{css}-marker" x="{x0:.1f}" y="{frame.y(1):.1f}" '
+            f'width="{width:.1f}" height="7" fill="{colour}"><title>{what} at '
+            f'{mmss(start)}{EN_DASH + mmss(end) if mmss(end) != mmss(start) else ""}'
+            f'</title></rect>')
+
+
+def _legend(frame: Frame, entries: list[tuple[str, str]], clipping: bool = False,
+            overs: bool = False) -> str:
     x = frame.left
     out = []
     for label, colour in entries:
@@ -189,10 +191,12 @@ def _legend(frame: Frame, entries: list[tuple[str, str]], clipping: bool = False
                    f'<text class="legend" x="{x + 20:.1f}" y="{frame.top - 6:.1f}">'
                    f'{escape(label)}</text>')
         x += 28 + 6.2 * len(label)
-    if clipping:
-        out.append(f'<rect x="{x:.1f}" y="{frame.top - 15:.1f}" width="10" height="10" '
-                   f'fill="{CLIP}" fill-opacity="0.4"/><text class="legend" x="{x + 14:.1f}" '
-                   f'y="{frame.top - 6:.1f}">clipping</text>')
+    for shown, colour, label in ((clipping, CLIP, "clipping"), (overs, OVER, "over 0 dBTP")):
+        if shown:
+            out.append(f'<rect x="{x:.1f}" y="{frame.top - 15:.1f}" width="10" height="10" '
+                       f'fill="{colour}" fill-opacity="0.4"/><text class="legend" '
+                       f'x="{x + 14:.1f}" y="{frame.top - 6:.1f}">{label}</text>')
+            x += 24 + 6.2 * len(label)
     return "".join(out)
 
 

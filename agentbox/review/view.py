@@ -1,33 +1,26 @@
 """A mix review as the page shows it: the figures a musician reads, a verdict,
 the platform table, notes in order, the charts, and comparisons between exports.
 
-The review document grows over time; this reads what a stored document holds
-and leaves out what it does not, so reviews stored by older versions still
-show (their verdict, if they have none, is worked out from the profile as the
-review would).
+It stands on agentbox.review.present, the reading every reader shares: what a
+stored document holds is shown, what it does not is left out, and the verdict
+and the notes are the judge's as stored.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import PurePosixPath, PureWindowsPath
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from markupsafe import Markup
 
-from agentbox.review import charts
-from agentbox.review.agent import MixReview, as_review
-from agentbox.review.charts import mmss
-from agentbox.review.digest import FIGURES, SIGNED_UNITS, TARGET_TITLES, change_unit
+from agentbox.review import charts, present
+from agentbox.review.figures import FIGURES, SIGNED_UNITS, change_unit, finite, mmss, places
+from agentbox.review.model import MixReview, as_review
+from agentbox.review.present import mix_name
 from agentbox.store import ProjectExport
 
-VERDICTS = ("pass", "warn", "fail")
 MINUS = "\N{MINUS SIGN}"
-EN_DASH = "\N{EN DASH}"
-CLIPPING_LISTED = 8  # places named under the chart; the chart marks all
-SEVERITIES = ("fix", "consider", "info")
 
 
 def signed(value: Any, digits: int = 1) -> str:
@@ -47,11 +40,6 @@ def number(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}".replace("-", MINUS)
 
 
-def _float(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    return float(value) if ok and math.isfinite(value) else None
-
-
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -60,70 +48,22 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def file_name(url: str) -> str:
-    """The file's name from a mix_url (a path, a file:// URL, a Windows path)."""
-    parts = urlsplit(url)
-    path = unquote(parts.path) if parts.scheme == "file" else url
-    return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
-
-
 @dataclass(frozen=True)
-class Note:
-    severity: str
-    text: str
+class Review(present.Review):
+    """One stored mix review, read for the page: the reading every reader shares
+    (agentbox.review.present) with its model, its format line and its charts."""
 
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    title: str
-    target_lufs: float | None
-    ceiling_dbtp: float | None
-    gain_db: float | None
-    peak_after_dbtp: float | None
-    verdict: str | None
-    note: str
-
-
-@dataclass
-class Review:
-    """One stored mix review, read for the page."""
-
-    doc: dict[str, Any]
     model: MixReview
-    metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, result: Any) -> Review | None:
+        """The page's review of a run's result; None for a result that is not a mix
+        review (another agent's may use its key names)."""
         model = as_review(result)
-        if model is None:
+        shared = present.read(result) if model is not None else None
+        if model is None or shared is None:
             return None
-        assert isinstance(result, dict)
-        return cls(result, model, {**model.metrics.model_dump(), **_dict(result["metrics"])})
-
-    # -- the headline -------------------------------------------------------------------
-
-    @property
-    def verdict(self) -> str:
-        given = self.doc.get("verdict")
-        if given in VERDICTS:
-            return str(given)
-        p = self.model.profile
-        integrated, peak = self.figure("integrated_lufs"), self.figure("true_peak_dbtp")
-        if integrated is None:
-            return "fail"
-        if (peak is not None and peak > p.max_true_peak_dbtp) or self.figure("clipped_runs"):
-            return "fail"
-        return "warn" if abs(integrated - p.target_lufs) > p.tolerance_lu else "pass"
-
-    @property
-    def file(self) -> dict[str, Any]:
-        return _dict(self.doc.get("file"))
-
-    @property
-    def file_name(self) -> str:
-        name = self.file.get("name")
-        return name if isinstance(name, str) and name else file_name(self.model.mix_url)
+        return cls(shared.doc, shared.metrics, shared.verdict, shared.notes, model)
 
     @property
     def format_line(self) -> str:
@@ -146,52 +86,11 @@ class Review:
     def duration(self) -> float:
         return self.figure("duration_seconds") or 0.0
 
-    def figure(self, key: str) -> float | None:
-        return _float(self.metrics.get(key))
-
     @property
     def figures(self) -> list[tuple[str, str, str, str]]:
         """(key, name, value, unit) of every headline figure the review holds."""
         return [(key, name, number(self.figure(key), digits), unit)
                 for key, name, unit, digits in FIGURES if self.figure(key) is not None]
-
-    # -- the notes, targets and comparison ----------------------------------------------
-
-    @property
-    def notes(self) -> list[Note]:
-        # The model's notes, when it wrote them, are the review's words (the rules'
-        # structured notes stay in the document).
-        structured = [] if self.doc.get("notes_source") == "llm" else self.doc.get("notes")
-        given = [n for n in _list(structured) if isinstance(n, dict)
-                 and isinstance(n.get("text"), str)]
-        if given:
-            order = {s: i for i, s in enumerate(SEVERITIES)}
-            found = [Note(str(n["severity"]) if n.get("severity") in SEVERITIES else "info",
-                          n["text"]) for n in given]
-            return sorted(found, key=lambda n: order[n.severity])  # stable: keeps its order
-        return [Note("", text) for text in self.model.review_notes]
-
-    @property
-    def targets(self) -> list[Target]:
-        out = []
-        for t in _list(self.doc.get("targets")):
-            if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-                continue
-            verdict = t.get("verdict")
-            title = t.get("title")
-            if not isinstance(title, str) or not title:
-                title = TARGET_TITLES.get(t["name"], t["name"].replace("_", " "))
-            out.append(Target(
-                t["name"], title,
-                _float(t.get("integrated_target_lufs")), _float(t.get("true_peak_max_dbtp")),
-                _float(t.get("gain_db")), _float(t.get("result_true_peak_dbtp")),
-                verdict if verdict in VERDICTS else None,
-                t["note"] if isinstance(t.get("note"), str) else ""))
-        return out
-
-    @property
-    def comparison(self) -> dict[str, Any]:
-        return _dict(self.doc.get("comparison"))
 
     @property
     def comparison_run_id(self) -> str | bool | None:
@@ -202,42 +101,35 @@ class Review:
         named = self.comparison["previous_run_id"]
         return named if isinstance(named, str) else None
 
-    @property
-    def reference(self) -> dict[str, Any]:
-        return _dict(self.doc.get("reference"))
-
     # -- the charts --------------------------------------------------------------------
 
     @property
     def clipping(self) -> list[tuple[float, float]]:
-        out = []
-        for r in _list(self.metrics.get("clipping_ranges")):
-            start, end = _float(_dict(r).get("start")), _float(_dict(r).get("end"))
-            if start is not None:
-                out.append((start, end if end is not None and end >= start else start))
-        return out
+        """Where the mix clips (samples at full scale), as the clipping note names it."""
+        return self.ranges("clipping")
 
     @property
     def clipping_text(self) -> str:
-        """Where the mix clips, as a musician reads it: "0:16-0:18, 1:04 and 12 more"
-        (places less than a second apart read as one)."""
-        places: list[list[float]] = []
-        for start, end in sorted(self.clipping):
-            if places and start - places[-1][1] < 1.0:
-                places[-1][1] = max(places[-1][1], end)
-            else:
-                places.append([start, end])
-        shown = [mmss(a) + (EN_DASH + mmss(b) if mmss(b) != mmss(a) else "")
-                 for a, b in places[:CLIPPING_LISTED]]
-        more = len(places) - len(shown)
-        return ", ".join(shown) + (f" and {more} more" if more else "")
+        """Where the mix clips, in the words of the clipping note: "0:16-0:18, 1:04
+        and 12 more"."""
+        return places(self.clipping)
+
+    @property
+    def overs(self) -> list[tuple[float, float]]:
+        """Where the true peak goes over 0 dBTP between samples, as the true-peak
+        note names it."""
+        return self.ranges("over")
+
+    @property
+    def overs_text(self) -> str:
+        return places(self.overs)
 
     def loudness_chart(self) -> Markup:
         curve = _dict(self.metrics.get("loudness_curve"))
-        step = _float(curve.get("step_seconds")) or 1.0
+        step = finite(curve.get("step_seconds")) or 1.0
 
         def read(values: Any) -> charts.Curve | None:
-            found = [_float(v) for v in _list(values)]
+            found = [finite(v) for v in _list(values)]
             return charts.Curve(step, found) if any(v is not None for v in found) else None
 
         short_term = read(curve.get("short_term"))
@@ -249,14 +141,14 @@ class Review:
         return Markup(charts.loudness_chart(
             duration=self.duration, short_term=short_term,
             momentary=momentary, target=p.target_lufs, tolerance=p.tolerance_lu,
-            clipping=self.clipping))
+            clipping=self.clipping, overs=self.overs))
 
     def tonal_chart(self) -> Markup:
         bands = []
         for b in _list(self.metrics.get("octave_bands")):
-            hz = _float(_dict(b).get("hz"))
+            hz = finite(_dict(b).get("hz"))
             if hz is not None and hz > 0:
-                bands.append(charts.Band(hz, _float(b.get("db")), _float(b.get("reference_db"))))
+                bands.append(charts.Band(hz, finite(b.get("db")), finite(b.get("reference_db"))))
         return Markup(charts.tonal_chart(sorted(bands, key=lambda b: b.hz)))
 
 
@@ -293,7 +185,7 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None) -> Ex
     url = payload.get("mix_url") if isinstance(payload, dict) else None
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
                      export.finished_at, Review.of(export.result),
-                     file_name(url) if isinstance(url, str) else "", export.archived)
+                     mix_name(url) if isinstance(url, str) else "", export.archived)
 
 
 @dataclass(frozen=True)
@@ -315,7 +207,7 @@ def deltas(before: Review | None, after: Review, given: dict[str, Any] | None = 
     for key, name, unit, digits in FIGURES:
         b = before.figure(key) if before else None
         a = after.figure(key)
-        change = _float((given or {}).get(key))
+        change = finite((given or {}).get(key))
         if change is None and a is not None and b is not None:
             change = a - b
         if a is None and b is None and change is None:

@@ -155,7 +155,7 @@ def report(system: str, directory: Path) -> dict[str, Any]:
     import filelock
 
     from agentbox import portable
-    from agentbox.review.agent import local_path
+    from agentbox.review.analysis import local_path
 
     found: dict[str, Any] = {
         "platform": portable.PLATFORM,

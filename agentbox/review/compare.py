@@ -1,0 +1,126 @@
+"""A review beside others: the project's previous export, and a reference track.
+
+Both are a bonus: a previous export that cannot be read, or a reference that
+cannot be measured, is said so in the review and never fails it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
+from agentbox.review.analysis import Analysis, local_path
+from agentbox.review.figures import local_time
+from agentbox.review.judge import with_profile
+from agentbox.review.model import Comparison, MixMetrics, ReferenceView, as_review
+from agentbox.review.profiles import Profile
+
+HEADLINE = ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu", "sample_peak_dbfs",
+            "plr_db", "momentary_max_lufs", "short_term_max_lufs", "stereo_correlation",
+            "low_end_correlation", "mono_loudness_drop_lu", "clipped_samples",
+            "duration_seconds")
+
+
+def deltas(new: MixMetrics, old: MixMetrics) -> dict[str, float]:
+    """figure -> new minus old, for the headline figures both have."""
+    found = {}
+    for name in HEADLINE:
+        a, b = getattr(new, name), getattr(old, name)
+        if a is not None and b is not None:
+            found[name] = round(float(a) - float(b), 2)
+    return found
+
+
+async def compare_with_previous(ctx: AgentContext, project: str, m: MixMetrics,
+                                p: Profile) -> Comparison:
+    first = Comparison(previous_run_id=None, note=(
+        "The first export of this project: later exports will be compared with it."))
+    if ctx.previous_export is None or not project:
+        return first
+    try:
+        previous = await ctx.previous_export(project)
+    except Exception:  # the comparison is a bonus: never fail the review for it
+        ctx.log.warning("the previous export could not be read", exc_info=True)
+        return first.model_copy(update={"note": "The previous export could not be read."})
+    old = None if previous is None else as_review(previous.result)
+    if previous is None or old is None:
+        return first
+    changes = deltas(m, old.metrics)
+    return Comparison(previous_run_id=previous.run_id,
+                      previous_accepted_at=previous.accepted_at, deltas=changes,
+                      note=_comparison_note(changes, m, old.metrics, p, previous.accepted_at))
+
+
+def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
+                     p: Profile, accepted_at: str) -> str:
+    when = f"the {local_time(accepted_at)} export"
+    loudness = changes.get("integrated_lufs")
+    if loudness is None:
+        parts = [f"Compared with {when}"]
+    elif abs(loudness) < 0.1:
+        parts = [f"As loud as {when}"]
+    else:
+        parts = [f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than {when}"]
+    ceiling = p.max_true_peak_dbtp
+    over_now = new.true_peak_dbtp is not None and new.true_peak_dbtp > ceiling
+    over_then = old.true_peak_dbtp is not None and old.true_peak_dbtp > ceiling
+    if over_now and not over_then:
+        parts.append("true peak now over the ceiling")
+    elif over_then and not over_now:
+        parts.append("true peak now under the ceiling")
+    elif abs(changes.get("true_peak_dbtp", 0.0)) >= 0.5:
+        parts.append(f"true peak {changes['true_peak_dbtp']:+.1f} dB")
+    if abs(changes.get("loudness_range_lu", 0.0)) >= 1.0:
+        parts.append(f"loudness range {changes['loudness_range_lu']:+.1f} LU")
+    if new.clipped_runs and not old.clipped_runs:
+        parts.append("clipping is new")
+    elif old.clipped_runs and not new.clipped_runs:
+        parts.append("the clipping is gone")
+    if abs(changes.get("duration_seconds", 0.0)) >= 1.0:
+        longer = changes["duration_seconds"]
+        parts.append(f"{abs(longer):.1f} s {'longer' if longer > 0 else 'shorter'}")
+    return "; ".join(parts) + "."
+
+
+async def compare_with_reference(url: str, m: MixMetrics, p: Profile, ctx: AgentContext,
+                                 analysis: Analysis) -> ReferenceView:
+    """The reference track's loudness and tonal balance beside the mix's. A reference
+    that cannot be read is said so in the review; it never fails the review."""
+    try:
+        path = local_path(url)
+        raw, file = await analysis.measure(path, url, ctx)
+    except (PermanentAgentError, RetryableAgentError) as exc:
+        return ReferenceView(file=Path(urlsplit(url).path).name or url, error=str(exc),
+                             note=f"The reference track could not be measured: {exc}")
+    ref = with_profile(raw, p)
+    changes = {name: round(float(a) - float(b), 2) for name in
+               ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu")
+               if (a := getattr(m, name)) is not None and (b := getattr(ref, name)) is not None}
+    theirs = {band.hz: band.db for band in ref.octave_bands}
+    for band in m.octave_bands:
+        if band.hz in theirs:
+            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - theirs[band.hz], 1)
+    return ReferenceView(file=file.name, integrated_lufs=ref.integrated_lufs,
+                         true_peak_dbtp=ref.true_peak_dbtp,
+                         loudness_range_lu=ref.loudness_range_lu,
+                         octave_bands=ref.octave_bands, deltas=changes,
+                         note=_reference_note(changes, file.name))
+
+
+def _reference_note(changes: dict[str, float], name: str) -> str:
+    loudness = changes.get("integrated_lufs")
+    parts = [f"Against the reference {name}:" if loudness is None else
+             f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than the "
+             f"reference {name}" if abs(loudness) >= 0.1 else f"As loud as the reference {name}"]
+    bands = [(value, key) for key, value in changes.items() if key.startswith("band_")]
+    if bands:
+        value, key = max(bands, key=lambda item: abs(item[0]))
+        hz = float(key.split("_")[1])
+        where = f"{hz / 1000:g} kHz" if hz >= 1000 else f"{hz:g} Hz"
+        if abs(value) >= 3:
+            parts.append(f"{abs(value):.1f} dB {'more' if value > 0 else 'less'} around {where} "
+                         "than the reference (share of the whole mix)")
+        else:
+            parts.append("tonal balance within 3 dB of it in every octave")
+    return "; ".join(parts) + "."

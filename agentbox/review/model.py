@@ -1,0 +1,146 @@
+"""The result of a mix review, as the agent returns it and the store keeps it.
+
+Every field added since the first review has a default, so that reviews stored
+by older versions still validate (`as_review`); readers go through
+agentbox.review.present, which reads what a stored document holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
+VERDICTS = ("pass", "warn", "fail")
+
+
+class ProfileView(BaseModel):
+    name: str
+    title: str
+    target_lufs: float
+    tolerance_lu: float
+    max_true_peak_dbtp: float
+
+
+class ClippingRange(BaseModel):
+    start: float  # seconds
+    end: float
+    kind: str = "clipping"  # "clipping": samples at full scale; "over": above 0 dBTP between
+
+
+class OctaveBand(BaseModel):
+    hz: float
+    db: float  # the band's share of the mix's power
+    reference_db: float | None = None  # the profile's reference curve
+
+
+class LoudnessCurve(BaseModel):
+    step_seconds: float
+    momentary: list[float | None]
+    short_term: list[float | None]
+
+
+class MixMetrics(BaseModel):
+    integrated_lufs: float | None
+    loudness_range_lu: float | None
+    true_peak_dbtp: float | None
+    sample_peak_dbfs: float | None
+    clipped_samples: int
+    clipped_runs: int
+    dc_offset: float
+    stereo_correlation: float | None
+    mono_loudness_drop_lu: float | None
+    duration_seconds: float
+    sample_rate: int
+    channels: int
+    bit_depth: int | None
+    sample_format: str
+    file_format: str
+    short_term_lufs: list[float | None]
+    momentary_max_lufs: float | None = None
+    short_term_max_lufs: float | None = None
+    plr_db: float | None = None
+    mono: bool = False
+    dual_mono: bool = False
+    headroom_db: float | None = None  # the profile's ceiling minus the true peak
+    low_end_correlation: float | None = None
+    leading_silence_seconds: float = 0.0
+    trailing_silence_seconds: float = 0.0
+    clipping_ranges: list[ClippingRange] = []
+    octave_bands: list[OctaveBand] = []
+    loudness_curve: LoudnessCurve | None = None
+
+
+class FileInfo(BaseModel):
+    name: str
+    format: str
+    sample_rate: int
+    bit_depth: int | None  # None for lossy formats
+    channels: int
+    duration_seconds: float
+    frames_declared: int | None
+    frames_read: int
+    size_bytes: int | None = None  # the file's size as reviewed (None in older results)
+
+
+class TargetView(BaseModel):
+    name: str
+    title: str
+    integrated_target_lufs: float
+    true_peak_max_dbtp: float
+    gain_db: float | None  # what the platform's normalisation applies; None: silent
+    result_true_peak_dbtp: float | None
+    verdict: str
+    note: str
+
+
+class Comparison(BaseModel):
+    previous_run_id: str | None  # None: the project's first export
+    previous_accepted_at: str | None = None
+    deltas: dict[str, float] = {}  # figure -> this export minus the previous one
+    note: str = ""
+
+
+class ReferenceView(BaseModel):
+    file: str
+    integrated_lufs: float | None = None
+    true_peak_dbtp: float | None = None
+    loudness_range_lu: float | None = None
+    octave_bands: list[OctaveBand] = []
+    deltas: dict[str, float] = {}  # figure -> the mix minus the reference
+    note: str
+    error: str | None = None
+
+
+class Note(BaseModel):
+    severity: str  # "fix", "consider" or "info"
+    code: str
+    text: str
+
+
+class MixReview(BaseModel):
+    project_id: str
+    summary: str
+    review_notes: list[str]
+    profile: ProfileView
+    metrics: MixMetrics
+    notes_source: str  # "rules", or "llm" when the configured model wrote the notes
+    mix_url: str
+    verdict: str = "pass"  # "pass", "warn" or "fail" against the profile
+    file: FileInfo | None = None
+    targets: list[TargetView] = []
+    comparison: Comparison = Comparison(previous_run_id=None)
+    reference: ReferenceView | None = None
+    notes: list[Note] = []  # the rule-based notes, in review_notes' order when "rules"
+
+
+def as_review(result: Any) -> MixReview | None:
+    """A stored result as a mix review, if it is one: another agent's result may use
+    the same key names (and a review is drawn from its fields, so they must hold)."""
+    if not (isinstance(result, dict) and "metrics" in result and "profile" in result):
+        return None
+    try:
+        return MixReview.model_validate(result)
+    except ValidationError:
+        return None

@@ -1,0 +1,182 @@
+"""A stored mix review, read: the one accessor every reader goes through (the page,
+the terminal, the MCP server, desktop notifications).
+
+It reads the result document as stored (a dict), field by field, so that a review
+written by an older or newer agentbox (fewer or more fields) still reads: what is
+missing is left out. The verdict and the notes are the judge's, as stored; a
+review stored before reviews carried a verdict is given one here, once, by the
+same judge (agentbox.review.judge), never by a rule of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from agentbox.review.figures import finite
+from agentbox.review.judge import judge, profile_of
+from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
+
+# Old results name their delivery targets only; these are their titles.
+TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
+                 "apple_music": "Apple Music", "broadcast": "Broadcast (EBU R 128)",
+                 "club": "Club / DJ", "podcast": "Podcast"}
+
+
+_RANK = {severity: i for i, severity in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Note:
+    severity: str  # fix, consider or info; "" when the review does not say
+    text: str
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one delivery target's loudness normalisation would do to the mix."""
+
+    name: str
+    title: str
+    target_lufs: float | None
+    ceiling_dbtp: float | None
+    gain_db: float | None
+    peak_after_dbtp: float | None
+    verdict: str | None
+    note: str
+
+
+@dataclass(frozen=True)
+class Review:
+    """One stored mix review, as people read it."""
+
+    doc: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    verdict: str | None  # pass, warn or fail; None when it cannot be known
+    notes: tuple[Note, ...]  # what to fix first, first
+
+    def figure(self, key: str) -> float | None:
+        """A figure of the metrics; the peak-to-loudness ratio worked out from true
+        peak and loudness for a review stored before it was measured."""
+        value = finite(self.metrics.get(key))
+        if value is None and key == "plr_db":
+            peak, loudness = self.figure("true_peak_dbtp"), self.figure("integrated_lufs")
+            return None if peak is None or loudness is None else peak - loudness
+        return value
+
+    @property
+    def file(self) -> Mapping[str, Any]:
+        return _mapping(self.doc.get("file"))
+
+    @property
+    def file_name(self) -> str:
+        """The reviewed file's name: the review's `file.name`, else the end of its
+        `mix_url`; "" when it names neither."""
+        name = self.file.get("name")
+        if isinstance(name, str) and name:
+            return name
+        url = self.doc.get("mix_url")
+        return mix_name(url) if isinstance(url, str) else ""
+
+    @property
+    def project(self) -> str:
+        project = self.doc.get("project_id")
+        return project if isinstance(project, str) else ""
+
+    @property
+    def summary(self) -> str:
+        summary = self.doc.get("summary")
+        return summary if isinstance(summary, str) else ""
+
+    @property
+    def targets(self) -> list[Target]:
+        out = []
+        for t in _list(self.doc.get("targets")):
+            if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+                continue
+            title = t.get("title")
+            if not isinstance(title, str) or not title:
+                title = TARGET_TITLES.get(t["name"], t["name"].replace("_", " "))
+            verdict = t.get("verdict")
+            out.append(Target(
+                t["name"], title, finite(t.get("integrated_target_lufs")),
+                finite(t.get("true_peak_max_dbtp")), finite(t.get("gain_db")),
+                finite(t.get("result_true_peak_dbtp")),
+                verdict if verdict in VERDICTS else None,
+                t["note"] if isinstance(t.get("note"), str) else ""))
+        return out
+
+    @property
+    def comparison(self) -> Mapping[str, Any]:
+        return _mapping(self.doc.get("comparison"))
+
+    @property
+    def reference(self) -> Mapping[str, Any]:
+        return _mapping(self.doc.get("reference"))
+
+    def ranges(self, kind: str) -> list[tuple[float, float]]:
+        """(start, end) in seconds of each stretch of `kind`: "clipping" (samples at
+        full scale) or "over" (above 0 dBTP between them)."""
+        out = []
+        for r in _list(self.metrics.get("clipping_ranges")):
+            r = _mapping(r)
+            start, end = finite(r.get("start")), finite(r.get("end"))
+            if start is not None and r.get("kind", "clipping") == kind:
+                out.append((start, end if end is not None and end >= start else start))
+        return out
+
+
+def read(result: Any) -> Review | None:
+    """A run's result as a review, or None when it holds no measurements."""
+    if not isinstance(result, Mapping) or not isinstance(result.get("metrics"), Mapping):
+        return None
+    return Review(result, result["metrics"], _verdict(result), tuple(_notes(result)))
+
+
+def _verdict(doc: Mapping[str, Any]) -> str | None:
+    given = doc.get("verdict")
+    if given in VERDICTS:
+        return str(given)
+    model = as_review(dict(doc))
+    return None if model is None else judged_verdict(model)
+
+
+def judged_verdict(model: MixReview) -> str:
+    """The judge's verdict on a review stored without one (judged as it was then:
+    against its profile)."""
+    return judge(model.metrics, profile_of(model.profile)).verdict
+
+
+def _notes(doc: Mapping[str, Any]) -> list[Note]:
+    # When the configured model wrote the notes, they are the review's words; the
+    # rules' structured notes stay in the document for scripts.
+    structured = None if doc.get("notes_source") == "llm" else doc.get("notes")
+    given = [n for n in _list(structured) if isinstance(n, Mapping)
+             and isinstance(n.get("text"), str) and n["text"]]
+    if given:
+        found = [Note(str(n["severity"]) if n.get("severity") in SEVERITIES else "",
+                      n["text"], str(n.get("code") or "")) for n in given]
+        # What to fix first, first, as the judge orders them (sorted stably: a
+        # document written otherwise keeps its order within a severity).
+        return sorted(found, key=lambda n: _RANK.get(n.severity, len(_RANK)))
+    return [Note("", text) for text in _list(doc.get("review_notes"))
+            if isinstance(text, str) and text]
+
+
+def mix_name(url: str) -> str:
+    """The file's name from a mix_url (a path, a file:// URL, a Windows path)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path) if parts.scheme == "file" else url
+    return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -57,7 +57,7 @@ def mmss(seconds: float, decimals: int = 0) -> str:
     """A time in a song as a musician reads it: 1:05 for 65 s, 1:02:05 past an hour;
     with `decimals`, 0:17.2."""
     if decimals:
-        minutes, rest = divmod(max(0.0, seconds), 60)
+        minutes, rest = divmod(round(max(0.0, seconds), decimals), 60)
         return f"{int(minutes)}:{rest:0{3 + decimals}.{decimals}f}"
     whole = round(seconds)
     hours, rest = divmod(whole, 3600)

@@ -37,6 +37,7 @@ import soundfile
 from numpy.lib.stride_tricks import sliding_window_view
 
 from agentbox.review.containers import declared_frames
+from agentbox.review.figures import mmss
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -198,16 +199,10 @@ def true_peak_phases() -> np.ndarray:
     return phases.astype(np.float32)
 
 
-def clock(seconds: float) -> str:
-    """0:17.2, 3:00.0: how a musician reads a position or a length."""
-    minutes, rest = divmod(max(0.0, seconds), 60)
-    return f"{int(minutes)}:{rest:04.1f}"
-
-
 def truncated(declared: int, present: int, rate: int) -> AudioError:
     return AudioError("mix_truncated", (
-        f"the header promises {clock(declared / rate)}, the file holds "
-        f"{clock(present / rate)}: the render was cut short (or is still being written); "
+        f"the header promises {mmss(declared / rate, 1)}, the file holds "
+        f"{mmss(present / rate, 1)}: the render was cut short (or is still being written); "
         "export it again"))
 
 
@@ -246,7 +241,7 @@ def measure(path: str) -> Measurements:
     if measured.integrated_lufs is not None and measured.integrated_lufs > possible:
         raise AudioError("mix_truncated", (
             f"the file reads {measured.integrated_lufs:+.1f} LUFS over "
-            f"{clock(measured.duration_seconds)}, louder than any audio can be: its data is "
+            f"{mmss(measured.duration_seconds, 1)}, louder than any audio can be: its data is "
             "not the audio its header describes (a cut-off or corrupt render); export it "
             "again"))
     return measured

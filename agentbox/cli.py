@@ -83,10 +83,9 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    "(show it with: agentbox secret --callback)", err=True)
     click.echo(f"agentbox: data in {engines.describe(settings)}; listening on "
                f"http://{settings.host}:{settings.port}", err=True)
-    server.run(app, host=settings.host, port=settings.port, log_config=None,
-               access_log=False, loop=portable.EVENT_LOOP, http="httptools", lifespan="on",
+    server.run(app, settings, host=settings.host, port=settings.port, log_config=None,
+               access_log=False, loop=portable.EVENT_LOOP, lifespan="on",
                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
-               limit_concurrency=settings.max_connections,
                timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
 
 

@@ -52,8 +52,14 @@ DEFAULT_CALLBACK_PAUSE_AFTER_FAILURES = 20
 DEFAULT_CALLBACK_CONCURRENCY = 8
 DEFAULT_MAX_HOPS = 8
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0  # the whole request body
-DEFAULT_MAX_CONNECTIONS = 1000  # beyond it new connections get 503 at once
+DEFAULT_MAX_CONNECTIONS = 1000  # requests handled at once; beyond it 503 at once
 DEFAULT_KEEP_ALIVE_SECONDS = 5.0  # an idle connection is closed after this
+# Connections waiting for a request head (new or kept alive): at most this many (the
+# longest waiting is closed), each for at most DEFAULT_HEAD_TIMEOUT_SECONDS, with a head
+# of at most DEFAULT_MAX_HEAD_BYTES (431 beyond). They never take a request's slot.
+DEFAULT_MAX_IDLE_CONNECTIONS = 500
+DEFAULT_HEAD_TIMEOUT_SECONDS = 5.0
+DEFAULT_MAX_HEAD_BYTES = 32 * 1024
 # Retention: finished runs go after a month (a month of history on the operator's
 # page, and well past the 7-day idempotency window, which it may not undercut);
 # raw event bodies, which may carry personal data, after a week.
@@ -116,6 +122,9 @@ class Settings:
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     keep_alive_seconds: float = DEFAULT_KEEP_ALIVE_SECONDS
+    max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS
+    head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT_SECONDS
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
@@ -146,12 +155,13 @@ _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
-    "keep_alive_seconds", "retention_days", "body_retention_days",
+    "keep_alive_seconds", "head_timeout_seconds", "retention_days", "body_retention_days",
     "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
-                  "max_connections", "subscription_suspend_after_failures"}
+                  "max_connections", "max_idle_connections", "max_head_bytes",
+                  "subscription_suspend_after_failures"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
@@ -365,6 +375,10 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
             raise ConfigError(f"{named('alert_url')}: its origin must be listed in "
                               f"{named('callback_allowed')} (alerts follow the callbacks' "
                               "rules), and it must carry no credentials")
+    if settings.max_idle_connections >= settings.max_connections:
+        raise ConfigError(f"{named('max_idle_connections')} must be less than "
+                          f"{named('max_connections')}: connections waiting for a request "
+                          "must leave slots for the requests that have arrived")
     _check_retention(settings, named)
     _check_subscriptions(settings, named)
     for name in ("webhook_secret", "callback_secret"):

@@ -267,6 +267,29 @@ request_stop: Callable[[int], None] = _ctrl_break if WINDOWS else _sigterm
 """Ask the process `pid` (an agentbox server) to stop gracefully."""
 
 
+def raise_open_files_limit() -> None:
+    """Let this process open as many files and sockets as the OS allows it (the soft
+    limit up to the hard one: macOS starts programs at 256, below the connections
+    agentbox takes). Windows has no such per-process limit on sockets."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else OPEN_FILES_WANTED
+    if MACOS:  # its kernel refuses more than OPEN_MAX for RLIMIT_NOFILE
+        wanted = min(wanted, OPEN_FILES_WANTED)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (OSError, ValueError) as exc:
+        log.debug("cannot raise the open files limit", extra={"reason": str(exc)})
+
+
+OPEN_FILES_WANTED = 10_240  # macOS's OPEN_MAX; where the hard limit is unlimited
+
+
 def user_id() -> int | None:
     """The user's numeric id where the OS has one (launchd's gui/<uid> domain); None on
     Windows."""

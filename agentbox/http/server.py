@@ -21,6 +21,10 @@ from typing import Any
 
 import uvicorn
 
+from agentbox import portable
+from agentbox.config import Settings
+from agentbox.http.connections import ConnectionLimits, protocol_for
+
 STARTUP_FAILURE = 3  # uvicorn's exit status when the server could not start
 DATE_EVERY_SECONDS = 1.0  # how stale the Date header may get while connections are open
 
@@ -110,9 +114,12 @@ class QuietServer(uvicorn.Server):
                 waiter.cancel()
 
 
-def run(app: Any, **options: Any) -> None:
-    """`uvicorn.run(app, **options)` with the quiet main loop."""
-    server = QuietServer(uvicorn.Config(app, **options))
+def run(app: Any, settings: Settings, **options: Any) -> None:
+    """`uvicorn.run(app, **options)` with the quiet main loop and the connections'
+    limits of `settings` (agentbox.http.connections)."""
+    portable.raise_open_files_limit()  # the connections' limits, not the OS's, apply
+    protocol = protocol_for(ConnectionLimits.of(settings))
+    server = QuietServer(uvicorn.Config(app, http=protocol, **options))
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if not server.started:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,3 +27,16 @@ async def small_body(request: Request) -> bytes:
 def token_required() -> Response:
     return error_response(401, "admin_token_required",
                           "Send the admin token (agentbox token) as a Bearer token.")
+
+
+def from_this_site(headers: Mapping[str, str]) -> bool:
+    """Whether a state-changing request came from agentbox's own page (not another
+    site's): its Origin names this host, or is "null", which browsers send for every
+    POST under the pages' Referrer-Policy: no-referrer. Browsers that say where a
+    request comes from (Sec-Fetch-Site; on loopback and https) must say same-origin.
+    The form's CSRF token is checked as well."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        return False
+    origin = headers.get("origin")
+    return origin in (None, "null") or urlsplit(origin).netloc == headers.get("host")

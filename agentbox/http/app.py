@@ -30,6 +30,7 @@ from agentbox.engine.subscriptions import Subscriptions
 from agentbox.http.api import RunsApi
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
+from agentbox.http.headers import SecurityHeaders, secured
 from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
@@ -64,7 +65,7 @@ class App(Starlette):
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] == RECEIVER_PATH):
             scope["app"] = self
-            await self.receiver(scope, receive, send)
+            await self.receiver(scope, receive, secured(send))  # past the middleware
             return
         await super().__call__(scope, receive, send)
 
@@ -187,7 +188,7 @@ def create_app(
         ],
         exception_handlers={HTTPException: _http_error, StorageUnavailable: _storage_error,
                             Exception: _internal_error},
-        middleware=[Middleware(TokenGuard, pages=pages)],
+        middleware=[Middleware(SecurityHeaders), Middleware(TokenGuard, pages=pages)],
         lifespan=lifespan,
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer

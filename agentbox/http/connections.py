@@ -32,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agentbox.config import Settings, env_name
 from agentbox.http.errors import error_body
+from agentbox.http.headers import SECURITY_HEADERS
 from agentbox.http.receiver import ADMISSION_RETRY_AFTER_SECONDS
 
 
@@ -62,7 +63,8 @@ def answer(status: int, code: str, message: str, *extra: tuple[str, str]) -> byt
               503: "Service Unavailable"}[status]
     head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json",
             f"content-length: {len(body)}", "connection: close",
-            *(f"{name}: {value}" for name, value in extra)]
+            *(f"{name}: {value}" for name, value in extra),
+            *(f"{name.decode()}: {value.decode()}" for name, value in SECURITY_HEADERS)]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
@@ -188,5 +190,5 @@ async def _busy(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 503, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"retry-after", str(ADMISSION_RETRY_AFTER_SECONDS).encode()),
-        (b"connection", b"close")]})
+        (b"connection", b"close"), *SECURITY_HEADERS]})
     await send({"type": "http.response.body", "body": body})

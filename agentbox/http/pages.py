@@ -50,6 +50,7 @@ from agentbox.engine.agents import PermanentAgentError
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
+from agentbox.http.access import from_this_site
 from agentbox.http.errors import error_body, error_response
 from agentbox.http.server import stopping
 from agentbox.review import figures
@@ -198,8 +199,7 @@ class StatusPages:
 
     async def _checked_form(self, request: Request) -> dict[str, Any] | Response:
         """The form of a state-changing POST, or the refusal (CSRF, origin)."""
-        origin = request.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        if not from_this_site(request.headers):
             return self._error(403, "This action must come from agentbox's own page.")
         form = await _form(request)
         if not hmac.compare_digest((form.get("csrf") or [""])[0].encode(), self.csrf.encode()):

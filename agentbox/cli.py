@@ -57,6 +57,7 @@ def main() -> None:
 def serve(host: str | None, port: int | None, data_dir: Path | None,
           config_file: Path | None, database_url: str | None) -> None:
     """Receive webhooks, run agents, serve the API."""
+    from agentbox import files
     from agentbox import store as st
     from agentbox.http import server
     from agentbox.http.app import create_app
@@ -74,6 +75,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
         app = create_app(settings, token)
     except (cfg.ConfigError, st.StoreError) as exc:
         raise click.ClickException(str(exc)) from None
+    for warning in files.tighten(settings):  # what an older version or a copy left open
+        click.echo(f"agentbox: {warning}", err=True)
     if secret_path is not None:
         click.echo(f"agentbox: webhook secret is in {secret_path} "
                    "(show it with: agentbox secret)", err=True)

@@ -498,7 +498,7 @@ def retire_secrets(path: Path) -> int:
 
 
 def _write_secrets(path: Path, values: tuple[str, ...]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    portable.private_directory(path.parent)
     portable.write_durably(path, "".join(v + "\n" for v in values))
 
 
@@ -526,9 +526,9 @@ def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) ->
 def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:
     """Read a secret kept in `path`, creating it (mode 0600) on first use."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        portable.private_directory(path.parent)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, portable.PRIVATE_FILE)
         except FileExistsError:  # another process made it first: use theirs
             pass
         else:

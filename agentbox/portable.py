@@ -10,6 +10,7 @@ reported as another OS's and see what it picks there.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -57,12 +58,47 @@ def hold_lock(path: Path) -> HeldLock:
     filelock picks the OS's own lock: flock(2) on Linux and macOS, LockFileEx on
     Windows. Both end with the process, so a crash never leaves a stale lock.
     """
-    lock = filelock.FileLock(str(path), thread_local=False)
+    lock = filelock.FileLock(str(path), thread_local=False, mode=PRIVATE_FILE)
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
         raise LockHeld(str(path)) from None
     return HeldLock(lock)
+
+
+# -- private files --------------------------------------------------------------------
+
+PRIVATE_DIRECTORY = 0o700
+PRIVATE_FILE = 0o600
+"""POSIX modes of agentbox's folders and files: its user's alone. On Windows the
+user's profile folders, where platformdirs puts agentbox's, already keep other
+users out, and what is made inside inherits their ACL: the modes do nothing there."""
+
+
+def private_directory(path: Path) -> None:
+    """Make the folder `path` (and missing parents) if missing; one made here is its
+    user's alone."""
+    path.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+
+
+def private_file(path: Path) -> None:
+    """Make `path` empty and its user's alone, unless it exists (so that what opens it
+    next, SQLite say, keeps that mode: SQLite gives its -wal and -shm files the
+    database file's)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+
+
+def make_private(path: Path, mode: int) -> int | None:
+    """POSIX: if `path` lets anyone but its owner in and this user owns it, set it to
+    `mode` and return the mode it had; else None (Windows: always None)."""
+    if WINDOWS:
+        return None
+    found = path.lstat()
+    if found.st_uid != os.getuid() or not found.st_mode & 0o077:  # type: ignore[attr-defined,unused-ignore]
+        return None
+    os.chmod(path, mode)
+    return found.st_mode & 0o777
 
 
 # -- durable flush --------------------------------------------------------------------

@@ -270,6 +270,7 @@ class Launchd(FileManager):
             "Label": LAUNCHD_LABEL,
             "ProgramArguments": self.installation.argv(),
             "RunAtLoad": True,
+            "Umask": 0o077,  # its log files (launchd makes them) its user's alone
             "KeepAlive": {"SuccessfulExit": False},  # again after a crash, not after a stop
             "StandardOutPath": log,
             "StandardErrorPath": log,
@@ -464,9 +465,10 @@ def run_logged(log_file: Path, args: Sequence[str]) -> None:
     """Run the CLI with its output appended to `log_file`: how the Windows task logs,
     since Task Scheduler keeps no program's output. A file past LOG_KEEP_BYTES is
     kept as agentbox.log.1 and started afresh."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    portable.private_directory(log_file.parent)
     if log_file.exists() and log_file.stat().st_size > LOG_KEEP_BYTES:
         os.replace(log_file, log_file.with_name(log_file.name + ".1"))
+    portable.private_file(log_file)
     stream = open(log_file, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (for life)
     sys.stdout = sys.stderr = stream
     from agentbox.cli import main

@@ -297,7 +297,7 @@ class Watcher:
                             for path, export in sorted(self._exports.items())},
                 "found": sorted(str(path.relative_to(self.folder)) for path in self._found)}
         try:
-            self.state.parent.mkdir(parents=True, exist_ok=True)
+            portable.private_directory(self.state.parent)
             portable.write_durably(self.state, json.dumps(kept, indent=1) + "\n")
         except OSError as exc:
             self._trouble(f"{self.state} cannot be written ({exc.strerror}); what was sent "

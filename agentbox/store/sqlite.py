@@ -189,7 +189,7 @@ class SqliteStore(SqlStore):
     # -- life cycle -----------------------------------------------------------------
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private(self.path)
         self._lock_file = _lock_exclusively(self.path.with_suffix(".lock"))
         loop = asyncio.get_running_loop()
         try:
@@ -496,7 +496,7 @@ def reclaimable(conn: sqlite3.Connection, path: Path) -> None:
 
 def migrate_file(path: Path) -> tuple[int, int]:
     """`agentbox migrate` for a SQLite store (safe beside a running server)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _private(path)
     conn = _connect(path)
     try:
         return migrate(conn, path)
@@ -504,6 +504,14 @@ def migrate_file(path: Path) -> tuple[int, int]:
         raise StorageUnavailable(f"cannot migrate {path}: {exc}") from exc
     finally:
         conn.close()
+
+
+def _private(path: Path) -> None:
+    """The database's folder and file, made its user's alone (POSIX 0700 and 0600): it
+    holds event bodies, callback URLs and subscribers' secrets. SQLite gives its -wal
+    and -shm files the database file's mode."""
+    portable.private_directory(path.parent)
+    portable.private_file(path)
 
 
 def _lock_exclusively(path: Path) -> portable.HeldLock:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,9 +23,13 @@ import pytest
 import soundfile as sf
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from tests import test_notifications
 from tests.conftest import ROOT, free_port, wait_until
+from tests.test_notifications import notifications
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+session_bus = test_notifications.session_bus  # a real D-Bus session bus, and on it
+received = test_notifications.received  # the test's own notification server
 BUILD_SECONDS = 1500
 START_SECONDS = 120.0  # unpacking ~90 MB on a busy machine; typically a few seconds
 
@@ -57,16 +62,23 @@ def home(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def server(executable: Path, home: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    with serving(executable, home, tmp_path / "serve.log") as url:
+        yield url
+
+
+@contextmanager
+def serving(executable: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`agentbox serve` from the executable, on a free port: its URL once healthy."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "serve.log").open("w")
+    log = log_path.open("w")
     started = time.monotonic()
-    process = subprocess.Popen([str(executable), "serve", "--port", str(port)], env=home,
+    process = subprocess.Popen([str(executable), "serve", "--port", str(port)], env=env,
                                stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: _healthy(url) or process.poll() is not None, START_SECONDS,
                    "the executable's /healthz")
-        assert process.poll() is None, (tmp_path / "serve.log").read_text()
+        assert process.poll() is None, log_path.read_text()
         print(f"one-file agentbox answered /healthz {time.monotonic() - started:.1f} s "
               f"after start ({executable.stat().st_size / 1e6:.0f} MB)")
         yield url
@@ -110,6 +122,29 @@ def test_the_executable_reviews_a_mix_sent_by_its_own_send(
     assert run["result"]["review_notes"]
     page = httpx.get(f"{server}/", timeout=30)
     assert page.status_code == 200 and "night-drive" in page.text
+
+
+def test_the_executable_shows_a_desktop_notification(
+        executable: Path, home: dict[str, str], session_bus: str, received: Path,
+        tmp_path: Path) -> None:
+    """desktop-notifier and its D-Bus backend are in the file: a finished review is a
+    notification on a real session bus, as from a checkout (the test's own
+    notification server owns org.freedesktop.Notifications there)."""
+    env = {**home, "DBUS_SESSION_BUS_ADDRESS": session_bus}
+    with serving(executable, env, tmp_path / "serve.log") as url:
+        mix = a_mix(tmp_path / "night drive.wav")
+        sent = subprocess.run(
+            [str(executable), "send", "--type", "session.exported", "--project",
+             "night-drive", "--mix", str(mix), "--wait", "--wait-timeout", "300",
+             "--url", url], env=env, capture_output=True, text=True, timeout=600,
+            check=False)
+        assert sent.returncode == 0, sent.stdout[-2000:] + sent.stderr[-2000:]
+        note = wait_until(lambda: notifications(received), 30, "the notification")[0]
+    assert note["app_name"] == "agentbox"
+    assert note["summary"].startswith("Review") and note["summary"].endswith(
+        "· night drive.wav"), note
+    assert " LUFS · true peak " in note["body"], note
+    assert "need desktop-notifier" not in (tmp_path / "serve.log").read_text()
 
 
 @pytest.mark.anyio

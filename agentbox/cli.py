@@ -1,29 +1,38 @@
-"""`agentbox`: a thin shell over functions that tests call directly."""
+"""`agentbox`: click commands over `agentbox.client` (what talks to a running
+agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
-import httpx
 
 from agentbox import config as cfg
-from agentbox import portable
-from agentbox.review import digest
-from agentbox.signing import sign_headers
-
-DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
-URL_ENV = "AGENTBOX_URL"  # the client commands' agentbox, between the config file and --url
-RECEIVER_PATH = "/webhooks/events"
+from agentbox import portable, terminal
+from agentbox.client import (
+    DEFAULT_URL,
+    FOLLOW_FIRST_SECONDS,  # noqa: F401 - send --wait's pace, named here as before
+    FOLLOW_MAX_SECONDS,  # noqa: F401
+    FOLLOW_UNREACHABLE_SECONDS,
+    RECEIVER_PATH,
+    URL_ENV,
+    AgentboxError,
+    BadAddress,
+    Client,
+    Misconfigured,
+    NotFinished,
+    Refused,
+    Unreachable,
+    build_event,
+    find_url,
+)
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -178,61 +187,33 @@ CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_typ
                              default=None, help="TOML config file (as serve's).")
 
 
-def client_url(url: str | None, config_file: Path | None = None,
-               environ: Mapping[str, str] | None = None) -> str:
-    """The agentbox the client commands talk to, as a base URL: `--url`, else
-    AGENTBOX_URL, else the host and port that `serve` reads from the config file
-    (and AGENTBOX_HOST / AGENTBOX_PORT). A URL naming the receiver's endpoint is
-    taken for the server it belongs to."""
-    environ = os.environ if environ is None else environ
-    if url is None and environ.get(URL_ENV, "").strip():
-        return _base_url(environ[URL_ENV], URL_ENV)
-    if url is not None:
-        return _base_url(url, "--url")
-    settings = _settings(config_file)
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host,
-                                                                     settings.host)
-    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
-
-
-def _base_url(url: str, where: str) -> str:
-    base = url.strip().rstrip("/")
-    if base.endswith(RECEIVER_PATH):
-        base = base[: -len(RECEIVER_PATH)]
-    parts = urlsplit(base)
+def client_url(url: str | None, config_file: Path | None = None) -> str:
+    """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else the
+    host and port that `serve` reads from the config file."""
     try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        parts = parts._replace(netloc="")
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
-            or parts.fragment:
-        raise click.UsageError(f"{where}: {digest.one_line(url)[:80]!r} is not agentbox's "
-                               f"address; give one such as {DEFAULT_URL}")
-    return base
+        return find_url(url, config_file, where="--url")
+    except BadAddress as exc:
+        raise click.UsageError(str(exc)) from None
+    except Misconfigured as exc:
+        raise click.ClickException(str(exc)) from None
 
 
-def build_event(event_type: str, source: str, event_id: str, payload: dict[str, Any],
-                callback_url: str | None = None) -> dict[str, Any]:
-    """A v1 envelope with its idempotency key derived from source, type and id."""
-    event: dict[str, Any] = {
-        "schema_version": "v1",
-        "event_id": event_id,
-        "idempotency_key": f"{source}:{event_type}:{event_id}",
-        "event_type": event_type,
-        "source": source,
-        "timestamp": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "payload": payload,
-    }
-    if callback_url:
-        event["callback_url"] = callback_url
-    return event
+def _client(url: str | None, config_file: Path | None) -> Client:
+    """The running agentbox; what it waits for (busy, restarting) said on stderr."""
+    return Client(client_url(url, config_file), config_file=config_file, progress=_say)
 
 
-def send_event(url: str, secret_value: str, body: bytes, timeout: float = 30.0) -> httpx.Response:
-    headers = {"Content-Type": "application/json",
-               **sign_headers(secret_value, body, int(time.time()))}
-    return httpx.post(url.rstrip("/") + RECEIVER_PATH, content=body, headers=headers,
-                      timeout=timeout)
+def _say(message: str) -> None:
+    click.echo(f"agentbox: {message}", err=True)
+
+
+@contextmanager
+def _client_errors() -> Iterator[None]:
+    """The client's errors as the command line's: their sentence, exit status 1."""
+    try:
+        yield
+    except AgentboxError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 # Exit statuses of `agentbox send`, for export scripts.
@@ -241,80 +222,32 @@ EXIT_REFUSED = 1  # the event was refused (4xx other than 429): fix it, do not r
 EXIT_UNAVAILABLE = 3  # agentbox unreachable, busy (429) or unavailable (503) after retries
 EXIT_RUN_FAILED = 4  # --wait: the run ended failed_permanent or dead_lettered
 EXIT_WAIT_TIMEOUT = 5  # --wait: the run was not finished in time
-RETRYABLE_STATUSES = (429, 503)
 
 
-def deliver(url: str, secret_value: str, body: bytes, retries: int,
-            sleep: Callable[[float], None] = time.sleep) -> httpx.Response | None:
-    """POST, retrying on 429, 503 and connection errors with backoff (and
-    Retry-After). Signed afresh each time. None: still unavailable at the end."""
-    delay = 0.5
-    for attempt in range(retries + 1):
-        wait = delay
-        try:
-            response = send_event(url, secret_value, body)
-            if response.status_code not in RETRYABLE_STATUSES:
-                return response
-            hint = response.headers.get("retry-after", "")
-            if hint.isascii() and hint.isdigit():
-                wait = max(wait, min(float(hint), 60.0))
-            reason = f"{response.status_code} {response.json().get('error_code', '')}"
-        except httpx.TransportError as exc:
-            reason = f"cannot reach agentbox at {url}: {type(exc).__name__}"
-        except ValueError:
-            reason = "an answer that is not JSON"
-        if attempt < retries:
-            click.echo(f"agentbox: {reason}; trying again in {wait:g} s", err=True)
-            sleep(wait)
-            delay = min(delay * 2, 30.0)
-        else:
-            click.echo(f"agentbox: {reason}; giving up", err=True)
-    return None
+class GaveUp(click.ClickException):
+    """agentbox unreachable for good: exit status 3, as `send`'s retries running out."""
 
-
-# Following a run: the first look soon (a short review is told at once), then less
-# and less often, down to one request a second over one kept-alive connection: a
-# long wait beside a DAW costs next to nothing. A restart of agentbox meanwhile (the
-# run is given back and taken up again) is waited out for FOLLOW_UNREACHABLE_SECONDS.
-FOLLOW_FIRST_SECONDS = 0.1
-FOLLOW_MAX_SECONDS = 1.0
-FOLLOW_UNREACHABLE_SECONDS = 30.0
-
-
-class Unreachable(click.ClickException):
     exit_code = EXIT_UNAVAILABLE
 
 
-def follow(url: str, run_id: str, timeout: float,
+def follow(url: str | Client, run_id: str, timeout: float,
            sleep: Callable[[float], None] = time.sleep) -> dict[str, Any] | None:
-    """Poll a run until it is terminal; None if `timeout` passes first. Unreachable
-    for FOLLOW_UNREACHABLE_SECONDS on end: Unreachable (exit status 3)."""
-    deadline = time.monotonic() + timeout
-    interval, lost_since = FOLLOW_FIRST_SECONDS, None
-    with httpx.Client(timeout=30) as client:
-        while True:
-            try:
-                response = client.get(url.rstrip("/") + f"/runs/{run_id}")
-            except httpx.TransportError as exc:
-                now = time.monotonic()
-                if lost_since is None:
-                    lost_since = now
-                    click.echo(f"agentbox: cannot reach agentbox at {url} "
-                               f"({type(exc).__name__}); waiting for it", err=True)
-                elif now - lost_since >= FOLLOW_UNREACHABLE_SECONDS:
-                    raise Unreachable(f"cannot reach agentbox at {url} for "
-                                      f"{FOLLOW_UNREACHABLE_SECONDS:g} s: {exc}") from None
-            else:
-                if lost_since is not None:
-                    click.echo("agentbox: reachable again; following the run", err=True)
-                    lost_since = None
-                run: dict[str, Any] = _answer(url, response)
-                if run["terminal"]:
-                    return run
-            if time.monotonic() > deadline:
-                return None
-            sleep(interval)
-            interval = min(interval * 1.5, FOLLOW_MAX_SECONDS)
+    """`send --wait`: the run once terminal (followed by the Client given, else one for
+    `url`); None if `timeout` passes first. agentbox unreachable for
+    FOLLOW_UNREACHABLE_SECONDS on end: GaveUp (exit status 3)."""
+    box = url if isinstance(url, Client) else Client(url, progress=_say)
+    try:
+        return box.follow(run_id, timeout, unreachable_timeout=FOLLOW_UNREACHABLE_SECONDS,
+                          sleep=sleep)
+    except NotFinished:
+        return None
+    except Unreachable as exc:
+        raise GaveUp(str(exc)) from None
+    except AgentboxError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        if box is not url:
+            box.close()
 
 
 def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
@@ -372,7 +305,6 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     3 agentbox unreachable or busy after the retries, 4 the run failed (--wait),
     5 the run was not finished in time (--wait).
     """
-    url = client_url(url, config_file)
     if event_file is not None:
         body = event_file.read()
     else:
@@ -397,53 +329,38 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
         event = build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
                             callback_url)
         body = json.dumps(event, separators=(",", ":")).encode()
-    settings, _ = cfg.ensure_webhook_secret(_settings(config_file))
-    response = deliver(url, settings.webhook_secret[0], body, retries)
-    if response is None:
+    with _client(url, config_file) as box:
+        answer = _deliver(box, body, retries)
+        click.echo(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
+        if wait:
+            _wait_and_tell(box, answer["run_id"], wait_timeout, as_json)
+
+
+def _deliver(box: Client, body: bytes, retries: int) -> dict[str, Any]:
+    """agentbox's answer to `body`; a refusal printed as it came (exit status 1),
+    unavailable after the retries exit status 3 (the retries said why)."""
+    try:
+        return box.send_body(body, retries=retries)
+    except Unreachable:
         sys.exit(EXIT_UNAVAILABLE)
-    click.echo(response.text)
-    if response.status_code >= 300:
+    except Refused as exc:
+        click.echo(exc.body)
         sys.exit(EXIT_REFUSED)
-    if wait:
-        run = follow(url, response.json()["run_id"], wait_timeout)
-        if run is None:
-            click.echo(f"agentbox: the run is not finished after {wait_timeout:g} s", err=True)
-            sys.exit(EXIT_WAIT_TIMEOUT)
-        if as_json:
-            click.echo(json.dumps(run, indent=2))
-        else:
-            click.echo("\n".join(told(run)))
-        if run["status"] != "succeeded":
-            sys.exit(EXIT_RUN_FAILED)
+    except AgentboxError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
-def _api(url: str, method: str, path: str, timeout: float | None = 30,
-         **kwargs: Any) -> Any:
-    try:
-        response = httpx.request(method, url.rstrip("/") + path, timeout=timeout, **kwargs)
-    except httpx.HTTPError as exc:
-        raise click.ClickException(
-            f"cannot reach agentbox at {url}: {exc}. Is it running (scripts/run, or "
-            "agentbox serve)? Another address: --url or AGENTBOX_URL.") from None
-    return _answer(url, response)
-
-
-def _answer(url: str, response: httpx.Response) -> Any:
-    """agentbox's JSON answer, or a ClickException that says what came instead."""
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict | list):  # an HTML page, say: another program's
-        raise click.ClickException(
-            f"{url} answered {response.status_code} with something that is not agentbox's "
-            "JSON: is another program listening there? Name agentbox's address with --url "
-            "or AGENTBOX_URL (for example http://127.0.0.1:8000).")
-    if response.status_code >= 300:
-        message = answer.get("message", "") if isinstance(answer, dict) else ""
-        told = digest.one_line(str(message) or "refused")
-        raise click.ClickException(f"{response.status_code}: {told}")
-    return answer
+def _wait_and_tell(box: Client, run_id: str, wait_timeout: float, as_json: bool) -> None:
+    run = follow(box, run_id, wait_timeout)
+    if run is None:
+        click.echo(f"agentbox: the run is not finished after {wait_timeout:g} s", err=True)
+        sys.exit(EXIT_WAIT_TIMEOUT)
+    if as_json:
+        click.echo(json.dumps(run, indent=2))
+    else:
+        click.echo("\n".join(terminal.told(run)))
+    if run["status"] != "succeeded":
+        sys.exit(EXIT_RUN_FAILED)
 
 
 @main.command()
@@ -455,45 +372,18 @@ def _answer(url: str, response: httpx.Response) -> Any:
 def runs(url: str | None, status: str | None, limit: int, as_json: bool,
          config_file: Path | None) -> None:
     """List the newest runs: project, loudness and verdict of each."""
-    params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
-    found = _api(client_url(url, config_file), "GET", "/runs", params=params)["runs"]
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.runs(limit, status)["runs"]
     _print_runs(found, as_json, "no runs yet" if status is None else f"no {status} runs")
-
-
-RUN_COLUMNS = ("RUN", "STATUS", "PROJECT", "FILE", "LUFS", "TRUE PEAK", "VERDICT", "EVENT",
-               "RETRIES", "ERROR")
-
-
-def run_row(run: dict[str, Any]) -> tuple[str, ...]:
-    """One run as the cells of `agentbox runs`."""
-    metrics = digest.metrics_of(run.get("result"))
-    loudness, peak = (metrics.get(k) for k in ("integrated_lufs", "true_peak_dbtp"))
-    return (_line(run["run_id"]), _line(run["status"]), digest.project_of(run)[:32],
-            digest.file_name(run)[:32],
-            f"{loudness:.1f}" if isinstance(loudness, int | float) else "-",
-            f"{peak:+.1f}" if isinstance(peak, int | float) else "-",
-            _verdict_cell(run), _line(run["event_type"]),
-            str(run["retry_count"]), _line(run["error_code"] or ""))
-
-
-def _verdict_cell(run: dict[str, Any]) -> str:
-    result = run.get("result")
-    verdict = result.get("verdict") if isinstance(result, dict) else None
-    return _line(verdict) if isinstance(verdict, str) else "-"
 
 
 def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str) -> None:
     if as_json:
         click.echo(json.dumps(found, indent=2))
-        return
-    if not found:
+    elif not found:
         click.echo(empty)
-        return
-    rows = [RUN_COLUMNS, *(run_row(run) for run in found)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_COLUMNS))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-                   .rstrip())
+    else:
+        click.echo("\n".join(terminal.runs_table(found)))
 
 
 @main.command("dead-letters")
@@ -504,8 +394,8 @@ def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str) -> None:
 def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path | None) -> None:
     """List dead-lettered runs that wait for a decision (replay them with `agentbox
     replay RUN_ID`); those discarded on the status page are left out."""
-    found = _api(client_url(url, config_file), "GET", "/runs", params={
-        "status": "dead_lettered", "limit": limit, "discarded": "false"})["runs"]
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.runs(limit, "dead_lettered", discarded="false")["runs"]
     _print_runs(found, as_json, "no dead letters waiting for a decision")
 
 
@@ -516,59 +406,12 @@ def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path |
 @CONFIG_OPTION
 def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) -> None:
     """Show one run: the review (verdict, figures, notes), its history and callbacks."""
-    run = _api(client_url(url, config_file), "GET", f"/runs/{run_id}",
-               params={"history": "1"})
+    with _client_errors(), _client(url, config_file) as box:
+        run = box.run(run_id, history=True)
     if as_json:
         click.echo(json.dumps(run, indent=2))
-        return
-    click.echo(f"{run['run_id']}  {run['status']}  {run['event_type']} from {run['source']} "
-               f"(event {run['event_id']})")
-    click.echo(f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
-               + (f", {_line(run['error_code'])}: {_line(run['error_message'])}"
-                  if run["error_code"] else ""))
-    if digest.project_of(run):
-        click.echo(f"project {digest.project_of(run)}")
-    if digest.file_name(run):
-        click.echo(f"file {digest.file_name(run)}")
-    if run.get("body_removed_at"):
-        click.echo(f"event body removed by retention at {run['body_removed_at']} "
-                   "(the run cannot be replayed)")
-    if run["correlation_id"] or run["hop"]:
-        click.echo(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
-                   f"hop {run['hop']}")
-    click.echo("\nhistory:")
-    for change in run["history"]:
-        note = f"  ({_line(change['note'])})" if change["note"] else ""
-        click.echo(f"  {change['at']}  {change['status']:<16} attempt {change['attempt']}{note}")
-    result = run.get("result")
-    if _is_review(result):
-        click.echo("\n" + "\n".join(digest.review_lines(run)))
-    elif result is not None:
-        click.echo("\nresult: " + json.dumps(result))
-    for c in run.get("callbacks", []):
-        click.echo(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
-                   f"attempt(s){' - ' + _line(c['last_error']) if c['last_error'] else ''}")
-
-
-def _is_review(result: Any) -> bool:
-    """A result that validates as a mix review (another agent's may use its key names)."""
-    from agentbox.review.model import as_review
-
-    return as_review(result) is not None
-
-
-def told(run: dict[str, Any], name: str | None = None) -> list[str]:
-    """A finished run for people: the review, else its status and result as JSON."""
-    result = run.get("result")
-    if run.get("status") != "succeeded" or result is None or _is_review(result):
-        return digest.review_lines(run, name)
-    return [f"{_line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
-
-
-def _line(value: Any) -> str:
-    """Text from a run (an agent's message, an event's data) as one line of output:
-    a newline in it cannot make a line of its own that looks like agentbox's."""
-    return digest.one_line(value)
+    else:
+        click.echo("\n".join(terminal.show_lines(run)))
 
 
 @main.command()
@@ -645,9 +488,8 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     try:
         report = asyncio.run(prune_store(settings, dry_run)).as_json()
     except StoreInUse:
-        headers = {"Authorization": f"Bearer {cfg.admin_token(settings)}"}
-        report = _api(client_url(url, config_file), "POST", "/prune", timeout=None,
-                      headers=headers, json={"dry_run": dry_run})
+        with _client_errors(), _client(url, config_file) as box:
+            report = box.prune(dry_run)
     except (StoreError, cfg.ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -665,11 +507,10 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) -> None:
     """Send dead-lettered or permanently failed runs back to the queue (same run_id)."""
-    url = client_url(url, config_file)
-    headers = {"Authorization": f"Bearer {cfg.admin_token(_settings(config_file))}"}
-    for run_id in run_ids:
-        run = _api(url, "POST", f"/runs/{run_id}/replay", headers=headers)
-        click.echo(f"{run['run_id']}  {run['status']}")
+    with _client_errors(), _client(url, config_file) as box:
+        for run_id in run_ids:
+            run = box.replay(run_id)
+            click.echo(f"{run['run_id']}  {run['status']}")
 
 
 @main.group()
@@ -686,9 +527,8 @@ def callbacks() -> None:
 def callbacks_list(url: str | None, state: str | None, limit: int, as_json: bool,
                    config_file: Path | None) -> None:
     """The newest notifications and how their delivery stands."""
-    params: dict[str, Any] = {"limit": limit, **({"state": state} if state else {})}
-    found = _api(client_url(url, config_file), "GET", "/callbacks",
-                 params=params)["callbacks"]
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.callbacks(limit, state)["callbacks"]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -702,8 +542,9 @@ def callbacks_list(url: str | None, state: str | None, limit: int, as_json: bool
 @CONFIG_OPTION
 def callbacks_destinations(url: str | None, config_file: Path | None) -> None:
     """Every destination: active or paused, failures in a row, notifications waiting."""
-    for d in _api(client_url(url, config_file), "GET",
-                  "/callbacks/destinations")["destinations"]:
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.destinations()["destinations"]
+    for d in found:
         reason = f" ({d['paused_reason']})" if d["paused_reason"] else ""
         click.echo(f"{d['destination']:<40} {d['state']}{reason} "
                    f"failures={d['consecutive_failures']} pending={d['pending']}")
@@ -715,10 +556,8 @@ def callbacks_destinations(url: str | None, config_file: Path | None) -> None:
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def callbacks_resume(destination: str, url: str | None, config_file: Path | None) -> None:
     """Resume a paused destination (an origin such as https://studio.example)."""
-    url = client_url(url, config_file)
-    headers = {"Authorization": f"Bearer {cfg.admin_token(_settings(config_file))}"}
-    found = _api(url, "POST", "/callbacks/destinations/resume", headers=headers,
-                 json={"destination": destination})
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.resume_destination(destination)
     click.echo(f"{found['destination']}  {found.get('state', 'active')}")
 
 
@@ -801,197 +640,31 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     up instead, and the exit status says so as `send`'s does (1: a file was
     refused, 3: agentbox unreachable or busy).
     """
-    from agentbox.desktop.watch import Watcher, state_file
+    from agentbox.desktop.folders import Folder, FolderWatch
 
-    url = client_url(url, config_file)
-    watcher = Watcher(folder, settle, existing, headerless_settle=headerless_settle,
-                      state=state_file(_settings(config_file).data_dir, folder),
-                      warn=lambda message: click.echo(f"agentbox: {message}", err=True))
-    watcher.poll()  # what is there now is left alone (unless --existing, or sent unfinished)
-    click.echo(f"agentbox: watching {folder.resolve()} for {url} (Ctrl-C stops)", err=True)
+    box = _client(url, config_file)
+    folder_watch = FolderWatch(
+        Folder(folder, project, profile, settle=settle, headerless_settle=headerless_settle,
+               include_existing=existing),
+        box, _print_news, _settings(config_file).data_dir, source)
+    folder_watch.start()  # what is there now is left alone (unless --existing)
+    click.echo(f"agentbox: watching {folder.resolve()} for {box.url} (Ctrl-C stops)",
+               err=True)
     try:
-        if once:
-            sys.exit(_watch_once(watcher, url, project, profile, source, interval, retries,
-                                 config_file))
-        _watch_forever(watcher, url, project, profile, source, interval, config_file)
+        with box:
+            if once:
+                outcome = folder_watch.once(retries, interval)
+                sys.exit(EXIT_UNAVAILABLE if outcome.unsent else
+                         EXIT_REFUSED if outcome.refused else EXIT_OK)
+            while True:
+                folder_watch.turn()
+                time.sleep(interval)
     except KeyboardInterrupt:
         return
 
 
-def _export_event(path: Path, event_id: str, project: str | None, profile: str | None,
-                  source: str, again_of: str | None = None) -> bytes:
-    """session.exported for a finished file; with `again_of`, the follow-up that has
-    the whole file reviewed when the run `again_of` read it before it was all written."""
-    from agentbox.desktop.watch import project_of
-    from agentbox.events import project_name
-
-    payload = {"project_id": project_name(project) if project else project_of(path),
-               "mix_url": str(path.resolve()), **({"profile": profile} if profile else {})}
-    if again_of is None:
-        event = build_event("session.exported", source, event_id, payload)
-    else:
-        payload["requested_by"] = "agentbox watch"
-        payload["note"] = (f"{path.name} was written on after run {again_of} reviewed it: "
-                           "the whole file, reviewed again")
-        event = build_event("mix.review_requested", source, event_id, payload)
-        event["causation_id"] = again_of
-    return json.dumps(event, separators=(",", ":")).encode()
-
-
-def _signing_secret(config_file: Path | None) -> str:
-    """The secret to sign with now: read afresh, so that a rotation is picked up."""
-    return cfg.ensure_webhook_secret(_settings(config_file))[0].webhook_secret[0]
-
-
-def _watch_once(watcher: Any, url: str, project: str | None, profile: str | None,
-                source: str, interval: float, retries: int, config_file: Path | None) -> int:
-    idle, status = 0, EXIT_OK
-    while True:
-        ready = watcher.poll()
-        for path in ready:
-            found = _event_id(watcher, path)
-            if found is None:
-                continue
-            event_id = found[0]
-            body = _export_event(path, event_id, project, profile, source)
-            # After one file found agentbox unavailable, the rest are not tried.
-            response = (None if status == EXIT_UNAVAILABLE else
-                        deliver(url, _signing_secret(config_file), body, retries))
-            watcher.sent(path, event_id)
-            if response is None:
-                click.echo(f"{_line(path.name)}: not sent (agentbox unavailable)", err=True)
-                status = EXIT_UNAVAILABLE
-                continue
-            if response.status_code < 300:
-                answer = response.json()
-                what = "duplicate" if answer["duplicate"] else "accepted"
-                click.echo(f"{_line(path.name)}: {what} {answer['run_id']}")
-            else:
-                click.echo(f"{_line(path.name)}: refused: {_line(response.text)}", err=True)
-                status = max(status, EXIT_REFUSED)
-            watcher.taken(path)
-        idle = 0 if ready or watcher.busy else idle + 1
-        if idle >= 2:
-            return status
-        time.sleep(interval)
-
-
-# Refusals that heal by themselves: a signature refused while the secret is rotated
-# (or the clock is off), agentbox busy or unavailable. The file waits for them.
-HEALING_STATUSES = (401, *RETRYABLE_STATUSES)
-FOLLOW_EVERY_SECONDS = 1.0
-
-
-def _event_id(watcher: Any, path: Path) -> tuple[str, bool] | None:
-    """The event_id of a finished file, and whether it is an export sent before and
-    written on since (same event_id: one export, one run); else the id comes from
-    its path, size and content (a touch, a restart: the same id again)."""
-    from agentbox.desktop.watch import content_id
-
-    try:
-        own = content_id(path, path.stat().st_size)
-    except OSError:
-        return None  # gone meanwhile
-    earlier = watcher.continues(path)
-    if earlier is not None:
-        return str(earlier.event_id), earlier.event_id != own
-    return own, False
-
-
-def _watch_forever(watcher: Any, url: str, project: str | None, profile: str | None,
-                   source: str, interval: float, config_file: Path | None) -> None:
-    from agentbox.desktop.watch import Pending, Reviewing
-
-    pending: dict[Path, Pending] = {}
-    reviewing: dict[str, Reviewing] = {}  # run_id -> its file, until its review is printed
-    followed = 0.0
-    while True:
-        now = time.monotonic()
-        for path in watcher.poll():
-            found = _event_id(watcher, path)
-            if found is None:
-                continue
-            event_id, grown = found
-            pending[path] = Pending(path, event_id, grown=grown)
-            watcher.sent(path, event_id)  # pending now: not again until it changes
-        for item in [p for p in pending.values() if p.due <= now]:
-            run_id = _try_once(item, url, project, profile, source, config_file)
-            if run_id is None:
-                item.later(time.monotonic())
-                continue
-            del pending[item.path]
-            if item.again_of is None:  # a follow-up's id is not the file's
-                watcher.taken(item.path)
-            if run_id:
-                try:
-                    size = item.path.stat().st_size
-                except OSError:
-                    continue
-                reviewing[run_id] = Reviewing(item.path.name, item.path, item.event_id, size,
-                                              item.grown)
-        if reviewing and now - followed >= FOLLOW_EVERY_SECONDS:
-            followed = now
-            for again in _print_finished_reviews(url, reviewing):
-                pending.setdefault(again.path, again)
-        time.sleep(interval)
-
-
-def _try_once(item: Any, url: str, project: str | None, profile: str | None, source: str,
-              config_file: Path | None) -> str | None:
-    """One attempt at handing a file over: its run_id, '' when it was refused for
-    good (or is gone), None when it should be tried again later."""
-    name = _line(item.path.name)
-    try:
-        body = _export_event(item.path, item.event_id, project, profile, source,
-                             item.again_of)
-        response = send_event(url, _signing_secret(config_file), body)
-        answer = response.json()
-    except (OSError, httpx.TransportError) as exc:
-        if not item.path.exists():
-            click.echo(f"{name}: gone before agentbox took it", err=True)
-            return ""
-        reason = f"cannot reach agentbox at {url} ({type(exc).__name__})"
-    except (click.ClickException, ValueError) as exc:  # the config, or an answer not JSON
-        reason = str(exc) if isinstance(exc, click.ClickException) else "an answer not JSON"
-    else:
-        if response.status_code < 300:
-            what = "duplicate" if answer["duplicate"] else "accepted"
-            if item.grown:  # the same export, written on: its run, not a new one
-                what = "written on after it was sent; still"
-            elif item.again_of:
-                what = f"reviewed whole again (run {item.again_of} read it unfinished):"
-            click.echo(f"{name}: {what} {answer['run_id']}")
-            return str(answer["run_id"])
-        if response.status_code not in HEALING_STATUSES:
-            click.echo(f"{name}: refused: {_line(response.text)}", err=True)
-            return ""
-        reason = f"{response.status_code} {_line(answer.get('error_code', ''))}"
-    if reason != item.said:
-        item.said = reason
-        click.echo(f"{name}: waiting: {reason}; trying again with backoff", err=True)
-    return None
-
-
-def _print_finished_reviews(url: str, reviewing: dict[str, Any]) -> list[Any]:
-    """Print the reviews that finished; the follow-ups to send for files written on
-    after their run read them (their review is of less than the whole file)."""
-    from agentbox.desktop.watch import Pending, follow_up_id, reviewed_whole
-
-    again: list[Any] = []
-    for run_id, item in list(reviewing.items()):
-        try:
-            run = httpx.get(f"{url}/runs/{run_id}", timeout=10).json()
-        except (httpx.HTTPError, ValueError):
-            return again  # asked again at the next turn
-        if not isinstance(run, dict) or not run.get("terminal"):
-            continue
-        del reviewing[run_id]
-        if item.grown and not reviewed_whole(run, item.size) and item.path.exists():
-            again.append(Pending(item.path, follow_up_id(item.event_id, item.size),
-                                 again_of=run_id))
-            continue
-        click.echo("\n".join(told(run, item.name)))
-    return again
+def _print_news(news: Any) -> None:
+    click.echo(news.text, err=news.problem)
 
 
 MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install it with\n"
@@ -1036,7 +709,7 @@ def docs(topic: str | None) -> None:
     (click.echo_via_pager if sys.stdout.isatty() else click.echo)(text)
 
 
-# -- start at login (the logic is in agentbox/service.py) ------------------------------------
+# -- start at login (the logic is in agentbox/desktop/service.py) ---------------------------
 
 
 @main.group()
@@ -1085,4 +758,4 @@ def service_run(log_file: Path, args: tuple[str, ...]) -> None:
     """Run agentbox with its output appended to a file (how the Windows task logs)."""
     from agentbox.desktop.service import run_logged
 
-    run_logged(log_file, args)
+    run_logged(log_file, lambda: main(list(args)))

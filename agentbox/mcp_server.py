@@ -13,19 +13,28 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-import click
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
-from agentbox import cli
-from agentbox import config as cfg
+from agentbox import terminal
+from agentbox.client import (
+    AgentboxError,
+    Client,
+    NotFinished,
+    Refused,
+    Unreachable,
+    build_event,
+    content_id,
+    export_event,
+)
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
 from agentbox.review.profiles import PROFILES
@@ -122,45 +131,46 @@ class ProjectHistory(BaseModel):
 # -- talking to agentbox ----------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
 class Agentbox:
-    """The running agentbox, as the CLI's client commands reach it."""
+    """The running agentbox, reached as the CLI's client commands reach it (the
+    same configuration), its failures as tool errors with the CLI's sentences. A
+    connection per tool call: an assistant's calls are minutes apart."""
 
     def __init__(self, url: str, config_file: Path | None = None) -> None:
         self.url = url
         self.config_file = config_file
 
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """The CLI's request, its failures as tool errors with the CLI's sentences."""
-        try:
-            return cli._api(self.url, method, path, **kwargs)
-        except click.ClickException as exc:
-            raise ToolError(exc.format_message()) from None
+    def client(self) -> Client:
+        return Client(self.url, config_file=self.config_file)
 
-    def settings(self) -> cfg.Settings:
+    def ask(self, call: Callable[[Client], T]) -> T:
+        """`call(client)`, its failures as tool errors."""
+        with tool_errors(), self.client() as client:
+            return call(client)
+
+    def send(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Sign `event` with the configured secret and deliver it as `agentbox send`
+        does; a refusal names each field to fix."""
         try:
-            return cfg.load_settings(self.config_file)
-        except cfg.ConfigError as exc:
+            with self.client() as client:
+                return client.send(event, retries=SEND_RETRIES)
+        except Unreachable:
+            raise ToolError(UNAVAILABLE.format(url=self.url)) from None
+        except Refused as exc:
+            raise ToolError(refusal(exc.status, exc.answer)) from None
+        except AgentboxError as exc:
             raise ToolError(str(exc)) from None
 
-    def send(self, body: bytes) -> dict[str, Any]:
-        """Sign `body` with the configured secret and deliver it as `agentbox send` does."""
-        settings, _ = cfg.ensure_webhook_secret(self.settings())
-        response = cli.deliver(self.url, settings.webhook_secret[0], body, SEND_RETRIES)
-        if response is None:
-            raise ToolError(UNAVAILABLE.format(url=self.url))
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise ToolError(f"{self.url} answered {response.status_code} with something that "
-                            "is not agentbox's JSON: is another program listening there?")
-        if response.status_code >= 300:
-            raise ToolError(refusal(response.status_code, answer))
-        return answer
 
-    def admin_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {cfg.admin_token(self.settings())}"}
+@contextmanager
+def tool_errors() -> Iterator[None]:
+    try:
+        yield
+    except AgentboxError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def refusal(status_code: int, answer: Mapping[str, Any]) -> str:
@@ -205,7 +215,7 @@ def summary(run: Mapping[str, Any]) -> RunSummary:
 def report(run: dict[str, Any]) -> RunReport:
     base = summary(run)
     if run["terminal"]:
-        review = "\n".join(cli.told(run))
+        review = "\n".join(terminal.told(run))
     else:
         review = (f"{base.file or run['run_id']}: {run['status']} (not finished yet: ask "
                   "show_run again in a few seconds)")
@@ -334,25 +344,23 @@ def build_server(box: Agentbox) -> ToolServer:
     """The MCP server and its tools, each a thin shell over agentbox's HTTP API."""
     server = ToolServer(name="agentbox", version=_version(), instructions=INSTRUCTIONS)
 
-    def sent(event: dict[str, Any] | bytes, wait_seconds: float) -> CallToolResult:
-        body = event if isinstance(event, bytes) else json.dumps(
-            event, separators=(",", ":")).encode()
-        got = box.send(body)
+    def sent(event: dict[str, Any], wait_seconds: float) -> CallToolResult:
+        got = box.send(event)
         result = SendAnswer(run_id=got["run_id"], status=got["status"],
                             duplicate=got["duplicate"], runs=got.get("runs", []))
         what = "already sent before: run" if got["duplicate"] else "accepted: run"
         text = f"{what} {got['run_id']} ({got['status']})"
         if wait_seconds > 0:
             try:
-                run = cli.follow(box.url, got["run_id"], wait_seconds)
-            except click.ClickException as exc:
-                raise ToolError(exc.format_message()) from None
-            if run is None:
+                with box.client() as client:
+                    client.follow(got["run_id"], wait_seconds)
+            except NotFinished:
                 text += (f"; not finished after {wait_seconds:g} s: ask show_run "
                          f"{got['run_id']} later")
+            except AgentboxError as exc:
+                raise ToolError(str(exc)) from None
             else:
-                run = box.api("GET", f"/runs/{got['run_id']}", params={"history": "1"})
-                result.review = report(run)
+                result.review = report(box.ask(lambda c: c.run(got["run_id"], history=True)))
                 text += "\n" + result.review.review
         else:
             text += f"; its review: show_run {got['run_id']}"
@@ -368,12 +376,10 @@ def build_server(box: Agentbox) -> ToolServer:
         """Send a rendered mix to agentbox for review, as a DAW's export script does
         (`agentbox send --type session.exported`). Sending the same unchanged file
         again is a duplicate: it answers the first run."""
-        from agentbox.desktop.watch import content_id
-
         path = _mix_file(mix_path)
-        body = cli._export_event(path, content_id(path, path.stat().st_size), project,
-                                 profile, SOURCE)
-        return sent(body, wait_seconds)
+        event = export_event(path, content_id(path, path.stat().st_size), project, SOURCE,
+                             **({"profile": profile} if profile else {}))
+        return sent(event, wait_seconds)
 
     @server.tool()
     def request_review(mix_path: MixPath,
@@ -392,7 +398,7 @@ def build_server(box: Agentbox) -> ToolServer:
         payload = {"project_id": project_name(project), "mix_url": str(path.resolve()),
                    "requested_by": requested_by,
                    **({"note": note} if note else {}), **({"profile": profile} if profile else {})}
-        event = cli.build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
+        event = build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
         return sent(event, wait_seconds)
 
     @server.tool()
@@ -416,12 +422,10 @@ def build_server(box: Agentbox) -> ToolServer:
                   ) -> Annotated[CallToolResult, RunList]:
         """The newest runs, newest first: project, file, verdict and loudness of each
         (what `agentbox runs` lists)."""
-        params: dict[str, Any] = {"limit": limit}
-        if status is not None:
-            params["status"] = status.value
-        if correlation_id is not None:
-            params["correlation_id"] = correlation_id
-        found = [summary(r) for r in box.api("GET", "/runs", params=params)["runs"]]
+        chain = {} if correlation_id is None else {"correlation_id": correlation_id}
+        listed = box.ask(lambda c: c.runs(limit, None if status is None else status.value,
+                                                 **chain))
+        found = [summary(r) for r in listed["runs"]]
         return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
                       RunList(runs=found))
 
@@ -430,15 +434,15 @@ def build_server(box: Agentbox) -> ToolServer:
         """One run and its review: the verdict, the headline figures and the notes in
         order (what the musician reads), the comparison with the project's previous
         export, and the whole result, attempts and history."""
-        found = report(box.api("GET", f"/runs/{run_id}", params={"history": "1"}))
+        found = report(box.ask(lambda c: c.run(run_id, history=True)))
         return answer(found.review, found)
 
     @server.tool()
     def list_dead_letters(limit: Limit = 50) -> Annotated[CallToolResult, RunList]:
         """Runs that failed for good and wait for a decision (replay_run), newest
         first; those discarded on the status page are left out."""
-        found = [summary(r) for r in box.api("GET", "/runs", params={
-            "status": "dead_lettered", "limit": limit, "discarded": "false"})["runs"]]
+        listed = box.ask(lambda c: c.runs(limit, "dead_lettered", discarded="false"))
+        found = [summary(r) for r in listed["runs"]]
         return answer(runs_text(found, "no dead letters waiting for a decision"),
                       RunList(runs=found))
 
@@ -446,8 +450,7 @@ def build_server(box: Agentbox) -> ToolServer:
     def replay_run(run_id: RunId) -> Annotated[CallToolResult, RunSummary]:
         """Send a dead-lettered or permanently failed run back to the queue (same run
         id, a new attempt), as `agentbox replay` does."""
-        run = box.api("POST", f"/runs/{run_id}/replay", headers=box.admin_headers())
-        found = summary(run)
+        found = summary(box.ask(lambda c: c.replay(run_id)))
         return answer(f"{found.run_id} is {found.status} again: follow it with show_run",
                       found)
 
@@ -456,8 +459,7 @@ def build_server(box: Agentbox) -> ToolServer:
                         limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
         """A project's exports over time, oldest first, each with its verdict and
         headline figures (the project page's history): how the mix has moved."""
-        exports = box.api("GET", "/exports", params={"project": project,
-                                                     "limit": limit})["exports"]
+        exports = box.ask(lambda c: c.exports(project, limit))["exports"]
         history = ProjectHistory(project=exports[0]["project"] if exports else project,
                                  exports=[export_summary(e) for e in reversed(exports)])
         lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "

@@ -23,7 +23,8 @@ import soundfile
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
-from agentbox.cli import MCP_INSTALL, build_event
+from agentbox.cli import MCP_INSTALL
+from agentbox.client import build_event
 from agentbox.runs import RunStatus
 from tests.conftest import SECRET, Server, free_port, wait_until_async
 
@@ -321,6 +322,22 @@ async def test_arguments_that_do_not_fit_are_told_as_the_cli_tells_a_bad_option(
         assert missing.startswith("send_export: mix_path is missing: text (not empty), "
                                   "the rendered mix on this machine: an absolute path")
         assert "; wait_seconds must be a number from 0 to 600, not 601" in missing
+
+
+@pytest.mark.anyio
+async def test_a_run_id_that_is_no_run_id_is_refused_before_anything_is_sent() -> None:
+    """`replay_run("../prune?")` once made the client POST /prune?/replay with the admin
+    token. Nothing listens at the address: a request would say it cannot reach it."""
+    from mcp import Client
+
+    from agentbox.mcp_server import Agentbox, build_server
+
+    async with Client(build_server(Agentbox(f"http://127.0.0.1:{free_port()}"))) as client:
+        for tool in ("replay_run", "show_run"):
+            for hostile in ("../prune?", "run_1/replay", "run_1?history=1"):
+                result = await client.call_tool(tool, {"run_id": hostile})
+                assert result.is_error
+                assert f"{hostile!r} is not a run id" in text_of(result)
 
 
 def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:

@@ -461,16 +461,14 @@ def manager_for(installation: Installation, platform: str | None = None,
     return Systemd(installation, config_home, runner)
 
 
-def run_logged(log_file: Path, args: Sequence[str]) -> None:
-    """Run the CLI with its output appended to `log_file`: how the Windows task logs,
-    since Task Scheduler keeps no program's output. A file past LOG_KEEP_BYTES is
-    kept as agentbox.log.1 and started afresh."""
+def run_logged(log_file: Path, run: Callable[[], object]) -> None:
+    """`run()` (the command line the task names) with its output appended to
+    `log_file`: how the Windows task logs, since Task Scheduler keeps no program's
+    output. A file past LOG_KEEP_BYTES is kept as agentbox.log.1 and started afresh."""
     portable.private_directory(log_file.parent)
     if log_file.exists() and log_file.stat().st_size > LOG_KEEP_BYTES:
         os.replace(log_file, log_file.with_name(log_file.name + ".1"))
     portable.private_file(log_file)
     stream = open(log_file, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (for life)
     sys.stdout = sys.stderr = stream
-    from agentbox.cli import main
-
-    main(list(args))
+    run()

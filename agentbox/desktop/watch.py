@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 from agentbox import portable
-from agentbox.events import project_name, unfit_for_a_name
 from agentbox.review.containers import audio_complete
 
 # What the review decodes (libsndfile: WAV and its RF64/W64/BWF kin, AIFF, FLAC,
@@ -85,23 +84,6 @@ def audio_files(folder: Path) -> Iterator[tuple[Path, Stamp]]:
             except OSError:
                 continue  # gone meanwhile
             yield path, (found.st_size, found.st_mtime_ns)
-
-
-def content_id(path: Path, size: int) -> str:
-    """The event_id of a finished file: its absolute path, size and content."""
-    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0".encode())
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return "watch-" + digest.hexdigest()[:40]
-
-
-def project_of(path: Path) -> str:
-    """A project_id from the file name: its stem as written, in Unicode NFC (as
-    `send --project` and the event contract keep names), characters a project
-    name cannot hold (control and invisible ones) replaced by a space."""
-    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in project_name(path.stem))
-    return cleaned.strip()[:256].strip() or "mix"
 
 
 # -- which files are finished ---------------------------------------------------------------

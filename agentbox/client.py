@@ -1,0 +1,493 @@
+"""A running agentbox, from Python: send events and exports, follow runs, read them.
+
+    from agentbox.client import Client
+
+    with Client() as box:  # finds agentbox as the `agentbox` command does
+        answer = box.send_export("exports/night-drive.wav")
+        run = box.follow(answer["run_id"], timeout=300)
+        print(run["status"], run["result"]["verdict"])
+
+`Client(url=None, secret=None, admin_token=None)` finds agentbox as the CLI does:
+`url`, else AGENTBOX_URL, else the host and port `agentbox serve` reads from the
+config file; it signs with `secret`, else the webhook secret of this machine's
+configuration (read afresh for each event, so a rotation is picked up); admin
+calls (replay) carry `admin_token`, else AGENTBOX_ADMIN_TOKEN or the token file.
+Every method answers the API's JSON as dicts; failures are the typed errors
+below (`Unreachable`, `Refused`, `NotFound`, ..., all `AgentboxError`). Waiting
+(a busy or restarting agentbox) is told to the `progress` callback, never printed.
+One Client keeps one HTTP connection alive; close it, or use it in a `with`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from agentbox import config as cfg
+from agentbox.events import project_name, unfit_for_a_name
+from agentbox.review.digest import one_line
+from agentbox.signing import sign_headers
+
+DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
+URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
+RECEIVER_PATH = "/webhooks/events"
+DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
+DEFAULT_TIMEOUT = 30.0
+RETRYABLE_STATUSES = (429, 503)  # busy, unavailable: worth sending again later
+
+# Following a run: the first look soon (a short review is told at once), then less
+# and less often, down to one request a second over the kept-alive connection: a
+# long wait beside a DAW costs next to nothing. A restart of agentbox meanwhile (the
+# run is given back and taken up again) is waited out for FOLLOW_UNREACHABLE_SECONDS.
+FOLLOW_FIRST_SECONDS = 0.1
+FOLLOW_MAX_SECONDS = 1.0
+FOLLOW_UNREACHABLE_SECONDS = 30.0
+DEFAULT_FOLLOW_SECONDS = 600.0
+
+# Run ids are made by the store as `run_` and hexadecimal digits (a millisecond
+# clock, then random ones; older ones a UUID's hex). Letters, digits and `_` are
+# all a run id may hold: nothing that could reach another path of the API.
+RUN_ID = re.compile(r"run_[A-Za-z0-9_]{1,252}")
+
+Progress = Callable[[str], None]
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class AgentboxError(Exception):
+    """What went wrong, as a sentence that says what to do."""
+
+
+class BadAddress(AgentboxError, ValueError):
+    """The address given is not one agentbox could be at (not http(s)://host:port)."""
+
+
+class Misconfigured(AgentboxError):
+    """The configuration (its file, the secret or token files) cannot be read."""
+
+
+class InvalidRunId(AgentboxError, ValueError):
+    """Not a run id (they look like run_0192f3a4b5c6...): never put into a path."""
+
+
+class Unreachable(AgentboxError):
+    """agentbox could not be reached, or stayed busy (429) or unavailable (503)
+    through the retries. `status` and `error_code` are the last answer's (None when
+    nothing answered); `reason` says it in a few words; `retry_after` the seconds
+    agentbox asked to wait (Retry-After, 0 if it did not say)."""
+
+    def __init__(self, message: str, reason: str, status: int | None = None,
+                 error_code: str | None = None, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+        self.error_code = error_code
+        self.retry_after = retry_after
+
+
+class NotAgentbox(AgentboxError):
+    """Something answered at the address that is not agentbox (another program)."""
+
+
+class Refused(AgentboxError):
+    """agentbox answered with an error: `status` (HTTP), `error_code`, `message`,
+    `errors` (field errors of a refused event: `loc`, `msg`), `answer` (the JSON)."""
+
+    def __init__(self, status: int, answer: Mapping[str, Any], body: str = "") -> None:
+        self.status = status
+        self.answer = dict(answer)
+        self.body = body or json.dumps(self.answer)
+        code, message = answer.get("error_code"), answer.get("message")
+        self.error_code = code if isinstance(code, str) else None
+        self.message = message if isinstance(message, str) else ""
+        errors = answer.get("errors")
+        self.errors: list[dict[str, Any]] = [e for e in errors if isinstance(e, dict)] \
+            if isinstance(errors, list) else []
+        super().__init__(f"{status}: {one_line(self.message or 'refused')}")
+
+
+class NotFound(Refused):
+    """404: no such run, project or path."""
+
+
+class NotFinished(AgentboxError, TimeoutError):
+    """`follow` ran out of time; `run` is the run as last seen (not terminal)."""
+
+    def __init__(self, message: str, run: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+# -- where agentbox is ------------------------------------------------------------------------
+
+
+def base_url(url: str, where: str = "url") -> str:
+    """agentbox's address as a base URL; one naming the receiver's endpoint is taken
+    for the server it belongs to. BadAddress if it cannot be agentbox's."""
+    base = url.strip().rstrip("/")
+    if base.endswith(RECEIVER_PATH):
+        base = base[: -len(RECEIVER_PATH)]
+    parts = urlsplit(base)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment:
+        raise BadAddress(f"{where}: {one_line(url)[:80]!r} is not agentbox's address; "
+                         f"give one such as {DEFAULT_URL}")
+    return base
+
+
+def find_url(url: str | None = None, config_file: Path | None = None,
+             environ: Mapping[str, str] | None = None, where: str = "url") -> str:
+    """agentbox's address: `url`, else AGENTBOX_URL, else the host and port that
+    `agentbox serve` reads from the config file (and AGENTBOX_HOST / AGENTBOX_PORT)."""
+    environ = os.environ if environ is None else environ
+    if url is not None:
+        return base_url(url, where)
+    if environ.get(URL_ENV, "").strip():
+        return base_url(environ[URL_ENV], URL_ENV)
+    return configured_url(load_settings(config_file))
+
+
+def configured_url(settings: cfg.Settings) -> str:
+    """The address `agentbox serve` listens on with these settings, as a client
+    reaches it (a server bound to every address is reached on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host,
+                                                                     settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def load_settings(config_file: Path | None) -> cfg.Settings:
+    try:
+        return cfg.load_settings(config_file)
+    except cfg.ConfigError as exc:
+        raise Misconfigured(str(exc)) from None
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+def build_event(event_type: str, source: str, event_id: str, payload: dict[str, Any],
+                callback_url: str | None = None) -> dict[str, Any]:
+    """A v1 envelope with its idempotency key derived from source, type and id."""
+    event: dict[str, Any] = {
+        "schema_version": "v1",
+        "event_id": event_id,
+        "idempotency_key": f"{source}:{event_type}:{event_id}",
+        "event_type": event_type,
+        "source": source,
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "payload": payload,
+    }
+    if callback_url:
+        event["callback_url"] = callback_url
+    return event
+
+
+def content_id(path: Path, size: int) -> str:
+    """The event_id of a finished file: its absolute path, size and content (the
+    same file sent again is a duplicate, not a second run)."""
+    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0".encode())
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return "watch-" + digest.hexdigest()[:40]
+
+
+def project_of(path: Path) -> str:
+    """A project_id from the file name: its stem as written, in Unicode NFC (as
+    `send --project` and the event contract keep names), characters a project
+    name cannot hold (control and invisible ones) replaced by a space."""
+    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in project_name(path.stem))
+    return cleaned.strip()[:256].strip() or "mix"
+
+
+def export_event(path: Path, event_id: str, project: str | None = None,
+                 source: str = "client", **payload_fields: Any) -> dict[str, Any]:
+    """session.exported for a rendered file: the project is `project` (in NFC), else
+    the file's name; `mix_url` its absolute path."""
+    payload = {"project_id": project_name(project) if project else project_of(path),
+               "mix_url": str(path.resolve()), **payload_fields}
+    return build_event("session.exported", source, event_id, payload)
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise InvalidRunId(f"{one_line(run_id)[:80]!r} is not a run id (they look like "
+                           "run_0192f3a4b5c6d7e8f9a0b1c2d3e4f5a6)")
+    return run_id
+
+
+def segment(value: str) -> str:
+    """One path segment, every character that means something in a URL quoted."""
+    return quote(value, safe="")
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class Client:
+    """A running agentbox (see the module's text)."""
+
+    def __init__(self, url: str | None = None, secret: str | None = None,
+                 admin_token: str | None = None, *, config_file: Path | None = None,
+                 environ: Mapping[str, str] | None = None, retries: int = DEFAULT_RETRIES,
+                 timeout: float = DEFAULT_TIMEOUT, progress: Progress | None = None) -> None:
+        self.config_file = config_file
+        self._environ = os.environ if environ is None else environ
+        self.url = find_url(url, config_file, self._environ)
+        self._secret = secret
+        self._admin_token = admin_token
+        self.retries = retries
+        self.progress: Progress = progress or (lambda message: None)
+        self._http = httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    # -- credentials (read when needed: reading runs needs neither) --
+
+    def signing_secret(self) -> str:
+        """The secret events are signed with: given, else the configured one, read
+        afresh (made on first use, as `agentbox secret` does)."""
+        if self._secret is not None:
+            return self._secret
+        try:
+            settings, _ = cfg.ensure_webhook_secret(load_settings(self.config_file))
+        except cfg.ConfigError as exc:
+            raise Misconfigured(str(exc)) from None
+        return settings.webhook_secret[0]
+
+    def _admin_headers(self) -> dict[str, str]:
+        token = self._admin_token
+        if token is None:
+            try:
+                token = cfg.admin_token(load_settings(self.config_file), self._environ)
+            except cfg.ConfigError as exc:
+                raise Misconfigured(str(exc)) from None
+        return {"Authorization": f"Bearer {token}"}
+
+    # -- sending --
+
+    def send(self, event: Mapping[str, Any], *, retries: int | None = None) -> dict[str, Any]:
+        """Sign and POST an event (a v1 envelope, see `build_event`): agentbox's answer
+        (`run_id`, `status`, `duplicate`, `runs`). Busy, unavailable or unreachable:
+        tried again with backoff (`retries` times), then Unreachable."""
+        return self.send_body(json.dumps(event, separators=(",", ":")).encode(),
+                              retries=retries)
+
+    def send_export(self, path: str | os.PathLike[str], project: str | None = None, *,
+                    source: str = "client", retries: int | None = None,
+                    **payload_fields: Any) -> dict[str, Any]:
+        """Send a rendered mix for review (session.exported): the project from the
+        file's name unless given; its id from the file's content, so the same file
+        sent again is a duplicate of its first run. `payload_fields`: more of the
+        payload (profile=..., stage=...)."""
+        file = Path(path).expanduser()
+        event = export_event(file, content_id(file, file.stat().st_size), project, source,
+                             **payload_fields)
+        return self.send(event, retries=retries)
+
+    def send_body(self, body: bytes, *, retries: int | None = None) -> dict[str, Any]:
+        """POST `body` exactly as given, signed afresh for each try."""
+        retries = self.retries if retries is None else retries
+        delay = 0.5
+        for attempt in range(retries + 1):
+            try:
+                return self.post_event(body)
+            except Unreachable as exc:
+                if attempt == retries:
+                    self.progress(f"{exc.reason}; giving up")
+                    raise
+                wait = max(delay, exc.retry_after)
+                self.progress(f"{exc.reason}; trying again in {wait:g} s")
+                time.sleep(wait)
+                delay = min(delay * 2, 30.0)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def post_event(self, body: bytes) -> dict[str, Any]:
+        """One try: the answer, or Unreachable (worth trying again), or Refused."""
+        headers = {"Content-Type": "application/json",
+                   **sign_headers(self.signing_secret(), body, int(time.time()))}
+        try:
+            response = self._http.post(self.url + RECEIVER_PATH, content=body,
+                                       headers=headers)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach agentbox at {self.url}: {exc}. " + START_HINT,
+                              f"cannot reach agentbox at {self.url}: {type(exc).__name__}"
+                              ) from None
+        if response.status_code in RETRYABLE_STATUSES:
+            raise _busy(response)
+        answer: dict[str, Any] = self._answer(response)
+        return answer
+
+    # -- reading runs --
+
+    def run(self, run_id: str, *, history: bool = False) -> dict[str, Any]:
+        """GET /runs/{run_id}; with `history`, its attempts and state changes too."""
+        found: dict[str, Any] = self._get(f"/runs/{segment(check_run_id(run_id))}",
+                                          params={"history": "1"} if history else None)
+        return found
+
+    def runs(self, limit: int = 50, status: str | None = None,
+             **filters: str) -> dict[str, Any]:
+        """GET /runs: `{"runs": [...]}`, newest first. `filters`: the API's other
+        query parameters (correlation_id=..., discarded="false")."""
+        params = {"limit": limit, **({"status": status} if status else {}), **filters}
+        found: dict[str, Any] = self._get("/runs", params=params)
+        return found
+
+    def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
+               unreachable_timeout: float = FOLLOW_UNREACHABLE_SECONDS,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+        """The run once it is terminal (succeeded, failed_permanent, dead_lettered).
+        NotFinished after `timeout` seconds; an agentbox gone meanwhile is waited for
+        (told to `progress`) up to `unreachable_timeout`, then Unreachable."""
+        path = f"/runs/{segment(check_run_id(run_id))}"
+        deadline = time.monotonic() + timeout
+        interval, lost_since = FOLLOW_FIRST_SECONDS, None
+        run: dict[str, Any] | None = None
+        while True:
+            try:
+                response = self._http.get(self.url + path)
+            except httpx.TransportError as exc:
+                lost_since = self._lost(exc, lost_since, unreachable_timeout)
+            else:
+                if lost_since is not None:
+                    self.progress("reachable again; following the run")
+                    lost_since = None
+                run = self._answer(response)
+                if run["terminal"]:
+                    return run
+            if time.monotonic() > deadline:
+                raise NotFinished(f"run {run_id} is not finished after {timeout:g} s", run)
+            sleep(interval)
+            interval = min(interval * 1.5, FOLLOW_MAX_SECONDS)
+
+    def _lost(self, exc: Exception, since: float | None, patience: float) -> float:
+        now = time.monotonic()
+        if since is None:
+            self.progress(f"cannot reach agentbox at {self.url} ({type(exc).__name__}); "
+                          "waiting for it")
+            return now
+        if now - since >= patience:
+            raise Unreachable(f"cannot reach agentbox at {self.url} for {patience:g} s: "
+                              f"{exc}", f"cannot reach agentbox at {self.url}") from None
+        return since
+
+    def replay(self, run_id: str) -> dict[str, Any]:
+        """Send a dead-lettered or permanently failed run back to the queue (same
+        run id): the run, accepted again. Needs the admin token."""
+        found: dict[str, Any] = self._call(
+            "POST", f"/runs/{segment(check_run_id(run_id))}/replay",
+            headers=self._admin_headers())
+        return found
+
+    def exports(self, project: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """GET /exports: `{"exports": [...]}`, a project's exports newest first (the
+        project named in any form: NFC is the one kept); without one, each project's
+        latest. NotFound for a project with no export."""
+        params: dict[str, Any] = {"limit": limit}
+        if project is not None:
+            params["project"] = project
+        found: dict[str, Any] = self._get("/exports", params=params)
+        return found
+
+    # -- callbacks and maintenance --
+
+    def callbacks(self, limit: int = 20, state: str | None = None) -> dict[str, Any]:
+        """GET /callbacks: `{"callbacks": [...]}`, the newest notifications."""
+        params = {"limit": limit, **({"state": state} if state else {})}
+        found: dict[str, Any] = self._get("/callbacks", params=params)
+        return found
+
+    def destinations(self) -> dict[str, Any]:
+        """GET /callbacks/destinations: `{"destinations": [...]}`."""
+        found: dict[str, Any] = self._get("/callbacks/destinations")
+        return found
+
+    def resume_destination(self, destination: str) -> dict[str, Any]:
+        """Resume a paused callback destination (an origin). Needs the admin token."""
+        found: dict[str, Any] = self._call("POST", "/callbacks/destinations/resume",
+                                           headers=self._admin_headers(),
+                                           json={"destination": destination})
+        return found
+
+    def prune(self, dry_run: bool = False) -> dict[str, Any]:
+        """A retention pass by the server now (or what it would remove). Admin."""
+        found: dict[str, Any] = self._call("POST", "/prune", headers=self._admin_headers(),
+                                           json={"dry_run": dry_run}, timeout=None)
+        return found
+
+    # -- one request --
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self._call("GET", path, params=params)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"cannot reach agentbox at {self.url}: {exc}. " + START_HINT,
+                              f"cannot reach agentbox at {self.url}: {type(exc).__name__}"
+                              ) from None
+        return self._answer(response)
+
+    def _answer(self, response: httpx.Response) -> Any:
+        """agentbox's JSON answer, or the error that says what came instead."""
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict | list):  # an HTML page, say: another program's
+            raise NotAgentbox(
+                f"{self.url} answered {response.status_code} with something that is not "
+                "agentbox's JSON: is another program listening there? Name agentbox's "
+                f"address with --url or {URL_ENV} (for example {DEFAULT_URL}).")
+        if response.status_code >= 300:
+            refusal = NotFound if response.status_code == 404 else Refused
+            raise refusal(response.status_code, answer if isinstance(answer, dict) else {},
+                          response.text)
+        return answer
+
+
+START_HINT = ("Is it running (scripts/run, or agentbox serve)? Another address: --url or "
+              f"{URL_ENV}.")
+
+
+def _busy(response: httpx.Response) -> Unreachable:
+    """429 or 503: agentbox busy or unavailable, worth trying again."""
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        reason, code = "an answer that is not JSON", None
+    else:
+        code = answer.get("error_code") if isinstance(answer.get("error_code"), str) else None
+        reason = f"{response.status_code} {one_line(code or '')}"
+    hint = response.headers.get("retry-after", "")
+    wait = min(float(hint), 60.0) if hint.isascii() and hint.isdigit() else 0.0
+    return Unreachable(f"agentbox answered {reason}; it is busy or unavailable: try again "
+                       "later", reason, response.status_code, code, wait)

@@ -1,0 +1,222 @@
+"""agentbox.client, the library people import: against a real server, against a
+port nothing listens on, and against a recorder of the requests it makes."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentbox.client import (
+    RUN_ID,
+    AgentboxError,
+    Client,
+    InvalidRunId,
+    NotFinished,
+    NotFound,
+    Refused,
+    Unreachable,
+    build_event,
+    check_run_id,
+    segment,
+)
+from tests.conftest import SECRET, Server, free_port, make_event
+
+SCRIPT = """
+import json, sys
+from pathlib import Path
+from agentbox.client import Client, build_event
+
+with Client(sys.argv[1]) as box:  # the secret and admin token from the configuration
+    answer = box.send(build_event("session.exported", "script", "take-1",
+                                  {"project_id": "ok", "mix_url": "/mixes/take-1.wav"}))
+    run = box.follow(answer["run_id"], timeout=60)
+    export = box.send_export(Path(sys.argv[2]))
+    again = box.send_export(Path(sys.argv[2]))
+    dead = box.send(build_event("session.exported", "script", "take-2",
+                                {"project_id": "always-fail", "mix_url": "/m.wav"}))
+    failed = box.follow(dead["run_id"], timeout=60)
+    replayed = box.replay(dead["run_id"])
+    print(json.dumps({"answer": answer, "run": run, "export": export, "again": again,
+                      "failed": failed, "replayed": replayed,
+                      "listed": box.runs(limit=10)["runs"],
+                      "exports": box.exports("ok")["exports"],
+                      "cli": "agentbox.cli" in sys.modules}))
+"""
+
+
+def test_a_script_sends_and_follows_with_the_library_alone(server: Server,
+                                                           tmp_path: Path) -> None:
+    mix = tmp_path / "ok.wav"
+    mix.write_bytes(b"a render (the scripted agent does not read it)")
+    done = subprocess.run([sys.executable, "-c", SCRIPT, server.url, str(mix)],
+                          env=server.env, cwd=server.home, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout)
+    assert told["answer"]["status"] == "accepted" and told["answer"]["duplicate"] is False
+    assert told["run"]["run_id"] == told["answer"]["run_id"]
+    assert told["run"]["status"] == "succeeded" and told["run"]["terminal"] is True
+    assert server.run(told["answer"]["run_id"])["source"] == "script"  # signed: taken
+    assert told["again"]["duplicate"] is True  # the same file: its first run
+    assert told["again"]["run_id"] == told["export"]["run_id"]
+    assert told["failed"]["status"] == "dead_lettered"
+    assert told["replayed"]["status"] == "accepted"  # the admin token, from the config
+    assert {r["run_id"] for r in told["listed"]} >= {told["answer"]["run_id"],
+                                                     told["export"]["run_id"]}
+    assert told["exports"][0]["project"] == "ok"
+    assert told["cli"] is False  # the library alone
+
+
+def test_each_refusal_is_its_own_error(server_factory: Any) -> None:
+    server = server_factory({"AGENTBOX_MAX_PENDING": "1"}).start()
+    said: list[str] = []
+    with Client(server.url, secret=SECRET, progress=said.append, retries=1) as box:
+        with pytest.raises(Refused) as refused:
+            box.send(make_event(payload={"project_id": "ok"}))  # no mix_url
+        assert refused.value.status == 422 and refused.value.error_code == "invalid_event"
+        assert [e["loc"] for e in refused.value.errors] == [["payload", "mix_url"]]
+        assert not isinstance(refused.value, NotFound) and said == []
+        with pytest.raises(NotFound) as missing:
+            box.run("run_nope")
+        assert missing.value.status == 404 and missing.value.error_code == "run_not_found"
+        assert str(missing.value) == "404: No run has the id 'run_nope'."
+        with pytest.raises(NotFound) as no_project:
+            box.exports("never exported")
+        assert no_project.value.error_code == "project_not_found"
+        busy = box.send(make_event(project_id="sleep-30"))  # the one run that may wait
+        with pytest.raises(NotFinished) as unfinished:
+            box.follow(busy["run_id"], timeout=0.3)
+        assert unfinished.value.run is not None and not unfinished.value.run["terminal"]
+        with pytest.raises(Unreachable) as full:
+            box.send(make_event())
+    assert full.value.status == 429 and full.value.error_code == "too_many_pending"
+    assert said[0].startswith("429 too_many_pending; trying again in ")
+    assert said[1] == "429 too_many_pending; giving up" and len(said) == 2
+
+
+def test_an_agentbox_that_is_not_there_is_unreachable_and_waited_for() -> None:
+    said: list[str] = []
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url, secret="s", retries=1, progress=said.append) as box:
+        with pytest.raises(Unreachable) as gone:
+            box.send(make_event())
+        assert gone.value.status is None and "Is it running" in str(gone.value)
+        assert said == [f"cannot reach agentbox at {url}: ConnectError; trying again in 0.5 s",
+                        f"cannot reach agentbox at {url}: ConnectError; giving up"]
+        with pytest.raises(Unreachable):
+            box.run("run_1")
+        said.clear()
+        with pytest.raises(Unreachable):
+            box.follow("run_1", unreachable_timeout=0.3, sleep=lambda s: None)
+        assert said[0] == f"cannot reach agentbox at {url} (ConnectError); waiting for it"
+    assert issubclass(Unreachable, AgentboxError) and issubclass(NotFound, Refused)
+
+
+# -- what goes into a request's path --------------------------------------------------------
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A server that writes down every request line and answers 404 as agentbox does."""
+
+    seen: ClassVar[list[str]] = []
+
+    def _answer(self) -> None:
+        self.seen.append(f"{self.command} {self.path}")
+        body = json.dumps({"error_code": "run_not_found", "message": "no such run"}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[str]:
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{served.server_address[1]}"
+    served.shutdown()
+    served.server_close()
+
+
+HOSTILE = ["../prune?", "run_1/replay", "run_1?history=1", "run_1#x", "run_%2e%2e",
+           "run_1/../../prune", "", "run_", "run_ 1", "run_1\n", "RUN_1", "run_é"]
+
+
+@pytest.mark.parametrize("run_id", HOSTILE)
+def test_what_is_not_a_run_id_is_never_sent(recorder: str, run_id: str) -> None:
+    Recorder.seen.clear()
+    with Client(recorder, secret="s", admin_token="t") as box:
+        for call in (box.run, box.replay, box.follow):
+            with pytest.raises(InvalidRunId) as refused:
+                call(run_id)
+            assert "is not a run id" in str(refused.value)
+    assert Recorder.seen == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=40))
+def test_a_run_id_reaches_its_own_path_or_none(recorder: str, run_id: str) -> None:
+    Recorder.seen.clear()
+    with Client(recorder, admin_token="t") as box:
+        try:
+            box.replay(run_id)
+        except InvalidRunId:
+            assert not RUN_ID.fullmatch(run_id)
+            assert Recorder.seen == []
+        except NotFound:
+            assert Recorder.seen == [f"POST /runs/{run_id}/replay"]
+        else:
+            raise AssertionError("the recorder answers 404 to everything")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=40).filter(lambda t: "\x00" not in t))
+def test_a_project_name_reaches_the_query_as_it_is(recorder: str, project: str) -> None:
+    Recorder.seen.clear()
+    with Client(recorder) as box, pytest.raises(NotFound):
+        box.exports(project)
+    method, target = Recorder.seen[0].split(" ", 1)
+    parts = urlsplit(target)
+    assert (method, parts.path) == ("GET", "/exports")
+    assert parse_qs(parts.query, keep_blank_values=True)["project"] == [project]
+
+
+@given(st.text())
+def test_a_segment_holds_no_separator_and_reads_back(text: str) -> None:
+    quoted = segment(text)
+    assert not set(quoted) & set("/?#;&= \n")
+    assert unquote(quoted) == text
+    if RUN_ID.fullmatch(text):
+        assert check_run_id(text) == quoted == text  # a run id needs no quoting
+
+
+def test_the_store_s_run_ids_are_run_ids() -> None:
+    from agentbox.store.ingest import new_run_id
+
+    assert all(RUN_ID.fullmatch(new_run_id()) for _ in range(100))
+    assert RUN_ID.fullmatch("run_" + uuid.uuid4().hex)  # as they were made before
+
+
+def test_an_event_is_built_with_its_idempotency_key() -> None:
+    event = build_event("session.exported", "daw", "take-1", {"project_id": "p"},
+                        callback_url="https://studio.example/cb")
+    assert event["idempotency_key"] == "daw:session.exported:take-1"
+    assert event["timestamp"].endswith("Z") and event["callback_url"].startswith("https")

@@ -23,7 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
-CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable"}
+CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual"}
 ROOMS = {"http", "engine", "review", "desktop", "store"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}

@@ -5,8 +5,9 @@ The server is a client of a running agentbox, as `send`, `runs` and `show` are: 
 reads the same configuration (the config file, AGENTBOX_URL, `--url`; the webhook
 secret it signs with, the admin token it replays with) and talks to agentbox's HTTP
 API through `agentbox.client`. It opens no database. A failure comes back as a tool
-error carrying the sentence the CLI would print. stdout is the protocol's channel: the SDK points
-file descriptor 1 at stderr while it serves, so every log line goes there.
+error carrying the sentence the CLI would print. stdout is the protocol's channel:
+the SDK points file descriptor 1 at stderr while it serves, so every log line goes
+there.
 """
 
 from __future__ import annotations

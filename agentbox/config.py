@@ -60,6 +60,7 @@ DEFAULT_KEEP_ALIVE_SECONDS = 5.0  # an idle connection is closed after this
 DEFAULT_MAX_IDLE_CONNECTIONS = 500
 DEFAULT_HEAD_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_HEAD_BYTES = 32 * 1024
+DEFAULT_SESSION_SECONDS = 43_200.0  # a login to the page (beyond loopback) lasts 12 hours
 # Retention: finished runs go after a month (a month of history on the operator's
 # page, and well past the 7-day idempotency window, which it may not undercut);
 # raw event bodies, which may carry personal data, after a week.
@@ -125,6 +126,7 @@ class Settings:
     max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS
     head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT_SECONDS
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    session_seconds: float = DEFAULT_SESSION_SECONDS
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
@@ -155,7 +157,8 @@ _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
-    "keep_alive_seconds", "head_timeout_seconds", "retention_days", "body_retention_days",
+    "keep_alive_seconds", "head_timeout_seconds", "session_seconds", "retention_days",
+    "body_retention_days",
     "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",

@@ -66,6 +66,8 @@ class Metrics:
         self.queue = Gauge("agentbox_runs", "Runs by state", ["status"], registry=r)
         self.oldest_waiting = Gauge("agentbox_oldest_waiting_age_seconds",
                                     "Age of the oldest run waiting to be claimed", registry=r)
+        self.login_failures = Counter("agentbox_login_failures",
+                                      "Failed logins to the page (beyond loopback)", registry=r)
         self._accepted = Children(self.accepted)
         self._refused = Children(self.refused)
         self._transitions = Children(self.transitions)
@@ -77,6 +79,9 @@ class Metrics:
 
     def event_refused(self, reason: str) -> None:
         self._refused[reason,].inc()
+
+    def login_failed(self) -> None:
+        self.login_failures.inc()
 
     def transition(self, t: Transition) -> None:
         self._transitions[t.agent, t.status].inc()

@@ -27,6 +27,7 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
 from agentbox.engine.subscriptions import Subscriptions
+from agentbox.http.access import Access
 from agentbox.http.api import RunsApi
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
@@ -102,7 +103,7 @@ def create_app(
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
     retention = api.retention = Retention(store, settings, clock)
 
-    pages = StatusPages(settings, store, dispatcher, admin_token)
+    pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics))
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     notices = ReviewNotifications(store) if settings.notify else None
@@ -181,6 +182,7 @@ def create_app(
             Route("/ui/replay", pages.replay, methods=["POST"]),
             Route("/ui/discard", pages.discard, methods=["POST"]),
             Route("/ui/login", pages.login, methods=["POST"]),
+            Route("/ui/logout", pages.logout, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_json, methods=["GET"]),
             Route("/docs", manual_pages.contents, methods=["GET"]),

@@ -39,19 +39,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     FileResponse,
     HTMLResponse,
-    JSONResponse,
     RedirectResponse,
     Response,
 )
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentbox.config import Settings, is_loopback_host
+from agentbox.config import Settings
 from agentbox.engine.agents import PermanentAgentError
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
-from agentbox.http.access import from_this_site
-from agentbox.http.errors import error_body, error_response
+from agentbox.http.access import Access, TooManyLogins, from_this_site
+from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
 from agentbox.review import figures
 from agentbox.review import view as review_view
@@ -72,7 +71,6 @@ TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"  # the page's stylesheet and script
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 STATIC_FILES = frozenset({"page.css", "page.js"})
-COOKIE = "agentbox_admin"
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
 STATS_EVERY_SECONDS = 2.0
@@ -86,9 +84,6 @@ PROJECT_EXPORTS = 200
 AUDIO_TYPES = {".wav": "audio/wav", ".wave": "audio/wav", ".flac": "audio/flac",
                ".mp3": "audio/mpeg", ".ogg": "audio/ogg", ".oga": "audio/ogg",
                ".aif": "audio/aiff", ".aiff": "audio/aiff", ".m4a": "audio/mp4"}
-# Authenticated otherwise. The stylesheet and script hold nothing of anyone's: the
-# login page needs them before the token is given.
-OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login", "/ui/static/")
 
 
 class Live:
@@ -107,94 +102,46 @@ class Live:
 
 class StatusPages:
     def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher,
-                 admin_token: str) -> None:
+                 access: Access) -> None:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
+        self.access = access
         self.live = Live()
-        self._token = admin_token.encode()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
         self.alerts: list[str] = []  # on every page: what stops exports being stored
         self.operator_alerts: list[str] = []  # in the operations area: what needs a decision
         self.env = page_templates()
+        self.env.globals["logout"] = not access.open_to_this_machine  # a session to end
 
-    # -- access ---------------------------------------------------------------------------
+    # -- access (the rules are agentbox.http.access's) -----------------------------------
 
     @property
     def open_to_this_machine(self) -> bool:
-        return is_loopback_host(self.settings.host)
+        return self.access.open_to_this_machine
 
-    def authorised(self, request: Request) -> bool:
-        if self.open_to_this_machine:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE, "")
-        return hmac.compare_digest(given.encode(), self._token)
-
-    def rebound(self, scope: Scope) -> bool:
-        """The request names another host than this machine: a site whose name now
-        points at 127.0.0.1.
-
-        A page open to this machine must not be open to a web site whose name was
-        made to point at 127.0.0.1 after the browser loaded it (DNS rebinding):
-        the browser would treat agentbox's pages as that site's own, CSRF token
-        included. Its requests carry the site's name as their Host, and nothing
-        else tells them from a program's: on plain http a browser sends no
-        Sec-Fetch headers and a same-origin GET no Origin, and some browsers let
-        a page set its User-Agent. So every request must name this machine."""
-        host = next((value for name, value in scope["headers"] if name == b"host"), None)
-        if host is None:
-            return False  # HTTP/1.0 without a Host: no browser sends that
-        try:
-            name = urlsplit("//" + host.decode("latin-1")).hostname or ""
-        except ValueError:
-            return True
-        name = name.removesuffix(".")
-        # *.localhost: browsers resolve it to loopback themselves, no DNS to rebind.
-        return not (is_loopback_host(name) or name.endswith(".localhost")
-                    or name == self.settings.host.lower())
-
-    def guard(self, app: ASGIApp) -> ASGIApp:
-        """Middleware: on loopback, no request addressed to another name (DNS
-        rebinding); beyond it, everything but the receiver needs the token."""
-        async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
-                await app(scope, receive, send)
-                return
-            if self.open_to_this_machine:
-                if self.rebound(scope):
-                    await JSONResponse(error_body(
-                        "host_not_allowed", "agentbox on a loopback address answers only "
-                        "when addressed as localhost or a loopback IP (the Host header)."),
-                        status_code=400)(scope, receive, send)
-                else:
-                    await app(scope, receive, send)
-                return
-            if scope["path"].startswith(OPEN_PATHS):
-                await app(scope, receive, send)
-                return
-            request = Request(scope, receive)
-            if self.authorised(request):
-                await app(scope, receive, send)
-                return
-            response: Response
-            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-                response = self._page("login.html", status_code=401)
-            else:
-                response = Response(json.dumps({
-                    "status": "rejected", "error_code": "admin_token_required",
-                    "message": "Send the admin token (agentbox token) as a Bearer token."}),
-                    status_code=401, media_type="application/json")
-            await response(scope, receive, send)
-        return guarded
+    def login_page(self) -> Response:
+        return self._page("login.html", status_code=401, logout=False)
 
     async def login(self, request: Request) -> Response:
         form = await _form(request)
-        token = (form.get("token") or [""])[0]
-        if not hmac.compare_digest(token.encode(), self._token):
-            return self._page("login.html", status_code=401)
+        try:
+            session = await self.access.log_in(request, (form.get("token") or [""])[0])
+        except TooManyLogins as exc:
+            return self._error(429, "Too many wrong tokens from here: wait a minute and try "
+                                    "again.", {"Retry-After": str(round(exc.retry_after))})
+        if session is None:
+            return self.login_page()
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        self.access.session_cookie(response, request, session)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        response = RedirectResponse("/", status_code=303)
+        self.access.log_out(request, response)
         return response
 
     async def _checked_form(self, request: Request) -> dict[str, Any] | Response:
@@ -463,9 +410,12 @@ class StatusPages:
                           finished=finished, days=f"{self.settings.retention_days:g}",
                           reviewed=kept.result is not None, project=kept.project, alerts=[])
 
-    def _error(self, status: int, message: str) -> HTMLResponse:
-        return self._page("error.html", status_code=status, title=f"{status}",
+    def _error(self, status: int, message: str,
+               headers: dict[str, str] | None = None) -> HTMLResponse:
+        page = self._page("error.html", status_code=status, title=f"{status}",
                           message=message, alerts=[])
+        page.headers.update(headers or {})
+        return page
 
     async def refresh_alerts(self) -> None:
         """The banners: storage trouble (every page), and in the operations area dead
@@ -524,10 +474,10 @@ class LiveStream(EventSourceResponse):
 
 
 class TokenGuard:
-    """Starlette middleware around StatusPages.guard."""
+    """Starlette middleware around Access.guard, asking for the token with the page."""
 
     def __init__(self, app: ASGIApp, pages: StatusPages) -> None:
-        self._inner = pages.guard(app)
+        self._inner = pages.access.guard(app, pages.login_page)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._inner(scope, receive, send)

@@ -130,13 +130,14 @@ async def test_off_loopback_every_page_needs_the_token(tmp_path: Path,
 
 
 async def test_home_names_an_export_that_was_not_reviewed_by_its_file(box: InProcess) -> None:
-    """A musician reads the file and "not reviewed", not a run id or a run state."""
+    """A musician reads the file and why it was not reviewed, not a run id or a run
+    state."""
     bad = await finished(box, "permanent")
     home = await box.client.get("/")
     assert home.status_code == 200
     row = home.text[home.text.index(f'data-run-id="{bad}"'):]
     row = row[:row.index("</tr>")]
-    assert "mix.wav" in row and "not reviewed" in row
+    assert "mix.wav" in row and "review: scripted permanent failure" in row
     assert f">{bad}<" not in row and ">failed_permanent<" not in row
 
 

@@ -339,8 +339,49 @@ def test_projects_and_their_exports_on_either_engine(
     assert home.index('data-project="ok"') < home.index('data-project="permanent"')  # newest
     assert f'data-run-id="{runs[3]}" data-project="ok"' in home  # its latest export
     page = server.client.get("/projects/ok").text
-    listed = re.findall(r'<tr data-run-id="(run_\w+)">', page[page.index('id="exports"'):])
+    listed = re.findall(r'<tr data-run-id="(run_\w+)"', page[page.index('id="exports"'):])
     assert listed == [runs[3], runs[2], runs[0]]
+
+
+def test_an_export_that_could_not_be_reviewed_says_why_in_a_musicians_words(
+        studio: Studio, page: Page) -> None:
+    run = studio.runs["nothing.wav"]
+    said = "couldn't review: the file is empty \N{EM DASH} export it again"
+    page.goto(studio.server.url + "/")
+    row = page.locator(f'tr[data-project="{EMPTY}"]')
+    expect(row.locator(".outcome")).to_have_text(said)
+    expect(row.locator(".file")).to_have_text("nothing.wav")
+    row.locator(".outcome").click()
+    expect(page).to_have_title("nothing.wav · agentbox")  # its file, never its run id
+    expect(page.locator("h1")).to_have_text("nothing.wav")
+    expect(page.locator("#outcome")).to_have_text(said)
+    expect(page.locator("#replay")).to_have_text("Review again")
+    # the engine's account is there, folded: nothing of it shows until opened
+    main = page.locator("#run-main").inner_text()
+    for word in ("failed_permanent", "succeeded", "mix_unreadable", run["run_id"], "attempt"):
+        assert word not in main, word
+    expect(page.locator("#run-facts")).not_to_be_visible()
+    page.locator("#details summary").click()
+    expect(page.locator("#run-facts")).to_contain_text("failed_permanent")
+    expect(page.locator("#run-facts")).to_contain_text(run["run_id"])
+    expect(page.locator("#timeline")).to_be_visible()
+    expect(page.locator("#event")).to_contain_text("nothing.wav")
+
+
+def test_a_review_page_is_headed_by_its_verdict_not_its_machinery(studio: Studio,
+                                                                  page: Page) -> None:
+    run = studio.runs["take 3.wav"]
+    page.goto(studio.server.url + f"/ui/runs/{run['run_id']}")
+    expect(page).to_have_title("take 3.wav · agentbox")
+    expect(page.locator("h1")).to_have_text("take 3.wav")
+    expect(page.locator(".headline .card").first).to_contain_text("verdict")
+    main = page.locator("#run-main").inner_text()
+    for word in ("succeeded", "mix_review", "attempt", run["run_id"]):
+        assert word not in main, word
+    expect(page.locator("#details")).not_to_have_attribute("open", "")
+    # the menu: the projects, and the operations one click away
+    expect(page.locator("header a")).to_have_text(["agentbox", "Projects", "Operations",
+                                                   "Manual"])
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["phone", "desktop"])

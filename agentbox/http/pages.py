@@ -188,12 +188,16 @@ class StatusPages:
                           capped=len(exports) == PROJECT_EXPORTS)
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
-        """Each export as a row; one without a review is named by its event's file."""
+        """Each export as a row; one without a review is named by its event's file,
+        and says why by its run's error."""
         rows = []
         for export in exports:
             row = review_view.export_row(export)
             if row.review is None and not export.archived:  # an archived one has no event
-                row = review_view.export_row(export, await self.store.event_of(export.run_id))
+                run = await self.store.get_run(export.run_id)
+                error = (run.error_code, run.error_message) if run else (None, None)
+                row = review_view.export_row(export, await self.store.event_of(export.run_id),
+                                             error)
             rows.append(row)
         return rows
 
@@ -248,7 +252,8 @@ class StatusPages:
         project = _project_of(event) or found_run.project  # the body may be gone (retention)
         export = review_view.export_row(ProjectExport(
             run_id, project or "", found_run.agent, found_run.status, found_run.accepted_at,
-            found_run.completed_at, found_run.result), event)
+            found_run.completed_at, found_run.result), event,
+            (found_run.error_code, found_run.error_message))
         return self._page(
             "run.html", run=run, event=event, review=review, chain=chain, project=project,
             export=export, reviewing=review is not None or self._reviews(found_run.agent),

@@ -180,3 +180,65 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+# -- what became of an export that has no review -------------------------------------------
+
+# A retry the render itself will end: the file is still being written, or stopped
+# short and may yet be finished.
+RENDER_UNFINISHED = frozenset({"mix_incomplete", "mix_truncated"})
+# Why a review could not be made, in a musician's words, by error code; the
+# agent's own sentence where it says more.
+COULD_NOT = {
+    "mix_not_found": "the file is not there any more — export it again",
+    "mix_truncated": "the render was cut short — export it again",
+    "mix_incomplete": "the file kept changing while it was read — export it again",
+    "unsupported_mix_url": "the export names no file on this computer",
+    "timeout": "it took too long — try again, or export a shorter file",
+    "analysis_crashed": "the analysis stopped unexpectedly — try again",
+}
+EMPTY_FILE = "the file is empty — export it again"
+UNREADABLE = "agentbox cannot read this file as audio — export it as WAV, AIFF or FLAC"
+MESSAGE_CHARACTERS = 200
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of an export that has no verdict (yet), as a musician reads it:
+    `kind` is reviewing, waiting (for the render to finish), failed, or done (an
+    agent that answered something other than a review)."""
+
+    kind: str
+    text: str
+
+    @property
+    def pending(self) -> bool:
+        return self.kind in ("reviewing", "waiting")
+
+
+def outcome(status: str, error_code: str | None = None,
+            error_message: str | None = None) -> Outcome:
+    """The words for a run's state where a verdict would be: "reviewing…", "waiting
+    for the render to finish", "couldn't review: the file is empty — export it
+    again". Never a run state's own name."""
+    if status in ("accepted", "processing"):
+        return Outcome("reviewing", "reviewing…")
+    if status == "failed_retryable":
+        if error_code in RENDER_UNFINISHED:
+            return Outcome("waiting", "waiting for the render to finish")
+        return Outcome("reviewing", "reviewing… (trying again shortly)")
+    if status == "succeeded":  # an agent that answered something other than a review
+        return Outcome("done", "finished without a review")
+    return Outcome("failed", "couldn't review: " + _why(error_code, error_message))
+
+
+def _why(error_code: str | None, error_message: str | None) -> str:
+    message = " ".join((error_message or "").split())
+    if error_code == "mix_unreadable":
+        return EMPTY_FILE if "empty (0 bytes)" in message else UNREADABLE
+    if error_code in COULD_NOT:
+        return COULD_NOT[error_code]
+    if message:
+        short = message[:MESSAGE_CHARACTERS]
+        return short + ("…" if len(message) > MESSAGE_CHARACTERS else "")
+    return "something went wrong — its Details say what"

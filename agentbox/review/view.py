@@ -165,27 +165,28 @@ class ExportRow:
     review: Review | None
     sent_file: str = ""  # the file the event named, for an export with no review (yet)
     archived: bool = False  # retention removed its run: no run page to link to
+    error_code: str | None = None  # why its run failed, or is being tried again
+    error_message: str | None = None
 
     @property
     def file_name(self) -> str:
         return self.review.file_name if self.review else self.sent_file
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> present.Outcome:
         """What a musician reads where a verdict would be, for an export with none."""
-        return "reviewing…" if self.status in WAITING else "not reviewed"
+        return present.outcome(self.status, self.error_code, self.error_message)
 
 
-WAITING = ("accepted", "processing", "failed_retryable")
-
-
-def export_row(export: ProjectExport, event: dict[str, Any] | None = None) -> ExportRow:
-    """`event`: the export's stored event, which names its file when no review does."""
+def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
+               error: tuple[str | None, str | None] = (None, None)) -> ExportRow:
+    """`event`: the export's stored event, which names its file when no review does;
+    `error`: its run's error code and message, which say why there is none."""
     payload = event.get("payload") if isinstance(event, dict) else None
     url = payload.get("mix_url") if isinstance(payload, dict) else None
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
                      export.finished_at, Review.of(export.result),
-                     mix_name(url) if isinstance(url, str) else "", export.archived)
+                     mix_name(url) if isinstance(url, str) else "", export.archived, *error)
 
 
 @dataclass(frozen=True)

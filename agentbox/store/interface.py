@@ -1,0 +1,689 @@
+"""The storage interface: `Store` is everything the receiver, dispatcher,
+callback deliverer, API, page and CLI may ask of the database. Nothing outside
+this package sees an engine class, a connection or a line of SQL.
+
+Every engine (SQLite now, PostgreSQL for several instances) implements `Store`
+with the same guarantees, checked by one conformance suite:
+
+- `ingest` writes the event, its idempotency claim and its run(s) in one
+  transaction and returns only once that transaction is durable.
+- A run changes state only along `runs.TRANSITIONS`; a terminal run is never
+  claimed again.
+- `finish` only lands for the current lease holder and attempt, so an outcome
+  reported after the lease was lost (and the run reclaimed) is dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agentbox.events import Event
+from agentbox.store.views import (
+    AgentSubscriptionView,
+    AttemptView,
+    DestinationView,
+    HistoryEntry,
+    NotificationView,
+    RunDetail,
+    RunView,
+    SubscriptionView,
+)
+
+__all__ = [
+    "AdmissionRefused",
+    "AgentSubscriptionView",
+    "AttemptView",
+    "BodyRemoved",
+    "ClaimResult",
+    "ClaimedRun",
+    "DeliveryResult",
+    "DestinationNotFound",
+    "DestinationView",
+    "Emitted",
+    "HistoryEntry",
+    "IngestResult",
+    "Lease",
+    "NoSubscribedAgent",
+    "NotReplayable",
+    "Notification",
+    "NotificationView",
+    "Outcome",
+    "ProjectExport",
+    "PruneStep",
+    "RemoteChange",
+    "RunDetail",
+    "RunNotFound",
+    "RunRef",
+    "RunView",
+    "SchemaTooNew",
+    "StorageUnavailable",
+    "Store",
+    "StoreError",
+    "StoreInUse",
+    "SubscriptionNotFound",
+    "SubscriptionTarget",
+    "SubscriptionView",
+    "Transition",
+    "Verification",
+    "iso",
+    "notification",
+    "project_of",
+]
+
+
+class StoreError(Exception):
+    """Base class of the store's refusals."""
+
+
+class StorageUnavailable(StoreError):
+    """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
+
+
+class StoreInUse(StorageUnavailable):
+    """Another process serves this (SQLite) store: ask it, through its API."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer agentbox: this one must not write to it."""
+
+    def __init__(self, database: str, version: int, known: int) -> None:
+        super().__init__(
+            f"the database {database} has schema version {version}, newer than this agentbox "
+            f"knows (up to {known}): it was written by a newer agentbox. Upgrade agentbox "
+            "(or point it at another database); nothing was changed.")
+        self.version, self.known = version, known
+
+
+class AdmissionRefused(StoreError):
+    """Too many runs are not yet terminal: answer 429 with Retry-After."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(f"{pending} runs are waiting (limit {limit})")
+        self.pending, self.limit = pending, limit
+
+
+class RunNotFound(StoreError):
+    pass
+
+
+class NoSubscribedAgent(StoreError):
+    """No agent receives this event type now (none configured, or every one
+    unsubscribed): answer 422 no_agent; nothing was stored."""
+
+    def __init__(self, event_type: str) -> None:
+        super().__init__(f"no agent is subscribed to {event_type}")
+        self.event_type = event_type
+
+
+class SubscriptionNotFound(StoreError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubscriptionTarget:
+    """What a delivery to a subscriber needs: where, and the secret to sign with."""
+
+    id: str
+    url: str
+    state: str  # pending_verification, active, suspended
+    expires_at: float
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """A subscription's verification challenge, leased for one attempt."""
+
+    id: str
+    url: str
+    challenge: str
+    failures: int  # failed attempts before this one
+    secret: str = field(repr=False)
+
+
+class NotReplayable(StoreError):
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id} is {status}; only dead_lettered or failed_permanent "
+                         "runs can be replayed")
+        self.status = status
+
+
+class BodyRemoved(NotReplayable):
+    """The run's event body was removed by retention: there is nothing to run again."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        StoreError.__init__(
+            self, f"run {run_id} cannot be replayed: its event's body was removed by "
+            "retention (AGENTBOX_BODY_RETENTION_DAYS); send the event again instead")
+        self.status = status
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRef:
+    run_id: str
+    agent: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds a run, and until when (renewed while its agent runs)."""
+
+    owner: str
+    until: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedRun:
+    run_id: str
+    agent: str
+    attempt: int  # counts every attempt of the run, across replays
+    round_attempt: int  # counts attempts since the last replay: the retry budget's measure
+    event_body: bytes
+    accepted_at: float
+    event_id: str = ""
+    event_type: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transition:
+    """A state change that happened, for the log line and for waiters."""
+
+    run_id: str
+    status: str
+    attempt: int
+    event_id: str
+    event_type: str
+    source: str
+    agent: str
+    error_code: str | None = None
+    note: str | None = None  # what the change was when its status does not say (replayed)
+    notify: bool = False  # a callback was queued in the outbox with this change
+    # runs created with this change for the events the agent emitted (agent chains)
+    spawned: tuple[Transition, ...] = ()
+    emitted: tuple[tuple[Event, tuple[str, ...]], ...] = ()  # (event, its new run ids)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestResult:
+    runs: Sequence[RunRef]  # as accepted: the 202 reports them so
+    duplicate: bool
+    # Runs that went straight to processing under the caller's lease (`ingest(lease=)`),
+    # and those changes, for the caller to start and announce.
+    claimed: Sequence[ClaimedRun] = ()
+    transitions: Sequence[Transition] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notification:
+    """One outbox row leased for delivery."""
+
+    pk: int
+    notification_id: str
+    run_id: str
+    destination: str  # the callback URL's origin
+    url: str
+    body: bytes
+    attempts: int  # deliveries tried before this one
+    lease_until: float  # with the owner, what makes this lease this lease
+    subscription_id: str | None = None  # a delivery to a subscriber, not a callback
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    """What one delivery attempt ended with, as the deliverer decided it."""
+
+    state: str  # delivered, pending (another attempt at next_attempt_at), dead
+    error: str | None = None  # a category such as timeout or http_503, never a body
+    status_code: int | None = None
+    next_attempt_at: float | None = None
+    pause_reason: str | None = None  # pause the destination now (e.g. it answered 410)
+
+
+class DestinationNotFound(StoreError):
+    pass
+
+
+def iso(timestamp: float | None) -> str | None:
+    """A Unix time as the API shows times: UTC, milliseconds, `Z`."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def notification(
+    run_id: str, status: str, attempt: int, event_id: str, result: Any, error_code: str | None,
+    now: float,
+) -> tuple[str, bytes]:
+    """The notification id and body for one state change: compact JSON, sorted keys.
+
+    The id `run_id:status:retry_count` is the same whenever the same change is
+    reported again, so receivers can drop duplicates by it.
+    """
+    retry_count = max(attempt - 1, 0)
+    notification_id = f"{run_id}:{status}:{retry_count}"
+    body = {
+        "notification_id": notification_id, "run_id": run_id, "event_id": event_id,
+        "status": status, "retry_count": retry_count, "result": result,
+        "error_code": error_code,
+        "occurred_at": iso(now),
+    }
+    return notification_id, json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+
+@dataclass(kw_only=True)
+class ClaimResult:
+    claimed: list[ClaimedRun] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+    # When fewer runs than asked for were due: the earliest time one will be.
+    next_due_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A follow-up event an agent emitted, stored with its run's success."""
+
+    event: Event
+    body: bytes
+    agents: tuple[str, ...]  # the agents subscribed to its type: one run each
+    key_expires_at: float  # its idempotency claim's end
+    max_hops: int  # a longer chain is stopped (loop_detected)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an attempt ended with; `status` is the target state the dispatcher chose."""
+
+    status: str
+    result: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    next_attempt_at: float | None = None
+    emitted: tuple[Emitted, ...] = ()  # stored only when the run succeeds
+    # (event_type, subscribed) changes the agent made (ctx.subscribe/unsubscribe), in
+    # order: stored only when the run succeeds, before its emitted events are routed.
+    subscriptions: tuple[tuple[str, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProjectExport:
+    """One run of an event that names a project (an export), for the project
+    pages and the comparison with the previous export."""
+
+    run_id: str
+    project: str
+    agent: str
+    status: str  # the run's status
+    accepted_at: str  # ISO 8601, UTC
+    finished_at: str | None  # ISO 8601, UTC, when terminal
+    result: dict[str, Any] | None  # the agent's result document when succeeded
+    # Retention removed the run (GET /runs/{id} answers 404): this is what the
+    # project's history kept of it (project_exports). Where it is kept, not what it
+    # is: an export compares equal before and after retention.
+    archived: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneStep:
+    """One bounded step of retention: what it removed, and where the next step starts."""
+
+    removed: dict[str, int]  # rows per table (bodies: events whose body was blanked)
+    examined: int  # candidates looked at; fewer than asked for: the pass is over
+    cursor: tuple[float, Any] | None  # the last one looked at (its time, its key)
+    seconds: float  # how long the step held the writer
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteChange:
+    """What another instance committed: runs to claim, callbacks to send, changes to show."""
+
+    runs_ready: bool
+    outbox_ready: bool
+    transitions: tuple[Transition, ...]
+
+
+def project_of(event: Event) -> str | None:
+    """The project an event names (its payload's `project_id`), NFC-normalised so
+    that one name typed two ways is one project; None when it names none."""
+    project = getattr(event.payload, "project_id", None)
+    return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
+
+
+class Store(abc.ABC):
+    """Durable events, idempotency claims, runs, their attempt history and the
+    callback outbox. A new engine implements every abstract method here (the
+    conformance suite in tests/store/ runs against it) and nothing else."""
+
+    engine = "store"  # its name, for /healthz and metrics
+    # Several processes may use the database at once (PostgreSQL). If not, every
+    # lease found at start-up was left by a previous life of this one.
+    shared = False
+
+    def __init__(self) -> None:
+        # False after a write failed for the storage's sake (disk full, database
+        # gone); True again after the next durable write that commits.
+        self.healthy = True
+        self.last_error: str | None = None  # why not healthy, for people: never a secret
+        # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
+        self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+        # Told when a commit of this instance queued outbox rows that no announced
+        # change says so (a subscriber's delivery of an event just ingested).
+        self.outbox_listeners: list[Callable[[], None]] = []
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """Where the data lives, for logs and pages: never a password."""
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create or migrate the schema and start the writer."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish queued writes and release the database."""
+
+    async def probe(self) -> None:
+        """Unhealthy: find out whether writes are taken again (an idle instance
+        learns so by itself). Healthy: look for trouble no write has met yet."""
+        self.look_around()
+
+    def look_around(self) -> None:  # noqa: B027 - an engine with nothing to look at
+        """What `probe` learns without writing or waiting (pages call it before
+        they render): e.g. that the database file was removed. Nothing by default."""
+
+    # -- ingest, claims, outcomes -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def ingest(
+        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
+        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
+    ) -> IngestResult:
+        """Claim the idempotency key and store event + runs atomically and durably.
+
+        A key already claimed and not expired returns the first runs with
+        `duplicate=True` and writes nothing. Raises AdmissionRefused when
+        `max_pending` runs are not yet terminal. An event whose `hop` is past
+        `max_hops` is stored with its runs dead_lettered (loop_detected).
+
+        With a `lease`, the runs are claimed in the same transaction (attempt 1,
+        processing, leased to its owner): the caller has slots free to start
+        them at once, which spares each run a claim. They come back in `claimed`.
+        """
+
+    @abc.abstractmethod
+    async def claim(
+        self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int
+    ) -> ClaimResult:
+        """Take up to `limit` runs that are due, leasing them to `owner`.
+
+        Due: accepted, failed_retryable whose next attempt time has come, or
+        processing whose lease expired. An expired run that already used
+        `max_attempts` is dead-lettered (`lease_expired`) instead of claimed.
+        """
+
+    @abc.abstractmethod
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        """Record an attempt's outcome; None if `owner` no longer holds that attempt.
+        A success stores the events the agent emitted (`outcome.emitted`) with
+        their runs, in the same transaction."""
+
+    @abc.abstractmethod
+    async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
+                            until: float) -> list[str]:
+        """Keep attempts (run_id, attempt) leased; answer the run_ids whose attempt
+        `owner` still holds (the others finished, or were claimed again after their
+        lease ran out: by another owner, or by this one as a later attempt)."""
+
+    @abc.abstractmethod
+    async def release_leases(self, owner: str, now: float,
+                             unstarted: Sequence[tuple[str, int]] = ()) -> int:
+        """Expire every lease `owner` ('*': anyone) holds (shutdown, or start-up of
+        the same store).
+
+        `unstarted` lists (run_id, attempt) claimed by `owner` whose agent never
+        started: they give that attempt back (it is neither recorded as lost nor
+        counted against the retry budget when the run is claimed again)."""
+
+    @abc.abstractmethod
+    async def next_due_at(self) -> float | None:
+        """The earliest time some run becomes claimable (retry time or lease end)."""
+
+    # -- maintenance --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def replay(self, run_id: str, now: float) -> Transition:
+        """Send a dead-lettered or permanently failed run back to accepted (same
+        run_id, recorded in its history). RunNotFound, NotReplayable."""
+
+    @abc.abstractmethod
+    async def discard(self, run_id: str, reason: str, now: float) -> None:
+        """Set a dead letter aside with a reason: it stays, out of the dead-letter
+        list, until replayed. RunNotFound, NotReplayable (not dead_lettered)."""
+
+    @abc.abstractmethod
+    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
+        """Delete claims whose TTL ended; a later delivery of that key is a new run."""
+
+    # -- the callback outbox (rows are written by the run transitions above) -------------
+
+    @abc.abstractmethod
+    async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
+                          now: float) -> bool:
+        """Put an operator alert in the outbox (once per id); False if already there."""
+
+    @abc.abstractmethod
+    async def claim_notifications(
+        self, owner: str, limit: int, now: float, lease_seconds: float
+    ) -> tuple[list[Notification], float | None]:
+        """Lease up to `limit` due notifications, oldest due first.
+
+        A notification waits while an earlier one of the same run is pending,
+        and while its destination is paused. Also returns when the next one
+        becomes due (None: nothing pending that could be sent).
+        """
+
+    @abc.abstractmethod
+    async def record_delivery(
+        self, notification: Notification, owner: str, result: DeliveryResult, now: float,
+        pause_after_failures: int,
+    ) -> str | None:
+        """Store an attempt's result and the destination's failure count; pause the
+        destination after `pause_after_failures` failures in a row. Returns the
+        destination's pause reason if this attempt paused it."""
+
+    @abc.abstractmethod
+    async def release_notification_leases(self, owner: str, now: float) -> int:
+        """Make notifications leased by `owner` ('*': anyone) due now."""
+
+    @abc.abstractmethod
+    async def resume_destination(self, destination: str, now: float) -> None:
+        """Unpause a destination; its queued notifications go out again.
+        DestinationNotFound."""
+
+    # -- reads: the views the API, the page and the CLI show ------------------------------
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunView | None:
+        """The canonical state of one run, as the API shows it."""
+
+    @abc.abstractmethod
+    async def list_runs(self, status: str | None, limit: int) -> list[RunView]:
+        """The newest runs, optionally of one status."""
+
+    @abc.abstractmethod
+    async def search_runs(
+        self, *, status: str | None = None, event_type: str | None = None,
+        agent: str | None = None, project: str | None = None, text: str | None = None,
+        since: float | None = None, until: float | None = None, before: str | None = None,
+        chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+    ) -> list[RunView]:
+        """Newest first, filtered (every filter exact). `project` compares the
+        event's project (NFC); `text` is a run id, event id, correlation id or
+        project; `since`/`until` bound the acceptance time; `before` is the last
+        run_id of the previous page (keyset pagination: every page costs the
+        same, however many runs there are); `chain` a chain's correlation id:
+        the runs of the events that carry it, and of the event whose id it is
+        when that one carries none (the chain's first)."""
+
+    @abc.abstractmethod
+    async def attempts(self, run_id: str) -> list[AttemptView]:
+        """The attempt history of one run, oldest first (a running one included)."""
+
+    @abc.abstractmethod
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        """Every state change of one run, oldest first: derived from the run and
+        its attempts, plus the replays and discards recorded on their own."""
+
+    @abc.abstractmethod
+    async def event_of(self, run_id: str) -> dict[str, Any] | None:
+        """The stored event of a run, as received. Once retention removed its body
+        (AGENTBOX_BODY_RETENTION_DAYS): `event_id`, `event_type`, `source`,
+        `received_at` and `body_removed_at` (ISO 8601) instead."""
+
+    @abc.abstractmethod
+    async def discarded(self, run_id: str) -> dict[str, Any] | None:
+        """Why and when a dead letter was set aside (`reason`, `at`), or None."""
+
+    @abc.abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """`runs` (count by status), `active` (not yet terminal) and
+        `oldest_waiting_accepted_at` (ISO 8601 or None)."""
+
+    @abc.abstractmethod
+    async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
+        """Runs that reached a terminal state in each `width`-second slice from `since`."""
+
+    @abc.abstractmethod
+    async def projects(self, *, limit: int = 100,
+                       agent: str | None = None) -> list[ProjectExport]:
+        """The latest export of each project (one per project), newest first."""
+
+    @abc.abstractmethod
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first (accepted_at, then run_id).
+        before_run_id: only runs accepted before that run (for "the previous export")."""
+
+    @abc.abstractmethod
+    async def archived_export(self, run_id: str) -> ProjectExport | None:
+        """What a project's history kept of a run that retention removed (`archived`),
+        or None: the run is stored, or never was, or named no project."""
+
+    @abc.abstractmethod
+    async def notifications(self, run_id: str) -> list[NotificationView]:
+        """The delivery state of every notification of one run, oldest first."""
+
+    @abc.abstractmethod
+    async def list_notifications(self, state: str | None,
+                                 limit: int) -> list[NotificationView]:
+        """The newest notifications, optionally of one delivery state."""
+
+    @abc.abstractmethod
+    async def destinations(self) -> list[DestinationView]:
+        """Every callback destination with its state, failure count and backlog."""
+
+    # -- retention (store/retention.py) ----------------------------------------------------
+    # Bounded steps, oldest first, each one transaction of the writer (off the event
+    # loop); agentbox.engine.retention paces them. What a project's history needs is kept:
+    # `projects` and `project_exports` answer the same before and after.
+
+    @abc.abstractmethod
+    async def prune_finished(self, *, now: float, before: float,
+                             after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        """Look at up to `scan` finished runs that completed before `before`, from
+        `after` (a previous step's cursor; None: the oldest), and remove those that
+        may go with their attempts, history, delivered or dead callbacks and discard
+        record; an event goes with its last run, its expired claim with it. A run
+        stays while a callback of it is pending, while its event's idempotency claim
+        holds, and while it is a dead letter nobody discarded before `before`."""
+
+    @abc.abstractmethod
+    async def remove_bodies(self, *, now: float, before: float,
+                            after: tuple[float, Any] | None, scan: int) -> PruneStep:
+        """Look at up to `scan` events received before `before` that still hold their
+        raw body, from `after`, and blank the body of each whose runs could all be
+        removed by `before` (its metadata stays, with `body_removed_at`)."""
+
+    @abc.abstractmethod
+    async def prune_preview(self, *, now: float, before: float,
+                            bodies_before: float) -> dict[str, int]:
+        """What pruning now would remove, per table (and `bodies`, `project_exports`:
+        bodies blanked, exports kept for the project pages). A read."""
+
+    @abc.abstractmethod
+    async def reclaim_space(self, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system; the free pages left
+        (0 where the engine reclaims space by itself)."""
+    # -- subscriptions ------------------------------------------------------------------
+    # An agent's changes to the event types it receives ride in its run's outcome
+    # (`Outcome.subscriptions`); `ingest` routes each event by the current set. Other
+    # programs' subscriptions get their deliveries queued in the outbox with the
+    # ingest (event types) or the state change (run.<state>) they report.
+
+    @abc.abstractmethod
+    async def agent_subscriptions(self) -> list[AgentSubscriptionView]:
+        """Every change agents made to their event types (the configuration's
+        routing is the rest of their current set), by agent then event type."""
+
+    @abc.abstractmethod
+    async def create_subscription(self, *, subscription_id: str, url: str,
+                                  topics: Sequence[str], secret: str, secret_hint: str,
+                                  challenge: str, ttl: float, now: float) -> SubscriptionView:
+        """Store a subscription pending verification: nothing is delivered to it
+        (its deliveries queue, held) until `record_verification` says it answered."""
+
+    @abc.abstractmethod
+    async def refresh_subscription(self, subscription_id: str, ttl: float, challenge: str,
+                                   now: float) -> SubscriptionView:
+        """Extend a subscription to `now + ttl`; a suspended one is verified again
+        (with `challenge`) before anything more goes out. SubscriptionNotFound
+        (an expired one is not found: it has stopped)."""
+
+    @abc.abstractmethod
+    async def delete_subscription(self, subscription_id: str, now: float,
+                                  reason: str = "subscription_deleted") -> None:
+        """Remove a subscription; what was queued for it becomes dead with `reason`.
+        SubscriptionNotFound."""
+
+    @abc.abstractmethod
+    async def subscriptions(self, now: float, limit: int = 500) -> list[SubscriptionView]:
+        """Every subscription (expired ones until they are removed), oldest first."""
+
+    @abc.abstractmethod
+    async def subscription(self, subscription_id: str, now: float) -> SubscriptionView | None:
+        """One subscription as the API shows it, or None."""
+
+    @abc.abstractmethod
+    async def subscription_target(self, subscription_id: str) -> SubscriptionTarget | None:
+        """Where and with which secret to send a subscription's deliveries (None: gone)."""
+
+    @abc.abstractmethod
+    async def claim_verifications(self, now: float, limit: int, lease_seconds: float
+                                  ) -> tuple[list[Verification], float | None]:
+        """Lease due verification attempts; also when the next one falls due."""
+
+    @abc.abstractmethod
+    async def record_verification(self, verification: Verification, error: str | None,
+                                  next_at: float, now: float, suspend_after: int) -> str:
+        """The subscription's state after an attempt: `error` None makes it active
+        and releases what queued meanwhile; else after `suspend_after` failed
+        attempts it is suspended, before that tried again at `next_at`."""
+
+    @abc.abstractmethod
+    async def prune_subscriptions(self, before: float, limit: int) -> int:
+        """Remove subscriptions that expired before `before` (as `delete_subscription`)."""

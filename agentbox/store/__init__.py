@@ -1,17 +1,62 @@
-"""The storage interface: `Store` is everything the receiver, dispatcher,
-callback deliverer, API, page and CLI may ask of the database. Nothing outside
-this package sees an engine class, a connection or a line of SQL.
-
-Every engine (SQLite now, PostgreSQL for several instances) implements `Store`
-with the same guarantees, checked by one conformance suite:
-
-- `ingest` writes the event, its idempotency claim and its run(s) in one
-  transaction and returns only once that transaction is durable.
-- A run changes state only along `runs.TRANSITIONS`; a terminal run is never
-  claimed again.
-- `finish` only lands for the current lease holder and attempt, so an outcome
-  reported after the lease was lost (and the run reclaimed) is dropped.
+"""The store: durable events, idempotency claims, runs, their history and the
+callback outbox, behind one interface (`Store`, in interface.py) with an engine
+for SQLite and one for PostgreSQL. The rest of agentbox imports what it needs
+from here (and `engines` to choose one); errors.py holds the refusals, records.py
+the plain records, views.py what the API shows.
 """
 
-from agentbox.store.interface import *  # noqa: F403
-from agentbox.store.interface import __all__ as __all__
+from agentbox.store.errors import (
+    AdmissionRefused,
+    BodyRemoved,
+    DestinationNotFound,
+    NoSubscribedAgent,
+    NotReplayable,
+    RunNotFound,
+    SchemaTooNew,
+    StorageUnavailable,
+    StoreError,
+    StoreInUse,
+    SubscriptionNotFound,
+)
+from agentbox.store.interface import Store
+from agentbox.store.records import (
+    ClaimedRun,
+    ClaimResult,
+    DeliveryResult,
+    Emitted,
+    IngestResult,
+    Lease,
+    Notification,
+    Outcome,
+    ProjectExport,
+    PruneStep,
+    RemoteChange,
+    RunRef,
+    SubscriptionTarget,
+    Transition,
+    Verification,
+    iso,
+    notification,
+    project_of,
+)
+from agentbox.store.views import (
+    AgentSubscriptionView,
+    AttemptView,
+    DestinationView,
+    HistoryEntry,
+    NotificationView,
+    RunDetail,
+    RunView,
+    SubscriptionView,
+)
+
+__all__ = [
+    "AdmissionRefused", "AgentSubscriptionView", "AttemptView", "BodyRemoved", "ClaimResult",
+    "ClaimedRun", "DeliveryResult", "DestinationNotFound", "DestinationView", "Emitted",
+    "HistoryEntry", "IngestResult", "Lease", "NoSubscribedAgent", "NotReplayable",
+    "Notification", "NotificationView", "Outcome", "ProjectExport", "PruneStep",
+    "RemoteChange", "RunDetail", "RunNotFound", "RunRef", "RunView", "SchemaTooNew",
+    "StorageUnavailable", "Store", "StoreError", "StoreInUse", "SubscriptionNotFound",
+    "SubscriptionTarget", "SubscriptionView", "Transition", "Verification", "iso",
+    "notification", "project_of",
+]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentbox.runs import RunStatus, check_transition
-from agentbox.store import ClaimedRun, ClaimResult, Transition
-from agentbox.store.outbox import Callback, queue_callback
+from agentbox.store.outbox import queue_callback
+from agentbox.store.records import Callback, ClaimedRun, ClaimResult, Transition
 from agentbox.store.writer import Batch, Db, named
 
 

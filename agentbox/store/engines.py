@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentbox.config import ConfigError, Settings
-from agentbox.store import Store
+from agentbox.store.interface import Store
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -17,18 +17,20 @@ from typing import Any
 
 from agentbox.events import Envelope, Event
 from agentbox.runs import RunStatus, check_transition
-from agentbox.store import (
-    AdmissionRefused,
+from agentbox.store.errors import AdmissionRefused, NoSubscribedAgent
+from agentbox.store.outbox import queue_callback
+from agentbox.store.records import (
+    Callback,
     ClaimedRun,
     Emitted,
     IngestResult,
     Lease,
-    NoSubscribedAgent,
+    NewEvent,
+    NewRun,
     RunRef,
     Transition,
     project_of,
 )
-from agentbox.store.outbox import Callback, queue_callback
 from agentbox.store.subscriptions import queue_event, routed
 from agentbox.store.writer import Batch, Db, answer
 
@@ -45,29 +47,6 @@ def new_run_id() -> str:
     return f"run_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
-@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
-class NewRun:
-    """A run as `store_events` writes it."""
-
-    run_id: str
-    ordinal: int
-    agent: str
-    status: str  # accepted; processing (claimed as accepted, `owner`); dead_lettered
-    owner: str | None = None
-    lease_until: float | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-
-
-@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
-class NewEvent:
-    """An event as `store_events` writes it, with its runs."""
-
-    env: Envelope
-    body: bytes
-    project: str | None
-    expires_at: float  # its idempotency claim's end
-    runs: tuple[NewRun, ...]
 
 
 @dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__

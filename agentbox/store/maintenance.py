@@ -4,7 +4,8 @@ the expiry of idempotency claims after their TTL. (Retention: store/retention.py
 from __future__ import annotations
 
 from agentbox.runs import RunStatus, check_transition
-from agentbox.store import BodyRemoved, NotReplayable, RunNotFound, Transition
+from agentbox.store.errors import BodyRemoved, NotReplayable, RunNotFound
+from agentbox.store.records import Transition
 from agentbox.store.writer import Batch, Db, named
 
 REPLAYED = "replayed"

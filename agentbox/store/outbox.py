@@ -9,28 +9,11 @@ notification is sent again, which its id lets the receiver drop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from agentbox.config import origin_of
-from agentbox.store import DeliveryResult, DestinationNotFound, Notification, notification
+from agentbox.store.errors import DestinationNotFound
+from agentbox.store.records import Callback, DeliveryResult, Notification, notification
 from agentbox.store.subscriptions import queue_run_state
 from agentbox.store.writer import Batch, Db
-
-
-@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
-class Callback:
-    """The notification one state change owes (when its event gave a callback URL)."""
-
-    url: str | None
-    run_id: str
-    status: str
-    attempt: int
-    event_id: str
-    now: float
-    due: float  # when it may first be sent
-    result: Any = None
-    error_code: str | None = None
 
 
 def queue_callback(db: Db, state: Batch, callback: Callback) -> bool:

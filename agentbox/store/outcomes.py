@@ -10,55 +10,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentbox.runs import InvalidTransition, RunStatus, check_transition
-from agentbox.store import Outcome, Transition
 from agentbox.store.ingest import store_emitted
-from agentbox.store.outbox import Callback, queue_callback
+from agentbox.store.outbox import queue_callback
+from agentbox.store.records import Callback, Finish, Outcome, Transition
 from agentbox.store.subscriptions import change_agent_subscriptions
 from agentbox.store.writer import Batch, Db, answer
 
 
-@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
-class Finish:
+class FinishRun(Finish):
     """The operation: record one attempt's outcome. A batch's run together
     (`finish_batch`)."""
 
-    run_id: str
-    owner: str
-    attempt: int
-    target: RunStatus
-    next_attempt_at: float | None
-    result_json: str | None  # the result as stored
-    outcome: Outcome
-    now: float
-    notify_due: float
-
-    @property
-    def completed_at(self) -> float | None:
-        return self.now if self.target.terminal else None
+    __slots__ = ()
 
     def __call__(self, db: Db, state: Batch) -> Transition | None:
         transition: Transition | None = answer(finish_batch(db, state, [self])[0])
         return transition
 
 
-@dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__
-class Landed:
-    """What an outcome landed on: its run's event, for the transition and callback."""
-
-    event_pk: int
-    agent: str
-    event_id: str
-    event_type: str
-    source: str
-    callback_url: str | None
-
-
 def finish(run_id: str, owner: str, attempt: int, outcome: Outcome, *, now: float,
-           notify_due: float) -> Finish:
+           notify_due: float) -> FinishRun:
     """The operation for an outcome, its target state checked first (a target the
     state machine forbids raises here, before anything is queued)."""
     target = RunStatus(outcome.status)
@@ -70,9 +44,9 @@ def finish(run_id: str, owner: str, attempt: int, outcome: Outcome, *, now: floa
                        if target is RunStatus.FAILED_RETRYABLE else None)
     result_json = None if outcome.result is None else json.dumps(
         outcome.result, separators=(",", ":"), sort_keys=True)
-    return Finish(run_id=run_id, owner=owner, attempt=attempt, target=target,
-                  next_attempt_at=next_attempt_at, result_json=result_json, outcome=outcome,
-                  now=now, notify_due=notify_due)
+    return FinishRun(run_id=run_id, owner=owner, attempt=attempt, target=target,
+                     next_attempt_at=next_attempt_at, result_json=result_json,
+                     outcome=outcome, now=now, notify_due=notify_due)
 
 
 def finish_batch(db: Db, state: Batch, items: Sequence[Finish]) -> list[tuple[bool, Any]]:

@@ -52,17 +52,19 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from agentbox.runs import InvalidTransition
-from agentbox.store import (
+from agentbox.store.errors import StorageUnavailable, StoreError
+from agentbox.store.ingest import Ingest, ingest_batch
+from agentbox.store.outcomes import FinishRun, finish_batch
+from agentbox.store.queries import load
+from agentbox.store.records import (
     ClaimResult,
+    Finish,
     IngestResult,
+    Landed,
+    NewEvent,
     RemoteChange,
-    StorageUnavailable,
-    StoreError,
     Transition,
 )
-from agentbox.store.ingest import Ingest, NewEvent, ingest_batch
-from agentbox.store.outcomes import Finish, Landed, finish_batch
-from agentbox.store.queries import load
 from agentbox.store.schema import migrate_postgres, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
@@ -392,7 +394,7 @@ class PostgresStore(SqlStore):
         statements for the whole batch (the hot path); the rest one by one.
         """
         done: dict[int, tuple[bool, Any]] = {}
-        for kind, run_together in ((Ingest, ingest_batch), (Finish, finish_batch)):
+        for kind, run_together in ((Ingest, ingest_batch), (FinishRun, finish_batch)):
             indexes = [i for i, queued in enumerate(batch)
                        if isinstance(queued.op, kind) and i not in failed]
             if not indexes:

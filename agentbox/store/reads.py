@@ -11,17 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentbox.runs import TERMINAL, RunStatus
-from agentbox.store import (
+from agentbox.store.records import ProjectExport, SubscriptionTarget, iso
+from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
     DestinationView,
     HistoryEntry,
     NotificationView,
-    ProjectExport,
     RunView,
-    SubscriptionTarget,
     SubscriptionView,
-    iso,
 )
 
 ACTIVE = ("accepted", "processing", "failed_retryable")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentbox.store import PruneStep
+from agentbox.store.records import PruneStep
 from agentbox.store.writer import Batch, Db
 
 # The tables a step removes rows from, children before parents.

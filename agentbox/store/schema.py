@@ -20,7 +20,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from agentbox.logs import get_logger
-from agentbox.store import SchemaTooNew
+from agentbox.store.errors import SchemaTooNew
 
 if TYPE_CHECKING:
     import psycopg

@@ -20,21 +20,17 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentbox import portable
 from agentbox.logs import get_logger
-from agentbox.store import SchemaTooNew, StorageUnavailable, StoreInUse
-from agentbox.store.outcomes import Landed
+from agentbox.store.errors import SchemaTooNew, StorageUnavailable, StoreInUse
 from agentbox.store.queries import load
+from agentbox.store.records import Finish, Landed, NewEvent
 from agentbox.store.schema import migrate_sqlite, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
 from agentbox.store.writer import Batch, Operation, Queued
-
-if TYPE_CHECKING:
-    from agentbox.store.ingest import NewEvent
-    from agentbox.store.outcomes import Finish
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # A WAL that grew past this size without starting over (under load it starts over

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentbox.events import Event
-from agentbox.store import (
+from agentbox.store import claims, maintenance, outbox, retention, subscriptions
+from agentbox.store.errors import RunNotFound, SubscriptionNotFound
+from agentbox.store.ingest import received
+from agentbox.store.interface import Store
+from agentbox.store.outcomes import finish
+from agentbox.store.reads import Reads, unaskable
+from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
     IngestResult,
@@ -18,21 +24,10 @@ from agentbox.store import (
     Notification,
     Outcome,
     PruneStep,
-    RunNotFound,
-    Store,
-    SubscriptionNotFound,
-    SubscriptionView,
     Transition,
     Verification,
-    claims,
-    maintenance,
-    outbox,
-    retention,
-    subscriptions,
 )
-from agentbox.store.ingest import received
-from agentbox.store.outcomes import finish
-from agentbox.store.reads import Reads, unaskable
+from agentbox.store.views import SubscriptionView
 from agentbox.store.writer import GroupCommit
 
 

@@ -14,19 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentbox.events import Envelope
-from agentbox.store import (
-    SubscriptionNotFound,
-    Verification,
-    iso,
-    notification,
-)
+from agentbox.store.errors import SubscriptionNotFound
+from agentbox.store.records import Callback, Verification, iso, notification
 from agentbox.store.writer import Batch, Db, named
-
-if TYPE_CHECKING:
-    from agentbox.store.outbox import Callback
 
 HOLD_REASON = "pending_verification"
 EXPIRED = "subscription_expired"

@@ -13,14 +13,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agentbox.logs import get_logger
-from agentbox.store import StorageUnavailable
-
-if TYPE_CHECKING:
-    from agentbox.store.ingest import NewEvent
-    from agentbox.store.outcomes import Finish, Landed
+from agentbox.store.errors import StorageUnavailable
+from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
 log = get_logger("store")

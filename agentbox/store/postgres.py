@@ -88,7 +88,7 @@ READ_WAIT_SECONDS = 3
 
 
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], recorded in agentbox_schema.
-MIGRATIONS: tuple[str, ...] = tuple(migrations(SQL))
+MIGRATIONS: tuple[str, ...] = tuple(migrations("postgres"))
 
 
 class PgDb:
@@ -251,7 +251,7 @@ class PostgresStore(SqlStore):
     def _open_writer(self) -> None:
         conn = self._connect()
         self._idle.put(conn)
-        migrate_postgres(conn, redact(self.url), SQL)
+        migrate_postgres(conn, redact(self.url), MIGRATIONS)
         self._active = conn.execute(SQL["count_active"]).fetchone()[0]  # type: ignore[index]
         self._counted_at = time.monotonic()
         for _ in range(self.writers - 1):
@@ -583,7 +583,7 @@ def migrate_url(url: str) -> tuple[int, int]:
     """`agentbox migrate` for a PostgreSQL store."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
-            return migrate_postgres(conn, redact(url), SQL)
+            return migrate_postgres(conn, redact(url), MIGRATIONS)
     except psycopg.Error as exc:
         raise StorageUnavailable(f"cannot migrate {redact(url)}: {_reason(exc, url)}") from None
 

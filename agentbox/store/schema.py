@@ -1,14 +1,9 @@
-"""Schema and migrations: version N of the schema is each engine's statement
-`migration_N`, applied in order, one transaction per version (a crash leaves
-the previous version whole). SQLite records the version in PRAGMA
-user_version, PostgreSQL in the agentbox_schema table.
-
-Versions: 1, the tables; 2, the index of waiting runs by age; 3, the events'
-`project` (payload.project_id, NFC), filled for the events already stored;
-4, retention: the archive of removed exports (`project_exports`) and the
-events' `body_removed_at`.
-5, subscriptions (agents' changes to their event types, other programs' webhook
-subscriptions, and the outbox's `subscription_id`).
+"""Schema and migrations: version N of the schema is each engine's file
+`migrations/<engine>/NNN_<what>.sql` (N = NNN), applied in order, one
+transaction per version (a crash leaves the previous version whole). SQLite
+records the version in PRAGMA user_version, PostgreSQL in the agentbox_schema
+table. A file's head says what its version brings; a version once released is
+never edited (databases out there have it applied): a change is a new file.
 """
 
 from __future__ import annotations
@@ -17,6 +12,8 @@ import re
 import sqlite3
 import time
 import unicodedata
+from collections.abc import Sequence
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
 from agentbox.logs import get_logger
@@ -43,21 +40,26 @@ CREATE TABLE IF NOT EXISTS agentbox_schema (
 """
 
 
-def migrations(sql: dict[str, str]) -> list[str]:
-    """An engine's migrations, version 1 first."""
-    numbers = sorted(int(m.group(1)) for name in sql
-                     if (m := re.fullmatch(r"migration_(\d+)", name)))
-    assert numbers == list(range(1, len(numbers) + 1)), numbers
-    return [sql[f"migration_{n}"] for n in numbers]
+_MIGRATION = re.compile(r"(\d{3})_\w+\.sql")
+
+
+def migrations(engine: str) -> list[str]:
+    """An engine's migrations (`sqlite`, `postgres`), version 1 first."""
+    folder = files("agentbox.store").joinpath("migrations", engine)
+    numbered = sorted((int(found[1]), entry) for entry in folder.iterdir()
+                      if (found := _MIGRATION.fullmatch(entry.name)))
+    numbers = [number for number, _ in numbered]
+    assert numbers == list(range(1, len(numbers) + 1)), f"{engine} migrations: {numbers}"
+    return [entry.read_text(encoding="utf-8").strip() for _, entry in numbered]
 
 
 def nfc(text: Any) -> Any:
     return unicodedata.normalize("NFC", text) if isinstance(text, str) else None
 
 
-def migrate_sqlite(conn: sqlite3.Connection, where: str, sql: dict[str, str]) -> tuple[int, int]:
+def migrate_sqlite(conn: sqlite3.Connection, where: str,
+                   steps: Sequence[str]) -> tuple[int, int]:
     """Bring a SQLite database to the newest version this code knows; (from, to)."""
-    steps = migrations(sql)
     version: int = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > len(steps):
         raise SchemaTooNew(where, version, len(steps))
@@ -67,7 +69,7 @@ def migrate_sqlite(conn: sqlite3.Connection, where: str, sql: dict[str, str]) ->
             f"ALTER TABLE {table} ADD COLUMN {column} {kind};\n"
             for table, column, kind in SQLITE_COLUMNS.get(number, ())
             if column not in _columns(conn, table))
-        conn.executescript(f"BEGIN IMMEDIATE;\n{added}{steps[number - 1]};\n"
+        conn.executescript(f"BEGIN IMMEDIATE;\n{added}{steps[number - 1]}\n;\n"
                            f"PRAGMA user_version = {number};\nCOMMIT;")
         log.info("database schema migrated", extra={"version": number, "database": where})
     return version, len(steps)
@@ -78,10 +80,9 @@ def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
 
 
 def migrate_postgres(conn: psycopg.Connection[Any], where: str,
-                     sql: dict[str, str]) -> tuple[int, int]:
+                     steps: Sequence[str]) -> tuple[int, int]:
     """Bring a PostgreSQL database to the newest version; (from, to). Instances
     starting together wait for each other on an advisory lock, so one migrates."""
-    steps = migrations(sql)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         conn.execute(SQL_SCHEMA_TABLE)

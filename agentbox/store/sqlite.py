@@ -46,7 +46,7 @@ log = get_logger("store")
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
 # version 1's tables already; its statements only add what is missing.
-MIGRATIONS: tuple[str, ...] = tuple(migrations(SQL))
+MIGRATIONS: tuple[str, ...] = tuple(migrations("sqlite"))
 
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -466,7 +466,7 @@ class SqliteStore(SqlStore):
 
 def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     """Bring the schema to the newest version this code knows; (from, to)."""
-    return migrate_sqlite(conn, str(path), SQL)
+    return migrate_sqlite(conn, str(path), MIGRATIONS)
 
 
 def reclaimable(conn: sqlite3.Connection, path: Path) -> None:

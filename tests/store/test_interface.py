@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agentbox.store import Store
 from agentbox.store.queries import load, operations, parse
+from agentbox.store.schema import migrations
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentbox"
 # What the rest of agentbox may import of the store: the interface and the choice
@@ -44,6 +45,15 @@ def test_both_engines_define_the_same_statements() -> None:
     assert not any("%(" in text or "SKIP LOCKED" in text for text in sqlite.values())
     assert not any(re.search(r"(?<![:\w]):\w", text) or "INDEXED BY" in text
                    for text in postgres.values())
+
+
+def test_both_engines_have_the_same_migrations_as_numbered_files() -> None:
+    folder = PACKAGE / "store" / "migrations"
+    sqlite, postgres = ([path.name for path in sorted((folder / engine).glob("*.sql"))]
+                        for engine in ("sqlite", "postgres"))
+    assert sqlite == postgres  # version N brings the same on each engine
+    assert [int(name[:3]) for name in sqlite] == list(range(1, len(sqlite) + 1))
+    assert len(migrations("sqlite")) == len(migrations("postgres")) == len(sqlite) >= 5
 
 
 def test_the_statement_file_format() -> None:

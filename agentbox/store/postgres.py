@@ -1,7 +1,7 @@
 """PostgreSQL engine: several agentbox instances share one database.
 
 The operations are the SQLite engine's (the modules by topic); the statements
-are this engine's own (`postgres.sql`). What differs:
+are this engine's own (`queries/postgres/`). What differs:
 
 - Ingests and outcomes of a batch are written set-wise: one statement stores
   all its events (keys, events, runs), one records all its outcomes.
@@ -70,7 +70,7 @@ from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
 from agentbox.store.writer import Batch, Db, Queued, log
 
-SQL = load("postgres.sql")
+SQL = load("postgres")
 
 CHANNEL = "agentbox"
 NOTIFY_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
@@ -110,7 +110,7 @@ class PgDb:
         return list(values)
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
-        """One statement for the batch's events: see `store_events` in postgres.sql."""
+        """One statement for the batch's events: `store_events` (queries/postgres/ingest.sql)."""
         claimed = {row[0] for row in self.run("store_events", _store_parameters(items, now))}
         return [item.env.idempotency_key in claimed for item in items]
 
@@ -122,7 +122,7 @@ class PgDb:
         return found
 
     def finish_runs(self, items: Sequence[Finish]) -> list[Landed | None]:
-        """One statement for the batch's outcomes: see `finish_runs` in postgres.sql."""
+        """One statement for the batch's outcomes: `finish_runs` (queries/postgres/outcomes.sql)."""
         columns: dict[str, list[Any]] = {name: [] for name in (
             "run_ids", "statuses", "next_attempt_ats", "nows", "completed_ats", "results",
             "error_codes", "error_messages", "owners", "attempts")}

@@ -41,7 +41,7 @@ WAL_HELD_CHECKS = 3  # ... and could not be copied back at this many checkpoints
 AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
 
-SQL = load("sqlite.sql")
+SQL = load("sqlite")
 log = get_logger("store")
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], kept in PRAGMA
 # user_version. A database made before versions existed (user_version 0) holds
@@ -52,9 +52,9 @@ _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
 def positional(name: str, order: str) -> str:
-    """Statement `name` of sqlite.sql with its named parameters bound by position, in
-    `order` (a dict costs sqlite3 a look-up per name, on the hot path's every row).
-    The file keeps the names; this checks that `order` names each of them once."""
+    """Statement `name` with its named parameters bound by position, in `order` (a
+    dict costs sqlite3 a look-up per name, on the hot path's every row). The file
+    keeps the names; this checks that `order` names each of them once."""
     names = order.split()
     sql = SQL[name]
     if sorted(set(_PARAMETER.findall(sql))) != sorted(names) or len(set(names)) != len(names):

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from agentbox.store import Store
-from agentbox.store.queries import load, operations, parse
+from agentbox.store.queries import area_files, load, operations, parse
 from agentbox.store.schema import migrations
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentbox"
@@ -37,8 +37,12 @@ def imported(tree: ast.AST) -> set[str]:
 
 
 def test_both_engines_define_the_same_statements() -> None:
-    sqlite, postgres = load("sqlite.sql"), load("postgres.sql")
+    sqlite, postgres = load("sqlite"), load("postgres")
     assert operations(sqlite) == operations(postgres)
+    # ... in files of the same areas, each area the same operations
+    files = {engine: {path.name: operations(parse(path.read_text(encoding="utf-8")))
+                      for path in area_files(engine)} for engine in ("sqlite", "postgres")}
+    assert files["sqlite"] == files["postgres"] and len(files["sqlite"]) >= 8
     assert len(sqlite) > 50 and all(text.strip() for text in (*sqlite.values(),
                                                               *postgres.values()))
     # Each engine in its own words: nothing of the other's dialect.

@@ -1,0 +1,140 @@
+-- The PostgreSQL engine's statements for reads and views (store/reads.py).
+-- Named statements, loaded by agentbox.store.queries; queries/sqlite/reads.sql holds
+-- the same names in SQLite's words.
+
+-- name: get_run
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = %(run_id)s
+
+-- name: list_runs
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk ORDER BY r.run_id DESC LIMIT %(limit)s
+
+-- name: list_runs_by_status
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.status = %(status)s ORDER BY r.run_id DESC LIMIT %(limit)s
+
+-- name: search_runs
+-- {where}: the search_runs.* conditions asked for, joined by AND (or TRUE).
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE {where} ORDER BY r.run_id DESC LIMIT %(limit)s
+
+-- name: search_runs.status
+r.status = %(status)s
+-- name: search_runs.event_type
+e.event_type = %(event_type)s
+-- name: search_runs.agent
+r.agent = %(agent)s
+-- name: search_runs.project
+e.project = %(project)s
+-- name: search_runs.chain
+(e.correlation_id = %(chain)s OR (e.event_id = %(chain)s AND e.correlation_id IS NULL))
+-- name: search_runs.text
+(r.run_id = %(text)s OR e.event_id = %(text)s OR e.correlation_id = %(text)s OR e.project = %(text)s)
+-- name: search_runs.since
+r.accepted_at >= %(since)s
+-- name: search_runs.until
+r.accepted_at < %(until)s
+-- name: search_runs.before
+r.run_id < %(before)s
+-- name: search_runs.not_discarded
+NOT EXISTS (SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id)
+
+-- name: attempts
+SELECT attempt, owner, started_at, finished_at, outcome, error_code, error_message
+FROM attempts WHERE run_id = %(run_id)s ORDER BY attempt
+
+-- name: running_attempt
+SELECT attempt, lease_owner AS owner, attempt_started_at AS started_at FROM runs
+WHERE run_id = %(run_id)s AND status = 'processing'
+
+-- name: run_accepted_at
+SELECT accepted_at FROM runs WHERE run_id = %(run_id)s
+
+-- name: history
+SELECT at, status, attempt, note FROM run_history WHERE run_id = %(run_id)s ORDER BY at
+
+-- name: event_of
+SELECT e.body, e.body_removed_at, e.event_id, e.event_type, e.source, e.received_at
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = %(run_id)s
+
+-- name: discarded
+SELECT reason, at FROM discarded_runs WHERE run_id = %(run_id)s
+
+-- name: status_counts
+-- Runs by state, counted from the status index alone (a million runs: 70 ms here,
+-- against 490 ms when every row was read for its accepted_at), and the oldest
+-- waiting run's acceptance (its age), the first entry of the waiting runs' index.
+SELECT status, count(*) AS runs,
+       (SELECT min(accepted_at) FROM runs
+        WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
+FROM runs GROUP BY status
+
+-- name: finished_counts
+-- floor(): a cast to an integer would round here.
+SELECT floor((completed_at - %(since)s) / %(width)s)::bigint AS slice, count(*) AS runs
+FROM runs WHERE completed_at >= %(since)s GROUP BY 1
+
+-- name: run_notifications
+SELECT * FROM outbox WHERE run_id = %(run_id)s ORDER BY pk
+
+-- name: list_notifications
+SELECT * FROM outbox ORDER BY pk DESC LIMIT %(limit)s
+
+-- name: list_notifications_by_state
+SELECT * FROM outbox WHERE state = %(state)s ORDER BY pk DESC LIMIT %(limit)s
+
+-- name: destinations
+SELECT d.*, (SELECT count(*) FROM outbox o
+             WHERE o.destination = d.destination AND o.state = 'pending') AS pending
+FROM callback_destinations d ORDER BY d.destination
+
+-- name: projects
+-- The latest run of each project (per agent when %(agent)s is given), newest first:
+-- the runs still stored, and those retention removed (project_exports).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT x.*, row_number() OVER (PARTITION BY x.project
+                                   ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
+    FROM (
+        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
+               r.result, false AS archived
+        FROM events e JOIN runs r ON r.event_pk = e.pk
+        WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+        UNION ALL
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               true AS archived
+        FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
+    ) x
+) latest WHERE n = 1
+ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: project_exports
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           false AS archived
+    FROM events e JOIN runs r ON r.event_pk = e.pk
+    WHERE e.project = %(project)s
+    UNION ALL
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+    FROM project_exports WHERE project = %(project)s
+) x
+WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(before_run_id)s::text IS NULL OR (accepted_at, run_id) < (
+       SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = %(before_run_id)s
+       UNION ALL
+       SELECT a.accepted_at, a.run_id FROM project_exports a
+       WHERE a.run_id = %(before_run_id)s
+       LIMIT 1))
+ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+FROM project_exports WHERE run_id = %(run_id)s

@@ -1,0 +1,140 @@
+-- The SQLite engine's statements for reads and views (store/reads.py).
+-- Named statements, loaded by agentbox.store.queries; queries/postgres/reads.sql holds
+-- the same names in PostgreSQL's words.
+
+-- name: get_run
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = :run_id
+
+-- name: list_runs
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk ORDER BY r.run_id DESC LIMIT :limit
+
+-- name: list_runs_by_status
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.status = :status ORDER BY r.run_id DESC LIMIT :limit
+
+-- name: search_runs
+-- {where}: the search_runs.* conditions asked for, joined by AND (or TRUE).
+SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
+       e.idempotency_key, e.project
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE {where} ORDER BY r.run_id DESC LIMIT :limit
+
+-- name: search_runs.status
+r.status = :status
+-- name: search_runs.event_type
+e.event_type = :event_type
+-- name: search_runs.agent
+r.agent = :agent
+-- name: search_runs.project
+e.project = :project
+-- name: search_runs.chain
+(e.correlation_id = :chain OR (e.event_id = :chain AND e.correlation_id IS NULL))
+-- name: search_runs.text
+(r.run_id = :text OR e.event_id = :text OR e.correlation_id = :text OR e.project = :text)
+-- name: search_runs.since
+r.accepted_at >= :since
+-- name: search_runs.until
+r.accepted_at < :until
+-- name: search_runs.before
+r.run_id < :before
+-- name: search_runs.not_discarded
+NOT EXISTS (SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id)
+
+-- name: attempts
+SELECT attempt, owner, started_at, finished_at, outcome, error_code, error_message
+FROM attempts WHERE run_id = :run_id ORDER BY attempt
+
+-- name: running_attempt
+SELECT attempt, lease_owner AS owner, attempt_started_at AS started_at FROM runs
+WHERE run_id = :run_id AND status = 'processing'
+
+-- name: run_accepted_at
+SELECT accepted_at FROM runs WHERE run_id = :run_id
+
+-- name: history
+SELECT at, status, attempt, note FROM run_history WHERE run_id = :run_id ORDER BY at
+
+-- name: event_of
+SELECT e.body, e.body_removed_at, e.event_id, e.event_type, e.source, e.received_at
+FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = :run_id
+
+-- name: discarded
+SELECT reason, at FROM discarded_runs WHERE run_id = :run_id
+
+-- name: status_counts
+-- Runs by state, counted from the status index alone (a million runs: 70 ms here,
+-- against 490 ms when every row was read for its accepted_at), and the oldest
+-- waiting run's acceptance (its age), the first entry of the waiting runs' index.
+SELECT status, count(*) AS runs,
+       (SELECT min(accepted_at) FROM runs INDEXED BY runs_waiting
+        WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
+FROM runs INDEXED BY runs_status GROUP BY status
+
+-- name: finished_counts
+-- CAST truncates toward zero here; the slices start at :since, so none is negative.
+SELECT CAST((completed_at - :since) / :width AS INTEGER) AS slice, count(*) AS runs
+FROM runs INDEXED BY runs_completed
+WHERE completed_at >= :since GROUP BY 1
+
+-- name: run_notifications
+SELECT * FROM outbox INDEXED BY outbox_run WHERE run_id = :run_id ORDER BY pk
+
+-- name: list_notifications
+SELECT * FROM outbox ORDER BY pk DESC LIMIT :limit
+
+-- name: list_notifications_by_state
+SELECT * FROM outbox WHERE state = :state ORDER BY pk DESC LIMIT :limit
+
+-- name: destinations
+SELECT d.*, (SELECT count(*) FROM outbox o INDEXED BY outbox_pending_destination
+             WHERE o.destination = d.destination AND o.state = 'pending') AS pending
+FROM callback_destinations d ORDER BY d.destination
+
+-- name: projects
+-- The latest run of each project (per agent when :agent is given), newest first:
+-- the runs still stored, and those retention removed (project_exports).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT x.*, row_number() OVER (PARTITION BY x.project
+                                   ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
+    FROM (
+        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
+               r.result, 0 AS archived
+        FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
+        WHERE e.project IS NOT NULL AND (:agent IS NULL OR r.agent = :agent)
+        UNION ALL
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               1 AS archived
+        FROM project_exports WHERE :agent IS NULL OR agent = :agent
+    ) x
+) WHERE n = 1
+ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
+
+-- name: project_exports
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           0 AS archived
+    FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
+    WHERE e.project = :project
+    UNION ALL
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+    FROM project_exports WHERE project = :project
+) x
+WHERE (:agent IS NULL OR agent = :agent)
+  AND (:status IS NULL OR status = :status)
+  AND (:before_run_id IS NULL OR (accepted_at, run_id) < (
+       SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = :before_run_id
+       UNION ALL
+       SELECT a.accepted_at, a.run_id FROM project_exports a WHERE a.run_id = :before_run_id
+       LIMIT 1))
+ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+FROM project_exports WHERE run_id = :run_id

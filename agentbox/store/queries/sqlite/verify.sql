@@ -1,0 +1,43 @@
+-- The SQLite engine's statements for integrity checks (agentbox verify, store/verify.py): each returns the offending rows.
+-- Named statements, loaded by agentbox.store.queries; queries/postgres/verify.sql holds
+-- the same names in PostgreSQL's words.
+
+-- name: check_events_without_runs
+SELECT e.event_id FROM events e
+WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.event_pk = e.pk) LIMIT 20
+
+-- name: check_runs_without_event
+SELECT r.run_id FROM runs r
+WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.pk = r.event_pk) LIMIT 20
+
+-- name: check_keys_without_event
+SELECT k.key FROM idempotency_keys k
+WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.pk = k.event_pk) LIMIT 20
+
+-- name: check_unknown_run_states
+SELECT run_id FROM runs WHERE status NOT IN ('accepted', 'processing', 'succeeded',
+    'failed_retryable', 'failed_permanent', 'dead_lettered') LIMIT 20
+
+-- name: check_processing_without_lease
+SELECT run_id FROM runs
+WHERE status = 'processing' AND (lease_owner IS NULL OR lease_expires_at IS NULL) LIMIT 20
+
+-- name: check_waiting_without_time
+SELECT run_id FROM runs
+WHERE status IN ('accepted', 'failed_retryable') AND next_attempt_at IS NULL LIMIT 20
+
+-- name: check_terminal_without_time
+SELECT run_id FROM runs
+WHERE status IN ('succeeded', 'failed_permanent', 'dead_lettered') AND completed_at IS NULL
+LIMIT 20
+
+-- name: check_notifications_without_run
+SELECT o.notification_id FROM outbox o
+WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = o.run_id) LIMIT 20
+
+-- name: check_unknown_delivery_states
+SELECT notification_id FROM outbox WHERE state NOT IN ('pending', 'delivered', 'dead') LIMIT 20
+
+-- name: check_attempts_beyond_run
+SELECT a.run_id FROM attempts a JOIN runs r ON r.run_id = a.run_id
+WHERE a.attempt > r.attempt LIMIT 20

@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from agentbox.store import Store
 from agentbox.store.queries import area_files, load, operations, parse
 from agentbox.store.schema import migrations
@@ -65,6 +67,28 @@ def test_the_statement_file_format() -> None:
                   "SELECT 2\n-- the next section\n")
     assert found == {"a": "-- about a\nSELECT 1", "b.c": "SELECT 2"}
     assert operations(found) == {"a", "b"}
+
+
+def test_a_rule_is_written_once_as_a_part_and_put_in_where_it_is_used() -> None:
+    found = parse("-- part: after(at)\n-- about after\nt > {at}\n\n"
+                  "-- part: kept(at)\nNOT {after(:at)} AND {at} IS NOT NULL\n\n"
+                  "-- name: a\nSELECT 1 WHERE {after(:now)} AND {kept(:then)} AND {where}\n")
+    assert found == {"a": "SELECT 1 WHERE (t > :now) AND (NOT (t > :at) AND :then IS NOT NULL)"
+                          " AND {where}"}
+    with pytest.raises(ValueError, match="no part named before"):
+        parse("-- name: a\nSELECT {before(1)}\n")
+    with pytest.raises(ValueError, match="takes"):
+        parse("-- part: after(at)\nt > {at}\n-- name: a\nSELECT {after()}\n")
+
+
+def test_what_may_be_pruned_is_written_once_per_engine() -> None:
+    for engine in ("sqlite", "postgres"):
+        text = (PACKAGE / "store" / "queries" / engine / "retention.sql").read_text()
+        rule = "r.status IN ('succeeded', 'failed_permanent')"
+        assert text.count(rule) == 1 and text.count("FROM outbox o") == 1, engine
+        statements = load(engine)
+        for name in ("prune_runs.due", "remove_bodies.update", "prune_preview"):
+            assert rule in statements[name], (engine, name)
 
 
 def test_no_module_outside_the_store_sees_an_engine_or_a_connection() -> None:

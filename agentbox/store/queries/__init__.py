@@ -10,6 +10,12 @@ named operation, which that engine writes as several statements. Callers pass
 keyword parameters and name the statement; nothing builds SQL from another
 dialect's text.
 
+A rule several statements of a file share is written once, as a part:
+`-- part: <name>(<argument>, ...)` starts it, and a statement (or another part)
+of the same file says `{<name>(<value>, ...)}` where it belongs; the part's
+`{<argument>}` stand for the values given (`{may_go(:before)}`). A part goes in
+parenthesised, without its head comments.
+
 - SQLite: parameters `:name`. `INDEXED BY` pins the partial index a query must
   use: SQLite only takes a partial index when the query names its condition to
   the letter.
@@ -26,15 +32,39 @@ import re
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
-_NAME = re.compile(r"^-- name: (\S+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|part): (\S+?)(?:\((.*)\))?\s*$", re.MULTILINE)
 _TRAILING_COMMENTS = re.compile(r"(\s*\n--[^\n]*)+\s*$")
+_LEADING_COMMENTS = re.compile(r"^(--[^\n]*\n)+")
+_USE = re.compile(r"\{(\w+)\((.*?)\)\}")
 
 
 def parse(text: str) -> dict[str, str]:
-    """`{name: statement}` from a file's text, in file order."""
-    parts = _NAME.split(text)
-    return {name: _TRAILING_COMMENTS.sub("", body).strip()
-            for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """`{name: statement}` from a file's text, in file order, its parts put in."""
+    blocks = _BLOCK.split(text)
+    statements: dict[str, str] = {}
+    parts: dict[str, tuple[list[str], str]] = {}
+    for kind, name, arguments, body in zip(*(blocks[i::4] for i in range(1, 5)), strict=True):
+        body = _TRAILING_COMMENTS.sub("", body).strip()
+        if kind == "part":
+            names = [word.strip() for word in (arguments or "").split(",") if word.strip()]
+            parts[name] = (names, _LEADING_COMMENTS.sub("", body).strip())
+        else:
+            statements[name] = body
+    return {name: _put_parts(body, parts) for name, body in statements.items()}
+
+
+def _put_parts(text: str, parts: dict[str, tuple[list[str], str]]) -> str:
+    def put(use: re.Match[str]) -> str:
+        name, given = use[1], [value.strip() for value in use[2].split(",") if value.strip()]
+        if name not in parts:
+            raise ValueError(f"no part named {name} in this file")
+        arguments, body = parts[name]
+        if len(given) != len(arguments):
+            raise ValueError(f"the part {name} takes {arguments}, given {given}")
+        for argument, value in zip(arguments, given, strict=True):
+            body = body.replace(f"{{{argument}}}", value)
+        return f"({_put_parts(body, parts)})"
+    return _USE.sub(put, text)
 
 
 def load(engine: str) -> dict[str, str]:

@@ -2,15 +2,36 @@
 -- Named statements, loaded by agentbox.store.queries; queries/sqlite/retention.sql holds
 -- the same names in SQLite's words.
 --
--- A finished run may go once it finished before %(before)s (the retention cutoff):
--- succeeded or failed_permanent, or a dead letter someone discarded before then
--- too (one nobody decided on stays); not while a callback of it is pending, nor
--- while its event's idempotency claim holds (a duplicate must still find it).
+-- What may be pruned is written once, in the parts below: a run may go (may_go)
+-- once nothing holds it (unheld), an event's body once all its runs may go
+-- (body_may_go).
 -- Locks are taken in the order ingest, claims and deliveries take them, and
 -- never waited for: the runs (FOR UPDATE SKIP LOCKED: one being replayed or
 -- delivered for is left to the next pass), then their children, then the
 -- events' claims (SKIP LOCKED: one being claimed again is the new event's), then
 -- the events, which nobody else locks once their runs are gone.
+
+-- part: may_go(cutoff)
+-- A finished run may go once it finished before the cutoff (%(before)s, the
+-- retention cutoff): succeeded or failed_permanent, or a dead letter someone
+-- discarded before the cutoff too (one nobody decided on stays). `r` is the run.
+r.completed_at IS NOT NULL AND r.completed_at < {cutoff}
+AND (r.status IN ('succeeded', 'failed_permanent')
+     OR (r.status = 'dead_lettered' AND EXISTS (
+         SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id AND d.at < {cutoff})))
+
+-- part: unheld()
+-- Not while a callback of the run is pending, nor while its event's idempotency
+-- claim holds (a duplicate must still find it).
+NOT EXISTS (SELECT 1 FROM outbox o WHERE o.run_id = r.run_id AND o.state = 'pending')
+AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
+                ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
+                WHERE k_e.pk = r.event_pk AND k.expires_at > %(now)s)
+
+-- part: body_may_go(event, cutoff)
+-- An event's body may go once every run of it may go by the cutoff (%(before)s,
+-- the body cutoff); `event` is its pk.
+NOT EXISTS (SELECT 1 FROM runs r WHERE r.event_pk = {event} AND NOT {may_go({cutoff})})
 
 -- name: prune_scan
 -- The next finished runs from the cursor, oldest first, at most %(scan)s of them, due
@@ -24,17 +45,7 @@ ORDER BY completed_at, run_id LIMIT %(scan)s
 
 -- name: prune_runs.due
 SELECT r.run_id, r.event_pk FROM runs r
-WHERE r.run_id = ANY(%(ids)s)
-  AND r.completed_at IS NOT NULL AND r.completed_at < %(before)s
-  AND (r.status IN ('succeeded', 'failed_permanent')
-       OR (r.status = 'dead_lettered' AND EXISTS (
-           SELECT 1 FROM discarded_runs d
-           WHERE d.run_id = r.run_id AND d.at < %(before)s)))
-  AND NOT EXISTS (SELECT 1 FROM outbox o
-                  WHERE o.run_id = r.run_id AND o.state = 'pending')
-  AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
-                  ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
-                  WHERE k_e.pk = r.event_pk AND k.expires_at > %(now)s)
+WHERE r.run_id = ANY(%(ids)s) AND {may_go(%(before)s)} AND {unheld()}
 ORDER BY r.run_id FOR UPDATE OF r SKIP LOCKED
 
 -- name: prune_runs.archive
@@ -94,33 +105,17 @@ ORDER BY run_id FOR SHARE SKIP LOCKED
 SELECT event_pk, count(*) FROM runs WHERE event_pk = ANY(%(pks)s) GROUP BY event_pk
 
 -- name: remove_bodies.update
--- A body is blanked once every run of its event may go by %(before)s (the body
--- cutoff); the event's metadata stays, and says when.
+-- The event's metadata stays, and says when its body was blanked.
 UPDATE events e SET body = ''::bytea, body_removed_at = %(now)s
 WHERE e.pk = ANY(%(pks)s) AND e.body_removed_at IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM runs r WHERE r.event_pk = e.pk AND NOT (
-          r.completed_at IS NOT NULL AND r.completed_at < %(before)s
-          AND (r.status IN ('succeeded', 'failed_permanent')
-               OR (r.status = 'dead_lettered' AND EXISTS (
-                   SELECT 1 FROM discarded_runs d
-                   WHERE d.run_id = r.run_id AND d.at < %(before)s)))))
+  AND {body_may_go(e.pk, %(before)s)}
 
 -- name: prune_preview
 -- What a prune would remove now, per table (agentbox prune --dry-run).
 WITH due AS (
     SELECT r.run_id, r.event_pk, e.project FROM runs r
     JOIN events e ON e.pk = r.event_pk
-    WHERE r.completed_at IS NOT NULL AND r.completed_at < %(before)s
-      AND (r.status IN ('succeeded', 'failed_permanent')
-       OR (r.status = 'dead_lettered' AND EXISTS (
-           SELECT 1 FROM discarded_runs d
-           WHERE d.run_id = r.run_id AND d.at < %(before)s)))
-  AND NOT EXISTS (SELECT 1 FROM outbox o
-                  WHERE o.run_id = r.run_id AND o.state = 'pending')
-  AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
-                  ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
-                  WHERE k_e.pk = r.event_pk AND k.expires_at > %(now)s)
+    WHERE {may_go(%(before)s)} AND {unheld()}
 ), gone AS (
     SELECT DISTINCT event_pk AS pk FROM due
     WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.event_pk = due.event_pk
@@ -142,13 +137,7 @@ SELECT (SELECT count(*) FROM due) AS runs,
        (SELECT count(*) FROM events e
         WHERE e.body_removed_at IS NULL AND e.received_at < %(bodies_before)s
           AND e.pk NOT IN (SELECT pk FROM gone)
-          AND NOT EXISTS (
-      SELECT 1 FROM runs r WHERE r.event_pk = e.pk AND NOT (
-          r.completed_at IS NOT NULL AND r.completed_at < %(bodies_before)s
-          AND (r.status IN ('succeeded', 'failed_permanent')
-               OR (r.status = 'dead_lettered' AND EXISTS (
-                   SELECT 1 FROM discarded_runs d
-                   WHERE d.run_id = r.run_id AND d.at < %(bodies_before)s)))))) AS bodies
+          AND {body_may_go(e.pk, %(bodies_before)s)}) AS bodies
 
 -- name: reclaim_space
 -- PostgreSQL's autovacuum makes the space of removed rows reusable by itself.

@@ -2,11 +2,34 @@
 -- Named statements, loaded by agentbox.store.queries; queries/postgres/retention.sql holds
 -- the same names in PostgreSQL's words.
 --
--- A finished run may go once it finished before :before (the retention cutoff):
--- succeeded or failed_permanent, or a dead letter someone discarded before :before
--- too (one nobody decided on stays); not while a callback of it is pending, nor
--- while its event's idempotency claim holds (a duplicate must still find it).
--- Each step names the runs by :ids and their events by :pks (JSON arrays).
+-- What may be pruned is written once, in the parts below: a run may go (may_go)
+-- once nothing holds it (unheld), an event's body once all its runs may go
+-- (body_may_go). Each step names the runs by :ids and their events by :pks (JSON
+-- arrays).
+
+-- part: may_go(cutoff)
+-- A finished run may go once it finished before the cutoff (:before, the retention
+-- cutoff): succeeded or failed_permanent, or a dead letter someone discarded before
+-- the cutoff too (one nobody decided on stays). `r` is the run.
+r.completed_at IS NOT NULL AND r.completed_at < {cutoff}
+AND (r.status IN ('succeeded', 'failed_permanent')
+     OR (r.status = 'dead_lettered' AND EXISTS (
+         SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id AND d.at < {cutoff})))
+
+-- part: unheld()
+-- Not while a callback of the run is pending, nor while its event's idempotency
+-- claim holds (a duplicate must still find it).
+NOT EXISTS (SELECT 1 FROM outbox o INDEXED BY outbox_pending_run
+            WHERE o.run_id = r.run_id AND o.state = 'pending')
+AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
+                ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
+                WHERE k_e.pk = r.event_pk AND k.expires_at > :now)
+
+-- part: body_may_go(event, cutoff)
+-- An event's body may go once every run of it may go by the cutoff (:before, the
+-- body cutoff); `event` is its pk.
+NOT EXISTS (SELECT 1 FROM runs r INDEXED BY runs_event
+            WHERE r.event_pk = {event} AND NOT {may_go({cutoff})})
 
 -- name: prune_scan
 -- The next finished runs from the cursor (:after_at, :after_id), oldest first, at
@@ -20,15 +43,7 @@ ORDER BY completed_at, run_id LIMIT :scan
 -- name: prune_runs.due
 -- CROSS JOIN: the runs named, one primary-key step each (not every run of a status).
 SELECT r.run_id, r.event_pk FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
-WHERE r.completed_at IS NOT NULL AND r.completed_at < :before
-  AND (r.status IN ('succeeded', 'failed_permanent')
-       OR (r.status = 'dead_lettered' AND EXISTS (
-           SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id AND d.at < :before)))
-  AND NOT EXISTS (SELECT 1 FROM outbox o INDEXED BY outbox_pending_run
-                  WHERE o.run_id = r.run_id AND o.state = 'pending')
-  AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
-                  ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
-                  WHERE k_e.pk = r.event_pk AND k.expires_at > :now)
+WHERE {may_go(:before)} AND {unheld()}
 
 -- name: prune_runs.archive
 -- What the project pages read of a run, kept after it goes.
@@ -84,32 +99,17 @@ SELECT event_pk, count(*) FROM runs WHERE event_pk IN (SELECT value FROM json_ea
 GROUP BY event_pk
 
 -- name: remove_bodies.update
--- A body is blanked once every run of its event may go by :before (the body
--- cutoff); the event's metadata stays, and says when.
+-- The event's metadata stays, and says when its body was blanked.
 UPDATE events SET body = X'', body_removed_at = :now
 WHERE pk IN (SELECT value FROM json_each(:pks)) AND body_removed_at IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM runs r INDEXED BY runs_event WHERE r.event_pk = events.pk AND NOT (
-          r.completed_at IS NOT NULL AND r.completed_at < :before
-          AND (r.status IN ('succeeded', 'failed_permanent')
-               OR (r.status = 'dead_lettered' AND EXISTS (
-                   SELECT 1 FROM discarded_runs d
-                   WHERE d.run_id = r.run_id AND d.at < :before)))))
+  AND {body_may_go(events.pk, :before)}
 
 -- name: prune_preview
 -- What a prune would remove now, per table (agentbox prune --dry-run).
 WITH due AS (
     SELECT r.run_id, r.event_pk, e.project FROM runs r INDEXED BY runs_completed
     JOIN events e ON e.pk = r.event_pk
-    WHERE r.completed_at IS NOT NULL AND r.completed_at < :before
-      AND (r.status IN ('succeeded', 'failed_permanent')
-       OR (r.status = 'dead_lettered' AND EXISTS (
-           SELECT 1 FROM discarded_runs d WHERE d.run_id = r.run_id AND d.at < :before)))
-  AND NOT EXISTS (SELECT 1 FROM outbox o INDEXED BY outbox_pending_run
-                  WHERE o.run_id = r.run_id AND o.state = 'pending')
-  AND NOT EXISTS (SELECT 1 FROM events k_e JOIN idempotency_keys k
-                  ON k.key = k_e.idempotency_key AND k.event_pk = k_e.pk
-                  WHERE k_e.pk = r.event_pk AND k.expires_at > :now)
+    WHERE {may_go(:before)} AND {unheld()}
 ), gone AS (
     SELECT DISTINCT event_pk AS pk FROM due
     WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.event_pk = due.event_pk
@@ -131,13 +131,7 @@ SELECT (SELECT count(*) FROM due) AS runs,
        (SELECT count(*) FROM events e INDEXED BY events_with_body
         WHERE e.body_removed_at IS NULL AND e.received_at < :bodies_before
           AND e.pk NOT IN (SELECT pk FROM gone)
-          AND NOT EXISTS (
-      SELECT 1 FROM runs r INDEXED BY runs_event WHERE r.event_pk = e.pk AND NOT (
-          r.completed_at IS NOT NULL AND r.completed_at < :bodies_before
-          AND (r.status IN ('succeeded', 'failed_permanent')
-               OR (r.status = 'dead_lettered' AND EXISTS (
-                   SELECT 1 FROM discarded_runs d
-                   WHERE d.run_id = r.run_id AND d.at < :bodies_before)))))) AS bodies
+          AND {body_may_go(e.pk, :bodies_before)}) AS bodies
 
 -- name: reclaim_space
 -- One free page back to the file system (auto_vacuum = INCREMENTAL): the driver

@@ -17,7 +17,7 @@ from typing import Any
 from agentbox.cli import main
 from agentbox.engine import dispatcher
 from agentbox.store import sqlite
-from agentbox.store.outcomes import Landed
+from agentbox.store.records import Landed
 
 FLOORS = {name for name in os.environ.get("BENCH_FLOOR", "").split(",") if name}
 KNOWN = {"no-sql", "no-runs"}

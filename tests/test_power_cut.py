@@ -29,23 +29,14 @@ from tests.support.powercut import (
     BROKEN_COMMIT_SITE,
     Disk,
     PowerCuts,
-    fuse_missing,
     server_log,
+    skip_or_fail_without_fuse,
 )
-
-REQUIRE_ENV = "AGENTBOX_TEST_REQUIRE_FUSE"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def fuse_here() -> None:
-    """Skip without FUSE (not Linux, no /dev/fuse, no fusermount3, no mfusepy), or
-    fail when AGENTBOX_TEST_REQUIRE_FUSE=1, as CI should."""
-    missing = fuse_missing()
-    if missing and os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
-        pytest.fail(f"{REQUIRE_ENV}=1 makes a missing FUSE a failure: {missing}",
-                    pytrace=False)
-    if missing:
-        pytest.skip(missing)
+    skip_or_fail_without_fuse()
 
 
 PAGE = 4096

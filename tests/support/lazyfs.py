@@ -21,12 +21,19 @@ file, mkdir, rmdir, and file attributes (mode, times). A file created and
 never fsynced therefore survives a cut empty (or at its last synced size).
 Torn pages are not modelled either: a page is either written or lost whole.
 
+The disk may also be small: `room N` makes it full once files have grown by N
+more bytes (a write that would grow a file past that fails with ENOSPC, as on
+a full disk; rewriting what a file already holds still works), `room none`
+takes the limit away again. The space is the files' sizes, counted as they
+grow, shrink and go.
+
 Run it as a process; its stdin is the control channel. A line `cut` freezes
 and discards now; `arm SUFFIX N` cuts right after the N-th write (from now on)
 to a file whose name ends with SUFFIX, e.g. between a WAL write and its fsync.
 At its cut it prints one JSON line with the figures (pages discarded per file
-name, fsyncs seen per file name); a second `cut` prints them again. Unmount
-with `fusermount3 -u`.
+name, fsyncs seen per file name); a second `cut` prints them again. `room`
+answers one JSON line with the space used and the capacity. Unmount with
+`fusermount3 -u`.
 
     python -m tests.support.lazyfs BACKING_DIR MOUNT_POINT
 """
@@ -139,6 +146,9 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         self.fsyncs: Counter[str] = Counter()
         self.last_cut: dict[str, Any] | None = None
         self.armed: tuple[str, int] | None = None  # (name suffix, writes left before the cut)
+        self.used = sum(entry.stat().st_size for entry in backing.rglob("*")
+                        if entry.is_file())  # bytes the files hold
+        self.capacity: int | None = None  # past it, ENOSPC
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -179,6 +189,29 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         with `suffix` (e.g. between a WAL write and its fsync)."""
         with self.mutex:
             self.armed = (suffix, writes)
+
+    def room(self, more: int | None) -> dict[str, Any]:
+        """Full once the files grow by `more` bytes from now (None: never full)."""
+        with self.mutex:
+            self.capacity = None if more is None else self.used + more
+            return {"used": self.used, "capacity": self.capacity}
+
+    def _grow(self, node: Node, size: int) -> None:
+        """Count a file going to `size` bytes; past the capacity, ENOSPC (and nothing
+        of the write is taken)."""
+        more = size - node.size
+        if more > 0 and self.capacity is not None and self.used + more > self.capacity:
+            raise fuse.FuseOSError(errno.ENOSPC)
+        self.used += more
+
+    def _size(self, path: str) -> int:
+        node = self.nodes.get(path)
+        if node is not None:
+            return node.size
+        try:
+            return os.lstat(self._real(path)).st_size
+        except OSError:
+            return 0
 
     def _cut(self) -> dict[str, Any]:
         if self.last_cut is None:
@@ -247,14 +280,21 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         with self.mutex:
             self._check()
             st = os.statvfs(self._real(path))
-            return {key: getattr(st, key) for key in (
+            found = {key: getattr(st, key) for key in (
                 "f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
                 "f_files", "f_flag", "f_frsize", "f_namemax")}
+            if self.capacity is not None:  # the small disk's own figures
+                found["f_blocks"] = self.capacity // st.f_frsize
+                found["f_bfree"] = found["f_bavail"] = max(
+                    0, self.capacity - self.used) // st.f_frsize
+            return found
 
     def unlink(self, path: str) -> int:
         with self.mutex:
             self._check()
+            size = self._size(path)
             self._os(os.unlink, self._real(path))
+            self.used -= size
             node = self.nodes.pop(path, None)
             if node is not None and node.handles == 0:
                 os.close(node.fd)
@@ -263,7 +303,9 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
     def rename(self, old: str, new: str) -> int:
         with self.mutex:
             self._check()
+            size = self._size(new) if os.path.isfile(self._real(new)) else 0
             self._os(os.rename, self._real(old), self._real(new))
+            self.used -= size
             replaced = self.nodes.pop(new, None)
             if replaced is not None and replaced.handles == 0:
                 os.close(replaced.fd)
@@ -301,6 +343,7 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
                 raise fuse.FuseOSError(errno.ENOENT)
             node = self._node(path)
             if flags & os.O_TRUNC:
+                self._grow(node, 0)
                 node.truncate(0)
             return self._handle(node)
 
@@ -312,7 +355,9 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self.mutex:
             self._check()
-            self.handles[fh].write(data, offset)
+            node = self.handles[fh]
+            self._grow(node, max(node.size, offset + len(data)))
+            node.write(data, offset)
             if self.armed is not None and path.endswith(self.armed[0]):
                 suffix, left = self.armed
                 self.armed = (suffix, left - 1) if left > 1 else None
@@ -324,6 +369,7 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]
         with self.mutex:
             self._check()
             node = self.handles[fh] if fh is not None else self._node(path)
+            self.used += length - node.size  # a sparse extension takes no room: never full
             node.truncate(length)
             if fh is None:
                 self._forget(path)
@@ -369,6 +415,8 @@ def _control(fs: LazyFS) -> None:
             _say(fs.cut())
         elif len(words) == 3 and words[0] == "arm":
             fs.arm(words[1], int(words[2]))
+        elif len(words) == 2 and words[0] == "room":
+            _say(fs.room(None if words[1] == "none" else int(words[1])))
 
 
 def main() -> None:

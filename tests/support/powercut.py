@@ -40,19 +40,35 @@ BROKEN_COMMIT_SITE = Path(__file__).resolve().parent / "broken_commit"
 MOUNT_SECONDS = 20.0
 
 
+REQUIRE_FUSE_ENV = "AGENTBOX_TEST_REQUIRE_FUSE"
+
+
 def fuse_missing() -> str | None:
     """Why lazyfs cannot run here, or None."""
     if not sys.platform.startswith("linux"):
-        return "the power-cut test needs FUSE (Linux)"
+        return "the lazyfs tests (power cut, full disk) need FUSE (Linux)"
     if not os.path.exists("/dev/fuse"):
-        return "the power-cut test needs /dev/fuse"
+        return "the lazyfs tests (power cut, full disk) need /dev/fuse"
     if shutil.which("fusermount3") is None:
-        return "the power-cut test needs fusermount3 (apt-get install fuse3)"
+        return "the lazyfs tests (power cut, full disk) need fusermount3 (apt-get install fuse3)"
     try:
         import mfusepy  # type: ignore[import-untyped]  # noqa: F401
     except (ImportError, OSError) as exc:
-        return f"the power-cut test needs mfusepy and libfuse3 ({exc})"
+        return f"the lazyfs tests (power cut, full disk) need mfusepy and libfuse3 ({exc})"
     return None
+
+
+def skip_or_fail_without_fuse() -> None:
+    """Skip without FUSE (not Linux, no /dev/fuse, no fusermount3, no mfusepy), or
+    fail when AGENTBOX_TEST_REQUIRE_FUSE=1, as CI should."""
+    import pytest  # only here: scripts/powercut.py runs without it
+
+    missing = fuse_missing()
+    if missing and os.environ.get(REQUIRE_FUSE_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_FUSE_ENV}=1 makes a missing FUSE a failure: {missing}",
+                    pytrace=False)
+    if missing:
+        pytest.skip(missing)
 
 
 class Disk:
@@ -93,6 +109,12 @@ class Disk:
     def arm(self, suffix: str, writes: int) -> None:
         """Cut right after the `writes`-th write to a file whose name ends with `suffix`."""
         self._send(f"arm {suffix} {writes}")
+
+    def room(self, more: int | None) -> dict[str, Any]:
+        """Make the disk full once its files grow by `more` bytes (None: never);
+        answers the space used and the capacity."""
+        self._send(f"room {'none' if more is None else more}")
+        return self._figures()
 
     def wait_cut(self, timeout: float) -> dict[str, Any] | None:
         """The figures of the cut an `arm` made, or None if it has not come in `timeout`."""

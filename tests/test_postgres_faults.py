@@ -3,7 +3,8 @@
 A real `agentbox serve` on a real PostgreSQL database: when the database turns
 read-only (as a full or failing server does: every write is refused), the
 receiver answers 503 with Retry-After and stores nothing, /healthz and the page
-say why, and once writes are allowed again it recovers by itself. The password
+say why, the log says so once, and once writes are allowed again it recovers by
+itself (and says so). The password
 in AGENTBOX_DATABASE_URL appears in no log line, answer or error.
 """
 
@@ -24,6 +25,8 @@ from tests.postgres import database_name
 
 pytestmark = pytest.mark.postgres
 PASSWORD = "db-password-7c1f0e9a"  # the test server trusts local users: any password works
+CANNOT = '"msg": "the store cannot take writes'  # the log lines that say when and until when
+AGAIN = '"msg": "the store takes writes again"'
 
 
 def with_password(url: str) -> str:
@@ -66,10 +69,15 @@ def test_a_read_only_database_answers_503_and_recovers(
     assert "read-only" in health.json()["reason"] or "ReadOnly" in health.json()["reason"]
     assert "Events cannot be stored" in server.client.get("/").text
 
+    assert server.log_path.read_text().count(CANNOT) == 1  # said once, not per request
+
     set_read_only(postgres_admin_url, postgres_url, False)
     again = wait_until(lambda: (r := server.post(make_event())).status_code == 202 and r,
                        20, "writes to be taken again")
     wait_until(lambda: server.client.get("/healthz").status_code == 200, 20, "health")
+    wait_until(lambda: server.post(make_event()).status_code == 202
+               and AGAIN in server.log_path.read_text(), 20, "the log to say so", interval=0.2)
+    assert server.log_path.read_text().count(CANNOT) == 1
     for run_id in (first.json()["run_id"], again.json()["run_id"]):
         assert server.wait_terminal(run_id)["status"] == "succeeded"
     runs = server.client.get("/runs", params={"limit": 500}).json()["runs"]

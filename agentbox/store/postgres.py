@@ -76,7 +76,6 @@ CHANNEL = "agentbox"
 NOTIFY_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
 ACTIVE_RECOUNT_SECONDS = 1.0  # other instances change the count of unfinished runs
 BATCH_TRIES = 5
-PROBE_INTERVAL_SECONDS = 1.0
 # A real write (a new row version, WAL to flush) that changes nothing.
 SQL_PROBE = "UPDATE agentbox_schema SET applied_at = applied_at WHERE version = 1"
 WRITERS = 2
@@ -209,7 +208,6 @@ class PostgresStore(SqlStore):
         self._listener: threading.Thread | None = None
         self._stop_listening = threading.Event()
         self._counted_at = 0.0
-        self._probed_at = 0.0
 
     @property
     def description(self) -> str:
@@ -305,10 +303,10 @@ class PostgresStore(SqlStore):
             results, state = await loop.run_in_executor(self._executor, self._commit_sync,
                                                         ordered)
         except psycopg.Error as exc:
-            self.healthy, self.last_error = False, f"storage unavailable: {self._reason(exc)}"
-            return [(False, StorageUnavailable(self.last_error))] * len(batch)
+            error = self._refused(f"storage unavailable: {self._reason(exc)}")
+            return [(False, error)] * len(batch)
         if any(queued.durable for queued in batch):  # as in SQLite: these vouch for health
-            self.healthy, self.last_error = True, None
+            self._took_writes()
         if state.outbox_ready:
             for listener in self.outbox_listeners:
                 listener()
@@ -460,20 +458,9 @@ class PostgresStore(SqlStore):
     def _reason(self, exc: BaseException) -> str:
         return _reason(exc, self.url)
 
-    async def probe(self) -> None:
-        """When unhealthy: try a small durable write, at most once a second. An idle
-        instance (a balancer sends it nothing while /healthz says 503) thus finds
-        out by itself that the database takes writes again."""
-        if self.healthy or time.monotonic() - self._probed_at < PROBE_INTERVAL_SECONDS:
-            return
-        self._probed_at = time.monotonic()
-
-        def op(db: Db, state: Batch) -> None:
-            assert isinstance(db, PgDb)
-            db.conn.execute(SQL_PROBE)
-
-        with contextlib.suppress(StorageUnavailable):
-            await self._write(op)
+    def _probe_write(self, db: Db, state: Batch) -> None:
+        assert isinstance(db, PgDb)
+        db.conn.execute(SQL_PROBE)
 
     # -- LISTEN ---------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,7 +31,7 @@ from agentbox.store.records import Finish, Landed, NewEvent
 from agentbox.store.schema import migrate_sqlite, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Operation, Queued
+from agentbox.store.writer import Batch, Db, Operation, Queued
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # A WAL that grew past this size without starting over (under load it starts over
@@ -40,6 +41,8 @@ WAL_WARN_BYTES = 64 * 1024 * 1024
 WAL_HELD_CHECKS = 3  # ... and could not be copied back at this many checkpoints in a row
 AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 WRITER_CACHE_KIB = 32 * 1024
+# After the disk was full, the store takes writes again once this much is free.
+PROBE_ROOM_BYTES = 1024 * 1024
 
 SQL = load("sqlite")
 log = get_logger("store")
@@ -363,11 +366,10 @@ class SqliteStore(SqlStore):
                 conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:
             _rollback(conn)
-            self.healthy, self.last_error = False, _storage_reason(exc)
-            error = StorageUnavailable(self.last_error)
+            error = self._refused(_storage_reason(exc))
             return [(False, error)] * len(batch)
         if durable:  # a claim fits where an event may not: only durable writes vouch
-            self.healthy, self.last_error = True, None
+            self._took_writes()
         if conn.total_changes != changes:
             self._written.set()
         if state.outbox_ready:
@@ -394,10 +396,23 @@ class SqliteStore(SqlStore):
         promise what a restart loses: unhealthy, for good."""
         if _file_identity(self.path) == self._identity:
             return True
-        self.healthy = False
-        self.last_error = (f"storage unavailable: the database file {self.path} was "
-                           "removed or replaced; restart agentbox")
+        self._refused(f"storage unavailable: the database file {self.path} was removed or "
+                      "replaced; restart agentbox")
         return False
+
+    def _probe_write(self, db: Db, state: Batch) -> None:
+        """Room for events again, and the schema version written again (one page to
+        the WAL, and its fsync). A page fits where an event may not (the WAL's unused
+        end, a database at its max_page_count): the room is looked at first."""
+        assert isinstance(db, SqliteDb)
+        conn = db.conn
+        pages, most = (conn.execute(f"PRAGMA {name}").fetchone()[0]
+                       for name in ("page_count", "max_page_count"))
+        if (shutil.disk_usage(self.path.parent).free < PROBE_ROOM_BYTES
+                or pages + PROBE_ROOM_BYTES // self._page_size > most):
+            raise sqlite3.OperationalError("database or disk is full")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version = {int(version)}")
 
     def look_around(self) -> None:
         """/healthz and the page learn of a removed file before any write does."""

@@ -5,13 +5,15 @@ its statements (`sql`), `_commit`, and `_rows`/`_slow_rows`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from agentbox.events import Event
 from agentbox.store import claims, maintenance, outbox, retention, subscriptions
-from agentbox.store.errors import RunNotFound, SubscriptionNotFound
+from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionNotFound
 from agentbox.store.ingest import received
 from agentbox.store.interface import Store
 from agentbox.store.outcomes import finish
@@ -28,7 +30,12 @@ from agentbox.store.records import (
     Verification,
 )
 from agentbox.store.views import SubscriptionView
-from agentbox.store.writer import GroupCommit
+from agentbox.store.writer import Batch, Db, GroupCommit, log
+
+PROBE_INTERVAL_SECONDS = 1.0
+# A full disk still takes a small write now and then (into room a failed one left):
+# the store has taken writes again once none failed for this long.
+SETTLED_SECONDS = 2.0
 
 
 class SqlStore(Reads, GroupCommit, Store):
@@ -42,10 +49,56 @@ class SqlStore(Reads, GroupCommit, Store):
         self.notification_delay = notification_delay  # before a callback's first attempt
         self._active = 0  # runs not yet terminal, as of the last commit
         self._stats_future = None
+        self._probed_at = 0.0
+        self._refusing_since: float | None = None  # when writes began to fail (monotonic)
+        self._refused_at = 0.0  # the last failure
+        self._refusals = 0  # write batches refused since
 
     @property
     def description(self) -> str:
         return self.engine
+
+    # -- health: whether the storage takes writes --------------------------------------
+
+    def _refused(self, reason: str) -> StorageUnavailable:
+        """A write failed for the storage's sake (disk full, database gone): unhealthy
+        until a durable write commits again. Said in the log once, as it starts, not
+        for every request refused meanwhile."""
+        now = time.monotonic()
+        if self._refusing_since is None:
+            log.warning("the store cannot take writes; events are refused (503) until it "
+                        "can again", extra={"reason": reason, "database": self.description})
+            self._refusing_since, self._refusals = now, 0
+        self._refused_at = now
+        self._refusals += 1
+        self.healthy, self.last_error = False, reason
+        return StorageUnavailable(reason)
+
+    def _took_writes(self) -> None:
+        """A durable write committed: healthy. Said in the log once writes have stopped
+        failing (SETTLED_SECONDS), not at each write that fits between failures."""
+        self.healthy, self.last_error = True, None
+        since = self._refusing_since
+        if since is not None and time.monotonic() - self._refused_at >= SETTLED_SECONDS:
+            log.warning("the store takes writes again", extra={
+                "database": self.description, "refused_batches": self._refusals,
+                "seconds": round(self._refused_at - since, 1)})
+            self._refusing_since = None
+
+    async def probe(self) -> None:
+        """When unhealthy: try a small durable write, at most once a second. An idle
+        instance (a balancer sends it nothing while /healthz says 503) thus finds
+        out by itself that the database takes writes again."""
+        self.look_around()
+        if self.healthy or time.monotonic() - self._probed_at < PROBE_INTERVAL_SECONDS:
+            return
+        self._probed_at = time.monotonic()
+        with contextlib.suppress(StorageUnavailable):
+            await self._write(self._probe_write)
+
+    def _probe_write(self, db: Db, state: Batch) -> None:
+        """The smallest write that needs room on the disk and is flushed to it."""
+        raise NotImplementedError
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 

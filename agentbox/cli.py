@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,12 @@ from agentbox.client import (
     Refused,
     Unreachable,
     build_event,
+    content_id,
+    export_event,
     find_url,
 )
+from agentbox.events import project_name
+from agentbox.review.present import mix_name
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -261,11 +266,12 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("event_type", required=False)
+@click.argument("event_type", metavar="[FILE | EVENT_TYPE]", required=False)
 @click.argument("fields", nargs=-1)
 @click.option("--type", "type_option", default=None,
               help="The event type (instead of the first argument).")
-@click.option("--project", default=None, help="payload.project_id")
+@click.option("--project", default=None,
+              help="payload.project_id (for a FILE: default, the file's name).")
 @click.option("--mix", type=click.Path(path_type=Path), default=None,
               help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
@@ -273,7 +279,8 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
               help="Give a stable id (e.g. from the file) so that sending again is a "
-                   "duplicate, not a new run. Default: a new random id.")
+                   "duplicate, not a new run. Default: a new random id; for a FILE, one "
+                   "from its content.")
 @click.option("--payload", "payload_json", default=None, help="The payload as JSON.")
 @click.option("--callback-url", default=None)
 @click.option("--file", "event_file", type=click.File("rb"), default=None,
@@ -284,81 +291,199 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               help="Follow the run to its end and print the review (verdict, figures, notes).")
 @click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
 @click.option("--json", "as_json", is_flag=True,
-              help="With --wait: print agentbox's answer and the finished run as JSON.")
+              help="Print agentbox's answer as JSON (with --wait: then the finished run).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
          project: str | None, mix: Path | None, profile: str | None, url: str | None,
          source: str, event_id: str | None, payload_json: str | None,
          callback_url: str | None, event_file: Any, retries: int, wait: bool,
          wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
-    """Sign and POST an event, e.g. from an export script:
+    """Send a mix for review, or sign and POST any event (from an export script):
 
     \b
+        agentbox send night-drive.wav --wait
         agentbox send --type session.exported --project night-drive --mix ./mix.wav
         agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
 
-    Prints agentbox's answer (JSON); with --wait, then the review for people
-    (--json: the finished run as JSON). The project name is kept in Unicode NFC,
-    as `watch` keeps a file's name, so both name one project alike.
+    A FILE (no --type) is reviewed: a session.exported for it, its project named
+    after the file as `watch` names it (or --project), its id from its content (the
+    same file sent again is a duplicate, and answers the first review). Said for
+    people; with an event type, agentbox's answer is printed as JSON, for scripts.
+    With --wait the review is printed once finished (Ctrl-C stops waiting; the
+    review goes on); --json prints the answer and the finished run as JSON. The
+    project name is kept in Unicode NFC, as `watch` keeps a file's name.
 
     Exit status: 0 stored (or already stored; with --wait: succeeded), 1 refused,
     3 agentbox unreachable or busy after the retries, 4 the run failed (--wait),
-    5 the run was not finished in time (--wait).
+    5 the run was not finished in time (--wait), 130 stopped with Ctrl-C.
     """
-    if event_file is not None:
-        body = event_file.read()
+    mix_file = _mix_to_review(event_type, type_option, event_file)
+    if mix_file is not None:
+        if mix is not None:
+            raise click.UsageError("give the file to review once: as FILE or as --mix")
+        payload = {**_parse_fields(fields), **({"profile": profile} if profile else {})}
+        event = export_event(mix_file, event_id or _content_id(mix_file), project, source,
+                             **payload)
+    elif event_file is not None:
+        event = None
     else:
-        event_type = type_option or event_type
-        if not event_type:
-            raise click.UsageError("give the event type (--type, or the first argument) or "
-                                   "--file")
-        payload = _parse_fields(fields)
-        if payload_json:
-            try:
-                payload.update(json.loads(payload_json))
-            except (json.JSONDecodeError, TypeError, ValueError) as exc:
-                raise click.BadParameter(f"not a JSON object: {exc}",
-                                         param_hint="--payload") from None
-        from agentbox.events import project_name
-
-        for key, value in (("project_id", None if project is None else project_name(project)),
-                           ("profile", profile),
-                           ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
-            if value is not None:
-                payload[key] = value
-        event = build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
-                            callback_url)
-        body = json.dumps(event, separators=(",", ":")).encode()
+        event = _typed_event(type_option or event_type, fields, project, mix, profile,
+                             source, event_id, payload_json, callback_url)
+    body = event_file.read() if event is None else json.dumps(
+        event, separators=(",", ":")).encode()
+    sent = Sent(mix_file.name if mix_file else _named(event), _reviewed(event),
+                for_people=mix_file is not None and not as_json)
     with _client(url, config_file) as box:
-        answer = _deliver(box, body, retries)
-        click.echo(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
+        answer = _deliver(box, body, retries, sent.for_people)
         if wait:
-            _wait_and_tell(box, answer["run_id"], wait_timeout, as_json)
+            _wait_and_tell(box, answer, wait_timeout, as_json, sent)
+        else:
+            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
 
 
-def _deliver(box: Client, body: bytes, retries: int) -> dict[str, Any]:
-    """agentbox's answer to `body`; a refusal printed as it came (exit status 1),
-    unavailable after the retries exit status 3 (the retries said why)."""
+def _mix_to_review(first: str | None, type_option: str | None,
+                   event_file: Any) -> Path | None:
+    """The FILE of `agentbox send FILE`: the first argument when no --type or --file
+    is given and it names a file (or a name an audio file would have)."""
+    from agentbox.desktop.watch import AUDIO_SUFFIXES
+
+    if first is None or type_option is not None or event_file is not None:
+        return None
+    path = Path(first).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix.lower() in AUDIO_SUFFIXES or "/" in first or "\\" in first:
+        raise click.BadParameter(f"there is no file at {terminal.line(path)}",
+                                 param_hint="FILE")
+    return None
+
+
+def _content_id(path: Path) -> str:
+    try:
+        return content_id(path, path.stat().st_size)
+    except OSError as exc:
+        raise click.BadParameter(f"{terminal.line(path)} cannot be read: {exc.strerror}",
+                                 param_hint="FILE") from None
+
+
+def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str | None,
+                 mix: Path | None, profile: str | None, source: str, event_id: str | None,
+                 payload_json: str | None, callback_url: str | None) -> dict[str, Any]:
+    """The event of `agentbox send EVENT_TYPE key=value ...` (and --type, --payload)."""
+    if not event_type:
+        raise click.UsageError("give a file to review, or the event type (--type, or the "
+                               "first argument), or --file")
+    payload = _parse_fields(fields)
+    if payload_json:
+        try:
+            payload.update(json.loads(payload_json))
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise click.BadParameter(f"not a JSON object: {exc}",
+                                     param_hint="--payload") from None
+    for key, value in (("project_id", None if project is None else project_name(project)),
+                       ("profile", profile),
+                       ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
+        if value is not None:
+            payload[key] = value
+    return build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
+                       callback_url)
+
+
+REVIEWED_EVENTS = ("session.exported", "mix.review_requested")
+
+
+def _named(event: dict[str, Any] | None) -> str | None:
+    """The name of the file an event names (its mix_url's), if any."""
+    payload = event.get("payload") if event else None
+    mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
+    return terminal.line(mix_name(mix_url)) if isinstance(mix_url, str) else None
+
+
+def _reviewed(event: dict[str, Any] | None) -> bool:
+    return event is not None and event.get("event_type") in REVIEWED_EVENTS
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What was sent, for the sentences said about it."""
+
+    name: str | None  # the file's name
+    review: bool  # a mix review (else some other agent's run)
+    for_people: bool  # sentences (else agentbox's JSON, for scripts)
+
+    def line(self, answer: dict[str, Any]) -> str:
+        """`night-drive.wav: sent for review (run run_...); see it with: agentbox show run_...`"""
+        run_id = answer["run_id"]
+        what = ("sent before: its review is run" if answer["duplicate"] else
+                "sent for review: run" if self.review else "sent: run")
+        return f"{self.name or 'the event'}: {what} {run_id}; see it with: agentbox show {run_id}"
+
+    def waiting(self, answer: dict[str, Any]) -> str:
+        what = "sent before" if answer["duplicate"] else "sent"
+        doing = "reviewing" if self.review else "waiting for it to finish"
+        return (f"{self.name or 'the event'} {what} (run {answer['run_id']}); {doing}… "
+                "Ctrl-C stops waiting, not the review")
+
+
+def _compact(answer: dict[str, Any]) -> str:
+    """agentbox's JSON answer as it sent it."""
+    return json.dumps(answer, ensure_ascii=False, separators=(",", ":"))
+
+
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a program stopped by SIGINT
+
+
+def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> dict[str, Any]:
+    """agentbox's answer to `body`; a refusal told (exit status 1), unavailable after
+    the retries said why (exit status 3)."""
     try:
         return box.send_body(body, retries=retries)
-    except Unreachable:
+    except Unreachable as exc:
+        _say(f"giving up: {exc}")
         sys.exit(EXIT_UNAVAILABLE)
     except Refused as exc:
-        click.echo(exc.body)
+        if for_people:
+            _say(_refusal(exc))
+        else:
+            click.echo(exc.body)
         sys.exit(EXIT_REFUSED)
     except AgentboxError as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        _say("stopped; agentbox has not taken it")
+        sys.exit(EXIT_INTERRUPTED)
 
 
-def _wait_and_tell(box: Client, run_id: str, wait_timeout: float, as_json: bool) -> None:
-    run = follow(box, run_id, wait_timeout)
+def _refusal(exc: Refused) -> str:
+    """`agentbox refused it (422 invalid_event): ...`, and each field's error."""
+    told = f"agentbox refused it ({exc.status} {terminal.line(exc.error_code or '')}): " \
+           f"{terminal.line(exc.message)}"
+    fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
+              for e in exc.errors[:20]]
+    return told + "".join(f"\n  {terminal.line(field)}" for field in fields)
+
+
+def _wait_and_tell(box: Client, answer: dict[str, Any], wait_timeout: float, as_json: bool,
+                   sent: Sent) -> None:
+    run_id = answer["run_id"]
+    try:
+        if as_json:
+            click.echo(_compact(answer))
+        else:
+            _say(sent.waiting(answer))
+        run = follow(box, run_id, wait_timeout)
+    except KeyboardInterrupt:
+        _say(f"stopped waiting. The {'review' if sent.review else 'run'} goes on in agentbox; "
+             f"see it with: agentbox show {run_id}")
+        sys.exit(EXIT_INTERRUPTED)
     if run is None:
-        click.echo(f"agentbox: the run is not finished after {wait_timeout:g} s", err=True)
+        _say(f"the {'review' if sent.review else 'run'} is not finished after "
+             f"{wait_timeout:g} s; see it later with: agentbox show {run_id}")
         sys.exit(EXIT_WAIT_TIMEOUT)
     if as_json:
         click.echo(json.dumps(run, indent=2))
     else:
-        click.echo("\n".join(terminal.told(run)))
+        click.echo("\n".join(terminal.told(run, sent.name)))
     if run["status"] != "succeeded":
         sys.exit(EXIT_RUN_FAILED)
 
@@ -400,14 +525,17 @@ def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path |
 
 
 @main.command()
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN_ID|PREFIX|PROJECT")
 @URL_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @CONFIG_OPTION
 def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) -> None:
-    """Show one run: the review (verdict, figures, notes), its history and callbacks."""
+    """Show one run: the review (verdict, figures, notes), its history and callbacks.
+
+    The run is named by its id, by the start of it that no other run id has (as
+    `agentbox runs` shows it), or by a project's name: its latest export."""
     with _client_errors(), _client(url, config_file) as box:
-        run = box.run(run_id, history=True)
+        run = box.lookup(run_id, history=True)
     if as_json:
         click.echo(json.dumps(run, indent=2))
     else:
@@ -502,14 +630,15 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
 
 
 @main.command()
-@click.argument("run_ids", nargs=-1, required=True)
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
 @URL_OPTION
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) -> None:
-    """Send dead-lettered or permanently failed runs back to the queue (same run_id)."""
+    """Send dead-lettered or permanently failed runs back to the queue (same run_id).
+    Each RUN_ID may be the start of one that no other run id has."""
     with _client_errors(), _client(url, config_file) as box:
         for run_id in run_ids:
-            run = box.replay(run_id)
+            run = box.replay(box.lookup(run_id, projects=False)["run_id"])
             click.echo(f"{run['run_id']}  {run['status']}")
 
 

@@ -59,6 +59,9 @@ DEFAULT_FOLLOW_SECONDS = 600.0
 # clock, then random ones; older ones a UUID's hex). Letters, digits and `_` are
 # all a run id may hold: nothing that could reach another path of the API.
 RUN_ID = re.compile(r"run_[A-Za-z0-9_]{1,252}")
+# What `lookup` takes for the start of a run id without its `run_` (as `agentbox
+# runs` shows them): hexadecimal digits, enough not to be a word by chance.
+BARE_PREFIX = re.compile(r"[0-9a-f]{6,252}")
 
 Progress = Callable[[str], None]
 
@@ -85,16 +88,19 @@ class InvalidRunId(AgentboxError, ValueError):
 class Unreachable(AgentboxError):
     """agentbox could not be reached, or stayed busy (429) or unavailable (503)
     through the retries. `status` and `error_code` are the last answer's (None when
-    nothing answered); `reason` says it in a few words; `retry_after` the seconds
-    agentbox asked to wait (Retry-After, 0 if it did not say)."""
+    nothing answered); `reason` says it in a few words, `detail` in agentbox's own
+    (its answer's message: why it cannot store events, say); `retry_after` the
+    seconds agentbox asked to wait (Retry-After, 0 if it did not say)."""
 
     def __init__(self, message: str, reason: str, status: int | None = None,
-                 error_code: str | None = None, retry_after: float = 0.0) -> None:
+                 error_code: str | None = None, retry_after: float = 0.0,
+                 detail: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.status = status
         self.error_code = error_code
         self.retry_after = retry_after
+        self.detail = detail
 
 
 class NotAgentbox(AgentboxError):
@@ -120,6 +126,14 @@ class Refused(AgentboxError):
 
 class NotFound(Refused):
     """404: no such run, project or path."""
+
+
+class Ambiguous(AgentboxError, LookupError):
+    """A prefix that starts several run ids: `run_ids`, newest first."""
+
+    def __init__(self, message: str, run_ids: list[str]) -> None:
+        super().__init__(message)
+        self.run_ids = run_ids
 
 
 class NotFinished(AgentboxError, TimeoutError):
@@ -312,16 +326,19 @@ class Client:
     def send_body(self, body: bytes, *, retries: int | None = None) -> dict[str, Any]:
         """POST `body` exactly as given, signed afresh for each try."""
         retries = self.retries if retries is None else retries
-        delay = 0.5
+        delay, told = 0.5, set()
         for attempt in range(retries + 1):
             try:
                 return self.post_event(body)
             except Unreachable as exc:
                 if attempt == retries:
-                    self.progress(f"{exc.reason}; giving up")
                     raise
                 wait = max(delay, exc.retry_after)
-                self.progress(f"{exc.reason}; trying again in {wait:g} s")
+                # agentbox's own reason why it cannot store events, the first time
+                said = f"{exc.reason} ({exc.detail})" if exc.status == 503 and exc.detail \
+                    and exc.reason not in told else exc.reason
+                told.add(exc.reason)
+                self.progress(f"{said}; trying again in {wait:g} s")
                 time.sleep(wait)
                 delay = min(delay * 2, 30.0)
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -334,11 +351,9 @@ class Client:
             response = self._http.post(self.url + RECEIVER_PATH, content=body,
                                        headers=headers)
         except httpx.TransportError as exc:
-            raise Unreachable(f"cannot reach agentbox at {self.url}: {exc}. " + START_HINT,
-                              f"cannot reach agentbox at {self.url}: {type(exc).__name__}"
-                              ) from None
+            raise self._unreachable(exc) from None
         if response.status_code in RETRYABLE_STATUSES:
-            raise _busy(response)
+            raise _busy(response, self.url)
         answer: dict[str, Any] = self._answer(response)
         return answer
 
@@ -349,6 +364,36 @@ class Client:
         found: dict[str, Any] = self._get(f"/runs/{segment(check_run_id(run_id))}",
                                           params={"history": "1"} if history else None)
         return found
+
+    def lookup(self, ref: str, *, history: bool = False, projects: bool = True
+               ) -> dict[str, Any]:
+        """The run `ref` names: a run id, the start of one (`run_01a2...`, or its
+        hexadecimal digits alone, as `agentbox runs` shows them) that no other run
+        id starts with, else (with `projects`) a project's name: its latest export.
+        NotFound when nothing is so named; Ambiguous for a prefix of several."""
+        prefix = ref if RUN_ID.fullmatch(ref) else \
+            f"run_{ref}" if BARE_PREFIX.fullmatch(ref) else None
+        if prefix is not None:
+            found = [run["run_id"] for run in self.runs(2, prefix=prefix)["runs"]
+                     if run["run_id"].startswith(prefix)]  # an older agentbox ignores it
+            if ref in found or len(found) == 1:
+                return self.run(ref if ref in found else found[0], history=history)
+            if found:
+                raise Ambiguous(f"{one_line(ref)!r} starts the ids of several runs: "
+                                f"{', '.join(found)}, ...; give more of it", found)
+        if projects:
+            return self._latest_export(ref, history)
+        raise NotFound(404, {"error_code": "run_not_found",
+                             "message": f"No run id starts with {one_line(ref)[:100]!r}."})
+
+    def _latest_export(self, project: str, history: bool) -> dict[str, Any]:
+        try:
+            latest = self.exports(project, limit=1)["exports"][0]
+        except NotFound:
+            raise NotFound(404, {"error_code": "not_found", "message": (
+                f"No run id starts with {one_line(project)[:100]!r}, and no project "
+                "has that name.")}) from None
+        return self.run(latest["run_id"], history=history)
 
     def runs(self, limit: int = 50, status: str | None = None,
              **filters: str) -> dict[str, Any]:
@@ -449,10 +494,16 @@ class Client:
         try:
             response = self._http.request(method, self.url + path, **kwargs)
         except httpx.HTTPError as exc:
-            raise Unreachable(f"cannot reach agentbox at {self.url}: {exc}. " + START_HINT,
-                              f"cannot reach agentbox at {self.url}: {type(exc).__name__}"
-                              ) from None
+            raise self._unreachable(exc) from None
         return self._answer(response)
+
+    def _unreachable(self, exc: httpx.HTTPError) -> Unreachable:
+        """Nothing (or nothing in time) answered: what, and how to start agentbox."""
+        what = ("nothing answers there" if isinstance(exc, httpx.ConnectError) else
+                "it does not answer" if isinstance(exc, httpx.TimeoutException) else
+                f"{type(exc).__name__}: {one_line(exc)}")
+        return Unreachable(f"cannot reach agentbox at {self.url} ({what}). {START_HINT}",
+                           f"cannot reach agentbox at {self.url} ({what})")
 
     def _answer(self, response: httpx.Response) -> Any:
         """agentbox's JSON answer, or the error that says what came instead."""
@@ -472,22 +523,28 @@ class Client:
         return answer
 
 
-START_HINT = ("Is it running (scripts/run, or agentbox serve)? Another address: --url or "
+START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "
+              "every login: agentbox service install). Running elsewhere: --url or "
               f"{URL_ENV}.")
 
 
-def _busy(response: httpx.Response) -> Unreachable:
+def _busy(response: httpx.Response, url: str) -> Unreachable:
     """429 or 503: agentbox busy or unavailable, worth trying again."""
     try:
         answer = response.json()
     except ValueError:
         answer = None
+    code = detail = None
     if not isinstance(answer, dict):
-        reason, code = "an answer that is not JSON", None
+        reason = "an answer that is not JSON"
     else:
         code = answer.get("error_code") if isinstance(answer.get("error_code"), str) else None
+        message = answer.get("message")
+        detail = one_line(message) if isinstance(message, str) and message else None
         reason = f"{response.status_code} {one_line(code or '')}"
     hint = response.headers.get("retry-after", "")
     wait = min(float(hint), 60.0) if hint.isascii() and hint.isdigit() else 0.0
-    return Unreachable(f"agentbox answered {reason}; it is busy or unavailable: try again "
-                       "later", reason, response.status_code, code, wait)
+    what = "busy" if response.status_code == 429 else "unavailable"
+    return Unreachable(f"agentbox at {url} is {what} ({reason}): "
+                       f"{detail or 'try again later'}", reason,
+                       response.status_code, code, wait, detail)

@@ -323,7 +323,7 @@ def test_send_wait_outlasts_a_restart_of_agentbox(server: Server) -> None:
     said: list[str] = []
     with subprocess.Popen(
             [sys.executable, "-m", "agentbox", "send", "--url", server.url, "--wait",
-             "session.exported", "project_id=sleep-2", "mix_url=/mixes/a.wav"],
+             "--json", "session.exported", "project_id=sleep-2", "mix_url=/mixes/a.wav"],
             env=server.env, cwd=server.home, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True) as waiting:
         assert waiting.stderr is not None and waiting.stdout is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,13 @@ from tests.conftest import Server, free_port, make_event, wait_until
 def agentbox(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agentbox", *args], env=env,
                           capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def run_of(said: str) -> str:
+    """The run id `send --wait` names on stderr: `night-drive.wav sent (run run_...)`."""
+    found = re.search(r"\(run (run_\w+)\)", said)
+    assert found, said
+    return found.group(1)
 
 
 def write_config(server: Server, **values: Any) -> Path:
@@ -104,8 +112,9 @@ def test_send_wait_prints_the_review_for_people(server_factory: Any, tmp_path: P
     done = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
                     "Night Drive", "--mix", str(mix), "--wait", "--wait-timeout", "90")
     assert done.returncode == 0, done.stderr
-    answer, *told = done.stdout.splitlines()
-    run_id = json.loads(answer)["run_id"]
+    told = done.stdout.splitlines()  # the review alone: what is waited for on stderr
+    run_id = run_of(done.stderr)
+    assert "night-drive.wav sent (run " in done.stderr and "reviewing" in done.stderr
     run = server.run(run_id)
     metrics = run["result"]["metrics"]
     assert told[0].startswith("night-drive.wav: ")
@@ -149,8 +158,8 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
     gone = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
                     "Lost Song", "--mix", str(tmp_path / "gone take.wav"), "--wait")
     assert gone.returncode == 4, gone.stderr
-    failed = json.loads(gone.stdout.splitlines()[0])["run_id"]
-    assert gone.stdout.splitlines()[1].startswith(
+    failed = run_of(gone.stderr)
+    assert gone.stdout.splitlines()[0].startswith(
         "gone take.wav: failed_permanent: mix_not_found")
     whole = tone(tmp_path / "whole.wav", seconds=3.0)
     cut = tmp_path / "cut short.wav"  # its header promises more: retried while fresh
@@ -190,8 +199,8 @@ def test_a_render_sent_cut_short_fails_for_good_once_left_as_it_is_not_dead_lett
     sent = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
                     "Stalled Song", "--mix", str(cut), "--wait", "--wait-timeout", "60")
     assert sent.returncode == 4, sent.stderr
-    run_id = json.loads(sent.stdout.splitlines()[0])["run_id"]
-    assert sent.stdout.splitlines()[1].startswith("stalled.wav: failed_permanent: mix_truncated")
+    run_id = run_of(sent.stderr)
+    assert sent.stdout.splitlines()[0].startswith("stalled.wav: failed_permanent: mix_truncated")
     run = server.run(run_id)
     assert run["status"] == "failed_permanent" and run["attempt"] == 1
     assert time.time() - stalled_at >= 60  # not before the window was over

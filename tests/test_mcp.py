@@ -232,7 +232,7 @@ async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
         server.stop()
         down = await error(session, "list_runs")
         assert f"cannot reach agentbox at {server.url}" in down
-        assert "Is it running (scripts/run, or agentbox serve)?" in down
+        assert "Start it with: agentbox serve" in down
         not_sent = await error(session, "send_export", mix_path=str(mix))
         assert f"cannot reach agentbox at {server.url}" in not_sent
         # The MCP server lives on: it still answers.
@@ -248,7 +248,7 @@ async def test_an_agentbox_that_is_not_running_is_a_tool_error(tmp_path: Path) -
     async with mcp_session(tmp_path, url) as session:
         told = await error(session, "show_run", run_id="run_1")
         assert f"cannot reach agentbox at {url}" in told
-        assert "Is it running (scripts/run, or agentbox serve)?" in told
+        assert "Start it with: agentbox serve" in told
         assert "Traceback" not in told
         assert (await session.list_tools()).tools  # still serving
 

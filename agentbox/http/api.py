@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -41,6 +42,12 @@ NOTIFICATION_STATES = ("pending", "delivered", "dead")
 
 log = get_logger("api")
 
+
+# `GET /runs?prefix=`: the runs whose id starts so. Ids sort by their bytes (SQLite's
+# BINARY, PostgreSQL's COLLATE "C"), so those are the newest ids below the prefix
+# followed by the greatest character: the keyset page the store already reads.
+RUN_ID_PREFIX = re.compile(rf"[A-Za-z0-9_]{{1,{MAX_ID_LENGTH}}}")
+AFTER_EVERY_ID = "\U0010ffff"
 
 class RunsApi:
     def __init__(self, store: Store, dispatcher: Dispatcher,
@@ -85,11 +92,17 @@ class RunsApi:
         discarded = request.query_params.get("discarded", "true")
         if discarded not in ("true", "false"):
             return error_response(422, "invalid_query", "discarded must be true or false")
-        if chain is None and discarded == "true":
+        prefix = request.query_params.get("prefix")
+        if prefix is not None and not RUN_ID_PREFIX.fullmatch(prefix):
+            return error_response(422, "invalid_query", "prefix must be the start of a run id: "
+                                  f"1 to {MAX_ID_LENGTH} letters, digits or _")
+        if chain is None and discarded == "true" and prefix is None:
             found = await self.store.list_runs(status, limit)
         else:
             found = await self.store.search_runs(
-                status=status, chain=chain, include_discarded=discarded == "true", limit=limit)
+                status=status, chain=chain, include_discarded=discarded == "true",
+                before=None if prefix is None else prefix + AFTER_EVERY_ID, limit=limit)
+            found = [run for run in found if run.run_id.startswith(prefix or "")]
         return JSONResponse({"runs": _dump(await self._with_files(found))})
 
     async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:

@@ -207,7 +207,13 @@ def document() -> dict[str, Any]:
                                {"name": "discarded", "in": "query", "required": False,
                                 "schema": {"type": "string", "enum": ["true", "false"]},
                                 "description": "false: leave out dead letters discarded "
-                                               "with a reason"}],
+                                               "with a reason"},
+                               {"name": "prefix", "in": "query", "required": False,
+                                "schema": {"type": "string", "minLength": 1,
+                                           "maxLength": MAX_ID_LENGTH,
+                                           "pattern": "^[A-Za-z0-9_]+$"},
+                                "description": "only the runs whose id starts so (what "
+                                               "`agentbox show PREFIX` asks)"}],
                 "responses": {"200": _json("RunList", "runs, newest first"), **_errors(422)},
             }},
             "/runs/{run_id}": {"get": {

@@ -260,10 +260,17 @@ class Receiver:
                 f"{s.max_pending} runs are waiting (AGENTBOX_MAX_PENDING); retry later.",
                 headers={"Retry-After": str(ADMISSION_RETRY_AFTER_SECONDS)}) from None
         except StorageUnavailable:
-            raise Rejected(
-                503, "storage_unavailable",
-                "The event store cannot take writes right now; retry later. Nothing was stored.",
-                headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+            raise Rejected(503, "storage_unavailable", _unavailable(self.store.last_error),
+                           headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+
+
+def _unavailable(why: str | None) -> str:
+    """The 503's sentence, with the store's own reason when it knows one (the data
+    directory removed, the disk full): the sender's person reads it, not only the page."""
+    why = (why or "").removeprefix("storage unavailable: ")
+    if not why:
+        return "The event store cannot take writes right now; retry later. Nothing was stored."
+    return f"The event store cannot take writes: {why}. Nothing was stored."
 
 
 async def _chunks(receive: Receive, limit: int) -> bytes:

@@ -1,0 +1,123 @@
+"""What a person reads in the terminal: `agentbox send FILE`, `show` by a prefix or a
+project, Ctrl-C while waiting, an agentbox that is not running or cannot store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Server, free_port, wait_until
+from tests.test_client import agentbox, run_of, tone
+
+
+def test_send_a_file_reviews_it_and_says_so_for_people(server: Server, tmp_path: Path) -> None:
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    mix = tmp_path / "Night Drive (v2).wav"
+    mix.write_bytes(b"a render (the scripted agent does not read it)")
+    sent = agentbox(env, tmp_path, "send", str(mix))
+    assert sent.returncode == 0, sent.stderr
+    line = sent.stdout.strip()
+    assert line.startswith("Night Drive (v2).wav: sent for review: run run_"), line
+    run_id = line.split("run ", 1)[1].split(";")[0]
+    assert line.endswith(f"see it with: agentbox show {run_id}")
+    run = server.wait_terminal(run_id)
+    assert run["project"] == "Night Drive (v2)" and run["file"] == "Night Drive (v2).wav"
+    assert run["event_type"] == "session.exported"
+    again = agentbox(env, tmp_path, "send", str(mix))  # the same file: its first run
+    assert again.stdout.startswith(f"Night Drive (v2).wav: sent before: its review is run "
+                                   f"{run_id};")
+    scripted = json.loads(agentbox(env, tmp_path, "send", str(mix), "--json").stdout)
+    assert scripted["duplicate"] is True and scripted["run_id"] == run_id  # for scripts
+    waited = agentbox(env, tmp_path, "send", str(mix), "--wait")
+    assert waited.returncode == 0, waited.stderr
+    assert waited.stdout.startswith("Night Drive (v2).wav: succeeded")  # not JSON
+    assert f"Night Drive (v2).wav sent before (run {run_id}); reviewing…" in waited.stderr
+    missing = agentbox(env, tmp_path, "send", str(tmp_path / "not rendered.wav"))
+    assert missing.returncode == 2 and "there is no file at" in missing.stderr
+
+
+def test_show_takes_a_prefix_or_a_project(server: Server, tmp_path: Path) -> None:
+    env = {**server.env, "AGENTBOX_URL": server.url}
+    first = tone(tmp_path / "ok.wav", seconds=0.3)
+    ids = []
+    for level in (0.1, 0.2):
+        tone(first, seconds=0.3, level=level)  # a new export of the same song
+        sent = agentbox(env, tmp_path, "send", str(first), "--json")
+        ids.append(server.wait_terminal(json.loads(sent.stdout)["run_id"])["run_id"])
+    older, latest = ids
+    by_project = agentbox(env, tmp_path, "show", "ok", "--json")
+    assert json.loads(by_project.stdout)["run_id"] == latest
+    common = next(i for i, (a, b) in enumerate(zip(older, latest, strict=True)) if a != b)
+    for prefix in (older[:common + 1], older[4:common + 4]):  # with and without run_
+        shown = agentbox(env, tmp_path, "show", prefix, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["run_id"] == older
+    several = agentbox(env, tmp_path, "show", older[:common])
+    assert several.returncode == 1
+    assert "starts the ids of several runs" in several.stderr and latest in several.stderr
+    nothing = agentbox(env, tmp_path, "show", "never heard of")
+    assert nothing.returncode == 1 and "no project has that name" in nothing.stderr
+    listed = server.client.get("/runs", params={"prefix": older[:common + 1], "limit": 2})
+    assert [r["run_id"] for r in listed.json()["runs"]] == [older]
+    refused = server.client.get("/runs", params={"prefix": "run-1"})
+    assert refused.status_code == 422 and refused.json()["error_code"] == "invalid_query"
+    replayed = agentbox(env, tmp_path, "replay", older[:common + 1])  # not replayable:
+    assert replayed.returncode == 1 and "409" in replayed.stderr  # but found
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Ctrl-C is a console event on Windows")
+def test_ctrl_c_while_waiting_says_the_review_goes_on(server: Server, tmp_path: Path) -> None:
+    mix = tmp_path / "sleep-3.wav"  # the scripted agent takes 3 s for project sleep-3
+    mix.write_bytes(b"a render")
+    with subprocess.Popen([sys.executable, "-m", "agentbox", "send", str(mix), "--wait",
+                           "--url", server.url], env=server.env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as waiting:
+        assert waiting.stderr is not None
+        said = waiting.stderr.readline()  # `sleep-3.wav sent (run ...); reviewing…`
+        run_id = run_of(said)
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130, err
+    assert "stopped waiting. The review goes on in agentbox; see it with: agentbox show " \
+           f"{run_id}" in err
+    assert "Aborted" not in err and "Traceback" not in err and out == ""
+    assert server.wait_terminal(run_id)["status"] == "succeeded"  # it went on
+
+
+def test_an_agentbox_that_is_not_running_says_how_to_start_it(tmp_path: Path) -> None:
+    mix = tone(tmp_path / "mix.wav", seconds=0.2)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "AGENTBOX_WEBHOOK_SECRET": "s",
+           "AGENTBOX_URL": f"http://127.0.0.1:{free_port()}"}
+    sent = agentbox(env, tmp_path, "send", str(mix), "--retries", "0")
+    assert sent.returncode == 3
+    assert sent.stderr.startswith("agentbox: giving up: cannot reach agentbox at ")
+    assert "(nothing answers there)" in sent.stderr
+    assert "Start it with: agentbox serve" in sent.stderr and "Traceback" not in sent.stderr
+
+
+def test_the_server_s_own_reason_reaches_the_sender(server_factory: Any,
+                                                    tmp_path: Path) -> None:
+    server = server_factory().start()
+    mix = tmp_path / "ok.wav"
+    mix.write_bytes(b"a render")
+    data = server.home / "data"
+    shutil.move(data, server.home / "data.gone")  # the data directory removed under it
+    wait_until(lambda: server.client.get("/healthz").status_code == 503, 30,
+               "agentbox to notice")
+    sent = agentbox({**server.env, "AGENTBOX_URL": server.url}, tmp_path, "send", str(mix),
+                    "--retries", "0")
+    assert sent.returncode == 3
+    reason = (f"the database file {data / 'agentbox.sqlite3'} was removed or replaced; "
+              "restart agentbox")
+    assert sent.stderr.strip() == (
+        f"agentbox: giving up: agentbox at {server.url} is unavailable (503 "
+        f"storage_unavailable): The event store cannot take writes: {reason}. Nothing was "
+        "stored.")

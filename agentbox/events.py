@@ -16,6 +16,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -158,6 +159,14 @@ def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None
     PAYLOAD_MODELS[event_type] = strict
 
 
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integer: 2.0 is one as 2 is (a sender's JSON library may write
+    either); 2.5, true and "2" are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class Envelope(Strict):
     schema_version: Literal["v1"]
     event_id: Identifier
@@ -168,7 +177,7 @@ class Envelope(Strict):
     callback_url: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
     correlation_id: Identifier | None = None
     causation_id: Identifier | None = None
-    hop: Annotated[int, Field(ge=0, le=MAX_HOPS_FIELD)] = 0
+    hop: Annotated[int, BeforeValidator(_whole_number), Field(ge=0, le=MAX_HOPS_FIELD)] = 0
     payload: dict[str, Any]
 
 

@@ -14,8 +14,9 @@ file, AGENTBOX_WEBHOOK_SECRET, AGENTBOX_CALLBACK_SECRET):
 
 Verifying is lenient where it costs nothing: a ``whsec_`` secret's decoded
 key and its text both verify either scheme. Several signatures (space
-separated) and several secrets (rotation) may be in play; a request that
-carries both header sets verifies when either does.
+separated) and several secrets (rotation) may be in play. An incoming event
+that carries both header sets is judged by its X-Webhook-Signature; a callback
+verifies when either set does.
 """
 
 from __future__ import annotations
@@ -154,10 +155,14 @@ class Verifier:
         checks = [(signature_header, self._verify_hex),
                   (SW_SIGNATURE_HEADER, self._verify_standard)]
         self._checks = checks[::-1] if standard_first else checks
+        self._either = standard_first
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        """Raise SignatureError unless some secret signed this exact body recently (by
-        either scheme whose headers are present; the first one's refusal is raised)."""
+        """Raise SignatureError unless some secret signed this exact body recently.
+
+        Incoming events: the first scheme whose signature header is present decides.
+        Callbacks (`standard_first`): either scheme present may verify, the Standard
+        Webhooks one first (it carries every active secret, the hex one the first)."""
         headers = {name.lower(): value for name, value in headers.items()}
         refusal: SignatureError | None = None
         for header, check in self._checks:
@@ -167,6 +172,8 @@ class Verifier:
                 check(headers, body, now)
             except SignatureError as exc:
                 refusal = refusal or exc
+                if not self._either:
+                    break
             else:
                 return
         raise refusal or SignatureError(

@@ -41,6 +41,7 @@ DEFAULT_LIST_LIMIT = 50
 NOTIFICATION_STATES = ("pending", "delivered", "dead")
 
 log = get_logger("api")
+HISTORY_VALUES = ("1", "true", "0", "false")  # ?history= of GET /runs/{run_id}
 
 
 # `GET /runs?prefix=`: the runs whose id starts so. Ids sort by their bytes (SQLite's
@@ -71,7 +72,11 @@ class RunsApi:
         removed = event.get("body_removed_at") if isinstance(event, dict) else None
         detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id),
                            body_removed_at=removed if isinstance(removed, str) else None)
-        if request.query_params.get("history") in ("1", "true"):
+        history = request.query_params.get("history", "0")
+        if history not in HISTORY_VALUES:
+            return error_response(422, "invalid_query", "history must be 1 or true (with the "
+                                  "run's attempts and state changes), or 0 or false")
+        if history in ("1", "true"):
             detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
                                                "history": await self.store.history(run_id)})
             return JSONResponse(detail.model_dump(mode="json"))

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from agentbox.engine.subscriptions import MAX_TOPICS, MAX_URL_CHARS
 from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
 from agentbox.runs import RunStatus
 from agentbox.store import (
@@ -25,6 +26,10 @@ from agentbox.store import (
 )
 
 REF = "#/components/schemas/{model}"
+_B64 = "[A-Za-z0-9+/]"
+# whsec_ and the base64 (padded) of 24 to 64 bytes, as secret_of takes it.
+SECRET_PATTERN = (f"^whsec_(?:(?:{_B64}{{4}}){{8,20}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?"
+                  f"|(?:{_B64}{{4}}){{21}}(?:{_B64}{{2}}==)?)$")
 
 
 def _version() -> str:
@@ -105,7 +110,9 @@ class Destinations(BaseModel):
 
 
 class ResumeRequest(BaseModel):
-    destination: str
+    # An origin, as GET /callbacks/destinations lists them (the port, when given, 1-9999
+    # here: the document's bound, not the server's).
+    destination: str = Field(pattern=r"^https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[1-9][0-9]{0,3})?/?$")
 
 
 class SubscriptionRequest(BaseModel):
@@ -113,15 +120,50 @@ class SubscriptionRequest(BaseModel):
     `run.<state>`), the subscriber's Standard Webhooks secret, a suggested TTL."""
 
     model_config = ConfigDict(extra="forbid")
-    url: str
-    event_types: list[str]
-    secret: str = Field(pattern="^whsec_")
+    # An absolute http(s) URL in ASCII without a fragment; whether its origin may be
+    # called (https to a public address, or a listed loopback origin) is the
+    # configuration's: 422 url_not_allowed otherwise.
+    url: str = Field(pattern=r"^https?://[^\s/?#@]+(/[^\s#]*)?$", max_length=MAX_URL_CHARS)
+    event_types: list[str] = Field(min_length=1, max_length=MAX_TOPICS)  # items: topics()
+    secret: str = Field(pattern=SECRET_PATTERN)
     ttl_ms: int | None = Field(default=None, gt=0)
 
 
 class RefreshRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_ms: int | None = Field(default=None, gt=0)
+
+
+class Notification(BaseModel):
+    """A callback: one state change of a run, POSTed to the event's callback_url."""
+
+    notification_id: str = Field(description="run_id:status:retry_count: the same change "
+                                             "always has the same id; drop repeats")
+    run_id: str
+    event_id: str
+    status: RunStatus
+    retry_count: int
+    result: dict[str, Any] | None
+    error_code: str | None
+    occurred_at: str
+
+
+class Delivery(BaseModel):
+    """What a subscription delivers: an event it subscribed to (`type` "event"), or a
+    run's state change (`type` "run.<status>", with a callback's fields)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    notification_id: str
+    occurred_at: str
+
+
+class Verification(BaseModel):
+    """The subscription's verification request: answer 200 with {"challenge": ...}."""
+
+    type: str = Field(pattern="^subscription\\.verification$")
+    challenge: str
+    subscription_id: str
 
 
 class AgentChange(BaseModel):
@@ -145,6 +187,21 @@ class Subscriptions(BaseModel):
     subscriptions: list[SubscriptionView]
 
 
+EXAMPLE_EVENT = {
+    "schema_version": "v1", "event_id": "export-a81f",
+    "idempotency_key": "studio-api:session.exported:export-a81f",
+    "event_type": "session.exported", "source": "studio-api",
+    "timestamp": "2026-07-27T15:42:00Z",
+    "payload": {"project_id": "night-drive", "mix_url": "/home/me/Mixes/night-drive.wav"}}
+
+
+def topics() -> list[str]:
+    """What a subscription may ask for: the event types, and every state a run changes
+    to as run.<state> (accepted is its event's ingest)."""
+    return sorted([*PAYLOAD_MODELS, *(f"run.{s.value}" for s in RunStatus
+                                      if s is not RunStatus.ACCEPTED)])
+
+
 def _json(schema: str, description: str) -> dict[str, Any]:
     return {"description": description,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=schema)}}}}
@@ -164,16 +221,11 @@ def document() -> dict[str, Any]:
                                      ExportView, ExportList, Health,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
-                                     Subscriptions,
+                                     Subscriptions, Notification, Delivery, Verification,
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
-    signature_headers = [
-        {"name": "X-Webhook-Timestamp", "in": "header", "required": False,
-         "schema": {"type": "string"}, "description": "Unix seconds (agentbox scheme)"},
-        {"name": "X-Webhook-Signature", "in": "header", "required": False,
-         "schema": {"type": "string"},
-         "description": "hex HMAC-SHA256(secret, timestamp + '.' + raw body)"},
-    ]
+    schemas["$defs"]["SubscriptionRequest"]["properties"]["event_types"]["items"] = {
+        "type": "string", "enum": topics()}
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
     admin: list[dict[str, list[str]]] = [{"admin": []}]
     subscription_id = {"name": "subscription_id", "in": "path", "required": True,
@@ -185,12 +237,21 @@ def document() -> dict[str, Any]:
         "paths": {
             "/webhooks/events": {"post": {
                 "summary": "Deliver a signed event",
-                "parameters": signature_headers,
+                "description": (
+                    "Signed with a webhook secret by either scheme (the security schemes "
+                    "say how): agentbox's, X-Webhook-Timestamp (Unix seconds) with "
+                    "X-Webhook-Signature; or Standard Webhooks', webhook-id, "
+                    "webhook-timestamp (Unix seconds) and webhook-signature. The timestamp "
+                    "must be within AGENTBOX_SIGNATURE_MAX_AGE_SECONDS of the server's "
+                    "clock; with both sets, X-Webhook-Signature decides. The body is "
+                    "verified as the exact bytes sent, before it is parsed."),
+                "security": [{"webhookSignature": []}, {"standardWebhooks": []}],
                 "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": REF.format(model="Envelope")}}}},
+                    "schema": {"$ref": REF.format(model="Envelope")},
+                    "example": EXAMPLE_EVENT}}},
                 "responses": {"202": _json("Accepted", "stored durably"),
                               "200": _json("Accepted", "a known duplicate"),
-                              **_errors(400, 401, 403, 408, 413, 422, 429, 503)},
+                              **_errors(400, 401, 403, 408, 413, 422, 429, 431, 503)},
             }},
             "/runs": {"get": {
                 "summary": "The newest runs (of one chain, with correlation_id)",
@@ -219,10 +280,11 @@ def document() -> dict[str, Any]:
             "/runs/{run_id}": {"get": {
                 "summary": "One run",
                 "parameters": [run_id, {"name": "history", "in": "query", "required": False,
-                                        "schema": {"type": "string", "enum": ["1", "true"]}}],
+                                        "schema": {"type": "string",
+                                                   "enum": ["1", "true", "0", "false"]}}],
                 "responses": {"200": _json("RunDetail", "the run (with ?history=1: its "
                                                            "attempts and state changes)"),
-                              **_errors(404)},
+                              **_errors(404, 422)},
             }},
             "/runs/{run_id}/replay": {"post": {
                 "summary": "Replay a dead-lettered or failed run (admin)",
@@ -264,11 +326,13 @@ def document() -> dict[str, Any]:
                 "responses": {"200": {"description": "the whole file", "content": {
                                   "audio/*": {"schema": {"type": "string",
                                                          "format": "binary"}}}},
-                              "206": {"description": "the range asked for", "content": {
+                              "206": {"description": "the range asked for (several: "
+                                                     "multipart/byteranges)", "content": {
                                   "audio/*": {"schema": {"type": "string",
-                                                         "format": "binary"}}}},
-                              "416": {"description": "a range past the end of the file"},
-                              **_errors(404)},
+                                                         "format": "binary"}},
+                                  "multipart/byteranges": {"schema": {
+                                      "type": "string", "format": "binary"}}}},
+                              **_errors(400, 404, 416)},
             }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",
@@ -328,7 +392,65 @@ def document() -> dict[str, Any]:
         },
         "components": {
             "schemas": schemas.get("$defs", {}),
-            "securitySchemes": {"admin": {"type": "http", "scheme": "bearer",
-                                          "description": "agentbox token"}},
+            "securitySchemes": {
+                "admin": {"type": "http", "scheme": "bearer", "description": "agentbox token"},
+                "webhookSignature": {
+                    "type": "apiKey", "in": "header", "name": "X-Webhook-Signature",
+                    "description": "lowercase hex HMAC-SHA256(key, X-Webhook-Timestamp + '.' "
+                                   "+ raw body); the key is the webhook secret's text (UTF-8), "
+                                   "a whsec_ secret's too. Any active secret verifies."},
+                "standardWebhooks": {
+                    "type": "apiKey", "in": "header", "name": "webhook-signature",
+                    "description": "Standard Webhooks: space-separated 'v1,' + base64("
+                                   "HMAC-SHA256(key, webhook-id + '.' + webhook-timestamp + "
+                                   "'.' + raw body)); the key is a whsec_ secret's base64-"
+                                   "decoded tail, any other secret's text. Any active secret "
+                                   "verifies."}},
         },
+        "webhooks": _webhooks(),
+    }
+
+
+def _webhooks() -> dict[str, Any]:
+    """What agentbox sends: callbacks, subscription deliveries and their verification."""
+    agent = [{"name": "X-Agent-Timestamp", "in": "header", "required": True,
+              "schema": {"type": "string"}, "description": "Unix seconds"},
+             {"name": "X-Agent-Signature", "in": "header", "required": True,
+              "schema": {"type": "string"},
+              "description": "hex HMAC-SHA256(the current callback secret's text, "
+                             "X-Agent-Timestamp + '.' + raw body)"}]
+    standard = [{"name": "webhook-id", "in": "header", "required": True,
+                 "schema": {"type": "string"}},
+                {"name": "webhook-timestamp", "in": "header", "required": True,
+                 "schema": {"type": "string"}},
+                {"name": "webhook-signature", "in": "header", "required": True,
+                 "schema": {"type": "string"},
+                 "description": "one 'v1,<base64>' per active secret, space-separated: a "
+                                "receiver holding any of them verifies"}]
+    delivered = {"2XX": {"description": "delivered"},
+                 "default": {"description": "not delivered: tried again by the retry "
+                                            "schedule (410 pauses the destination)"}}
+
+    def post(summary: str, model: str, parameters: list[dict[str, Any]],
+             responses: dict[str, Any]) -> dict[str, Any]:
+        return {"post": {"summary": summary, "parameters": parameters, "requestBody": {
+            "required": True, "content": {"application/json": {"schema": {
+                "$ref": REF.format(model=model)}}}}, "responses": responses}}
+
+    return {
+        "runCallback": post("A run's state change, to the event's callback_url (signed "
+                            "with the callback secrets)", "Notification", agent + standard,
+                            delivered),
+        "subscriptionDelivery": post("An event or a run's state change, to a subscription's "
+                                     "url (signed with its secret)", "Delivery",
+                                     [*standard, {"name": "X-Subscription-Id", "in": "header",
+                                                  "required": True,
+                                                  "schema": {"type": "string"}}],
+                                     delivered),
+        "subscriptionVerification": post(
+            "The subscription's challenge: answer 200 with {\"challenge\": <it>}",
+            "Verification", standard, {"200": {"description": "verified", "content": {
+                "application/json": {"schema": {"type": "object", "required": ["challenge"],
+                                                "properties": {"challenge": {
+                                                    "type": "string"}}}}}}}),
     }

@@ -177,7 +177,11 @@ class Receiver:
     def _check_callback(self, url: str | None) -> None:
         if url is None:
             return
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port out of range raises here)
+        except ValueError:  # "http://[": not a URL (it was a 500)
+            parts = urlsplit("")
         if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
                 or not url.isprintable()):  # no control characters (NUL, newlines, ...)
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "

@@ -81,6 +81,12 @@ class SubscriptionsApi:
                                                 "topics": topics})
         return JSONResponse(_shown(view), status_code=201)
 
+    async def collection(self, request: Request) -> Response:
+        """`/subscriptions`: one route for both methods, so that any other gets 405
+        with an Allow header naming both."""
+        return await (self.create(request) if request.method == "POST"
+                      else self.list(request))
+
     async def list(self, request: Request) -> Response:
         if not self._authorised(request):
             return token_required()
@@ -129,7 +135,11 @@ class SubscriptionsApi:
         if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
             raise Invalid("invalid_url", f"url must be an absolute https URL of at most "
                           f"{MAX_URL_CHARS} characters.")
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (a port out of range raises here)
+        except ValueError:  # "http://[": not a URL
+            parts = urlsplit("")
         if (parts.scheme not in ("http", "https") or not parts.hostname or not value.isascii()
                 or not value.isprintable() or parts.fragment):
             raise Invalid("invalid_url", "url must be an absolute https URL in ASCII (an "
@@ -147,6 +157,8 @@ class SubscriptionsApi:
         s = self.settings
         if value is None:
             return s.subscription_max_ttl_seconds
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON Schema's integer: 60000.0 is one
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise Invalid("invalid_ttl", "ttl_ms must be a positive integer (milliseconds); "
                           f"it is kept between {s.subscription_min_ttl_seconds * 1000:.0f} and "

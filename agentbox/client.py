@@ -488,7 +488,10 @@ class Client:
     # -- one request --
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self._call("GET", path, params=params)
+        # Beyond loopback reading runs needs the admin token too: sent when given.
+        headers = {} if self._admin_token is None else {
+            "Authorization": f"Bearer {self._admin_token}"}
+        return self._call("GET", path, params=params, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

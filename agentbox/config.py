@@ -91,6 +91,18 @@ class AgentBinding:
     target: str  # "module:function"
 
 
+# The stages a watched folder may name (PATH=STAGE): how its exports are judged.
+WATCH_STAGES = ("mix", "master")
+
+
+@dataclass(frozen=True)
+class WatchedFolder:
+    """A folder `agentbox serve` watches for renders (the `watch` setting)."""
+
+    path: Path  # absolute
+    stage: str | None = None  # mix or master; None: the review decides
+
+
 @dataclass(frozen=True)
 class Settings:
     host: str = DEFAULT_HOST
@@ -136,6 +148,8 @@ class Settings:
     database_url: str | None = field(default=None, repr=False)
     instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
     notify: bool = True  # a desktop notification when a mix review finishes
+    # Folders `serve` watches for renders, as `agentbox watch` does (its guarantees).
+    watch: tuple[WatchedFolder, ...] = ()
     # Retention (agentbox.engine.retention): finished runs, then raw event bodies, go after
     # these many days (fractions allowed); a project's history stays.
     retention_days: float = DEFAULT_RETENTION_DAYS
@@ -175,7 +189,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url",
             "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
-             | _BOOLS | {"agents", "database_url"})
+             | _BOOLS | {"agents", "database_url", "watch"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -244,6 +258,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return _boolean(value)
         if name == "agents":
             return parse_agents(value, where)
+        if name == "watch":
+            return parse_watch(value, where)
         if name == "database_url":
             return _database_url(value, where)
         if name == "log_level":
@@ -335,6 +351,48 @@ def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBind
             )
         bindings.append(AgentBinding(event_type, target))
     return tuple(bindings)
+
+
+def parse_watch(value: Any, where: str = env_name("watch")) -> tuple[WatchedFolder, ...]:
+    """Watched folders: a TOML list of `PATH` or `PATH=STAGE` strings, or tables
+    `{path = "...", stage = "master"}`; in the environment, `PATH` or `PATH=STAGE`
+    items separated by the OS's path separator (`:`, on Windows `;`)."""
+    if isinstance(value, str):
+        items: list[Any] = [item for item in value.split(os.pathsep) if item.strip()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise ValueError("expected a list of folders")
+    folders = [_watched_folder(item, where) for item in items]
+    seen: set[Path] = set()
+    for folder in folders:
+        if folder.path in seen:
+            raise ConfigError(f"{where}: {str(folder.path)!r} is named twice")
+        seen.add(folder.path)
+    return tuple(folders)
+
+
+def _watched_folder(item: Any, where: str) -> WatchedFolder:
+    if isinstance(item, dict):
+        unknown = sorted(set(item) - {"path", "stage"})
+        if unknown or not isinstance(item.get("path"), str):
+            raise ConfigError(f"{where}: a folder is a path, or a table with a path and a "
+                              f"stage (got {_describe(item)})")
+        path, stage = item["path"], item.get("stage")
+    elif isinstance(item, str):
+        path, sep, stage = item.strip().rpartition("=")
+        if not sep:
+            path, stage = stage, None
+    else:
+        raise ValueError("expected a path")
+    if stage is not None and stage not in WATCH_STAGES:
+        raise ConfigError(f"{where}: {_describe(item)}: the stage must be "
+                          f"{' or '.join(WATCH_STAGES)} (PATH=STAGE), not {_describe(stage)}")
+    folder = Path(str(path).strip()).expanduser()
+    if not str(path).strip() or not folder.is_absolute():
+        raise ConfigError(f"{where}: {_describe(item)} is not an absolute path (write the "
+                          "whole path, or one starting with ~)")
+    return WatchedFolder(folder, stage)
 
 
 class Named:

@@ -278,6 +278,51 @@ def lower_priority() -> None:
                                                        "reason": str(exc)})
 
 
+# A thread's own priority, where it differs from the process's (macOS: a QoS class;
+# Windows: background mode, which lowers its I/O and memory priority too).
+QOS_CLASS_UTILITY = 0x11
+THREAD_MODE_BACKGROUND_BEGIN = 0x00010000
+
+
+def _utility_qos_macos() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.pthread_set_qos_class_self_np(QOS_CLASS_UTILITY, 0) != 0:
+        raise OSError(ctypes.get_errno(), "pthread_set_qos_class_self_np")
+
+
+def _background_thread_windows() -> None:
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]
+    if not kernel32.SetThreadPriority(kernel32.GetCurrentThread(),
+                                      THREAD_MODE_BACKGROUND_BEGIN):
+        raise OSError("SetThreadPriority failed")
+
+
+def _thread_priority_steps() -> tuple[Callable[[], None], ...]:
+    if WINDOWS:
+        return (_background_thread_windows,)
+    if LINUX:  # nice and the I/O class are per thread on Linux
+        return (_nice_posix, _idle_io_linux)
+    if MACOS:
+        return (_utility_qos_macos,)
+    return ()  # elsewhere setpriority would lower the whole process
+
+
+THREAD_PRIORITY_STEPS = _thread_priority_steps()
+
+
+def lower_thread_priority() -> None:
+    """Run the calling thread, and no other, at low priority: background work in a
+    process that also serves (CPU nice 10 and idle I/O on Linux, the utility QoS
+    class on macOS, background mode on Windows). Never raises; a step the OS
+    refuses is logged at debug."""
+    for step in THREAD_PRIORITY_STEPS:
+        try:
+            step()
+        except (OSError, AttributeError, ValueError) as exc:
+            log.debug("cannot lower the thread's priority",
+                      extra={"step": step.__name__, "reason": str(exc)})
+
+
 def ignore_interrupts() -> None:
     """Ignore the terminal's Ctrl-C (SIGINT on POSIX, CTRL_C_EVENT on Windows, which
     Python delivers as SIGINT): it reaches every process of the foreground group,

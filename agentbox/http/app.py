@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import socket
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import ConfigError, Settings
 from agentbox.desktop.notifications import ReviewNotifications
+from agentbox.desktop.watched import WatchedFolders
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.engine.dispatcher import Dispatcher
@@ -103,7 +105,9 @@ def create_app(
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
     retention = api.retention = Retention(store, settings, clock)
 
-    pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics))
+    watched = WatchedFolders.of(settings, admin_token) if settings.watch else None
+    pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics),
+                        watched)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     notices = ReviewNotifications(store) if settings.notify else None
@@ -134,9 +138,13 @@ def create_app(
         _quiet_garbage_collector()
         log.info("agentbox is ready", extra={"database": store.description,
                                              "instance_id": instance_id})
+        if watched is not None:
+            watched.start()  # its first scan waits for the server to answer
         try:
             yield
         finally:
+            if watched is not None:  # no new exports while the rest stops
+                await asyncio.to_thread(watched.stop)
             # Writes of requests the server cancelled commit first, so that their runs
             # start or are given back (one that commits even later stays leased to
             # this instance until its lease ends, then runs as the next attempt).

@@ -45,6 +45,7 @@ from starlette.responses import (
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import Settings
+from agentbox.desktop.watched import FolderStatus, WatchedFolders
 from agentbox.engine.agents import PermanentAgentError
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
@@ -102,8 +103,9 @@ class Live:
 
 class StatusPages:
     def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher,
-                 access: Access) -> None:
+                 access: Access, watched: WatchedFolders | None = None) -> None:
         self.settings = settings
+        self.watched = watched  # the folders serve watches (the `watch` setting)
         self.store = store
         self.dispatcher = dispatcher
         self.access = access
@@ -166,7 +168,7 @@ class StatusPages:
         latest = await self.store.projects(limit=HOME_PROJECTS)
         stats = await self.store.stats()
         return self._page("home.html", projects=await self._rows(latest),
-                          stats=stats,
+                          stats=stats, folders=self._folders(),
                           oldest_waiting=_age(stats["oldest_waiting_accepted_at"], time.time()))
 
     async def project(self, request: Request) -> Response:
@@ -389,8 +391,12 @@ class StatusPages:
 
     async def _stats(self) -> dict[str, Any]:
         stats = await self.store.stats()
-        return {**stats["runs"], "active": stats["active"],
+        folders = {f"watch-{i}": folder.said for i, folder in enumerate(self._folders())}
+        return {**stats["runs"], "active": stats["active"], **folders,
                 "oldest_waiting": _age(stats["oldest_waiting_accepted_at"], time.time())}
+
+    def _folders(self) -> list[FolderStatus]:
+        return [] if self.watched is None else self.watched.status()
 
     async def _finished_per_interval(self, now: float) -> list[int]:
         """Runs that reached a terminal state in each 5-minute slice of the last hour."""

@@ -486,3 +486,21 @@ def test_ensure_callback_secret_makes_a_standard_webhooks_secret(tmp_path):
     configured = load(tmp_path, {"AGENTBOX_CALLBACK_SECRET": "mine"},
                       overrides={"config_dir": cfg})
     assert ensure_callback_secret(configured) == (configured, None)
+
+
+def test_the_connections_limits_are_settings_checked_at_start(tmp_path):
+    settings = load_settings(environ={"AGENTBOX_HEAD_TIMEOUT_SECONDS": "2.5",
+                                      "AGENTBOX_MAX_HEAD_BYTES": "16384",
+                                      "AGENTBOX_MAX_IDLE_CONNECTIONS": "100",
+                                      "AGENTBOX_SESSION_SECONDS": "60"},
+                             overrides={"config_dir": tmp_path})
+    assert (settings.head_timeout_seconds, settings.max_head_bytes,
+            settings.max_idle_connections, settings.session_seconds) == (2.5, 16384, 100, 60)
+    with pytest.raises(ConfigError, match="AGENTBOX_MAX_IDLE_CONNECTIONS must be less than "
+                                          "AGENTBOX_MAX_CONNECTIONS"):
+        load_settings(environ={"AGENTBOX_MAX_CONNECTIONS": "50"},
+                      overrides={"config_dir": tmp_path})
+    for name in ("AGENTBOX_HEAD_TIMEOUT_SECONDS", "AGENTBOX_MAX_HEAD_BYTES",
+                 "AGENTBOX_SESSION_SECONDS"):
+        with pytest.raises(ConfigError, match=name):
+            load_settings(environ={name: "0"}, overrides={"config_dir": tmp_path})

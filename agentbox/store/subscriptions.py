@@ -13,6 +13,7 @@ they report (an event's: its first run), so they are pruned with that run.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -78,13 +79,10 @@ def queue_run_state(db: Db, state: Batch, callback: Callback) -> None:
     notification_id, body = notification(
         callback.run_id, callback.status, callback.attempt, callback.event_id, callback.result,
         callback.error_code, callback.now)
-    document = json.loads(body)
-    for subscription_id, url, destination in found:
-        _insert(db, state, subscription_id=subscription_id, url=url, destination=destination,
-                notification_id=f"{subscription_id}:{notification_id}",
-                run_id=callback.run_id, status=callback.status, due=callback.due,
-                now=callback.now,
-                document={**document, "type": f"run.{callback.status}"})
+    document = {**json.loads(body), "type": f"run.{callback.status}"}
+    _insert(db, state, found, document, [f"{sid}:{notification_id}" for sid, _, _ in found],
+            run_id=callback.run_id, status=callback.status, due=callback.due,
+            now=callback.now)
 
 
 def queue_event(db: Db, state: Batch, *, env: Envelope, body: bytes, run_ids: Sequence[str],
@@ -97,24 +95,37 @@ def queue_event(db: Db, state: Batch, *, env: Envelope, body: bytes, run_ids: Se
     document = {"type": "event", "event_type": env.event_type, "event_id": env.event_id,
                 "source": env.source, "run_ids": list(run_ids), "occurred_at": iso(now),
                 "event": json.loads(body)}
-    for subscription_id, url, destination in found:
-        notification_id = f"{subscription_id}:{run_ids[0]}:event"
-        _insert(db, state, subscription_id=subscription_id, url=url, destination=destination,
-                notification_id=notification_id, run_id=run_ids[0], status="event", due=due,
-                now=now, document={**document, "notification_id": notification_id})
+    _insert(db, state, found, document, [f"{sid}:{run_ids[0]}:event" for sid, _, _ in found],
+            run_id=run_ids[0], status="event", due=due, now=now)
 
 
-def _insert(db: Db, state: Batch, *, subscription_id: str, url: str, destination: str,
-            notification_id: str, run_id: str, status: str, due: float, now: float,
-            document: dict[str, Any]) -> None:
-    document = {**document, "notification_id": notification_id,
-                "subscription_id": subscription_id}
-    db.run("lock_destination", {"destination": destination})
-    db.run("insert_subscription_delivery", {
-        "id": notification_id, "run_id": run_id, "status": status, "destination": destination,
-        "url": url, "now": now, "due": due, "subscription_id": subscription_id,
-        "body": json.dumps(document, sort_keys=True, separators=(",", ":")).encode()})
+def _insert(db: Db, state: Batch, found: Sequence[tuple[str, str, str]],
+            document: dict[str, Any], notification_ids: Sequence[str], *, run_id: str,
+            status: str, due: float, now: float) -> None:
+    """One delivery per subscriber found (id, url, destination), in two statements
+    whatever their number: their destinations locked, then their rows."""
+    db.run("lock_destinations", {"destinations": db.array([dest for _, _, dest in found])})
+    bodies = _bodies(document, [(nid, sid) for nid, (sid, _, _) in zip(notification_ids, found,
+                                                                       strict=True)])
+    db.run_many("insert_subscription_delivery", [
+        {"id": nid, "run_id": run_id, "status": status, "destination": destination,
+         "url": url, "now": now, "due": due, "subscription_id": sid, "body": body}
+        for nid, body, (sid, url, destination) in zip(notification_ids, bodies, found,
+                                                       strict=True)])
     state.outbox_ready = True
+
+
+def _bodies(document: dict[str, Any], ids: Sequence[tuple[str, str]]) -> list[bytes]:
+    """Each subscriber's body: `document` with its (notification_id, subscription_id),
+    compact JSON with sorted keys. Serialised once, the two ids then put in their
+    places (an event's body a thousand times over was most of its ingest)."""
+    mark = secrets.token_hex(8)  # a string no document holds
+    text = json.dumps({**document, "notification_id": f"{mark}n", "subscription_id": f"{mark}s"},
+                      sort_keys=True, separators=(",", ":"))
+    head, _, rest = text.partition(f'"{mark}n"')
+    middle, _, tail = rest.partition(f'"{mark}s"')
+    return [f"{head}{json.dumps(nid)}{middle}{json.dumps(sid)}{tail}".encode()
+            for nid, sid in ids]
 
 
 # -- other programs' subscriptions ----------------------------------------------------------

@@ -5,7 +5,11 @@ they report, held until verified, suspended, refreshed, expired and deleted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,8 @@ from agentbox.store import (
     Store,
     SubscriptionNotFound,
 )
+from agentbox.store.sqlite import SQL as SQLITE
+from agentbox.store.sqlite import SqliteStore
 from tests.store.support import (
     HOOK,
     SUCCEEDED,
@@ -201,6 +207,34 @@ async def test_deliveries_wait_for_verification_then_go_in_order(store: Store, a
     (state_delivery,) = await take(store, now=T0 + 5)
     assert json.loads(state_delivery.body)["type"] == "run.succeeded"
     assert json.loads(state_delivery.body)["run_id"] == run.run_id
+
+
+@async_test
+async def test_every_subscriber_gets_its_own_body_in_order(store: Store, aio: Any) -> None:
+    """Subscribers' deliveries are queued together: each body is the whole document
+    with that subscriber's ids, compact JSON with sorted keys, and each subscriber's
+    run.succeeded waits behind its own event delivery, not behind the others'."""
+    subscribers = [f"sub_{n}" for n in range(5)]
+    for sub_id in subscribers:
+        await subscribe(store, sub_id, topics=("session.exported", "run.succeeded"))
+        assert await verify(store, sub_id, now=T0) == "active"
+    mix = '/mixes/caf\u00e9 "final" \U0001f3b5.wav'  # escaped in JSON as json.dumps does
+    result = await ingest(store, "e1", agents=("a",), now=T0 + 1, mix_url=mix)
+    run = await claim_one(store, now=T0 + 1)
+    await store.finish(run.run_id, "w1", 1, SUCCEEDED, T0 + 2)
+    events = await take(store, now=T0 + 3, limit=50)
+    assert sorted(n.subscription_id or "" for n in events) == subscribers  # one each, first
+    for delivery in events:
+        body = json.loads(delivery.body)
+        assert delivery.body == json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        assert body["subscription_id"] == delivery.subscription_id
+        assert body["notification_id"] == delivery.notification_id == (
+            f"{delivery.subscription_id}:{result.runs[0].run_id}:event")
+        assert body["event"]["payload"]["mix_url"] == mix
+        await store.record_delivery(delivery, "d1", DeliveryResult("delivered"), T0 + 4, 3)
+    states = await take(store, now=T0 + 5, limit=50)
+    assert sorted(n.subscription_id or "" for n in states) == subscribers
+    assert {json.loads(n.body)["type"] for n in states} == {"run.succeeded"}
 
 
 @async_test
@@ -397,3 +431,26 @@ async def _step(store: Store, model: Model, sub_id: str, event_id: str, step: st
             return
         await store.delete_subscription(sub_id, now)
         model.deleted, model.queued = True, 0
+
+
+def test_a_deliverys_place_in_its_runs_queue_is_one_index_step(tmp_path: Path) -> None:
+    """Queuing a delivery (or sending the next one) asks whether one of the same run
+    and subscriber (callbacks: subscriber NULL) is pending before it. That walked the
+    run's pending rows of every subscriber: with 1,000 subscribers, a million row
+    reads for one event. SQLite's plan says it is one step of outbox_pending_run."""
+    async def make() -> None:
+        store = SqliteStore(tmp_path / "plans.sqlite3")
+        await store.open()
+        await store.close()
+
+    asyncio.run(make())
+    conn = sqlite3.connect(tmp_path / "plans.sqlite3")
+    try:
+        for name in ("insert_subscription_delivery", "insert_notification", "ready_next_of_run",
+                     "release_destination"):
+            sql = SQLITE[name]
+            params = {found: "x" for found in re.findall(r"(?<![:\w]):(\w+)", sql)}
+            plan = " | ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            assert "outbox_pending_run (run_id=? AND subscription_id=?" in plan, (name, plan)
+    finally:
+        conn.close()

@@ -26,6 +26,12 @@ SELECT s.id, s.url, s.destination FROM subscription_topics t
 JOIN subscriptions s ON s.id = t.subscription_id
 WHERE t.topic = %(topic)s AND s.expires_at > %(now)s ORDER BY s.id
 
+-- name: lock_destinations
+-- Subscribers' destinations, in one order (a subscriber's delivery queued while its
+-- destination is paused or resumed waits for that).
+SELECT state FROM callback_destinations WHERE destination = ANY(%(destinations)s)
+ORDER BY destination FOR SHARE
+
 -- name: insert_subscription_delivery
 -- Ordered behind the pending deliveries of the same run to the same subscription;
 -- held while the subscription is not verified or suspended (its destination paused).

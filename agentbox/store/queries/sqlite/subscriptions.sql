@@ -26,6 +26,11 @@ SELECT s.id, s.url, s.destination FROM subscription_topics t
 JOIN subscriptions s ON s.id = t.subscription_id
 WHERE t.topic = :topic AND s.expires_at > :now ORDER BY s.id
 
+-- name: lock_destinations
+-- SQLite's writer is alone: reading the rows is all the lock there is to take.
+SELECT state FROM callback_destinations
+WHERE destination IN (SELECT value FROM json_each(:destinations))
+
 -- name: insert_subscription_delivery
 -- Ordered behind the pending deliveries of the same run to the same subscription;
 -- held while the subscription is not verified or suspended (its destination paused).

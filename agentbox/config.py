@@ -71,6 +71,9 @@ SECONDS_PER_DAY = 86_400.0
 DEFAULT_SUBSCRIPTION_MIN_TTL_SECONDS = 60.0
 DEFAULT_SUBSCRIPTION_MAX_TTL_SECONDS = 86_400.0  # a day: refresh to keep it longer
 DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES = 10
+# Subscriptions held at once: each event owes every subscriber of its type a delivery,
+# written with it (1,000 of them made an event's ingest about 100 ms).
+DEFAULT_MAX_SUBSCRIPTIONS = 100
 
 
 class ConfigError(Exception):
@@ -160,6 +163,7 @@ class Settings:
     subscription_min_ttl_seconds: float = DEFAULT_SUBSCRIPTION_MIN_TTL_SECONDS
     subscription_max_ttl_seconds: float = DEFAULT_SUBSCRIPTION_MAX_TTL_SECONDS
     subscription_suspend_after_failures: int = DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS  # past it, POST /subscriptions: 409
 
     @property
     def database_path(self) -> Path:
@@ -178,7 +182,7 @@ _POSITIVE_FLOATS = {
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
                   "max_connections", "max_idle_connections", "max_head_bytes",
-                  "subscription_suspend_after_failures"}
+                  "subscription_suspend_after_failures", "max_subscriptions"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}

@@ -45,6 +45,7 @@ NUMERIC = {
     "AGENTBOX_CALLBACK_TIMEOUT_SECONDS": ("callback_timeout_seconds", False),
     "AGENTBOX_CALLBACK_PAUSE_AFTER_FAILURES": ("callback_pause_after_failures", True),
     "AGENTBOX_CALLBACK_CONCURRENCY": ("callback_concurrency", True),
+    "AGENTBOX_MAX_SUBSCRIPTIONS": ("max_subscriptions", True),
 }
 BAD_ANY = ["0", "-1", "-0", "abc", "", "   ", "nan", "inf", "-inf", "1e999", "0x10", "1,5",
            "five", "--1", "++1"]

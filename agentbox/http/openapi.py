@@ -183,8 +183,12 @@ class AgentSet(BaseModel):
 
 
 class Subscriptions(BaseModel):
+    """A page of subscriptions, in the order they were made; `next_cursor` (null on
+    the last page) is the `cursor` that asks for the next one."""
+
     agents: list[AgentSet]
     subscriptions: list[SubscriptionView]
+    next_cursor: str | None
 
 
 EXAMPLE_EVENT = {
@@ -361,13 +365,21 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": REF.format(model="SubscriptionRequest")}}}},
                     "responses": {"201": _json("SubscriptionView", "pending verification"),
+                                  "409": _json("Rejected", "too_many_subscriptions: as many "
+                                               "as AGENTBOX_MAX_SUBSCRIPTIONS allows exist"),
                                   **_errors(401, 422, 503)},
                 },
                 "get": {
-                    "summary": "Agents' current event types and every subscription (admin)",
+                    "summary": "Agents' current event types and a page of subscriptions (admin)",
                     "security": admin,
-                    "responses": {"200": _json("Subscriptions", "oldest first"),
-                                  **_errors(401)},
+                    "parameters": [
+                        {**_limit(), "description": "subscriptions on the page (default 100)"},
+                        {"name": "cursor", "in": "query", "required": False,
+                         "description": "the next_cursor of the page before",
+                         "schema": {"type": "string", "pattern": "^sub_[0-9a-f]{1,64}$"}}],
+                    "responses": {"200": _json("Subscriptions", "in the order they were "
+                                               "made; next_cursor asks for the next page"),
+                                  **_errors(401, 422)},
                 },
             },
             "/subscriptions/{subscription_id}": {"delete": {

@@ -1,7 +1,9 @@
 """The subscriptions' routes (the engine's side is agentbox.engine.subscriptions).
 
     POST   /subscriptions               {url, event_types, secret, ttl_ms} -> 201
+                                        (409 too_many_subscriptions past the limit)
     GET    /subscriptions               agents' current event types, and subscriptions
+                                        (?limit=, ?cursor= the last page's next_cursor)
     POST   /subscriptions/{id}/refresh  {ttl_ms} (optional) -> 200
     DELETE /subscriptions/{id}          -> 204
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,9 +38,24 @@ from agentbox.engine.subscriptions import (
 from agentbox.http.access import small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.logs import get_logger
-from agentbox.store import StorageUnavailable, Store, SubscriptionNotFound, SubscriptionView
+from agentbox.store import (
+    StorageUnavailable,
+    Store,
+    SubscriptionNotFound,
+    SubscriptionView,
+    TooManySubscriptions,
+)
 
 log = get_logger("subscriptions")
+DEFAULT_PAGE = 100  # subscriptions a GET lists when it names no limit
+MAX_PAGE = 500
+CURSOR = re.compile(r"sub_[0-9a-f]{1,64}")  # a subscription id: the last one listed
+
+
+def new_subscription_id() -> str:
+    """`sub_` and 24 hex digits, time-ordered (48 bits of milliseconds, 48 random
+    bits): listed by id, subscriptions come in the order they were made."""
+    return f"sub_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
 
 
 class SubscriptionsApi:
@@ -71,9 +90,16 @@ class SubscriptionsApi:
             return error_response(422, exc.code, exc.message)
         try:
             view = await self.store.create_subscription(
-                subscription_id="sub_" + secrets.token_hex(12), url=url, topics=topics,
+                subscription_id=new_subscription_id(), url=url, topics=topics,
                 secret=secret, secret_hint=secret_hint(secret),
-                challenge=secrets.token_urlsafe(24), ttl=ttl, now=self.clock())
+                challenge=secrets.token_urlsafe(24), ttl=ttl, now=self.clock(),
+                limit=self.settings.max_subscriptions)
+        except TooManySubscriptions as exc:
+            return error_response(
+                409, "too_many_subscriptions",
+                f"agentbox holds {exc.limit} subscriptions already, the most "
+                f"{env_name('max_subscriptions')} allows: delete one you no longer need "
+                "(DELETE /subscriptions/{id}), or raise the setting.")
         except StorageUnavailable:
             return _unavailable()
         self.subscriptions.wake()
@@ -90,10 +116,16 @@ class SubscriptionsApi:
     async def list(self, request: Request) -> Response:
         if not self._authorised(request):
             return token_required()
-        now = self.clock()
+        try:
+            limit, cursor = _page(request)
+        except Invalid as exc:
+            return error_response(422, exc.code, exc.message)
+        found = await self.store.subscriptions(self.clock(), limit + 1, after=cursor)
+        shown = found[:limit]
         return JSONResponse({
             "agents": await agent_sets(self.store, self.registry),
-            "subscriptions": [_shown(view) for view in await self.store.subscriptions(now)]})
+            "subscriptions": [_shown(view) for view in shown],
+            "next_cursor": shown[-1].id if len(found) > limit else None})
 
     async def refresh(self, request: Request) -> Response:
         if not self._authorised(request):
@@ -165,6 +197,18 @@ class SubscriptionsApi:
                           f"{s.subscription_max_ttl_seconds * 1000:.0f}.")
         return min(max(value / 1000, s.subscription_min_ttl_seconds),
                    s.subscription_max_ttl_seconds)
+
+
+def _page(request: Request) -> tuple[int, str | None]:
+    """A list's `limit` (1 to MAX_PAGE) and `cursor` (the previous page's next_cursor)."""
+    raw = request.query_params.get("limit", str(DEFAULT_PAGE))
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 1 <= int(raw) <= MAX_PAGE):
+        raise Invalid("invalid_query", f"limit must be an integer from 1 to {MAX_PAGE}.")
+    cursor = request.query_params.get("cursor")
+    if cursor is not None and not CURSOR.fullmatch(cursor):
+        raise Invalid("invalid_query", "cursor must be the next_cursor of the page before, "
+                      "as agentbox gave it.")
+    return int(raw), cursor
 
 
 def _shown(view: SubscriptionView) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from agentbox.store.errors import (
     StoreError,
     StoreInUse,
     SubscriptionNotFound,
+    TooManySubscriptions,
 )
 from agentbox.store.interface import Store
 from agentbox.store.records import (
@@ -57,6 +58,6 @@ __all__ = [
     "Notification", "NotificationView", "Outcome", "ProjectExport", "PruneStep",
     "RemoteChange", "RunDetail", "RunNotFound", "RunRef", "RunView", "SchemaTooNew",
     "StorageUnavailable", "Store", "StoreError", "StoreInUse", "SubscriptionNotFound",
-    "SubscriptionTarget", "SubscriptionView", "Transition", "Verification", "iso",
-    "notification", "project_of",
+    "SubscriptionTarget", "SubscriptionView", "TooManySubscriptions", "Transition",
+    "Verification", "iso", "notification", "project_of",
 ]

@@ -52,6 +52,14 @@ class SubscriptionNotFound(StoreError):
     pass
 
 
+class TooManySubscriptions(StoreError):
+    """As many subscriptions as allowed exist already: answer 409; nothing was stored."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} subscriptions exist already (the most allowed)")
+        self.limit = limit
+
+
 class NotReplayable(StoreError):
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(f"run {run_id} is {status}; only dead_lettered or failed_permanent "

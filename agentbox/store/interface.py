@@ -330,9 +330,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def create_subscription(self, *, subscription_id: str, url: str,
                                   topics: Sequence[str], secret: str, secret_hint: str,
-                                  challenge: str, ttl: float, now: float) -> SubscriptionView:
+                                  challenge: str, ttl: float, now: float,
+                                  limit: int | None = None) -> SubscriptionView:
         """Store a subscription pending verification: nothing is delivered to it
-        (its deliveries queue, held) until `record_verification` says it answered."""
+        (its deliveries queue, held) until `record_verification` says it answered.
+        TooManySubscriptions when `limit` unexpired ones exist already (counted in
+        the same transaction, across instances)."""
 
     @abc.abstractmethod
     async def refresh_subscription(self, subscription_id: str, ttl: float, challenge: str,
@@ -348,8 +351,11 @@ class Store(abc.ABC):
         SubscriptionNotFound."""
 
     @abc.abstractmethod
-    async def subscriptions(self, now: float, limit: int = 500) -> list[SubscriptionView]:
-        """Every subscription (expired ones until they are removed), oldest first."""
+    async def subscriptions(self, now: float, limit: int = 500,
+                            after: str | None = None) -> list[SubscriptionView]:
+        """Subscriptions (expired ones until they are removed) by id, which is their
+        order of creation (an id starts with its creation time); `after`: the last
+        id of the previous page (keyset pagination, whatever was deleted since)."""
 
     @abc.abstractmethod
     async def subscription(self, subscription_id: str, now: float) -> SubscriptionView | None:

@@ -270,9 +270,12 @@ class Reads(abc.ABC):
             changed_at=iso(row["changed_at"]) or "")
             for row in await self._named("agent_subscriptions")]
 
-    async def subscriptions(self, now: float, limit: int = 500) -> list[SubscriptionView]:
+    async def subscriptions(self, now: float, limit: int = 500,
+                            after: str | None = None) -> list[SubscriptionView]:
+        if unaskable(after):
+            return []
         return [subscription_view(row, now)
-                for row in await self._named("list_subscriptions", limit=limit)]
+                for row in await self._named("list_subscriptions", limit=limit, after=after)]
 
     async def subscription(self, subscription_id: str, now: float) -> SubscriptionView | None:
         if unaskable(subscription_id):

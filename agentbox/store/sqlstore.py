@@ -202,10 +202,12 @@ class SqlStore(Reads, GroupCommit, Store):
 
     async def create_subscription(self, *, subscription_id: str, url: str,
                                   topics: Sequence[str], secret: str, secret_hint: str,
-                                  challenge: str, ttl: float, now: float) -> SubscriptionView:
+                                  challenge: str, ttl: float, now: float,
+                                  limit: int | None = None) -> SubscriptionView:
         await self._write(functools.partial(
             subscriptions.create, subscription_id=subscription_id, url=url, topics=topics,
-            secret=secret, secret_hint=secret_hint, challenge=challenge, ttl=ttl, now=now))
+            secret=secret, secret_hint=secret_hint, challenge=challenge, ttl=ttl, now=now,
+            limit=limit))
         return await self._subscription_written(subscription_id, now)
 
     async def refresh_subscription(self, subscription_id: str, ttl: float, challenge: str,

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agentbox.events import Envelope
-from agentbox.store.errors import SubscriptionNotFound
+from agentbox.store.errors import SubscriptionNotFound, TooManySubscriptions
 from agentbox.store.records import Callback, Verification, iso, notification
 from agentbox.store.writer import Batch, Db, named
 
@@ -132,7 +132,12 @@ def _bodies(document: dict[str, Any], ids: Sequence[tuple[str, str]]) -> list[by
 
 
 def create(db: Db, state: Batch, *, subscription_id: str, url: str, topics: Sequence[str],
-           secret: str, secret_hint: str, challenge: str, ttl: float, now: float) -> None:
+           secret: str, secret_hint: str, challenge: str, ttl: float, now: float,
+           limit: int | None) -> None:
+    if limit is not None:
+        db.run("lock_subscriptions")  # instances creating at once count one after another
+        if db.run("count_subscriptions", {"now": now}).fetchone()[0] >= limit:
+            raise TooManySubscriptions(limit)
     destination = destination_of(subscription_id)
     db.run("insert_subscription", {
         "id": subscription_id, "url": url, "destination": destination,

@@ -21,6 +21,7 @@ from agentbox.store import (
     Outcome,
     Store,
     SubscriptionNotFound,
+    TooManySubscriptions,
 )
 from agentbox.store.sqlite import SQL as SQLITE
 from agentbox.store.sqlite import SqliteStore
@@ -235,6 +236,42 @@ async def test_every_subscriber_gets_its_own_body_in_order(store: Store, aio: An
     states = await take(store, now=T0 + 5, limit=50)
     assert sorted(n.subscription_id or "" for n in states) == subscribers
     assert {json.loads(n.body)["type"] for n in states} == {"run.succeeded"}
+
+
+@async_test
+async def test_a_subscription_past_the_limit_is_refused_and_stores_nothing(
+        store: Store, aio: Any) -> None:
+    for n in range(3):
+        await store.create_subscription(
+            subscription_id=f"sub_{n}", url=SUB_URL, topics=("session.exported",),
+            secret=SECRET, secret_hint="h", challenge="c", ttl=10.0, now=T0, limit=3)
+    with pytest.raises(TooManySubscriptions) as refused:
+        await store.create_subscription(
+            subscription_id="sub_3", url=SUB_URL, topics=("session.exported",),
+            secret=SECRET, secret_hint="h", challenge="c", ttl=DAY, now=T0 + 1, limit=3)
+    assert refused.value.limit == 3
+    assert await store.subscription("sub_3", T0 + 1) is None
+    assert [d.destination for d in await store.destinations()] == [
+        f"subscription:sub_{n}" for n in range(3)]  # nothing of sub_3
+    # One that expired no longer counts (before it is even removed).
+    await store.create_subscription(
+        subscription_id="sub_3", url=SUB_URL, topics=("session.exported",), secret=SECRET,
+        secret_hint="h", challenge="c", ttl=DAY, now=T0 + 11, limit=3)
+
+
+@async_test
+async def test_subscriptions_are_listed_by_pages_in_the_order_of_their_ids(
+        store: Store, aio: Any) -> None:
+    made = [f"sub_{n:03d}" for n in range(7)]
+    for sub_id in reversed(made):  # the order of their ids, whatever the order of making
+        await subscribe(store, sub_id)
+    pages, after = [], None
+    while page := await store.subscriptions(T0, limit=3, after=after):
+        pages.append([view.id for view in page])
+        after = page[-1].id
+        await store.delete_subscription(after, T0)  # gone meanwhile: the next page holds
+    assert pages == [made[0:3], made[3:6], made[6:7]]
+    assert await store.subscriptions(T0, after="sub_\x00") == []
 
 
 @async_test

@@ -46,6 +46,15 @@ VALUES (%(id)s, %(run_id)s, %(status)s, %(destination)s, %(url)s, %(body)s, %(no
         THEN 1 ELSE 0 END, %(subscription_id)s)
 ON CONFLICT (notification_id) DO NOTHING
 
+-- name: lock_subscriptions
+-- Instances creating subscriptions at once count them one after another (the
+-- count below is read after this lock, in a snapshot of its own).
+SELECT pg_advisory_xact_lock(7022813651217596275)
+
+-- name: count_subscriptions
+-- The subscriptions that count against the limit: those not expired.
+SELECT count(*) FROM subscriptions WHERE expires_at > %(now)s
+
 -- name: insert_subscription
 INSERT INTO subscriptions (id, url, destination, topics, secret, secret_hint, state, challenge, ttl,
                            created_at, refreshed_at, expires_at, verify_at, updated_at)
@@ -83,7 +92,8 @@ SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.crea
        (SELECT count(*) FROM outbox o
         WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
 FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
-ORDER BY s.created_at, s.id LIMIT %(limit)s
+WHERE %(after)s::text IS NULL OR s.id > %(after)s
+ORDER BY s.id LIMIT %(limit)s
 
 -- name: refresh_subscription
 UPDATE subscriptions SET ttl = %(ttl)s, refreshed_at = %(now)s, expires_at = %(expires_at)s,

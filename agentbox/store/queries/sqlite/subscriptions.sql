@@ -45,6 +45,14 @@ VALUES (:id, :run_id, :status, :destination, :url, :body, :now, :due,
         THEN 1 ELSE 0 END, :subscription_id)
 ON CONFLICT (notification_id) DO NOTHING
 
+-- name: lock_subscriptions
+-- SQLite's writer is alone: nobody else counts meanwhile.
+SELECT 1
+
+-- name: count_subscriptions
+-- The subscriptions that count against the limit: those not expired.
+SELECT count(*) FROM subscriptions WHERE expires_at > :now
+
 -- name: insert_subscription
 INSERT INTO subscriptions (id, url, destination, topics, secret, secret_hint, state, challenge, ttl,
                            created_at, refreshed_at, expires_at, verify_at, updated_at)
@@ -82,7 +90,8 @@ SELECT s.id, s.url, s.destination, s.topics, s.state, s.challenge, s.ttl, s.crea
        (SELECT count(*) FROM outbox o INDEXED BY outbox_subscription
         WHERE o.subscription_id = s.id AND o.state = 'pending') AS pending
 FROM subscriptions s LEFT JOIN callback_destinations d ON d.destination = s.destination
-ORDER BY s.created_at, s.id LIMIT :limit
+WHERE :after IS NULL OR s.id > :after
+ORDER BY s.id LIMIT :limit
 
 -- name: refresh_subscription
 UPDATE subscriptions SET ttl = :ttl, refreshed_at = :now, expires_at = :expires_at,

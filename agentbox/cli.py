@@ -496,19 +496,23 @@ def _wait_and_tell(box: Client, answer: dict[str, Any], wait_timeout: float, as_
 @CONFIG_OPTION
 def runs(url: str | None, status: str | None, limit: int, as_json: bool,
          config_file: Path | None) -> None:
-    """List the newest runs: project, loudness and verdict of each."""
+    """The newest reviews and runs, newest first: when, project, file, the verdict (or
+    what became of the export), loudness, true peak and range, and a short id that
+    `agentbox show` takes."""
     with _client_errors(), _client(url, config_file) as box:
         found = box.runs(limit, status)["runs"]
     _print_runs(found, as_json, "no runs yet" if status is None else f"no {status} runs")
 
 
-def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str) -> None:
+def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str,
+                table: Callable[[list[dict[str, Any]]], list[str]] = terminal.runs_table
+                ) -> None:
     if as_json:
         click.echo(json.dumps(found, indent=2))
     elif not found:
         click.echo(empty)
     else:
-        click.echo("\n".join(terminal.runs_table(found)))
+        click.echo("\n".join(table(found)))
 
 
 @main.command("dead-letters")
@@ -521,7 +525,7 @@ def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path |
     replay RUN_ID`); those discarded on the status page are left out."""
     with _client_errors(), _client(url, config_file) as box:
         found = box.runs(limit, "dead_lettered", discarded="false")["runs"]
-    _print_runs(found, as_json, "no dead letters waiting for a decision")
+    _print_runs(found, as_json, "no dead letters waiting for a decision", terminal.why_table)
 
 
 @main.command()

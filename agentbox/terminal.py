@@ -1,12 +1,30 @@
-"""Runs as people read them in a terminal: the review of a finished run, a run's row
-in `agentbox runs`. What `agentbox`, the watched folders and the MCP tools print."""
+"""Runs as people read them in a terminal: the review of a finished run, the table of
+`agentbox runs`, `agentbox show`. What `agentbox`, the watched folders and the MCP
+tools print.
+
+A mix review's run is told in a musician's words: its verdict, or what became of
+the export (review.present.outcome: "reviewing…", "couldn't review: the file is
+empty — export it again"), never a run state's name beside it. The engine's
+account of a run (its state, attempts, history, callbacks) is `show`'s Details,
+at the end. Another agent's run is told in its own terms.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentbox.review import digest
+from agentbox.engine.agents import BUILTIN_AGENTS, RENAMED_AGENTS
+from agentbox.review import digest, present
+from agentbox.review.figures import local_time
+
+# The built-in mix review, by every name its runs carry (the one it had before it
+# moved as well): its runs are told in a musician's words.
+MIX_REVIEW = frozenset(BUILTIN_AGENTS["session.exported"])
+MIX_REVIEW |= {old for old, new in RENAMED_AGENTS.items() if new in MIX_REVIEW}
+WIDTH = 100  # `agentbox runs` fits a terminal this wide
+SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
 
 
 def line(value: Any) -> str:
@@ -22,72 +40,172 @@ def is_review(result: Any) -> bool:
     return as_review(result) is not None
 
 
+def reviews(run: Mapping[str, Any]) -> bool:
+    """Whether `run` is the mix review's (told in a musician's words)."""
+    return run.get("agent") in MIX_REVIEW
+
+
+def outcome(run: Mapping[str, Any]) -> present.Outcome:
+    """What became of an export with no verdict (yet), in a musician's words."""
+    return present.outcome(str(run.get("status")), run.get("error_code"),
+                           run.get("error_message"))
+
+
 def told(run: dict[str, Any], name: str | None = None) -> list[str]:
-    """A finished run for people: the review, else its status and result as JSON."""
+    """A finished run for people: the review; what became of an export that has none;
+    another agent's status and result (as JSON)."""
     result = run.get("result")
+    if run.get("status") != "succeeded" and reviews(run):
+        named = line(name) if name else digest.file_name(run) or line(run["run_id"])
+        return [f"{named}: {line(outcome(run).text)}"]
     if run.get("status") != "succeeded" or result is None or is_review(result):
         return digest.review_lines(run, name)
     return [f"{line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
 
 
-RUN_COLUMNS = ("RUN", "STATUS", "PROJECT", "FILE", "LUFS", "TRUE PEAK", "VERDICT", "EVENT",
-               "RETRIES", "ERROR")
+# -- agentbox runs -----------------------------------------------------------------------------
+
+# A run's state in a word, for a run that is not the mix review's.
+STATE_WORDS = {"accepted": "queued", "processing": "running…", "failed_retryable": "retrying",
+               "succeeded": "done", "failed_permanent": "failed", "dead_lettered": "gave up"}
+# The mix review's outcome in a word, where its verdict would be.
+OUTCOME_WORDS = {"reviewing": "reviewing…", "waiting": "render unfinished",
+                 "failed": "couldn't review", "done": "no review"}
+RUN_COLUMNS = ("WHEN", "PROJECT", "FILE", "REVIEW", "LUFS", "PEAK", "LRA", "ID")
+WHY_COLUMNS = ("WHEN", "PROJECT", "FILE", "WHY", "ID")
+SHRINKING = ("FILE", "PROJECT", "WHY")  # cut short (…) to fit WIDTH, the widest first
+MIN_SHRUNK = 12
 
 
-def run_row(run: dict[str, Any]) -> tuple[str, ...]:
-    """One run as the cells of `agentbox runs`."""
-    metrics = digest.metrics_of(run.get("result"))
-    loudness, peak = (metrics.get(k) for k in ("integrated_lufs", "true_peak_dbtp"))
-    return (line(run["run_id"]), line(run["status"]), digest.project_of(run)[:32],
-            digest.file_name(run)[:32],
-            f"{loudness:.1f}" if isinstance(loudness, int | float) else "-",
-            f"{peak:+.1f}" if isinstance(peak, int | float) else "-",
-            _verdict_cell(run), line(run["event_type"]),
-            str(run["retry_count"]), line(run["error_code"] or ""))
+def verdict_word(run: Mapping[str, Any]) -> str:
+    """The review's verdict (pass, warn, fail), else what became of the export, in a
+    word or two; another agent's run: its state in a word."""
+    if run.get("status") == "succeeded":
+        found = present.read(run.get("result"))
+        if found is not None and found.verdict:
+            return found.verdict
+    if reviews(run):
+        return OUTCOME_WORDS[outcome(run).kind]
+    return STATE_WORDS.get(str(run.get("status")), line(run.get("status")))
 
 
-def _verdict_cell(run: dict[str, Any]) -> str:
-    result = run.get("result")
-    verdict = result.get("verdict") if isinstance(result, dict) else None
-    return line(verdict) if isinstance(verdict, str) else "-"
+def why(run: Mapping[str, Any]) -> str:
+    """Why a run failed, as its readers need it: a musician's words for the review."""
+    if reviews(run):
+        return line(outcome(run).text)
+    code, message = run.get("error_code"), run.get("error_message")
+    return line(f"{code}: {message}" if code else STATE_WORDS.get(str(run.get("status")), ""))
+
+
+def figure(run: Mapping[str, Any], key: str, signed: bool = False) -> str:
+    found = present.read(run.get("result"))
+    value = found.figure(key) if found is not None else None
+    return "-" if value is None else f"{value:+.1f}" if signed else f"{value:.1f}"
+
+
+def short_ids(run_ids: Sequence[str]) -> dict[str, str]:
+    """Each run id as the start of it no other listed id has (at least
+    SHORT_ID_DIGITS digits, without `run_`): what `show` and `replay` take."""
+    ordered = sorted(set(run_ids))
+    short = {}
+    for i, run_id in enumerate(ordered):
+        neighbours = ordered[max(i - 1, 0):i] + ordered[i + 1:i + 2]
+        shared = max((_common(run_id, other) for other in neighbours), default=0)
+        body = run_id.removeprefix("run_")
+        short[run_id] = body[:max(SHORT_ID_DIGITS, shared - (len(run_id) - len(body)) + 1)]
+    return short
+
+
+def _common(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
 
 
 def runs_table(found: list[dict[str, Any]]) -> list[str]:
-    """The lines of `agentbox runs`: a header, then a row per run, columns aligned."""
-    rows = [RUN_COLUMNS, *(run_row(run) for run in found)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_COLUMNS))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-            .rstrip() for row in rows]
+    """`agentbox runs`: newest first, when, project, file, the verdict (or what became
+    of the export) and the headline figures, and a short id; WIDTH columns at most."""
+    ids = short_ids([run["run_id"] for run in found])
+    rows = [(line(local_time(run["accepted_at"])), digest.project_of(run) or "-",
+             digest.file_name(run) or "-", verdict_word(run),
+             figure(run, "integrated_lufs"), figure(run, "true_peak_dbtp", signed=True),
+             figure(run, "loudness_range_lu"), ids[run["run_id"]]) for run in found]
+    return table(RUN_COLUMNS, rows, right=("LUFS", "PEAK", "LRA"))
+
+
+def why_table(found: list[dict[str, Any]]) -> list[str]:
+    """`agentbox dead-letters`: when, project, file, why it failed, a short id."""
+    ids = short_ids([run["run_id"] for run in found])
+    rows = [(line(local_time(run["accepted_at"])), digest.project_of(run) or "-",
+             digest.file_name(run) or "-", why(run), ids[run["run_id"]]) for run in found]
+    return table(WHY_COLUMNS, rows)
+
+
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
+          right: tuple[str, ...] = ()) -> list[str]:
+    """Columns two spaces apart, the widest cut short (…) until the lines fit WIDTH."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    shrinking = [header.index(name) for name in SHRINKING if name in header]
+    while sum(widths) + 2 * (len(widths) - 1) > WIDTH:
+        widest = max(shrinking, key=lambda i: widths[i])
+        if widths[widest] <= MIN_SHRUNK:
+            break
+        widths[widest] -= 1
+
+    def cells(row: tuple[str, ...]) -> str:
+        return "  ".join(_fit(cell, width, header[i] in right)
+                         for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
+
+    return [cells(header).rstrip(), *(cells(row).rstrip() for row in rows)]
+
+
+def _fit(cell: str, width: int, right: bool) -> str:
+    if len(cell) > width:
+        cell = cell[:width - 1] + "…"
+    return cell.rjust(width) if right else cell.ljust(width)
+
+
+# -- agentbox show -----------------------------------------------------------------------------
 
 
 def show_lines(run: dict[str, Any]) -> list[str]:
-    """`agentbox show`: the run, its history, its review (or result) and callbacks."""
-    lines = [f"{run['run_id']}  {run['status']}  {run['event_type']} from {run['source']} "
-             f"(event {run['event_id']})",
-             f"agent {run['agent']}, attempt {run['attempt']}, retries {run['retry_count']}"
-             + (f", {line(run['error_code'])}: {line(run['error_message'])}"
-                if run["error_code"] else "")]
-    if digest.project_of(run):
-        lines.append(f"project {digest.project_of(run)}")
-    if digest.file_name(run):
-        lines.append(f"file {digest.file_name(run)}")
+    """`agentbox show`: the review (or what became of the export, or another agent's
+    result) first, where it came from, then the engine's Details."""
+    result = run.get("result")
+    if reviews(run) or is_review(result):
+        lines = told(run)
+    else:
+        lines = [f"{line(run['run_id'])}: {verdict_word(run)}"]
+        if result is not None:
+            lines.append("result: " + json.dumps(result))
+    where = [f"project {digest.project_of(run)}" if digest.project_of(run) else "",
+             f"file {digest.file_name(run)}" if digest.file_name(run) else "",
+             f"sent {line(local_time(run['accepted_at']))}"]
+    return [*lines, "", " · ".join(w for w in where if w), "", *details(run)]
+
+
+def details(run: dict[str, Any]) -> list[str]:
+    """The engine's account of a run: its state, agent, event, history, callbacks."""
+    lines = ["Details:",
+             f"  run {run['run_id']}  {run['status']}, attempt {run['attempt']}, "
+             f"retries {run['retry_count']}",
+             f"  agent {line(run['agent'])}",
+             f"  event {line(run['event_type'])} from {line(run['source'])} "
+             f"(event {line(run['event_id'])})"]
+    if run["error_code"]:
+        lines.append(f"  error {line(run['error_code'])}: {line(run['error_message'])}")
     if run.get("body_removed_at"):
-        lines.append(f"event body removed by retention at {run['body_removed_at']} "
+        lines.append(f"  event body removed by retention at {run['body_removed_at']} "
                      "(the run cannot be replayed)")
     if run["correlation_id"] or run["hop"]:
-        lines.append(f"chain {run['correlation_id']}, caused by {run['causation_id']}, "
+        lines.append(f"  chain {run['correlation_id']}, caused by {run['causation_id']}, "
                      f"hop {run['hop']}")
-    lines.append("\nhistory:")
-    for change in run["history"]:
+    lines.append("  history:")
+    for change in run.get("history", []):
         note = f"  ({line(change['note'])})" if change["note"] else ""
-        lines.append(f"  {change['at']}  {change['status']:<16} attempt "
+        lines.append(f"    {change['at']}  {change['status']:<16} attempt "
                      f"{change['attempt']}{note}")
-    result = run.get("result")
-    if is_review(result):
-        lines.append("\n" + "\n".join(digest.review_lines(run)))
-    elif result is not None:
-        lines.append("\nresult: " + json.dumps(result))
     for c in run.get("callbacks", []):
-        lines.append(f"callback {c['notification_id']}: {c['state']} after {c['attempts']} "
-                     f"attempt(s){' - ' + line(c['last_error']) if c['last_error'] else ''}")
+        lines.append(f"  callback {c['notification_id']}: {c['state']} after "
+                     f"{c['attempts']} attempt(s)"
+                     f"{' - ' + line(c['last_error']) if c['last_error'] else ''}")
     return lines

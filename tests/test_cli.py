@@ -31,13 +31,16 @@ def test_send_then_follow_the_run(server: Server) -> None:
     again = agentbox(server, "send", "--url", server.url, "--source", "daw", "--event-id",
                      "mix-1", "session.exported", "project_id=ok", "mix_url=/mixes/a.wav")
     assert again.returncode == 0 and json.loads(again.stdout)["duplicate"] is True
-    listed = agentbox(server, "runs", "--url", server.url)
-    assert answer["run_id"] in listed.stdout and "succeeded" in listed.stdout
+    listed = agentbox(server, "runs", "--url", server.url).stdout.splitlines()
+    assert listed[0].split() == ["WHEN", "PROJECT", "FILE", "REVIEW", "LUFS", "PEAK", "LRA",
+                                 "ID"]
+    row = listed[1].split()  # a run of another agent than the review: its state in a word
+    assert row[1:3] == ["ok", "a.wav"] and row[3] == "done" and answer["run_id"][4:14] in row[-1]
     shown = json.loads(agentbox(server, "show", answer["run_id"], "--url", server.url,
                                 "--json").stdout)
     assert [h["status"] for h in shown["history"]] == ["accepted", "processing", "succeeded"]
     readable = agentbox(server, "show", answer["run_id"], "--url", server.url).stdout
-    assert f"{answer['run_id']}  succeeded" in readable and "history:" in readable
+    assert f"run {answer['run_id']}  succeeded" in readable and "history:" in readable
 
 
 def test_send_refused_event_exits_non_zero(server: Server) -> None:
@@ -59,7 +62,10 @@ def test_dead_letters_and_replay(server: Server) -> None:
                     "project_id=always-fail", "mix_url=/m.wav")
     run_id = json.loads(sent.stdout)["run_id"]
     server.wait_terminal(run_id)
-    assert run_id in agentbox(server, "dead-letters", "--url", server.url).stdout
+    dead = agentbox(server, "dead-letters", "--url", server.url).stdout.splitlines()
+    assert dead[0].split() == ["WHEN", "PROJECT", "FILE", "WHY", "ID"]
+    assert "always-fail" in dead[1] and dead[1].split()[-1] == run_id[4:14]
+    assert "agent_retryable_error: " in dead[1]
     replayed = agentbox(server, "replay", run_id, "--url", server.url)
     assert replayed.returncode == 0, replayed.stderr
     assert server.wait_terminal(run_id)["replays"] == 1
@@ -148,17 +154,17 @@ def test_dead_letters_leaves_out_those_discarded_on_the_page(server: Server) -> 
     discarded = server.client.post("/ui/discard", data={
         "csrf": server.csrf(), "run_id": dropped, "reason": "a test render"})
     assert discarded.status_code == 303
-    listed = agentbox(server, "dead-letters", "--url", server.url)
-    assert listed.returncode == 0 and kept in listed.stdout and dropped not in listed.stdout
-    every = agentbox(server, "runs", "--url", server.url, "--status", "dead_lettered")
-    assert kept in every.stdout and dropped in every.stdout  # still dead-lettered
+    listed = agentbox(server, "dead-letters", "--url", server.url, "--json")
+    assert listed.returncode == 0 and [r["run_id"] for r in json.loads(listed.stdout)] == [kept]
+    every = agentbox(server, "runs", "--url", server.url, "--status", "dead_lettered", "--json")
+    assert {r["run_id"] for r in json.loads(every.stdout)} == {kept, dropped}  # still dead
     bad = server.client.get("/runs", params={"discarded": "maybe"})
     assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_query"
     # replayed, it is no longer set aside: failing again, it waits for a decision again
     assert agentbox(server, "replay", dropped, "--url", server.url).returncode == 0
     assert server.wait_terminal(dropped, timeout=30)["status"] == "dead_lettered"
-    again = agentbox(server, "dead-letters", "--url", server.url)
-    assert dropped in again.stdout
+    again = agentbox(server, "dead-letters", "--url", server.url, "--json")
+    assert dropped in {r["run_id"] for r in json.loads(again.stdout)}
 
 
 def test_send_waits_out_a_busy_server_then_gives_up(server_factory: Any, tmp_path: Path

@@ -66,14 +66,14 @@ def test_client_commands_use_the_port_of_the_config_file(server: Server) -> None
     assert sent.returncode == 0, sent.stderr
     run_id = json.loads(sent.stdout.split("\n", 1)[0])["run_id"]
     listed = agentbox(env, server.home, "runs")
-    assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and run_id[4:14] in listed.stdout, listed.stderr
     shown = agentbox(env, server.home, "show", run_id)
-    assert shown.returncode == 0 and f"{run_id}  succeeded" in shown.stdout
+    assert shown.returncode == 0 and f"run {run_id}  succeeded" in shown.stdout
     assert agentbox(env, server.home, "dead-letters").returncode == 0
     assert agentbox(env, server.home, "callbacks", "destinations").returncode == 0
     # A server bound to every address is reached on loopback.
     write_config(server, port=server.port, host="0.0.0.0")
-    assert run_id in agentbox(env, server.home, "runs").stdout
+    assert run_id[4:14] in agentbox(env, server.home, "runs").stdout
 
 
 def test_agentbox_url_overrides_the_config_file_and_url_overrides_both(server: Server) -> None:
@@ -130,13 +130,16 @@ def test_send_wait_prints_the_review_for_people(server_factory: Any, tmp_path: P
     as_json = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
                        "Night Drive", "--mix", str(mix), "--wait", "--json")
     assert json.loads(as_json.stdout.split("\n", 1)[1])["result"]["metrics"]
-    # runs: a header, the project, the loudness
+    # runs: a header, the project, the verdict, the loudness, a short id
     listed = agentbox(env, server.home, "runs").stdout.splitlines()
-    assert listed[0].split() == ["RUN", "STATUS", "PROJECT", "FILE", "LUFS", "TRUE", "PEAK",
-                                 "VERDICT", "EVENT", "RETRIES", "ERROR"]
-    row = next(line for line in listed if line.startswith(run_id))
+    assert listed[0].split() == ["WHEN", "PROJECT", "FILE", "REVIEW", "LUFS", "PEAK", "LRA",
+                                 "ID"]
+    row = next(line for line in listed if line.endswith(run_id[4:14]))
     assert "Night Drive" in row and "night-drive.wav" in row
+    assert f" {run['result']['verdict']} " in row and "succeeded" not in row
     assert f"{metrics['integrated_lufs']:.1f}" in row
+    assert f"{metrics['true_peak_dbtp']:+.1f}" in row
+    assert max(len(line) for line in listed) <= 100
     # show: the same review, with the run's history
     shown = agentbox(env, server.home, "show", run_id).stdout
     assert "project Night Drive" in shown and "history:" in shown
@@ -159,8 +162,8 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
                     "Lost Song", "--mix", str(tmp_path / "gone take.wav"), "--wait")
     assert gone.returncode == 4, gone.stderr
     failed = run_of(gone.stderr)
-    assert gone.stdout.splitlines()[0].startswith(
-        "gone take.wav: failed_permanent: mix_not_found")
+    assert gone.stdout.splitlines()[0] == (
+        "gone take.wav: couldn't review: the file is not there any more — export it again")
     whole = tone(tmp_path / "whole.wav", seconds=3.0)
     cut = tmp_path / "cut short.wav"  # its header promises more: retried while fresh
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
@@ -171,16 +174,17 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
                "the cut file's run to wait for its retry")
     listed = agentbox(env, server.home, "runs").stdout.splitlines()
     header = listed[0]
-    column = header.index("FILE")
-    rows = {line.split()[0]: line for line in listed[1:]}
-    assert rows[failed][column:].startswith("gone take.wav")
-    assert rows[retrying][column:].startswith("cut short.wav")
-    assert "failed_retryable" in rows[retrying] and "mix_truncated" in rows[retrying]
+    column, verdict = header.index("FILE"), header.index("REVIEW")
+    rows = {line.split()[-1]: line for line in listed[1:]}
+    assert rows[failed[4:14]][column:].startswith("gone take.wav")
+    assert rows[failed[4:14]][verdict:].startswith("couldn't review")
+    assert rows[retrying[4:14]][column:].startswith("cut short.wav")
+    assert rows[retrying[4:14]][verdict:].startswith("render unfinished")
     as_json = {r["run_id"]: r for r in server.client.get("/runs").json()["runs"]}
     assert as_json[failed]["file"] == "gone take.wav"
     assert as_json[retrying]["file"] == "cut short.wav"
     shown = agentbox(env, server.home, "show", failed).stdout.splitlines()
-    assert "file gone take.wav" in shown and "project Lost Song" in shown
+    assert "project Lost Song · file gone take.wav · sent " in " ".join(shown)
     assert "file cut short.wav" in agentbox(env, server.home, "show", retrying).stdout
 
 
@@ -200,7 +204,8 @@ def test_a_render_sent_cut_short_fails_for_good_once_left_as_it_is_not_dead_lett
                     "Stalled Song", "--mix", str(cut), "--wait", "--wait-timeout", "60")
     assert sent.returncode == 4, sent.stderr
     run_id = run_of(sent.stderr)
-    assert sent.stdout.splitlines()[0].startswith("stalled.wav: failed_permanent: mix_truncated")
+    assert sent.stdout.splitlines()[0] == (
+        "stalled.wav: couldn't review: the render was cut short — export it again")
     run = server.run(run_id)
     assert run["status"] == "failed_permanent" and run["attempt"] == 1
     assert time.time() - stalled_at >= 60  # not before the window was over

@@ -39,7 +39,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "store": {"events", "runs", "logs", "portable", "signing", "addresses"},
     "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
     "client": {"review"} | CORE,  # review.digest: one line of a run's text
-    "terminal": {"review"} | CORE,
+    "terminal": {"review", "engine"} | CORE,  # engine.agents: the mix review's names
 }
 for _core in CORE:
     MAY_IMPORT[_core] = set(CORE)

@@ -121,3 +121,60 @@ def test_the_server_s_own_reason_reaches_the_sender(server_factory: Any,
         f"agentbox: giving up: agentbox at {server.url} is unavailable (503 "
         f"storage_unavailable): The event store cannot take writes: {reason}. Nothing was "
         "stored.")
+
+
+# -- the tables, on runs made up for them ----------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agentbox.review.figures import local_time  # noqa: E402
+from agentbox.terminal import runs_table, short_ids, why_table  # noqa: E402
+
+REVIEW_AGENT = "agentbox.review.agent:mix_review"
+
+
+def made_up(run_id: str, status: str = "succeeded", project: str = "Night Drive",
+            result: Any = None, **fields: Any) -> dict[str, Any]:
+    return {"run_id": run_id, "status": status, "agent": REVIEW_AGENT, "project": project,
+            "file": f"{project}.wav", "accepted_at": "2026-07-27T14:02:00Z", "result": result,
+            "error_code": None, "error_message": None, **fields}
+
+
+def test_runs_fit_a_hundred_columns_with_people_s_words() -> None:
+    review = {"verdict": "warn", "profile": {"name": "streaming"},
+              "metrics": {"integrated_lufs": -9.84, "true_peak_dbtp": 0.42,
+                          "loudness_range_lu": 5.16}}
+    long = "A Very Long Project Name That Goes On (final final mix, v12)"
+    found = [made_up("run_01a244c7add23235bf0f74bd7ba92cfb", result=review, project=long),
+             made_up("run_01a244c7add2ffffbf0f74bd7ba92cfb", status="processing"),
+             made_up("run_01a244c79900aaaabf0f74bd7ba92cfb", status="failed_retryable",
+                     error_code="mix_truncated"),
+             made_up("run_01a244c70000aaaabf0f74bd7ba92cfb", status="failed_permanent",
+                     error_code="mix_unreadable", error_message="the file is empty (0 bytes)"),
+             made_up("run_01a244c60000aaaabf0f74bd7ba92cfb", status="dead_lettered",
+                     agent="tests.support.agents:scripted", error_code="boom",
+                     error_message="it broke")]
+    lines = runs_table(found)
+    assert max(map(len, lines)) <= 100
+    assert [line.split("  ")[0] for line in lines[1:]] == [
+        local_time("2026-07-27T14:02:00Z")] * 5
+    words = [line[lines[0].index("REVIEW"):].split("  ")[0].strip() for line in lines[1:]]
+    assert words == ["warn", "reviewing…", "render unfinished", "couldn't review", "gave up"]
+    assert "-9.8  +0.4  5.2" in lines[1] and "A Very Long" in lines[1] and "…" in lines[1]
+    assert lines[1].endswith(" 01a244c7add23") and lines[2].endswith(" 01a244c7add2f")
+    assert lines[3].endswith(" 01a244c799")  # ten digits, where they tell it apart
+    assert not any(word in line for line in lines for word in ("succeeded", "failed_"))
+    why = why_table(found[3:])
+    assert "couldn't review: the file is empty — export" in why[1]
+    assert "boom: it broke" in why[2] and max(map(len, why)) <= 100
+
+
+@given(st.lists(st.text("0123456789abcdef", min_size=32, max_size=32), min_size=1,
+                max_size=30))
+def test_a_short_id_is_the_start_of_its_run_id_and_of_no_other(bodies: list[str]) -> None:
+    ids = [f"run_{body}" for body in bodies]
+    short = short_ids(ids)
+    for run_id, shown in short.items():
+        assert run_id.removeprefix("run_").startswith(shown) and len(shown) >= 10
+        assert [other for other in short if other.startswith("run_" + shown)] == [run_id]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -70,25 +70,71 @@ def main() -> None:
 @DATABASE_URL_OPTION
 def serve(host: str | None, port: int | None, data_dir: Path | None,
           config_file: Path | None, database_url: str | None) -> None:
-    """Receive webhooks, run agents, serve the API."""
+    """Receive webhooks, run agents, serve the API.
+
+    It says it is ready once it listens. What keeps it from starting is said in a
+    sentence, with what to change: exit status 2 for the configuration (a config
+    file that does not parse, a setting that does not fit, a data directory that
+    cannot be made), 1 for the rest (the port in use, the data directory served
+    by another agentbox, the database unreachable)."""
+    from agentbox.http import server
+    from agentbox.logs import setup_logging
+
+    try:
+        settings = cfg.load_settings(config_file, overrides={
+            "host": host, "port": port, "data_dir": data_dir, "database_url": database_url})
+    except cfg.ConfigError as exc:
+        _refuse(str(exc), EXIT_USAGE)
+    setup_logging(settings.log_level, settings.log_format)
+    _data_directory(settings)
+    settings, app = _app(settings)
+    try:
+        sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
+        server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
+                   log_config=None, access_log=False, loop=portable.EVENT_LOOP,
+                   lifespan="on",
+                   timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
+                   timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
+    except (server.PortInUse, server.StartupFailed) as exc:
+        _refuse(str(exc), EXIT_REFUSED)
+
+
+def _refuse(sentence: str, status: int) -> NoReturn:
+    """Why agentbox does not start, in a sentence on stderr; no traceback."""
+    click.echo(f"agentbox: {sentence}", err=True)
+    sys.exit(status)
+
+
+def _data_directory(settings: cfg.Settings) -> None:
+    """The data directory, made now (its user's alone): one that cannot be is said."""
+    try:
+        portable.private_directory(settings.data_dir)
+    except OSError as exc:
+        _refuse(f"the data directory {settings.data_dir} cannot be made "
+                f"({exc.strerror or type(exc).__name__}); choose another with --data-dir "
+                "or AGENTBOX_DATA_DIR", EXIT_USAGE)
+
+
+def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
+    """The secrets, the schema brought up to date and the app; what stops them said."""
     from agentbox import files
     from agentbox import store as st
-    from agentbox.http import server
     from agentbox.http.app import create_app
-    from agentbox.logs import setup_logging
     from agentbox.store import engines
 
-    settings = _settings(config_file, host=host, port=port, data_dir=data_dir,
-                         database_url=database_url)
-    setup_logging(settings.log_level)
     try:
         settings, secret_path = cfg.ensure_webhook_secret(settings)
         settings, callback_secret_path = cfg.ensure_callback_secret(settings)
         token = cfg.admin_token(settings)
         engines.migrate(settings)  # a database newer than this code stops us here
         app = create_app(settings, token)
-    except (cfg.ConfigError, st.StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except cfg.ConfigError as exc:
+        _refuse(str(exc), EXIT_USAGE)
+    except st.StoreError as exc:
+        _refuse(str(exc), EXIT_REFUSED)
+    except OSError as exc:  # a config or data directory that cannot be written
+        _refuse(f"{exc.filename or 'a file'} cannot be written "
+                f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED)
     for warning in files.tighten(settings):  # what an older version or a copy left open
         click.echo(f"agentbox: {warning}", err=True)
     if secret_path is not None:
@@ -98,12 +144,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
             settings.callback_allowed_local:
         click.echo(f"agentbox: callbacks are signed with the secret in {callback_secret_path} "
                    "(show it with: agentbox secret --callback)", err=True)
-    click.echo(f"agentbox: data in {engines.describe(settings)}; listening on "
-               f"http://{settings.host}:{settings.port}", err=True)
-    server.run(app, settings, host=settings.host, port=settings.port, log_config=None,
-               access_log=False, loop=portable.EVENT_LOOP, lifespan="on",
-               timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
-               timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
+    return settings, app
 
 
 @main.group(invoke_without_command=True)
@@ -224,6 +265,7 @@ def _client_errors() -> Iterator[None]:
 # Exit statuses of `agentbox send`, for export scripts.
 EXIT_OK = 0  # stored (202) or already stored (200); with --wait: the run succeeded
 EXIT_REFUSED = 1  # the event was refused (4xx other than 429): fix it, do not retry
+EXIT_USAGE = 2  # as click's own usage errors; serve: a configuration that does not fit
 EXIT_UNAVAILABLE = 3  # agentbox unreachable, busy (429) or unavailable (503) after retries
 EXIT_RUN_FAILED = 4  # --wait: the run ended failed_permanent or dead_lettered
 EXIT_WAIT_TIMEOUT = 5  # --wait: the run was not finished in time
@@ -806,7 +848,6 @@ MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install
                "pip install -e '.[mcp]')")
 MCP_FROZEN = ("this agentbox executable was built without the MCP SDK; for agentbox mcp, "
               "install agentbox with pip: pip install 'agentbox[mcp]'")
-EXIT_USAGE = 2  # as click's own usage errors
 
 
 @main.command()

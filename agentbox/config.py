@@ -144,6 +144,8 @@ class Settings:
     session_seconds: float = DEFAULT_SESSION_SECONDS
     agents: tuple[AgentBinding, ...] = ()
     log_level: str = "info"
+    # auto: text lines for a person when stderr is a terminal, JSON lines otherwise.
+    log_format: str = "auto"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
     llm_base_url: str | None = None  # an OpenAI-compatible endpoint for prose notes
     llm_model: str | None = None
@@ -190,11 +192,12 @@ _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed
 _PATHS = {"data_dir", "config_dir"}
 _BOOLS = {"notify"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_STRINGS = {"host", "log_level", "mix_profile", "llm_base_url", "llm_model", "alert_url",
-            "instance_id"}
+_STRINGS = {"host", "log_level", "log_format", "mix_profile", "llm_base_url", "llm_model",
+            "alert_url", "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
              | _BOOLS | {"agents", "database_url", "watch"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "text", "json")
 
 
 def env_name(name: str) -> str:
@@ -234,7 +237,10 @@ def _read_toml(path: Path, required: bool) -> dict[str, Any]:
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}; fix it there (it is "
+                          "TOML: name = value, text in quotes)") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc}") from None
     unknown = sorted(set(data) - _SETTABLE)
     if unknown:
@@ -269,6 +275,11 @@ def _coerce(name: str, where: str, value: Any) -> Any:
         if name == "log_level":
             if str(value).lower() not in _LOG_LEVELS:
                 raise ValueError
+            return str(value).lower()
+        if name == "log_format":
+            if str(value).lower() not in LOG_FORMATS:
+                raise ConfigError(f"{where} must be one of {', '.join(LOG_FORMATS)}, "
+                                  f"not {_describe(value)}")
             return str(value).lower()
         return str(value)
     except (TypeError, ValueError, OverflowError):

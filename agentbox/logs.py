@@ -1,5 +1,9 @@
-"""JSON log lines, one object per line: field values are escaped, so event data
-(newlines, ANSI escapes, quotes) can never forge a line of its own."""
+"""The server's log: JSON lines, one object per line, for machines (field values
+are escaped, so event data (newlines, ANSI escapes, quotes) can never forge a
+line of its own); or, for a person at a terminal, text lines: one readable line
+per thing a person cares about (started, where, each review with its verdict,
+problems), the same escaping. `log_format` chooses: auto (text on a terminal,
+else JSON), text or json."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 LOGGER_NAME = "agentbox"
@@ -157,14 +161,74 @@ def _sole_handler(logger: logging.Logger) -> JsonLines | None:
     return found
 
 
-def setup_logging(level: str = "info") -> None:
+# -- text lines, for a person ------------------------------------------------------------
+
+# The INFO lines a person at the terminal reads, by message: how each is said.
+# Everything else at INFO (each state change, each event, each callback) is the
+# JSON log's; a WARNING or worse is always said.
+SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "agentbox is ready": lambda f: "agentbox is ready at {url} (data in {database})".format(
+        url=f.get("url", "?"), database=f.get("database", "?")),
+    "agentbox stopped": lambda f: "agentbox stopped",
+    "review finished": lambda f: str(f.get("told", "")),
+    "watching a folder for renders": lambda f: f"watching {f.get('folder')} for renders",
+    "recovering runs left processing by a previous process":
+        lambda f: "taking up again the runs a previous start left unfinished",
+    "the render was cut short; waiting for the rest of it":
+        lambda f: "a render was cut short: waiting for the rest of it",
+}
+SAID_LOGGERS = ("agentbox.watch",)  # whose every INFO line is for people (watched folders)
+# Fields worth a problem line's parentheses, in this order.
+PROBLEM_FIELDS = ("folder", "run_id", "error_code", "error", "reason", "database",
+                  "destination", "alert")
+
+
+def one_line(value: Any) -> str:
+    """Text as one line of output: control characters written as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
+class TextLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """A line a person reads for what SAID names and every problem; nothing else."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(sys.stderr if stream is None else stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            said = self.said(record)
+            if said is not None:
+                stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+                self.stream.write(f"{stamp} {said}{self.terminator}")
+                self.flush()
+        except Exception:  # as emit does: say so on stderr, never raise to the caller
+            self.handleError(record)
+
+    def said(self, record: logging.LogRecord) -> str | None:
+        fields = {k: v for k, v in vars(record).items() if k not in _RESERVED}
+        message = record.getMessage()
+        if record.levelno < logging.WARNING:
+            if message in SAID:
+                return one_line(SAID[message](fields))
+            return one_line(message) if record.name in SAID_LOGGERS else None
+        told = [f"{k} {one_line(fields[k])}" for k in PROBLEM_FIELDS if fields.get(k)]
+        line = one_line(message) + (f" ({', '.join(told)})" if told else "")
+        if record.exc_info:  # a bug: its traceback, to report it
+            line += "\n" + _TRACEBACKS.formatException(record.exc_info)
+        return line
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+def setup_logging(level: str = "info", log_format: str = "json") -> None:
     # A line holds none of a record's process and thread fields: not worth looking up
     # for each of the several lines a request logs at INFO.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     # Nor the caller's file and line: setting _srcfile to None is the logging module's
     # own documented way to skip walking the stack for them.
     logging._srcfile = None
-    handler = JsonLines()
+    handler: logging.Handler = TextLines() if text_lines(log_format) else JsonLines()
     root = logging.getLogger(LOGGER_NAME)
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -175,6 +239,19 @@ def setup_logging(level: str = "info") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.propagate = False
+
+
+def text_lines(log_format: str, stream: Any = None) -> bool:
+    """Whether `log_format` means text lines: text, or auto on a terminal."""
+    stream = sys.stderr if stream is None else stream
+    return log_format == "text" or (log_format == "auto" and _isatty(stream))
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no such method, or closed
+        return False
 
 
 def get_logger(part: str) -> logging.Logger:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import importlib
 import logging
 import os
 import platform
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -366,6 +368,33 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     except (OSError, ValueError) as exc:
         log.debug("cannot raise the open files limit", extra={"reason": str(exc)})
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening, for the server to serve on:
+    bound before anything says agentbox is listening. On POSIX SO_REUSEADDR (a
+    restart finds the port free while old connections linger, as uvicorn's own);
+    on Windows SO_EXCLUSIVEADDRUSE, since its SO_REUSEADDR would let two servers
+    share the port. OSError as bind(2) raises it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if WINDOWS:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def address_in_use(exc: OSError) -> bool:
+    """Whether a bind failed because another socket holds the address."""
+    return exc.errno == errno.EADDRINUSE or getattr(exc, "winerror", None) == 10048
 
 
 OPEN_FILES_WANTED = 10_240  # macOS's OPEN_MAX; where the hard limit is unlimited

@@ -63,6 +63,14 @@ def told(run: dict[str, Any], name: str | None = None) -> list[str]:
     return [f"{line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
 
 
+def summary_line(run: dict[str, Any]) -> str:
+    """A finished run in one line: `night-drive.wav: pass · -14.2 LUFS · …`, or what
+    became of the export (`empty.wav: couldn't review: the file is empty — …`)."""
+    if run.get("status") == "succeeded" or not reviews(run):
+        return digest.short(run)
+    return told(run)[0]
+
+
 # -- agentbox runs -----------------------------------------------------------------------------
 
 # A run's state in a word, for a run that is not the mix review's.

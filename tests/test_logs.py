@@ -292,3 +292,77 @@ def test_another_formatter_gets_the_record(stderr: io.StringIO) -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s %(run_id)s"))
     logs.info(logs.get_logger("runs"), "run state changed", FIELDS)
     assert lines(stderr) == ["INFO run state changed run_1"]
+
+
+# -- text lines, for a person at a terminal --------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as stderr in a window is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def window(monkeypatch: pytest.MonkeyPatch) -> Iterator[Terminal]:
+    """`setup_logging` with log_format auto, writing into a terminal."""
+    saved = {name: (logger.handlers[:], logger.level, logger.propagate)
+             for name in NAMES if (logger := logging.getLogger(name))}
+    buffer = Terminal()
+    monkeypatch.setattr("sys.stderr", buffer)
+    logs.setup_logging("info", "auto")
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    logger.handlers[:] = [h for h in logger.handlers if isinstance(h, logs.TextLines)]
+    yield buffer
+    for name, (handlers, level, propagate) in saved.items():
+        found = logging.getLogger(name)
+        found.handlers[:], found.level, found.propagate = handlers, level, propagate
+
+
+def said(buffer: io.StringIO) -> list[str]:
+    """The lines without their time (HH:MM:SS)."""
+    found = buffer.getvalue().splitlines()
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in found), found
+    return [line[9:] for line in found]
+
+
+def test_a_terminal_reads_what_a_person_cares_about(window: Terminal) -> None:
+    log = logs.get_logger("app")
+    log.info("agentbox is ready", extra={"url": "http://127.0.0.1:8000",
+                                         "database": "/data/agentbox.sqlite3"})
+    logs.info(log, "event accepted", {"event_id": "e1", "run_ids": ["run_1"]})
+    logs.info(log, "run state changed", {"run_id": "run_1", "status": "processing"})
+    logs.get_logger("reviews").info("review finished", extra={
+        "run_id": "run_1", "verdict": "pass",
+        "told": "night-drive.wav: pass · -14.2 LUFS · true peak -1.1 dBTP"})
+    logs.get_logger("watch").info("b.wav: accepted run_2", extra={"folder": "/x"})
+    log.warning("the store cannot take writes; events are refused (503)",
+                extra={"reason": "disk full", "database": "/d\nforged"})
+    log.info("agentbox stopped")
+    assert said(window) == [
+        "agentbox is ready at http://127.0.0.1:8000 (data in /data/agentbox.sqlite3)",
+        "night-drive.wav: pass · -14.2 LUFS · true peak -1.1 dBTP",
+        "b.wav: accepted run_2",
+        "the store cannot take writes; events are refused (503) (reason disk full, "
+        "database /d\\nforged)",
+        "agentbox stopped"]
+
+
+def test_a_bug_is_said_with_its_traceback(window: Terminal) -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logs.get_logger("dispatcher").exception("claiming runs failed")
+    text = window.getvalue()
+    assert re.match(r"\d\d:\d\d:\d\d claiming runs failed\nTraceback", text)
+    assert "ValueError: boom" in text
+
+
+@pytest.mark.parametrize(("log_format", "tty", "text"), [
+    ("auto", True, True), ("auto", False, False), ("text", False, True),
+    ("json", True, False)])
+def test_the_format_is_chosen_by_the_setting_and_the_stream(log_format: str, tty: bool,
+                                                            text: bool) -> None:
+    stream = Terminal() if tty else io.StringIO()
+    assert logs.text_lines(log_format, stream) is text

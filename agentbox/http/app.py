@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import ConfigError, Settings
 from agentbox.desktop.notifications import ReviewNotifications
+from agentbox.desktop.review_log import ReviewLog
 from agentbox.desktop.watched import WatchedFolders
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
@@ -42,7 +43,7 @@ from agentbox.logs import get_logger
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.runs import SteadyClock
-from agentbox.store import RemoteChange, StorageUnavailable
+from agentbox.store import RemoteChange, StorageUnavailable, StoreError
 from agentbox.store.engines import create_store
 
 log = get_logger("app")
@@ -110,6 +111,8 @@ def create_app(
                         watched)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
+    review_log = ReviewLog(store)
+    dispatcher.listeners.append(review_log.on_transition)
     notices = ReviewNotifications(store) if settings.notify else None
     if notices is not None:
         dispatcher.listeners.append(notices.on_transition)
@@ -127,7 +130,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await store.open()
+        try:
+            await store.open()
+        except StoreError as exc:  # another agentbox on the data directory, say
+            app.state.startup_error = str(exc)  # said in a sentence by the server
+            raise
         await dispatcher.start()
         await deliverer.start()
         retention.start()
@@ -136,8 +143,8 @@ def create_app(
                 "session.exported")):  # exports are reviewed: warm before the first one
             analysis.warm()
         _quiet_garbage_collector()
-        log.info("agentbox is ready", extra={"database": store.description,
-                                             "instance_id": instance_id})
+        # Said by the server once its port is bound too ("agentbox is ready").
+        app.state.ready = {"database": store.description, "instance_id": instance_id}
         if watched is not None:
             watched.start()  # its first scan waits for the server to answer
         try:
@@ -155,6 +162,7 @@ def create_app(
             await deliverer.stop()
             if notices is not None:
                 await notices.close()
+            await review_log.close()
             await store.close()
             analysis.shutdown()
             log.info("agentbox stopped")

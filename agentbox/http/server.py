@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +26,9 @@ import uvicorn
 from agentbox import portable
 from agentbox.config import Settings
 from agentbox.http.connections import ConnectionLimits, protocol_for
+from agentbox.logs import get_logger
+
+log = get_logger("server")
 
 STARTUP_FAILURE = 3  # uvicorn's exit status when the server could not start
 DATE_EVERY_SECONDS = 1.0  # how stale the Date header may get while connections are open
@@ -54,6 +59,31 @@ class _Connections(set[Any]):
         self._on_add()
 
 
+class PortInUse(Exception):
+    """Another program (another agentbox?) listens on the port."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(f"port {port} is in use (by another agentbox? then it is already "
+                         "running); choose another with --port")
+
+
+class StartupFailed(Exception):
+    """The app could not start, for a reason it put in a sentence (app.state.startup_error:
+    the data directory served by another agentbox, the database unreachable, ...)."""
+
+
+def listen(host: str, port: int) -> socket.socket | None:
+    """The server's socket, bound now: PortInUse when another program holds the port.
+    None for another bind failure (a port that needs privileges): then uvicorn binds,
+    after the app's start-up, and says why it cannot, as before."""
+    try:
+        return portable.listening_socket(host, port)
+    except OSError as exc:
+        if portable.address_in_use(exc):
+            raise PortInUse(port) from None
+        return None
+
+
 class QuietServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -62,6 +92,14 @@ class QuietServer(uvicorn.Server):
         self._connected = asyncio.Event()
         self._dated_at = 0.0
         self.server_state.connections = _Connections(self._on_connection)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the port is bound and the app started: now, not before
+            app = self.config.app
+            log.info("agentbox is ready", extra={
+                "url": url_of(self.config.host, self.config.port),
+                **getattr(getattr(app, "state", None), "ready", {})})
 
     async def main_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -114,13 +152,48 @@ class QuietServer(uvicorn.Server):
                 waiter.cancel()
 
 
-def run(app: Any, settings: Settings, **options: Any) -> None:
+def url_of(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+class _StartupErrorsSaid(logging.Filter):
+    """uvicorn's lines of a failed start-up (the traceback, "Application startup
+    failed"), left out once the app has said why in a sentence of its own."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    @property
+    def why(self) -> str | None:
+        found = getattr(getattr(self.app, "state", None), "startup_error", None)
+        return found if isinstance(found, str) else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.why is None
+
+
+def run(app: Any, settings: Settings, sockets: list[socket.socket] | None = None,
+        **options: Any) -> None:
     """`uvicorn.run(app, **options)` with the quiet main loop and the connections'
-    limits of `settings` (agentbox.http.connections)."""
+    limits of `settings` (agentbox.http.connections), serving on `sockets` when
+    given (bound already: see `listen`). StartupFailed with the app's sentence when
+    it could not start for a reason it knows; exit status 3 for another."""
     portable.raise_open_files_limit()  # the connections' limits, not the OS's, apply
     protocol = protocol_for(ConnectionLimits.of(settings))
     server = QuietServer(uvicorn.Config(app, http=protocol, **options))
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+    said = _StartupErrorsSaid(app)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(said)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=sockets)
+    except SystemExit:  # uvicorn's own, when the start-up failed
+        if server.started or said.why is None:
+            raise
+    finally:
+        uvicorn_log.removeFilter(said)
+    if not server.started and said.why is not None:
+        raise StartupFailed(said.why)
     if not server.started:
         sys.exit(STARTUP_FAILURE)

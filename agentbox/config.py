@@ -74,6 +74,14 @@ DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES = 10
 # Subscriptions held at once: each event owes every subscriber of its type a delivery,
 # written with it (1,000 of them made an event's ingest about 100 ms).
 DEFAULT_MAX_SUBSCRIPTIONS = 100
+# The archive of exports (agentbox.archive): the bytes each review heard, kept in the
+# data directory within a total size and a number per project, oldest dropped first.
+# 5 GB holds some sixty 5-minute 24-bit stereo mixes; 20 per project, the last
+# evening's renders of a song. A project page lists at most MAX_KEEP_PER_PROJECT
+# exports, so an archive keeping more would keep audio no page could play.
+DEFAULT_ARCHIVE_MAX_GB = 5.0
+DEFAULT_ARCHIVE_KEEP_PER_PROJECT = 20
+MAX_KEEP_PER_PROJECT = 200
 
 
 class ConfigError(Exception):
@@ -159,6 +167,11 @@ class Settings:
     # these many days (fractions allowed); a project's history stays.
     retention_days: float = DEFAULT_RETENTION_DAYS
     body_retention_days: float = DEFAULT_BODY_RETENTION_DAYS
+    # The archive of exports: the reviewed bytes kept (off: only a file still as it was
+    # reviewed can be played), within a size in GB and a number per project.
+    archive: bool = True
+    archive_max_gb: float = DEFAULT_ARCHIVE_MAX_GB
+    archive_keep_per_project: int = DEFAULT_ARCHIVE_KEEP_PER_PROJECT
     # -- subscriptions (other programs' webhook subscriptions) --
     # Loopback origins a subscription may use over plain http (else https only).
     subscription_allowed: tuple[str, ...] = ()
@@ -171,6 +184,15 @@ class Settings:
     def database_path(self) -> Path:
         return self.data_dir / "agentbox.sqlite3"
 
+    @property
+    def archive_path(self) -> Path:
+        """Where the archive of exports keeps its files (agentbox.archive)."""
+        return self.data_dir / "archive"
+
+    @property
+    def archive_max_bytes(self) -> int:
+        return int(self.archive_max_gb * 1_000_000_000)
+
 
 # How each setting is read from text (env var or TOML string); None = not settable there.
 _POSITIVE_FLOATS = {
@@ -179,18 +201,19 @@ _POSITIVE_FLOATS = {
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
     "keep_alive_seconds", "head_timeout_seconds", "session_seconds", "retention_days",
     "body_retention_days",
-    "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
+    "subscription_min_ttl_seconds", "subscription_max_ttl_seconds", "archive_max_gb",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
                   "max_connections", "max_idle_connections", "max_head_bytes",
-                  "subscription_suspend_after_failures", "max_subscriptions"}
+                  "subscription_suspend_after_failures", "max_subscriptions",
+                  "archive_keep_per_project"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
-_BOOLS = {"notify"}
+_BOOLS = {"notify", "archive"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _STRINGS = {"host", "log_level", "log_format", "mix_profile", "llm_base_url", "llm_model",
             "alert_url", "instance_id"}
@@ -456,6 +479,11 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
                           f"{named('max_connections')}: connections waiting for a request "
                           "must leave slots for the requests that have arrived")
     _check_retention(settings, named)
+    if settings.archive_keep_per_project > MAX_KEEP_PER_PROJECT:
+        raise ConfigError(f"{named('archive_keep_per_project')} must be at most "
+                          f"{MAX_KEEP_PER_PROJECT}: a project's page lists its latest "
+                          f"{MAX_KEEP_PER_PROJECT} exports, and audio kept beyond them could "
+                          "not be played")
     _check_subscriptions(settings, named)
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):

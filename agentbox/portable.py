@@ -19,6 +19,7 @@ import os
 import platform
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -101,6 +102,43 @@ def make_private(path: Path, mode: int) -> int | None:
         return None
     os.chmod(path, mode)
     return found.st_mode & 0o777
+
+
+# -- a file itself, never what a link points to -----------------------------------------
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; Windows has none
+# POSIX: a FIFO swapped in for a file must not block the open; Windows: no newline
+# translation.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+class NotTheFile(OSError):
+    """The path names a symlink, or something other than a regular file."""
+
+
+def open_unfollowed(path: Path) -> int:
+    """A read-only descriptor of the regular file at `path` itself, never of what a
+    symlink there points to (NotTheFile, or OSError when there is nothing). POSIX
+    opens with O_NOFOLLOW; Windows, which has no such flag, looks at the path first
+    and then checks that the file it opened is the one it looked at, so that a link
+    swapped in between is found too."""
+    seen = None
+    if not _NO_FOLLOW:
+        seen = os.lstat(path)
+        if not stat.S_ISREG(seen.st_mode):
+            raise NotTheFile(f"{path} is not a regular file")
+    try:
+        fd = os.open(path, _OPEN_FLAGS | _NO_FOLLOW)
+    except OSError as exc:
+        if _NO_FOLLOW and os.path.islink(path):
+            raise NotTheFile(f"{path} is a symbolic link") from exc
+        raise
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode) or (
+            seen is not None and (seen.st_dev, seen.st_ino) != (opened.st_dev, opened.st_ino)):
+        os.close(fd)
+        raise NotTheFile(f"{path} is not the regular file it was")
+    return fd
 
 
 # -- durable flush --------------------------------------------------------------------

@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual",
         "files"}
-ROOMS = {"http", "engine", "review", "desktop", "store"}
+ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
 
@@ -33,9 +33,12 @@ ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
 # sits on the store, the HTTP side on both; the client side on the package's core.
 MAY_IMPORT: dict[str, set[str]] = {
     # The server runs the desktop side's notifications (and watched folders).
-    "http": {"engine", "review", "store", "desktop"} | CORE,
-    "engine": {"store", "review"} | CORE,
-    "review": {"engine", "store"} | CORE,  # the review is an agent: the agent API
+    "http": {"engine", "review", "store", "desktop", "archive"} | CORE,
+    "engine": {"store", "review", "archive"} | CORE,
+    "review": {"engine", "store", "archive"} | CORE,  # the review is an agent: the agent API
+    # The archive of exports keeps files and their records: below the review and the
+    # engine, above the store.
+    "archive": {"store"} | CORE,
     "store": {"events", "runs", "logs", "portable", "signing", "addresses"},
     "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
     "client": {"review"} | CORE,  # review.digest: one line of a run's text

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox.archive import Archive
 from agentbox.config import ConfigError, Settings
 from agentbox.desktop.notifications import ReviewNotifications
 from agentbox.desktop.review_log import ReviewLog
@@ -32,6 +33,7 @@ from agentbox.engine.retention import Retention
 from agentbox.engine.subscriptions import Subscriptions
 from agentbox.http.access import Access
 from agentbox.http.api import RunsApi
+from agentbox.http.audio import AudioRoutes
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.headers import SecurityHeaders, secured
@@ -87,13 +89,14 @@ def create_app(
     # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
     # no process until the lifespan warms one.
     analysis = Analysis.configured()
+    archive = Archive(settings)
     registry = AgentRegistry.from_bindings(settings.agents)
     instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
     store = create_store(settings, owner)
     metrics = Metrics(instance_id, store.engine)
     dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner,
-                            services={Analysis: analysis})
+                            services={Analysis: analysis, Archive: archive})
     deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics, owner=owner)
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
@@ -109,6 +112,7 @@ def create_app(
     watched = WatchedFolders.of(settings, admin_token) if settings.watch else None
     pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics),
                         watched)
+    audio = AudioRoutes(store, archive)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     review_log = ReviewLog(store)
@@ -135,6 +139,7 @@ def create_app(
         except StoreError as exc:  # another agentbox on the data directory, say
             app.state.startup_error = str(exc)  # said in a sentence by the server
             raise
+        await archive.open()
         await dispatcher.start()
         await deliverer.start()
         retention.start()
@@ -160,6 +165,7 @@ def create_app(
             await dispatcher.stop()
             await subscriptions.stop()
             await deliverer.stop()
+            await archive.close()
             if notices is not None:
                 await notices.close()
             await review_log.close()
@@ -185,7 +191,7 @@ def create_app(
                   methods=["DELETE"]),
             Route("/subscriptions/{subscription_id}/refresh", subscriptions_api.refresh,
                   methods=["POST"]),
-            Route("/runs/{run_id}/audio", pages.audio, methods=["GET"]),
+            Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/", pages.home, methods=["GET"]),
             Route("/projects/{project:path}", pages.project, methods=["GET"]),
             Route("/ui/runs", pages.runs, methods=["GET"]),
@@ -210,6 +216,7 @@ def create_app(
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
     app.state.receiver, app.state.analysis = receiver, analysis
+    app.state.archive = archive
     return app
 
 

@@ -21,7 +21,6 @@ import functools
 import hashlib
 import hmac
 import json
-import mimetypes
 import re
 import secrets
 import time
@@ -37,7 +36,6 @@ from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
-    FileResponse,
     HTMLResponse,
     RedirectResponse,
     Response,
@@ -46,18 +44,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.config import Settings
 from agentbox.desktop.watched import FolderStatus, WatchedFolders
-from agentbox.engine.agents import PermanentAgentError
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.access import Access, TooManyLogins, from_this_site
+from agentbox.http.audio import audio_type
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
 from agentbox.review import figures
 from agentbox.review import view as review_view
 from agentbox.review.agent import mix_review
-from agentbox.review.analysis import local_path
-from agentbox.review.model import as_review
 from agentbox.runs import RunStatus
 from agentbox.store import (
     NotReplayable,
@@ -82,9 +78,6 @@ RANGES = (("3600", "last hour"), ("86400", "last day"), ("604800", "last week"))
 RUN_FILTERS = ("q", "status", "event_type", "agent", "project", "since", "before")
 HOME_PROJECTS = 100
 PROJECT_EXPORTS = 200
-AUDIO_TYPES = {".wav": "audio/wav", ".wave": "audio/wav", ".flac": "audio/flac",
-               ".mp3": "audio/mpeg", ".ogg": "audio/ogg", ".oga": "audio/ogg",
-               ".aif": "audio/aiff", ".aiff": "audio/aiff", ".m4a": "audio/mp4"}
 
 
 class Live:
@@ -263,7 +256,7 @@ class StatusPages:
             attempts=await self.store.attempts(run_id),
             discarded=await self.store.discarded(run_id),
             previous=await self._previous(review, run, project) if review else None,
-            audio_type=_audio_type(review.file_name) if review else None)
+            audio_type=audio_type(review.file_name) if review else None)
 
     def _reviews(self, agent: str) -> bool:
         """Whether `agent` is the mix review: its runs are told in a musician's words."""
@@ -297,30 +290,6 @@ class StatusPages:
         return review_view.Previous(earlier[0].run_id, earlier[0].accepted_at,
                                     review_view.Review.of(earlier[0].result), review,
                                     earlier[0].archived)
-
-    async def audio(self, request: Request) -> Response:
-        """The mix a review listened to, for the page's player: only that file, found
-        from the run's own event, never a path the request names."""
-        run_id = request.path_params["run_id"]
-        run = await self.store.get_run(run_id)
-        if run is None and await self.store.archived_export(run_id) is not None:
-            return error_response(404, "audio_not_found", (
-                f"Retention removed run {run_id[:100]!r} with its event, and with it where "
-                "its mix was; its review is kept in its project's history."))
-        if run is None or as_review(run["result"]) is None:
-            return error_response(404, "audio_not_found",
-                                  "Only the mix of a finished mix review can be played; "
-                                  f"{run_id[:100]!r} is not one.")
-        payload = ((await self.store.event_of(run_id)) or {}).get("payload")
-        mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
-        try:
-            path = local_path(mix_url) if isinstance(mix_url, str) else None
-        except PermanentAgentError:
-            path = None
-        if path is None or not path.is_file():
-            return error_response(404, "audio_not_found",
-                                  "The reviewed file is no longer where it was.")
-        return FileResponse(path, media_type=_audio_type(path.name))
 
     async def dead_letters(self, request: Request) -> Response:
         await self.refresh_alerts()
@@ -578,8 +547,3 @@ def _project_of(event: dict[str, Any]) -> str | None:
     payload = event.get("payload")
     project = payload.get("project_id") if isinstance(payload, dict) else None
     return project if isinstance(project, str) else None
-
-
-def _audio_type(name: str) -> str:
-    suffix = Path(name).suffix.lower()
-    return AUDIO_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agentbox.archive import Archive
 from agentbox.engine.agents import AgentContext, PermanentAgentError
 from agentbox.events import Event
 from agentbox.review.analysis import Analysis, local_path
@@ -42,7 +43,11 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     settings = ctx.settings
     profile = choose_profile(getattr(payload, "profile", None)
                              or (settings.mix_profile if settings else None))
-    measured, file = await analysis.measure(local_path(mix_url), mix_url, ctx)
+    archive = ctx.service(Archive)  # keeps the bytes reviewed, when the app has one
+    measured, file = await analysis.measure(local_path(mix_url), mix_url, ctx,
+                                            archive.incoming if archive else None)
+    if archive is not None and file.sha256:
+        archive.keep(file.sha256)
     metrics = with_profile(measured, profile)
     reference_url = getattr(payload, "reference_url", None)
     reference = None if not reference_url else await compare_with_reference(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 import time
@@ -93,9 +94,13 @@ class Analysis:
         if not self._idle and not self._busy:
             self._idle.append(_Worker(self._starters))
 
-    async def measure(self, path: Path, url: str, ctx: AgentContext | None
-                      ) -> tuple[dict[str, Any], FileInfo]:
+    async def measure(self, path: Path, url: str, ctx: AgentContext | None,
+                      keep_in: Path | None = None) -> tuple[dict[str, Any], FileInfo]:
         """The measurements of the file at `path`, or the agent error that says why not.
+        The file's identity (the SHA-256 of the bytes measured, size, modification
+        time) is in its FileInfo. With `keep_in` (the archive's incoming folder) the
+        file is copied there as it is read, and the copy is what is measured: it then
+        waits there under its hash (agentbox.archive.blobs).
 
         A render cut short that was modified less than TRUNCATED_RETRY_SECONDS ago
         may be a renderer that stalled: the attempt waits for the rest and measures
@@ -105,7 +110,8 @@ class Analysis:
             await _settle(path)
             _check_settled(path)
             before = _stat(path)
-            outcome = await self.run(str(path), None if ctx is None else ctx.cancelled)
+            outcome = await self.run((str(path), None if keep_in is None else str(keep_in)),
+                                     None if ctx is None else ctx.cancelled)
             if outcome[0] != "error" or outcome[1] != "mix_truncated":
                 break
             message = f"{url}: {outcome[2]}"
@@ -115,17 +121,18 @@ class Analysis:
                 raise PermanentAgentError(message, "mix_truncated")
         if outcome[0] == "error":
             _, code, message = outcome
-            if code == "mix_unreadable" and _recently_changed(path):
+            if code == "mix_changed" or (code == "mix_unreadable" and _recently_changed(path)):
                 raise RetryableAgentError(f"{url} is still being written", "mix_incomplete")
             raise PermanentAgentError(message, code)
         if _stat(path) != before:  # rewritten while we listened
             raise RetryableAgentError(f"{url} changed during the analysis", "mix_incomplete")
         raw: dict[str, Any] = outcome[1]
-        return raw, _file_info(path, raw, None if before is None else before[0])
+        return raw, _file_info(path, raw, outcome[2])
 
-    async def run(self, path: str, cancelled: asyncio.Event | None = None
-                  ) -> tuple[Any, ...]:
-        """One analysis in a process: ("ok", measurements) or ("error", code, message)."""
+    async def run(self, path: str | tuple[str, str | None],
+                  cancelled: asyncio.Event | None = None) -> tuple[Any, ...]:
+        """One analysis in a process (of a path, or of a path and the folder to copy it
+        into): ("ok", measurements, identity) or ("error", code, message)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.processes)
         slots = self._slots
@@ -263,14 +270,34 @@ def serve_analyses(conn: Any) -> None:
         conn.close()
 
 
-def analyse(path: str) -> tuple[Any, ...]:
-    """Runs in an analysis process: ("ok", metrics) or ("error", code, message)."""
+def analyse(request: str | tuple[str, str | None]) -> tuple[Any, ...]:
+    """Runs in an analysis process: ("ok", metrics, identity) or ("error", code,
+    message). The file is read once to hash it (and, given a folder to keep it in,
+    to copy it there: then the copy is measured)."""
+    from agentbox.archive import blobs
     from agentbox.review.meter import AudioError, measure
 
+    path, keep_in = (request, None) if isinstance(request, str) else request
     try:
-        return ("ok", measure(path).as_dict())
+        if keep_in is None:
+            identity, copy = blobs.fingerprint(Path(path)), None
+        else:
+            identity, copy = blobs.copy_in(Path(path), Path(keep_in))
+    except FileNotFoundError:
+        return ("error", "mix_not_found", f"no file at {path}")
+    except blobs.SourceChanged as exc:
+        return ("error", "mix_changed", str(exc))
+    except OSError as exc:
+        return ("error", "mix_unreadable", f"the file cannot be read: {exc.strerror or exc}")
+    try:
+        measured = measure(str(copy or path)).as_dict()
     except AudioError as exc:
+        if copy is not None:
+            copy.unlink(missing_ok=True)
         return ("error", exc.code, exc.message)
+    if copy is not None:
+        blobs.ready(copy, identity.sha256)
+    return ("ok", measured, dataclasses.asdict(identity))
 
 
 # -- the file ----------------------------------------------------------------------------------
@@ -294,12 +321,13 @@ def local_path(mix_url: str) -> Path:
     return Path(mix_url).expanduser()
 
 
-def _file_info(path: Path, raw: dict[str, Any], size: int | None) -> FileInfo:
+def _file_info(path: Path, raw: dict[str, Any], identity: dict[str, Any]) -> FileInfo:
     return FileInfo(name=path.name, format=raw["file_format"], sample_rate=raw["sample_rate"],
                     bit_depth=raw["bit_depth"], channels=raw["channels"],
                     duration_seconds=raw["duration_seconds"],
                     frames_declared=raw.get("frames_declared"),
-                    frames_read=raw.get("frames_read", 0), size_bytes=size)
+                    frames_read=raw.get("frames_read", 0), size_bytes=identity["size"],
+                    sha256=identity["sha256"], modified_ns=identity["modified_ns"])
 
 
 def _stat(path: Path) -> tuple[int, int] | None:

@@ -82,6 +82,10 @@ class FileInfo(BaseModel):
     frames_declared: int | None
     frames_read: int
     size_bytes: int | None = None  # the file's size as reviewed (None in older results)
+    # What was reviewed, to know it again (None in older results): the SHA-256 of the
+    # bytes measured (the archive's name for them) and the file's modification time.
+    sha256: str | None = None
+    modified_ns: int | None = None
 
 
 class TargetView(BaseModel):

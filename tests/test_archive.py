@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentbox import config
-from agentbox.archive.blobs import Blobs, copy_in, ready
+from agentbox.archive.blobs import Blobs, copy_in, is_hash, ready
 from agentbox.http.audio import byte_range
 from tests.conftest import InProcess, in_process, make_event
 
@@ -81,12 +81,12 @@ async def test_three_renders_to_one_file_name_leave_three_playable_exports(
             assert again.status_code == 304 and again.content == b""
         # the files are the user's alone, each kept once under its hash
         root = box.settings.archive_path
-        kept = sorted(p for p in root.rglob("*") if p.is_file())
+        kept = sorted(p for p in root.rglob("*") if p.is_file() and is_hash(p.name))
         assert [p.name for p in kept] == sorted(hashlib.sha256(h).hexdigest()
                                                 for h, _ in renders)
         for path in [root, *(p.parent for p in kept)]:
             assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
-        for path in kept:
+        for path in [*kept, root / "keeper"]:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
         assert not list((root / "incoming").iterdir())  # nothing left waiting
 
@@ -100,7 +100,7 @@ async def test_the_same_audio_twice_is_kept_once(tmp_path: Path) -> None:
         second = await review(box, tmp_path / "b.wav", project="Other")
         await box.app.state.archive.settled()
         assert first["result"]["file"]["sha256"] == second["result"]["file"]["sha256"]
-        assert len([p for p in box.settings.archive_path.rglob("*") if p.is_file()]) == 1
+        assert len([p for p in box.settings.archive_path.rglob("*") if is_hash(p.name)]) == 1
         for run in (first, second):
             assert (await audio(box, run["run_id"])).content == heard
 

@@ -3,11 +3,22 @@ closes, and lends to the review agent (AgentContext.service).
 
 A review copies the mix into `incoming` as it reads it (agentbox.archive.blobs);
 `keep` then makes the copy the archive's, in the background (flushed to disk
-first: a file under its hash's name always holds those bytes), and the review's
-run does not wait for it. `audio` finds the bytes a review heard, for the page's
-players: the archive's copy, or, with the archive off, the file at the review's
-path if it is still the one reviewed (same size, modification time and SHA-256;
-never a symlink swapped in since).
+first: a file under its hash's name always holds those bytes) and records it in
+the store; the review's run does not wait for it. After each keep, and with each
+retention pass, `bound` lets the oldest go when the archive is over its bounds
+(agentbox.archive.budget) and deletes the files nothing needs any more. Keeping
+and bounding take turns (one lock): a file is never deleted between its copy and
+its record.
+
+`audio` finds the bytes a review heard, for the page's players: the archive's
+copy, or, with the archive off, the file at the review's path if it is still the
+one reviewed (same size, modification time and SHA-256; never a symlink swapped
+in since). A project's reference track is kept in the same folder, whether the
+archive keeps exports or not (it was given to be kept).
+
+Instances that share a PostgreSQL database each keep their own folder: the
+records name the `keeper` (an id made once per folder, in its `keeper` file), and
+each instance bounds and serves what it keeps.
 """
 
 from __future__ import annotations
@@ -15,20 +26,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
+import time
+import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentbox import portable
+from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, hash_of, is_hash
 from agentbox.config import Settings
 from agentbox.logs import get_logger
+from agentbox.store import KeptAudio, ProjectReference, Store
 
 log = get_logger("archive")
 
 PENDING_WAIT_SECONDS = 30.0  # an audio request waits this long for a copy being kept
 VERIFIED_FILES = 256  # files whose hash is remembered by identity (the archive off)
+KEEPER_FILE = "keeper"  # the folder's id, which the store's records name
 
 
 @dataclass(frozen=True)
@@ -60,64 +79,163 @@ class Gone:
 
 
 class Archive:
-    """The archive of exports (or, off, the check of a reviewed file's identity)."""
+    """The archive of exports (or, off, the check of a reviewed file's identity), and
+    the projects' reference tracks."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: Store,
+                 clock: Callable[[], float] = time.time) -> None:
         self.on = settings.archive
+        self.store = store
+        self.clock = clock
+        self.bounds = budget.Bounds(settings.archive_max_bytes,
+                                    settings.archive_keep_per_project)
         self.blobs = Blobs(settings.archive_path)
-        self._ready = False  # the folders exist (made at open)
-        self._pending: dict[str, asyncio.Task[bool]] = {}  # hash -> its commit
+        self.keeper = ""  # the folder's id, once it is made
+        self._lock = asyncio.Lock()  # keeping and bounding take turns
+        self._pending: dict[str, set[asyncio.Task[None]]] = {}  # hash -> keeps under way
         self._verified: OrderedDict[tuple[int, ...], str] = OrderedDict()
         self._verifying = threading.Lock()  # _verified is used from worker threads
 
     # -- the server's life --------------------------------------------------------------
 
     async def open(self) -> None:
-        """Make the folders and sweep what an unfinished review left (off the loop)."""
-        if not self.on:
-            return
-        try:
-            await asyncio.to_thread(self._prepare)
-            self._ready = True
-        except OSError as exc:  # reviews go on; nothing is kept
-            log.warning("the archive's folder cannot be made: exports are not kept",
-                        extra={"path": str(self.blobs.root), "reason": str(exc)})
+        """Make the folder, if exports are kept, and sweep what an unfinished review
+        left (off the loop). A folder that cannot be made keeps nothing: reviews go on."""
+        if self.on:
+            await self._ready()
 
-    def _prepare(self) -> None:
+    async def _ready(self) -> bool:
+        if self.keeper:
+            return True
+        try:
+            self.keeper = await asyncio.to_thread(self._prepare)
+        except OSError as exc:
+            log.warning("the archive's folder cannot be made: nothing is kept",
+                        extra={"path": str(self.blobs.root), "reason": str(exc)})
+        return bool(self.keeper)
+
+    def _prepare(self) -> str:
         self.blobs.prepare()
         self.blobs.sweep_incoming()
+        named = self.blobs.root / KEEPER_FILE
+        if not named.is_file():
+            made = f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
+            portable.write_durably(named, made + "\n", portable.PRIVATE_FILE)
+        return named.read_text(encoding="utf-8").strip()
 
     async def close(self) -> None:
-        """Let the copies being kept finish (each is a flush and a rename)."""
-        if self._pending:
-            await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        """Let the copies being kept finish (each is a flush, a rename, a record)."""
+        await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until every copy being kept is kept (tests, shutdown)."""
+        while self._pending:
+            tasks = {task for tasks in self._pending.values() for task in tasks}
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- keeping ------------------------------------------------------------------------
 
     @property
     def incoming(self) -> Path | None:
-        """Where a review copies the mix it reads; None: nothing is kept."""
-        return self.blobs.incoming if self.on and self._ready else None
+        """Where a review copies the mix it reads; None: exports are not kept."""
+        return self.blobs.incoming if self.on and self.keeper else None
 
-    def keep(self, sha256: str) -> None:
-        """Make the copy a review left in incoming/ the archive's, in the background."""
-        if self.incoming is None or not is_hash(sha256) or sha256 in self._pending:
+    def keep(self, *, run_id: str, project: str, sha256: str, size: int,
+             file_name: str) -> None:
+        """Make the copy a review left in incoming/ the archive's, and record it, in
+        the background; then hold the archive to its bounds."""
+        if self.incoming is None or not is_hash(sha256):
             return
-        task = asyncio.create_task(self._commit(sha256), name="agentbox-archive-keep")
-        self._pending[sha256] = task
-        task.add_done_callback(lambda _: self._pending.pop(sha256, None))
+        kept = KeptAudio(run_id=run_id, project=project, sha256=sha256, size=size,
+                         file_name=file_name, keeper=self.keeper, kept_at=self.clock())
+        task = asyncio.create_task(self._keep(kept), name="agentbox-archive-keep")
+        self._pending.setdefault(sha256, set()).add(task)
+        task.add_done_callback(lambda done: self._done(sha256, done))
 
-    async def _commit(self, sha256: str) -> bool:
+    def _done(self, sha256: str, task: asyncio.Task[None]) -> None:
+        tasks = self._pending.get(sha256, set())
+        tasks.discard(task)
+        if not tasks:
+            self._pending.pop(sha256, None)
+
+    async def _keep(self, kept: KeptAudio) -> None:
         try:
-            return await asyncio.to_thread(self.blobs.commit, sha256)
-        except OSError as exc:
-            log.warning("a reviewed export could not be kept",
-                        extra={"sha256": sha256, "reason": str(exc)})
-            return False
+            async with self._lock:
+                if not await asyncio.to_thread(self.blobs.commit, kept.sha256):
+                    return  # no copy was made (the disk was nearly full)
+                await self.store.keep_audio(kept)
+            await self.bound()
+        except Exception:  # never the review's failure: its export is just not kept
+            log.warning("a reviewed export could not be kept", exc_info=True,
+                        extra={"run_id": kept.run_id})
 
-    async def settled(self) -> None:
-        """Wait until every copy being kept is kept (tests, shutdown)."""
-        await self.close()
+    async def bound(self) -> int:
+        """Let go what is over the bounds, oldest first, and delete the files nothing
+        needs any more; how many exports were let go."""
+        if not self.keeper:
+            return 0
+        async with self._lock:
+            live = await self.store.live_audio(self.keeper)
+            references = await self._references()
+            drops = budget.choose(live, references, self.bounds)
+            if drops:
+                await self.store.drop_audio(drops, self.clock())
+                log.info("the archive let exports go",
+                         extra={"count": len(drops), "reason": drops[0][1]})
+            gone = {run_id for run_id, _ in drops}
+            needed = {k.sha256 for k in live if k.run_id not in gone}
+            needed |= {r.sha256 for r in references}
+            await asyncio.to_thread(self._delete_unneeded, needed)
+        return len(drops)
+
+    async def _references(self) -> list[ProjectReference]:
+        return [r for r in await self.store.references(limit=100_000)
+                if r.keeper == self.keeper]
+
+    def _delete_unneeded(self, needed: set[str]) -> None:
+        for sha256, _ in list(self.blobs.committed()):
+            if sha256 not in needed and sha256 not in self._pending:
+                self.blobs.remove(sha256)
+
+    async def usage(self) -> tuple[int, int]:
+        """(bytes the kept files take, the bound), for the page."""
+        if not self.keeper:
+            return 0, self.bounds.max_bytes
+        live = await self.store.live_audio(self.keeper)
+        return budget.total_bytes(live, await self._references()), self.bounds.max_bytes
+
+    # -- reference tracks ---------------------------------------------------------------
+
+    async def upload_folder(self) -> Path | None:
+        """Where an upload is written before it is measured; None: no folder."""
+        return self.blobs.incoming if await self._ready() else None
+
+    async def add_reference(self, *, project: str, name: str, upload: Path, sha256: str,
+                            size: int, measurements: dict[str, Any]) -> ProjectReference:
+        """Make the uploaded file (in incoming/, hashed, measured) the project's
+        reference track; the one it replaces goes unless something else needs it."""
+        reference = ProjectReference(project=project, name=name, sha256=sha256, size=size,
+                                     keeper=self.keeper, measurements=measurements,
+                                     added_at=self.clock())
+        async with self._lock:
+            await asyncio.to_thread(self.blobs.take, upload, sha256)
+            await self.store.set_reference(reference)
+        await self.bound()
+        return reference
+
+    async def remove_reference(self, project: str) -> ProjectReference | None:
+        removed = await self.store.remove_reference(project)
+        if removed is not None:
+            await self.bound()
+        return removed
+
+    async def reference_audio(self, reference: ProjectReference) -> Playable | Gone:
+        if not await self._ready():
+            return Gone("the archive's folder cannot be read")
+        if reference.keeper != self.keeper:
+            return Gone(f"the reference track is kept by another agentbox instance "
+                        f"({reference.keeper})")
+        return await self._kept(reference.sha256, reference.name)
 
     # -- playing ------------------------------------------------------------------------
 
@@ -132,14 +250,15 @@ class Archive:
 
     async def _kept(self, sha256: str, name: str) -> Playable | Gone:
         pending = self._pending.get(sha256)
-        if pending is not None:
+        if pending:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pending), PENDING_WAIT_SECONDS)
+                await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True),
+                                       PENDING_WAIT_SECONDS)
         try:
             fd = await asyncio.to_thread(self.blobs.open, sha256)
         except OSError:
-            return Gone("the archive no longer holds this export (it keeps the latest ones "
-                        "within its size; see the manual's archive section)")
+            return Gone("the archive no longer holds it (it keeps the latest exports "
+                        "within its size)")
         return Playable(fd, os.fstat(fd).st_size, sha256, name)
 
     def _unchanged(self, reviewed: Reviewed) -> Playable | Gone:

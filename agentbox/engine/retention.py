@@ -1,6 +1,9 @@
 """Retention: finished runs leave the store after AGENTBOX_RETENTION_DAYS, raw
 event bodies after AGENTBOX_BODY_RETENTION_DAYS, and SQLite gives the space
-back; a project's history stays (the store keeps what its pages read).
+back; a project's history stays (the store keeps what its pages read), and with
+it the audio the archive keeps of its exports, which each pass then holds to the
+archive's own bounds (agentbox.archive: the oldest go first, never a project's
+latest export nor a reference track).
 
 A pass is a series of small steps, each one short transaction of the store's
 writer (a few milliseconds, sized by how long the last one took), oldest
@@ -19,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentbox.archive import Archive
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.logs import get_logger
 from agentbox.store import PruneStep, StorageUnavailable, Store, iso
@@ -45,12 +49,14 @@ class PruneReport:
     removed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     free_pages: int = 0  # SQLite: free pages left in the file after the pass
+    audio_dropped: int = 0  # exports whose audio the archive let go
 
     def as_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "runs_before": self.runs_before,
                 "bodies_before": self.bodies_before,
                 "removed": {t: self.removed.get(t, 0) for t in TABLES},
-                "seconds": round(self.seconds, 3), "free_pages": self.free_pages}
+                "seconds": round(self.seconds, 3), "free_pages": self.free_pages,
+                "audio_dropped": self.audio_dropped}
 
 
 def report_lines(report: dict[str, Any]) -> list[str]:
@@ -65,6 +71,9 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     kept = removed.get("project_exports", 0)
     tail = [f"  ({kept} finished exports {'would be' if dry else 'were'} kept for their "
             "projects' history)"] if kept else []
+    dropped = report.get("audio_dropped", 0)
+    tail += [f"  ({dropped} exports' audio let go by the archive, over its bounds)"] \
+        if dropped else []
     took = [] if dry else [f"  in {report['seconds']:.1f} s"]
     return [head, *rows, *tail, *took]
 
@@ -73,8 +82,9 @@ class Retention:
     """Runs passes over one store with one settings' periods."""
 
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float],
-                 rest_ratio: float = REST_RATIO) -> None:
+                 rest_ratio: float = REST_RATIO, archive: Archive | None = None) -> None:
         self.store = store
+        self.archive = archive
         self.settings = settings
         self.clock = clock
         self.rest_ratio = rest_ratio
@@ -134,6 +144,8 @@ class Retention:
                                   self.store.remove_bodies(now=now, before=bodies_before,
                                                            after=after, scan=scan))
                 report.free_pages = await self._reclaim()
+                if self.archive is not None:
+                    report.audio_dropped = await self.archive.bound()
             report.seconds = time.monotonic() - started
             return report
 
@@ -182,14 +194,19 @@ async def prune_store(settings: Settings, dry_run: bool = False,
     """`agentbox prune` on a store no server of this machine holds: a stopped SQLite
     store, or PostgreSQL (beside running instances: its steps take their locks as
     theirs do, and rest as the servers' do). StoreInUse: a server holds the
-    SQLite file; ask it (POST /prune)."""
+    SQLite file; ask it (POST /prune). The archive's bounds too, on SQLite (on
+    PostgreSQL each running instance bounds its own folder: this process must not
+    delete a file one of them is keeping)."""
     from agentbox.store.engines import create_store
 
     store = create_store(settings, "agentbox-prune")
     await store.open()
     try:
+        archive = None if store.shared else Archive(settings, store, clock)
+        if archive is not None:
+            await archive.open()
         retention = Retention(store, settings, clock,
-                              rest_ratio=REST_RATIO if store.shared else 0.0)
+                              rest_ratio=REST_RATIO if store.shared else 0.0, archive=archive)
         return await retention.prune(dry_run=dry_run)
     finally:
         await store.close()

@@ -89,11 +89,11 @@ def create_app(
     # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
     # no process until the lifespan warms one.
     analysis = Analysis.configured()
-    archive = Archive(settings)
     registry = AgentRegistry.from_bindings(settings.agents)
     instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
     store = create_store(settings, owner)
+    archive = Archive(settings, store, clock)
     metrics = Metrics(instance_id, store.engine)
     dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner,
                             services={Analysis: analysis, Archive: archive})
@@ -107,7 +107,7 @@ def create_app(
     receiver = Receiver(settings, store, registry, dispatcher, clock, metrics,
                         wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
-    retention = api.retention = Retention(store, settings, clock)
+    retention = api.retention = Retention(store, settings, clock, archive=archive)
 
     watched = WatchedFolders.of(settings, admin_token) if settings.watch else None
     pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics),

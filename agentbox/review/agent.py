@@ -46,8 +46,9 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     archive = ctx.service(Archive)  # keeps the bytes reviewed, when the app has one
     measured, file = await analysis.measure(local_path(mix_url), mix_url, ctx,
                                             archive.incoming if archive else None)
-    if archive is not None and file.sha256:
-        archive.keep(file.sha256)
+    if archive is not None and file.sha256 and file.size_bytes is not None:
+        archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
+                     size=file.size_bytes, file_name=file.name)
     metrics = with_profile(measured, profile)
     reference_url = getattr(payload, "reference_url", None)
     reference = None if not reference_url else await compare_with_reference(

@@ -24,10 +24,12 @@ from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
     IngestResult,
+    KeptAudio,
     Lease,
     Notification,
     Outcome,
     ProjectExport,
+    ProjectReference,
     PruneStep,
     RemoteChange,
     SubscriptionTarget,
@@ -380,3 +382,39 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def prune_subscriptions(self, before: float, limit: int) -> int:
         """Remove subscriptions that expired before `before` (as `delete_subscription`)."""
+
+    # -- the archive of exports (agentbox.archive keeps the files) ----------------------
+
+    @abc.abstractmethod
+    async def keep_audio(self, kept: KeptAudio) -> None:
+        """Record the bytes a review heard as kept. Again for the same run (a replay's
+        new review) replaces the row, and makes one the archive had dropped live."""
+
+    @abc.abstractmethod
+    async def drop_audio(self, drops: Sequence[tuple[str, str]], now: float) -> int:
+        """Mark kept audio, (run_id, why) each, as let go by the archive; how many were
+        live."""
+
+    @abc.abstractmethod
+    async def kept_audio(self, project: str, limit: int = 500) -> list[KeptAudio]:
+        """The audio kept of a project's exports, dropped or not, newest first."""
+
+    @abc.abstractmethod
+    async def live_audio(self, keeper: str) -> list[KeptAudio]:
+        """The audio `keeper` keeps (not dropped), oldest first."""
+
+    @abc.abstractmethod
+    async def set_reference(self, reference: ProjectReference) -> ProjectReference | None:
+        """Make `reference` its project's reference track; the one it replaces."""
+
+    @abc.abstractmethod
+    async def remove_reference(self, project: str) -> ProjectReference | None:
+        """A project no longer has a reference track; the one it had."""
+
+    @abc.abstractmethod
+    async def reference(self, project: str) -> ProjectReference | None:
+        """A project's reference track, or None."""
+
+    @abc.abstractmethod
+    async def references(self, limit: int = 500) -> list[ProjectReference]:
+        """Every project's reference track, by project."""

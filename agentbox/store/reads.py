@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentbox.runs import TERMINAL, RunStatus
-from agentbox.store.records import ProjectExport, SubscriptionTarget, iso
+from agentbox.store.archive import kept_of, reference_of
+from agentbox.store.records import (
+    KeptAudio,
+    ProjectExport,
+    ProjectReference,
+    SubscriptionTarget,
+    iso,
+)
 from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
@@ -269,6 +276,25 @@ class Reads(abc.ABC):
             subscribed=bool(row["subscribed"]), run_id=row["run_id"],
             changed_at=iso(row["changed_at"]) or "")
             for row in await self._named("agent_subscriptions")]
+
+    async def kept_audio(self, project: str, limit: int = 500) -> list[KeptAudio]:
+        if unaskable(project):
+            return []
+        return [kept_of(row) for row in await self._named(
+            "kept_audio", project=nfc(project), limit=limit)]
+
+    async def live_audio(self, keeper: str) -> list[KeptAudio]:
+        return [kept_of(row) for row in await self._slow_rows(self.sql["live_audio"],
+                                                              {"keeper": keeper})]
+
+    async def reference(self, project: str) -> ProjectReference | None:
+        if unaskable(project):
+            return None
+        rows = await self._named("reference", project=nfc(project))
+        return reference_of(rows[0]) if rows else None
+
+    async def references(self, limit: int = 500) -> list[ProjectReference]:
+        return [reference_of(row) for row in await self._named("references", limit=limit)]
 
     async def subscriptions(self, now: float, limit: int = 500,
                             after: str | None = None) -> list[SubscriptionView]:

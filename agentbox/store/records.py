@@ -230,6 +230,39 @@ def project_of(event: Event) -> str | None:
     return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
 
 
+# -- the archive of exports -------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeptAudio:
+    """The bytes a review heard, kept by the archive (agentbox.archive) under their
+    SHA-256 in the archive folder of `keeper`, the instance that reviewed them."""
+
+    run_id: str
+    project: str
+    sha256: str
+    size: int
+    file_name: str
+    keeper: str
+    kept_at: float
+    dropped_at: float | None = None  # the archive let them go: no longer playable
+    dropped_because: str | None = None  # why, in a few words a page can show
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectReference:
+    """A project's reference track: its bytes in `keeper`'s archive, and what the
+    meter measured of it once, when it was added (every review compares with it)."""
+
+    project: str
+    name: str  # its file's name
+    sha256: str
+    size: int
+    keeper: str
+    measurements: dict[str, Any]
+    added_at: float
+
+
 @dataclass(frozen=True, kw_only=True)
 class PruneStep:
     """One bounded step of retention: what it removed, and where the next step starts."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentbox.events import Event
-from agentbox.store import claims, maintenance, outbox, retention, subscriptions
+from agentbox.store import archive, claims, maintenance, outbox, retention, subscriptions
 from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionNotFound
 from agentbox.store.ingest import received
 from agentbox.store.interface import Store
@@ -22,9 +22,11 @@ from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
     IngestResult,
+    KeptAudio,
     Lease,
     Notification,
     Outcome,
+    ProjectReference,
     PruneStep,
     Transition,
     Verification,
@@ -247,3 +249,21 @@ class SqlStore(Reads, GroupCommit, Store):
     async def prune_subscriptions(self, before: float, limit: int) -> int:
         return await self._write(functools.partial(subscriptions.prune, before=before,
                                                    limit=limit))
+
+    # -- the archive of exports ---------------------------------------------------------
+
+    async def keep_audio(self, kept: KeptAudio) -> None:
+        await self._write(functools.partial(archive.keep_audio, kept=kept))
+
+    async def drop_audio(self, drops: Sequence[tuple[str, str]], now: float) -> int:
+        return await self._write(functools.partial(archive.drop_audio, drops=drops, now=now))
+
+    async def set_reference(self, reference: ProjectReference) -> ProjectReference | None:
+        return await self._write(functools.partial(archive.set_reference,
+                                                   reference=reference))
+
+    async def remove_reference(self, project: str) -> ProjectReference | None:
+        if unaskable(project):
+            return None
+        return await self._write(functools.partial(archive.remove_reference,
+                                                   project=project))

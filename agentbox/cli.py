@@ -689,6 +689,62 @@ def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) 
 
 
 @main.group()
+def reference() -> None:
+    """A project's reference track: every review of the project compares with it."""
+
+
+@reference.command("add")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--project", required=True, help="The project it is the reference of.")
+@URL_OPTION
+@CONFIG_OPTION
+def reference_add(file: Path, project: str, url: str | None,
+                  config_file: Path | None) -> None:
+    """Make FILE the project's reference track (it replaces the one it had)."""
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.add_reference(file, project)
+    click.echo(f"{found['name']} is the reference of {found['project']}: "
+               f"{_reference_figures(found)}")
+
+
+@reference.command("list")
+@URL_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+@CONFIG_OPTION
+def reference_list(url: str | None, as_json: bool, config_file: Path | None) -> None:
+    """Every project's reference track."""
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.references()["references"]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("No project has a reference track yet: agentbox reference add FILE "
+                   "--project NAME")
+    for ref in found:
+        click.echo(f"{ref['project']}: {ref['name']}, {_reference_figures(ref)}")
+
+
+@reference.command("remove")
+@click.argument("project")
+@URL_OPTION
+@CONFIG_OPTION
+def reference_remove(project: str, url: str | None, config_file: Path | None) -> None:
+    """PROJECT no longer has a reference track."""
+    with _client_errors(), _client(url, config_file) as box:
+        found = box.remove_reference(project)["removed"]
+    click.echo(f"{found['project']} no longer has a reference track ({found['name']}).")
+
+
+def _reference_figures(ref: dict[str, Any]) -> str:
+    figures = [f"{value:.1f} {unit}"
+               for key, unit in (("integrated_lufs", "LUFS"), ("true_peak_dbtp", "dBTP"),
+                                 ("loudness_range_lu", "LU LRA"))
+               if isinstance(value := ref.get(key), int | float)]
+    return ", ".join(figures) or "measured"
+
+
+@main.group()
 def callbacks() -> None:
     """Callback deliveries: list them, see destinations, resume one, verify one."""
 

@@ -44,6 +44,9 @@ URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `
 RECEIVER_PATH = "/webhooks/events"
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
+# Sending a reference track: the file goes up whole, then agentbox measures it before
+# it answers (a long track takes a few seconds of the analysis process).
+REFERENCE_TIMEOUT = 300.0
 RETRYABLE_STATUSES = (429, 503)  # busy, unavailable: worth sending again later
 
 # Following a run: the first look soon (a short review is told at once), then less
@@ -457,6 +460,39 @@ class Client:
         if project is not None:
             params["project"] = project
         found: dict[str, Any] = self._get("/exports", params=params)
+        return found
+
+    # -- reference tracks --
+
+    def references(self) -> dict[str, Any]:
+        """GET /references: `{"references": [...]}`, every project's reference track."""
+        found: dict[str, Any] = self._get("/references")
+        return found
+
+    def reference(self, project: str) -> dict[str, Any]:
+        """A project's reference track and what was measured of it. NotFound: none."""
+        found: dict[str, Any] = self._get(f"/projects/{segment(project)}/reference")
+        return found
+
+    def add_reference(self, path: str | os.PathLike[str], project: str) -> dict[str, Any]:
+        """Make the audio file at `path` the project's reference track (sent whole,
+        measured once by agentbox): the reference as agentbox now keeps it. Refused
+        (413 reference_too_large, 422 reference_unreadable) says why not. Needs the
+        admin token."""
+        file = Path(path)
+        with open(file, "rb") as body:
+            found: dict[str, Any] = self._call(
+                "PUT", f"/projects/{segment(project)}/reference", params={"name": file.name},
+                content=body, headers={**self._admin_headers(),
+                                       "Content-Type": "application/octet-stream"},
+                timeout=REFERENCE_TIMEOUT)
+        return found
+
+    def remove_reference(self, project: str) -> dict[str, Any]:
+        """The project no longer has a reference track: `{"removed": ...}`. NotFound:
+        it had none. Needs the admin token."""
+        found: dict[str, Any] = self._call("DELETE", f"/projects/{segment(project)}/reference",
+                                           headers=self._admin_headers())
         return found
 
     # -- callbacks and maintenance --

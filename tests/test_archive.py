@@ -22,8 +22,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentbox import config
+from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, copy_in, is_hash, ready
 from agentbox.http.audio import byte_range
+from agentbox.store import KeptAudio, ProjectReference
 from tests.conftest import InProcess, in_process, make_event
 
 RATE = 48_000
@@ -79,6 +81,12 @@ async def test_three_renders_to_one_file_name_leave_three_playable_exports(
             assert part.headers["content-range"] == f"bytes 100-199/{len(heard)}"
             again = await audio(box, run["run_id"], **{"If-None-Match": whole.headers["etag"]})
             assert again.status_code == 304 and again.content == b""
+            past = await audio(box, run["run_id"], Range=f"bytes={len(heard)}-")
+            assert past.status_code == 416 and past.json()["error_code"] == (
+                "range_not_satisfiable")
+            assert past.headers["content-range"] == f"bytes */{len(heard)}"
+            other = await audio(box, run["run_id"], Range="bytes=0-9", **{"If-Range": '"x"'})
+            assert other.status_code == 200 and other.content == heard
         # the files are the user's alone, each kept once under its hash
         root = box.settings.archive_path
         kept = sorted(p for p in root.rglob("*") if p.is_file() and is_hash(p.name))
@@ -209,3 +217,74 @@ def test_a_backwards_range_cannot_be_satisfied() -> None:
     for header in ("bytes=0-1,5-6", "items=0-1", "bytes=-", "bytes=a-b"):
         with pytest.raises(ValueError):
             byte_range(header, 1000)
+
+
+# -- the bounds ---------------------------------------------------------------------------------
+
+kept_rows = st.lists(st.tuples(st.sampled_from(["Song", "Other", "Third"]),
+                               st.integers(0, 5), st.integers(1, 50)),
+                     max_size=30)
+
+
+@given(kept_rows, st.lists(st.integers(0, 5), max_size=2), st.integers(0, 200),
+       st.integers(1, 6))
+def test_the_bounds_drop_the_oldest_but_never_a_latest_export_or_a_reference(
+        rows: list[tuple[str, int, int]], referenced: list[int], max_bytes: int,
+        keep: int) -> None:
+    live = [KeptAudio(run_id=f"r{i:02}", project=project, sha256=f"{audio:064x}",
+                      size=audio * 10 + 1, file_name="x.wav", keeper="k", kept_at=float(at))
+            for i, (project, audio, at) in enumerate(rows)]
+    references = [ProjectReference(project=f"p{n}", name="ref.wav", sha256=f"{n:064x}",
+                                   size=n * 10 + 1, keeper="k", measurements={},
+                                   added_at=0.0) for n in referenced]
+    drops = dict(budget.choose(live, references, budget.Bounds(max_bytes, keep)))
+    order = {k.run_id: (k.kept_at, k.run_id) for k in live}
+    latest = {max((k for k in live if k.project == p), key=lambda k: order[k.run_id]).run_id
+              for p in {k.project for k in live}}
+    left = [k for k in live if k.run_id not in drops]
+    assert not latest & drops.keys()
+    for project in {k.project for k in live}:
+        assert len([k for k in left if k.project == project]) <= keep
+    if budget.total_bytes(left, references) > max_bytes:  # only what may not go is left
+        assert all(k.run_id in latest for k in left)
+    by_size = [run_id for run_id, why in drops.items() if why == budget.over_size(max_bytes)]
+    for run_id in by_size:  # oldest first: nothing older that could go was kept instead
+        assert all(order[k.run_id] > order[run_id] for k in left if k.run_id not in latest)
+
+
+@pytest.mark.anyio
+async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
+        tmp_path: Path) -> None:
+    """Six renders of two songs, each 2 s (576 kB), into an archive of 1.75 MB (three
+    of them) that keeps two exports a project: the oldest go, each project's latest
+    stays, and what went says why, on the API's audio and the project page."""
+    environ = {"AGENTBOX_AGENTS": "", "AGENTBOX_ARCHIVE_MAX_GB": "0.00175",
+               "AGENTBOX_ARCHIVE_KEEP_PER_PROJECT": "2"}
+    async with in_process(tmp_path, **environ) as box:
+        archive, runs = box.app.state.archive, []
+        for seed, song in enumerate(["A", "B", "A", "A", "B", "A"]):
+            heard = render(tmp_path / f"{song}.wav", seed)
+            runs.append((heard, await review(box, tmp_path / f"{song}.wav", song)))
+            await archive.settled()
+            files = [size for _, size in archive.blobs.committed()]
+            assert sum(files) <= 1_750_000, (seed, files)
+        played = []
+        for heard, run in runs:
+            answer = await audio(box, run["run_id"])
+            played.append(answer.status_code)
+            if answer.status_code == 200:
+                assert answer.content == heard
+            else:
+                assert answer.json()["error_code"] == "audio_gone"
+                assert "no longer holds" in answer.json()["message"]
+        # A0 and A2: past two of A's; B1: the oldest when B4 made four files
+        assert played == [404, 404, 404, 200, 200, 200]
+        store = box.app.state.store
+        why = {k.run_id: k.dropped_because for song in "AB"
+               for k in await store.kept_audio(song)}
+        assert why[runs[0][1]["run_id"]] == budget.over_count(2)
+        assert why[runs[1][1]["run_id"]] == budget.over_size(1_750_000)
+        page = (await box.client.get("/projects/A")).text
+        for seed in (0, 2, 3, 5):  # A's
+            row = page[page.index('data-run-id="{}"'.format(runs[seed][1]["run_id"])):]
+            assert ("no longer playable" in row[:row.index("</tr>")]) == (seed in (0, 2))

@@ -40,6 +40,7 @@ from agentbox.http.headers import SecurityHeaders, secured
 from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
+from agentbox.http.references import ReferenceRoutes
 from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
 from agentbox.review.agent import mix_review
@@ -110,9 +111,11 @@ def create_app(
     retention = api.retention = Retention(store, settings, clock, archive=archive)
 
     watched = WatchedFolders.of(settings, admin_token) if settings.watch else None
-    pages = StatusPages(settings, store, dispatcher, Access(settings, admin_token, metrics),
-                        watched)
+    access = Access(settings, admin_token, metrics)
+    pages = StatusPages(settings, store, dispatcher, access, watched)
     audio = AudioRoutes(store, archive)
+    pages.archive = archive
+    references = ReferenceRoutes(store, archive, analysis, access, pages.csrf, pages.project)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     review_log = ReviewLog(store)
@@ -193,6 +196,11 @@ def create_app(
                   methods=["POST"]),
             Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/", pages.home, methods=["GET"]),
+            Route("/references", references.listing, methods=["GET"]),
+            Route("/projects/{project:path}/reference", references.reference,
+                  methods=["GET", "PUT", "DELETE"]),
+            Route("/projects/{project:path}/reference/audio", references.audio,
+                  methods=["GET"]),
             Route("/projects/{project:path}", pages.project, methods=["GET"]),
             Route("/ui/runs", pages.runs, methods=["GET"]),
             Route("/ui/runs/{run_id}", pages.run, methods=["GET"]),

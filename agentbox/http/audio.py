@@ -80,7 +80,24 @@ class AudioRoutes:
         found = await self.archive.audio(heard)
         if isinstance(found, Gone):
             return error_response(404, "audio_gone", f"{heard.name}: {found.reason}.")
-        return OpenFileResponse(found, audio_type(heard.name), request.headers)
+        return answer(found, audio_type(heard.name), request.headers)
+
+
+def answer(file: Playable, media_type: str, headers: Any) -> Response:
+    """The open file's bytes, or 416 for a range past its end (the descriptor closed)."""
+    wanted = headers.get("range")
+    if headers.get("if-range", f'"{file.sha256}"') != f'"{file.sha256}"':
+        wanted = None  # another version was asked about: the whole of this one
+    try:
+        unsatisfiable = bool(wanted) and byte_range(wanted, file.size) is None
+    except ValueError:
+        unsatisfiable = False
+    if unsatisfiable:
+        os.close(file.fd)
+        return error_response(416, "range_not_satisfiable", (
+            f"The file is {file.size} bytes: ask for a range within them."),
+            headers={"Content-Range": f"bytes */{file.size}"})
+    return OpenFileResponse(file, media_type, headers)
 
 
 class OpenFileResponse(Response):
@@ -113,10 +130,7 @@ class OpenFileResponse(Response):
             span = byte_range(wanted, size)
         except ValueError:
             return  # not one range in bytes: the whole file (a server may ignore it)
-        if span is None:
-            self.status_code, self.end = 416, 0
-            self.headers["content-range"] = f"bytes */{size}"
-        else:
+        if span is not None:  # (None, past the end, is answered 416 before this)
             self.status_code = 206
             self.start, self.end = span
             self.headers["content-range"] = f"bytes {span[0]}-{span[1] - 1}/{size}"

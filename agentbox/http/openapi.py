@@ -96,6 +96,42 @@ class ExportList(BaseModel):
     exports: list[ExportView]
 
 
+class OctaveBandOut(BaseModel):
+    hz: float
+    db: float  # the band's share of the track's power
+
+
+class ReferenceOut(BaseModel):
+    """A project's reference track, as `GET /projects/{project}/reference` shows it:
+    its file and what was measured of it, once, when it was added."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str
+    name: str  # its file's name
+    sha256: str  # of its bytes, kept in the archive
+    size_bytes: int
+    added_at: str | None  # ISO 8601, UTC
+    audio_url: str  # its bytes, for the page's A/B player
+    integrated_lufs: float | None
+    loudness_range_lu: float | None
+    true_peak_dbtp: float | None
+    plr_db: float | None
+    stereo_correlation: float | None
+    duration_seconds: float | None
+    sample_rate: int | None
+    channels: int | None
+    octave_bands: list[OctaveBandOut]
+
+
+class ReferenceList(BaseModel):
+    references: list[ReferenceOut]
+
+
+class ReferenceRemoved(BaseModel):
+    removed: ReferenceOut
+
+
 class Health(BaseModel):
     model_config = ConfigDict(extra="allow")
     status: str
@@ -211,6 +247,11 @@ def _json(schema: str, description: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(model=schema)}}}}
 
 
+def _audio(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}}}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): _json("Rejected", "refused; see error_code") for code in codes}
 
@@ -222,7 +263,8 @@ def _limit() -> dict[str, Any]:
 
 def document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, RunView, RunDetail, RunList,
-                                     ExportView, ExportList, Health,
+                                     ExportView, ExportList, ReferenceOut, ReferenceList,
+                                     ReferenceRemoved, Health,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
                                      Subscriptions, Notification, Delivery, Verification,
@@ -231,6 +273,10 @@ def document() -> dict[str, Any]:
     schemas["$defs"]["SubscriptionRequest"]["properties"]["event_types"]["items"] = {
         "type": "string", "enum": topics()}
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    project = {"name": "project", "in": "path", "required": True,
+               "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+               "description": "the project's name (payload.project_id), slashes included "
+                             "as %2F"}
     admin: list[dict[str, list[str]]] = [{"admin": []}]
     subscription_id = {"name": "subscription_id", "in": "path", "required": True,
                        "schema": {"type": "string"}}
@@ -320,23 +366,70 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _json("ExportList", "exports, newest first"),
                               **_errors(404, 422)},
             }},
+            "/references": {"get": {
+                "summary": "Every project's reference track",
+                "responses": {"200": _json("ReferenceList", "by project")},
+            }},
+            "/projects/{project}/reference": {
+                "get": {
+                    "summary": "A project's reference track: every review of the project "
+                               "compares with it",
+                    "parameters": [project],
+                    "responses": {"200": _json("ReferenceOut", "the project's reference"),
+                                  **_errors(404)},
+                },
+                "put": {
+                    "summary": "Make an audio file the project's reference track (admin, or "
+                               "the project page's form with its X-CSRF-Token)",
+                    "description": "The body is the file (at most 1 GiB). It is measured "
+                                   "once and kept in the archive; the reference it "
+                                   "replaces goes.",
+                    "security": admin,
+                    "parameters": [project, {"name": "name", "in": "query",
+                                             "required": False,
+                                             "schema": {"type": "string", "maxLength": 256},
+                                             "description": "the file's name"}],
+                    "requestBody": {"required": True, "content": {
+                        "application/octet-stream": {"schema": {"type": "string",
+                                                                "format": "binary"}},
+                        "audio/*": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": {"201": _json("ReferenceOut", "the project's reference now"),
+                                  **_errors(400, 401, 404, 409, 413, 422, 503)},
+                },
+                "delete": {
+                    "summary": "The project no longer has a reference track (admin)",
+                    "security": admin, "parameters": [project],
+                    "responses": {"200": _json("ReferenceRemoved", "the one it had"),
+                                  **_errors(401, 404)},
+                },
+            },
+            "/projects/{project}/reference/audio": {"get": {
+                "summary": "A project's reference track's bytes (the page's A/B player)",
+                "parameters": [project, {"name": "Range", "in": "header", "required": False,
+                                         "schema": {"type": "string"},
+                                         "description": "bytes=first-last"}],
+                "responses": {"200": _audio("the whole file"),
+                              "206": _audio("the range asked for"),
+                              "304": {"description": "unchanged (If-None-Match: its ETag)"},
+                              **_errors(404, 416)},
+            }},
             "/runs/{run_id}/audio": {"get": {
-                "summary": "The mix a finished mix review listened to (the page's player)",
-                "description": "Only the file the run's own event named, never a path "
-                               "the request names; byte ranges for seeking.",
+                "summary": "The mix a finished mix review listened to (the page's players)",
+                "description": "The bytes the review heard, from the archive of exports "
+                               "(or, with the archive off, the file at the review's path "
+                               "while it is still the one reviewed); never a path the "
+                               "request names. One byte range for seeking; a Range header "
+                               "that is not one range in bytes is ignored (200). 404 "
+                               "audio_gone when the archive let them go or the file "
+                               "changed.",
                 "parameters": [run_id, {"name": "Range", "in": "header", "required": False,
                                         "schema": {"type": "string"},
                                         "description": "bytes=first-last"}],
-                "responses": {"200": {"description": "the whole file", "content": {
-                                  "audio/*": {"schema": {"type": "string",
-                                                         "format": "binary"}}}},
-                              "206": {"description": "the range asked for (several: "
-                                                     "multipart/byteranges)", "content": {
-                                  "audio/*": {"schema": {"type": "string",
-                                                         "format": "binary"}},
-                                  "multipart/byteranges": {"schema": {
-                                      "type": "string", "format": "binary"}}}},
-                              **_errors(400, 404, 416)},
+                "responses": {"200": _audio("the whole file"),
+                              "206": _audio("the range asked for"),
+                              "304": {"description": "unchanged (If-None-Match: its ETag, "
+                                                     "the SHA-256 of its bytes)"},
+                              **_errors(404, 416)},
             }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",

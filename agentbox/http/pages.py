@@ -42,6 +42,7 @@ from starlette.responses import (
 )
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox.archive import Archive
 from agentbox.config import Settings
 from agentbox.desktop.watched import FolderStatus, WatchedFolders
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
@@ -50,6 +51,7 @@ from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.access import Access, TooManyLogins, from_this_site
 from agentbox.http.audio import audio_type
 from agentbox.http.errors import error_response
+from agentbox.http.listening import listening, reference_url
 from agentbox.http.server import stopping
 from agentbox.review import figures
 from agentbox.review import view as review_view
@@ -62,12 +64,13 @@ from agentbox.store import (
     StorageUnavailable,
     Store,
     Transition,
+    iso,
 )
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"  # the page's stylesheet and script
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
-STATIC_FILES = frozenset({"page.css", "page.js"})
+STATIC_FILES = frozenset({"page.css", "page.js", "ab.js"})
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
 STATS_EVERY_SECONDS = 2.0
@@ -102,6 +105,7 @@ class StatusPages:
         self.store = store
         self.dispatcher = dispatcher
         self.access = access
+        self.archive: Archive | None = None  # the app's, for what a project page can play
         self.live = Live()
         self.csrf = secrets.token_urlsafe(24)  # per process: forms from a previous life fail
         self.alerts: list[str] = []  # on every page: what stops exports being stored
@@ -177,10 +181,17 @@ class StatusPages:
         reviewed = [row for row in rows if row.review is not None]
         q = request.query_params
         pair = review_view.choose_pair(reviewed, q.get("a"), q.get("b"))
+        kept = {k.run_id: k for k in await self.store.kept_audio(name)}
+        reference = await self.store.reference(name)
+        archive = self.archive
+        listen = None if archive is None else listening(
+            rows, kept, reference, archive.keeper, archive.on)
         return self._page("project.html", name=name, rows=rows, reviewed=reviewed,
                           trends=review_view.trend_charts(reviewed), pair=pair,
                           comparison=review_view.compare(*pair) if pair else None,
-                          capped=len(exports) == PROJECT_EXPORTS)
+                          capped=len(exports) == PROJECT_EXPORTS, kept=kept, listen=listen,
+                          reference=reference, reference_url=reference_url(name),
+                          reference_added=iso(reference.added_at) if reference else None)
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
         """Each export as a row; one without a review is named by its event's file,

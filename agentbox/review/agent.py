@@ -3,8 +3,9 @@ mastering engineer would say about its level, peaks and mono compatibility.
 
 The agent only puts the review together: the file is measured in an analysis
 process (agentbox.review.analysis), judged by the one judge
-(agentbox.review.judge), set beside the project's previous export and a reference
-track (agentbox.review.compare), and, when a model is configured, given notes in
+(agentbox.review.judge), set beside the project's previous export
+(agentbox.review.compare) and a reference track, the event's or the project's
+(agentbox.review.reference), and, when a model is configured, given notes in
 prose (agentbox.review.llm).
 """
 
@@ -16,11 +17,12 @@ from agentbox.archive import Archive
 from agentbox.engine.agents import AgentContext, PermanentAgentError
 from agentbox.events import Event
 from agentbox.review.analysis import Analysis, local_path
-from agentbox.review.compare import compare_with_previous, compare_with_reference
+from agentbox.review.compare import compare_with_previous, measure_reference
 from agentbox.review.judge import judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
+from agentbox.review.reference import Track, against, on_its_curve, project_reference
 
 
 async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
@@ -50,9 +52,14 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
                      size=file.size_bytes, file_name=file.name)
     metrics = with_profile(measured, profile)
+    # The event's reference track wins for this event; else the project's, if any.
     reference_url = getattr(payload, "reference_url", None)
-    reference = None if not reference_url else await compare_with_reference(
-        str(reference_url), metrics, profile, ctx, analysis)
+    track = await measure_reference(str(reference_url), ctx, analysis) if reference_url \
+        else await project_reference(ctx, project_id)
+    reference = track if not isinstance(track, Track) else None
+    if isinstance(track, Track):
+        metrics = on_its_curve(metrics, track)
+        reference = against(metrics, track)
     comparison = await compare_with_previous(ctx, project_id, metrics, profile)
     judged = judge(metrics, profile, comparison, reference)
     texts, source = [n.text for n in judged.notes], "rules"

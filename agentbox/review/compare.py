@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.review.analysis import Analysis, local_path
 from agentbox.review.figures import local_time
-from agentbox.review.judge import with_profile
 from agentbox.review.model import Comparison, MixMetrics, ReferenceView, as_review
 from agentbox.review.profiles import Profile
+from agentbox.review.reference import Track
 
 HEADLINE = ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu", "sample_peak_dbfs",
             "plr_db", "momentary_max_lufs", "short_term_max_lufs", "stereo_correlation",
@@ -83,44 +83,14 @@ def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics
     return "; ".join(parts) + "."
 
 
-async def compare_with_reference(url: str, m: MixMetrics, p: Profile, ctx: AgentContext,
-                                 analysis: Analysis) -> ReferenceView:
-    """The reference track's loudness and tonal balance beside the mix's. A reference
-    that cannot be read is said so in the review; it never fails the review."""
+async def measure_reference(url: str, ctx: AgentContext, analysis: Analysis
+                            ) -> Track | ReferenceView:
+    """The event's reference track measured, or, when it cannot be measured, the
+    reference part of the review that says so (it never fails the review)."""
     try:
-        path = local_path(url)
-        raw, file = await analysis.measure(path, url, ctx)
+        raw, file = await analysis.measure(local_path(url), url, ctx)
     except (PermanentAgentError, RetryableAgentError) as exc:
         return ReferenceView(file=Path(urlsplit(url).path).name or url, error=str(exc),
+                             source="event",
                              note=f"The reference track could not be measured: {exc}")
-    ref = with_profile(raw, p)
-    changes = {name: round(float(a) - float(b), 2) for name in
-               ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu")
-               if (a := getattr(m, name)) is not None and (b := getattr(ref, name)) is not None}
-    theirs = {band.hz: band.db for band in ref.octave_bands}
-    for band in m.octave_bands:
-        if band.hz in theirs:
-            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - theirs[band.hz], 1)
-    return ReferenceView(file=file.name, integrated_lufs=ref.integrated_lufs,
-                         true_peak_dbtp=ref.true_peak_dbtp,
-                         loudness_range_lu=ref.loudness_range_lu,
-                         octave_bands=ref.octave_bands, deltas=changes,
-                         note=_reference_note(changes, file.name))
-
-
-def _reference_note(changes: dict[str, float], name: str) -> str:
-    loudness = changes.get("integrated_lufs")
-    parts = [f"Against the reference {name}:" if loudness is None else
-             f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than the "
-             f"reference {name}" if abs(loudness) >= 0.1 else f"As loud as the reference {name}"]
-    bands = [(value, key) for key, value in changes.items() if key.startswith("band_")]
-    if bands:
-        value, key = max(bands, key=lambda item: abs(item[0]))
-        hz = float(key.split("_")[1])
-        where = f"{hz / 1000:g} kHz" if hz >= 1000 else f"{hz:g} Hz"
-        if abs(value) >= 3:
-            parts.append(f"{abs(value):.1f} dB {'more' if value > 0 else 'less'} around {where} "
-                         "than the reference (share of the whole mix)")
-        else:
-            parts.append("tonal balance within 3 dB of it in every octave")
-    return "; ".join(parts) + "."
+    return Track(MixMetrics(**raw), file.name, "event")

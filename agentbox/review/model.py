@@ -111,10 +111,15 @@ class ReferenceView(BaseModel):
     integrated_lufs: float | None = None
     true_peak_dbtp: float | None = None
     loudness_range_lu: float | None = None
+    plr_db: float | None = None
+    stereo_correlation: float | None = None
     octave_bands: list[OctaveBand] = []
     deltas: dict[str, float] = {}  # figure -> the mix minus the reference
     note: str
     error: str | None = None
+    # "project": the project's reference track; "event": the event's reference_url
+    # (which wins for that event). None in reviews from before projects had one.
+    source: str | None = None
 
 
 class Note(BaseModel):

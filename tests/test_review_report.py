@@ -442,8 +442,9 @@ def test_a_reference_track_is_compared(write: Callable[..., Path]) -> None:
     assert ref.deltas["integrated_lufs"] == pytest.approx(
         result.metrics.integrated_lufs - ref.integrated_lufs, abs=0.02)
     assert ref.deltas["band_63_hz_db"] < -10  # the reference has far more bass
-    assert "quieter than the reference reference.wav" in ref.note
-    assert "less around 63 Hz" in ref.note
+    assert ref.source == "event"  # the event's own, not a project's
+    assert "quieter than the reference track reference.wav" in ref.note
+    assert "less low end at 60-125 Hz than the reference track" in ref.note
     missing = review(str(write(noise(5), "m2.wav")), reference_url="/nonexistent/ref.wav")
     assert missing.reference is not None and missing.reference.error is not None
     assert "could not be measured" in missing.reference.note  # the review itself stands

@@ -135,6 +135,7 @@ async def test_a_reference_that_is_not_audio_or_too_big_is_refused(
         assert refused.status_code == 422 and refused.json()["error_code"] == (
             "reference_unreadable")
         assert "notes.wav cannot be used as a reference" in refused.json()["message"]
+        assert "incoming" not in refused.json()["message"]  # not where it was written
         empty = tmp_path / "empty.wav"
         empty.write_bytes(b"")
         assert (await add(box, "Song", empty)).json()["error_code"] == "reference_unreadable"

@@ -168,9 +168,10 @@ class ReferenceRoutes:
         os.utime(upload, (settled, settled))
         try:
             raw, file = await self.analysis.measure(upload, name, None)
-        except AgentError as exc:
+        except AgentError as exc:  # (said without the folder it was written to)
+            said = str(exc).replace(str(upload), name).removeprefix(f"{name}: ")
             return error_response(422, "reference_unreadable", (
-                f"{name} cannot be used as a reference: {exc}"))
+                f"{name} cannot be used as a reference: {said}"))
         if file.sha256 != sha256:  # written to while it was measured: not ours to keep
             return error_response(409, "upload_incomplete", "The file changed; send it again.")
         return raw

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentbox.engine.metrics import Metrics
@@ -88,3 +90,16 @@ def test_counts_through_the_kept_children_land_in_the_labelled_series() -> None:
     assert found[("agentbox_agent_duration_seconds_count", (("agent", "a"),))] == 2
     assert found[("agentbox_run_latency_seconds_count", (("agent", "a"),))] == 1
     assert found[("agentbox_run_latency_seconds_bucket", (("agent", "a"), ("le", "0.5")))] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="read from /proc (Linux)")
+def test_the_process_cpu_an_instance_has_spent_is_a_metric() -> None:
+    """What tells an operator that an instance is the bottleneck (docs: scaling)."""
+    metrics = Metrics("instance", "postgresql")
+    sum(range(200_000))  # some CPU of our own
+    text = metrics.render({"runs": {}, "oldest_waiting_accepted_at": None}, time.time())
+    found = {sample.name: sample.value
+             for family in text_string_to_metric_families(text.decode())
+             for sample in family.samples}
+    assert found["process_cpu_seconds_total"] > 0
+    assert found["process_resident_memory_bytes"] > 0

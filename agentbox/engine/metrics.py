@@ -11,7 +11,14 @@ import time
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -43,6 +50,10 @@ class Metrics:
         r = self.registry
         # target_info{instance_id, engine}: join it to any series to tell instances apart.
         r.set_target_info({"instance_id": instance_id, "engine": engine})
+        # process_cpu_seconds_total and the rest (where the OS has /proc): an instance
+        # near the share of a core one process can use has reached its own limit
+        # (the scaling topic's capacity model)
+        ProcessCollector(registry=r)
         self.accepted = Counter("agentbox_events_accepted", "Events stored (202)",
                                 ["event_type"], registry=r)
         self.duplicates = Counter("agentbox_events_duplicate",

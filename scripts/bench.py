@@ -84,8 +84,9 @@ class Server:
     log_level = "info"  # agentbox's (--log-level): the default configuration's
 
     def __init__(self, kind: str, data_dir: Path, database_url: str | None = None,
-                 floor: str = "") -> None:
-        """`floor`: agentbox with parts taken out (bench_floor.py; scripts/floors)."""
+                 floor: str = "", settings: dict[str, str] | None = None) -> None:
+        """`floor`: agentbox with parts taken out (bench_floor.py; scripts/floors);
+        `settings`: AGENTBOX_* variables of this server's own."""
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -102,6 +103,7 @@ class Server:
             "AGENTBOX_LOG_LEVEL": self.log_level,
             **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
             "BENCH_FLOOR": floor,
+            **(settings or {}),
         }
         if kind == "ceiling":
             cmd = [sys.executable, "-m", "uvicorn", "bench_apps:ceiling_app", "--host",

@@ -210,6 +210,7 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
                 process.stop(bench)
         pg_figures.update(watch.commits())  # the clients are gone: their counts are in
         done = count(url, done_sql)
+        pg_figures["statements"] = watch.top_statements(done)
         return row(target, instances, connections, wrk, loaded, finished, monitors,
                    pg_figures, taken, done, drained)
     finally:

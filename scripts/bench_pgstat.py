@@ -10,7 +10,10 @@
   written (pg_current_wal_lsn) and WAL records and syncs (pg_stat_wal);
 - what this database's busy backends were waiting on, sampled every
   SAMPLE_SECONDS (pg_stat_activity), and the lock requests not granted
-  (pg_locks), as shares of the samples.
+  (pg_locks), as shares of the samples;
+- where the server loads pg_stat_statements (scripts/capacity.py's does), the
+  statements that took the most of its time, with their calls and time
+  (planning and execution, commit's WAL flush included) per completed event.
 
 The server must be on this machine (its processes are read in /proc: Linux).
 Another database's load on the same server would be counted in the CPU and WAL:
@@ -72,6 +75,7 @@ class PgWatch(threading.Thread):
         self.waits: Counter[str] = Counter()
         self.locks: Counter[str] = Counter()
         self.kinds: dict[int, str] = {}
+        self.statements = self._reset_statements()
         self.start_cpu = self._cpu()
         self.start_children = self._children_cpu()
         self.start_db = self._database_counts()
@@ -101,11 +105,36 @@ class PgWatch(threading.Thread):
         return int(row[0]), int(row[1])  # type: ignore[index]
 
     def _wal(self) -> dict[str, float]:
-        lsn, records, syncs = self.conn.execute(
-            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, "
-            "(SELECT wal_records FROM pg_stat_wal), (SELECT wal_sync FROM pg_stat_wal)"
-        ).fetchone()  # type: ignore[misc]
-        return {"bytes": float(lsn), "records": float(records), "syncs": float(syncs)}
+        lsn, records, syncs, sync_ms = self.conn.execute(
+            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, wal_records, wal_sync, wal_sync_time "
+            "FROM pg_stat_wal").fetchone()  # type: ignore[misc]
+        # wal_sync_time: 0 unless the server has track_wal_io_timing on
+        return {"bytes": float(lsn), "records": float(records), "syncs": float(syncs),
+                "sync_ms": float(sync_ms)}
+
+    def _reset_statements(self) -> bool:
+        """Whether pg_stat_statements is there (then reset: the whole server's)."""
+        import psycopg
+
+        try:
+            self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            self.conn.execute("SELECT pg_stat_statements_reset()")
+            return True
+        except psycopg.Error:  # not in shared_preload_libraries
+            return False
+
+    def top_statements(self, events: int, limit: int = 8) -> list[dict[str, Any]]:
+        """This database's statements by the time they took, per completed event."""
+        if not self.statements:
+            return []
+        rows = self.conn.execute(
+            "SELECT query, calls, total_plan_time + total_exec_time FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND query NOT LIKE '%%pg_stat%%' ORDER BY 3 DESC LIMIT %s", (limit,)).fetchall()
+        per = max(events, 1)
+        return [{"statement": " ".join(query.split())[:90],
+                 "calls_per_event": round(calls / per, 3),
+                 "us_per_event": round(ms * 1000 / per)} for query, calls, ms in rows]
 
     # -- sampling --------------------------------------------------------------
 
@@ -173,6 +202,8 @@ class PgWatch(threading.Thread):
             "cpu_split_seconds": self.split,
             "wal_bytes": int(self.wal["bytes"]), "wal_records": int(self.wal["records"]),
             "wal_syncs": int(self.wal["syncs"]),
+            "wal_sync_ms": (round(self.wal["sync_ms"] / self.wal["syncs"], 3)
+                            if self.wal["sync_ms"] and self.wal["syncs"] else None),
             **getattr(self, "committed", {}),
             "samples": self.samples,
             "busy_backends_mean": round(self.busy / max(self.samples, 1), 2),

@@ -1,0 +1,363 @@
+"""The capacity model of agentbox on PostgreSQL: measured, checked, and its table.
+
+    scripts/capacity.py [--duration 10] [--connections 64] [--instances 1,2,3]
+                        [--instance-cores 0.25] [--json FILE]
+
+The calibration run (one agentbox instance loaded by wrk, no-op agent, and a
+second instance that only listens) measures what each completed event costs:
+a, CPU in the instance that takes it; p, CPU in every other instance (each
+reads every other instance's notifications); d, CPU in PostgreSQL (the whole
+server, bench_pgstat.py); w, CPU in wrk; and the commits, WAL bytes, WAL
+flushes and waits of the database per event. The model is the bottleneck law
+(a resource that can give c seconds of CPU per second, asked D per event,
+passes at most c / D events per second):
+
+    X(N, C, D) = min( N * min(C, k * g) / (a + (N * k - 1) * p),  D / d )
+
+for N machines of C cores, k = ceil(C / g) instances on each, against a
+database of D cores; g is the share of a core one instance can use (one
+Python process: its event loop and writer threads share one GIL), measured in
+a run where one instance had a core to itself. The smaller term names the
+first bottleneck. Commits that NOTIFY hold PostgreSQL's notification lock
+through their WAL flush, one at a time; its use (commits/s x flush time) is
+given beside each prediction.
+
+The check runs 1, 2, 3 ... instances on this machine as machines of
+--instance-cores cores (each instance in a cgroup of its own with that CPU
+quota, each loaded with its own --connections, all pinned to the last CPU with
+wrk), against the database pinned to the first CPU, and compares measured with
+predicted (the instances' shared core adds its own limit: 1 / (N a_N + w) per
+event). Every instance has a slot per connection, so it runs what it accepts.
+Linux only (taskset, cgroups, /proc). The PostgreSQL server is a throwaway one
+started here (tests/postgres.py, with pg_stat_statements and WAL timing on)
+unless --database-url names one on this machine (then not pinned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bench
+import bench_pg
+from bench_pgstat import PgWatch, children_of
+
+ROOT = Path(__file__).resolve().parent.parent
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+LOCK_WARNING = 0.7  # the notification lock's use above which it queues commits
+SIZES = {"machines": (1, 2, 4, 8, 16), "cores": (1, 2, 4), "database_cores": (2, 4, 8, 16)}
+
+
+# -- placing processes ------------------------------------------------------------------
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (threads made later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+class Quota:
+    """A cgroup with a CPU quota of `cores` (cgroup v2 cpu.max, or v1's CFS quota)."""
+
+    def __init__(self, name: str, cores: float) -> None:
+        v2 = (CGROUP_V2 / "cgroup.controllers").exists()
+        self.path = (CGROUP_V2 if v2 else CGROUP_V1) / name
+        try:
+            self.path.mkdir(exist_ok=True)
+            quota = round(cores * PERIOD_US)
+            if v2:
+                (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            else:
+                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        except OSError as exc:
+            raise SystemExit(f"capacity: cannot make the cgroup {self.path} ({exc}): the check "
+                             "needs root and a writable cgroup cpu controller") from None
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        parent = self.path.parent / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    parent.write_text(pid)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+@contextlib.contextmanager
+def database(url: str | None, cpus: set[int] | None) -> Iterator[str]:
+    """The admin URL of the server to measure: a throwaway one started here, its
+    postmaster and every process pinned to `cpus`, with WAL I/O timing on."""
+    if url:
+        yield url
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.postgres import SERVER_SETTINGS, start_server
+
+    SERVER_SETTINGS["track_wal_io_timing"] = "on"  # the WAL flush's time, for the lock
+    SERVER_SETTINGS["shared_preload_libraries"] = "pg_stat_statements"  # time by statement
+    server = start_server()
+    try:
+        if cpus is not None:
+            assert server.process is not None
+            for pid in [server.process.pid, *children_of(server.process.pid)]:
+                pin(pid, cpus)
+        yield server.admin_url
+    finally:
+        server.stop()
+
+
+# -- one measured load ------------------------------------------------------------------
+
+
+def measure(pg: Any, work: Path, instances: int, connections: int, duration: float,
+            cores: float | None, app_cpus: set[int], idle: int = 0) -> dict[str, Any]:
+    """`instances` agentbox instances on a fresh database, each in a cgroup of `cores`
+    (None: no quota), all on `app_cpus`, loaded with `connections` in all; and `idle`
+    more that only listen (what another instance's events cost one that runs none)."""
+    url = pg.create()
+    servers: list[Any] = []
+    quotas: list[Quota] = []
+    watch: PgWatch | None = None
+    events = bench.write_events(work, f"capacity-{instances}-{time.monotonic_ns()}",
+                                int(bench.MAX_EVENTS_PER_SECOND * duration))
+    try:
+        for i in range(instances + idle):
+            # Slots for every connection: an instance runs what it accepts, so that each
+            # one's CPU is its own events' plus what the others' notifications cost it.
+            server = bench.Server("agentbox", work / f"n{instances}-{i}-{time.monotonic_ns()}",
+                                  url, settings={"AGENTBOX_WORKER_CONCURRENCY": str(
+                                      max(16, connections // max(instances, 1)))})
+            servers.append(server)
+            pin(server.process.pid, app_cpus)
+            if cores is not None and i < instances:
+                quotas.append(Quota(f"agentbox-capacity-{os.getpid()}-{i}", cores))
+                quotas[-1].add(server.process.pid)
+        monitors = [bench.Monitor(s.process.pid) for s in servers]
+        watch = PgWatch(url)
+        for monitor in monitors:
+            monitor.start()
+        watch.start()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        wrk = bench.load_split([s.url for s in servers[:instances]], events, connections,
+                               duration)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wrk processes, reaped
+        loaded = time.monotonic()
+        bench_pg.wait_until_done(url, bench_pg.COUNTS["agentbox"])
+        finished = time.monotonic()
+        for monitor in monitors:
+            monitor.finish()
+        pg_figures = watch.finish()
+        for server in servers:
+            server.stop()
+        servers = []
+        pg_figures.update(watch.commits())
+        done = bench_pg.count(url, bench_pg.COUNTS["agentbox"][1])
+        pg_figures["statements"] = watch.top_statements(done)
+        seconds = wrk["duration_us"] / 1e6 + finished - loaded
+        wrk_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        cpu = [m.cpu_seconds for m in monitors]
+
+        def per_event(seconds: float) -> int:
+            return round(seconds * 1e6 / done)
+
+        return {
+            "instances": instances, "idle_instances": idle, "instance_cores": cores,
+            "connections": connections, "completed": done, "seconds": round(seconds, 2),
+            "completed_per_s": round(done / seconds), "accepted_per_s": round(wrk["per_second"]),
+            "p99_ms": wrk["p99_us"] / 1000, "statuses": wrk["statuses"],
+            "drain_after_load_s": round(finished - loaded, 2),
+            "a_us": per_event(sum(cpu[:instances])), "p_us": per_event(sum(cpu[instances:])),
+            "d_us": per_event(pg_figures["cpu_seconds"]), "w_us": per_event(wrk_cpu),
+            # the share of a core each loaded instance had while the load ran
+            "instance_cpu": [round(c / (loaded - started), 2) for c in cpu[:instances]],
+            "commits_per_event": round(pg_figures["commits"] / done, 3),
+            "wal_bytes_per_event": round(pg_figures["wal_bytes"] / done),
+            "wal_syncs_per_event": round(pg_figures["wal_syncs"] / done, 3),
+            "wal_sync_ms": pg_figures["wal_sync_ms"],
+            "postgres": pg_figures,
+        }
+    finally:
+        if watch is not None:
+            watch.close()
+        for server in servers:
+            server.process.kill()
+        for quota in quotas:
+            quota.remove()
+        events.unlink(missing_ok=True)
+        pg.drop(url)
+
+
+# -- the model --------------------------------------------------------------------------
+
+
+def model(calibration: dict[str, Any], one_core: dict[str, Any]) -> dict[str, Any]:
+    """The per-event demands the model runs on, from the calibration run; g, the share
+    of a core one instance can use, from the run where it had one to itself."""
+    return {
+        "a_us": calibration["a_us"], "p_us": calibration["p_us"], "d_us": calibration["d_us"],
+        "w_us": calibration["w_us"],
+        "g_cores": min(1.0, max(one_core["instance_cpu"])),
+        "commits_per_event": calibration["commits_per_event"],
+        "wal_bytes_per_event": calibration["wal_bytes_per_event"],
+        "wal_sync_ms": calibration["wal_sync_ms"],
+    }
+
+
+def per_machine(m: dict[str, Any], cores: float) -> int:
+    """Instances to run on a machine of `cores`: enough to use them all (one instance
+    uses at most g of a core)."""
+    return max(1, math.ceil(cores / m["g_cores"] - 1e-9))
+
+
+def predict(m: dict[str, Any], machines: int, cores: float, database_cores: float,
+            shared_core: bool = False) -> dict[str, Any]:
+    """Events/s for `machines` of `cores` each (per_machine() instances on each) against
+    `database_cores`, and the first bottleneck. `shared_core`: the instances and wrk
+    share one core (the check here)."""
+    instances = machines * per_machine(m, cores)
+    usable = min(per_machine(m, cores) * m["g_cores"], cores)
+    # every instance pays p for each event another one handles (its notification)
+    a = m["a_us"] + (instances - 1) * m["p_us"]
+    limits = {"agentbox instances": machines * usable / a * 1e6,
+              "database CPU": database_cores / m["d_us"] * 1e6}
+    if shared_core:
+        limits["the instances' core (with wrk)"] = 1e6 / (a + m["w_us"])
+    bottleneck = min(limits, key=lambda k: limits[k])
+    rate = limits[bottleneck]
+    # Commits that NOTIFY hold its lock through their WAL flush, one at a time: its
+    # share of the time. Not a hard limit (batches grow while commits queue for it),
+    # but past about LOCK_WARNING every instance added adds its flush to the latency.
+    lock = rate * m["commits_per_event"] * m["wal_sync_ms"] / 1e3 if m["wal_sync_ms"] else None
+    return {"events_per_s": round(rate), "bottleneck": bottleneck,
+            "limits": {k: round(v) for k, v in limits.items()},
+            "notification_lock_use": None if lock is None else round(lock, 2)}
+
+
+def table(m: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"machines": n, "cores": c, "instances_per_machine": per_machine(m, c),
+             "database_cores": d, **predict(m, n, c, d)}
+            for d in SIZES["database_cores"] for c in SIZES["cores"] for n in SIZES["machines"]]
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10)
+    parser.add_argument("--connections", type=int, default=64,
+                        help="wrk connections per instance (each 'machine' brings its load)")
+    parser.add_argument("--instances", default="1,2,3", help="the check's instance counts")
+    parser.add_argument("--instance-cores", type=float, default=0.25,
+                        help="each instance's CPU quota (cgroup) in the calibration and "
+                             "the check, in cores")
+    parser.add_argument("--database-url", default=None,
+                        help="a server on this machine whose user may CREATE DATABASE "
+                             "(default: a throwaway one started here, pinned)")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    bench.Server.log_level = args.log_level
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("capacity: the check needs two CPUs (one for the database)")
+    db_cpus, app_cpus = {cpus[0]}, {cpus[-1]}
+    bench.WRK_PREFIX[:] = ["taskset", "-c", str(cpus[-1])]
+    work = Path(tempfile.mkdtemp(prefix="agentbox-capacity-"))
+    print(f"work directory (removed if the run passes): {work}", file=sys.stderr)
+    quota = args.instance_cores
+    report: dict[str, Any] = {
+        "started": time.strftime("%FT%TZ", time.gmtime()), "duration_s": args.duration,
+        "connections_per_instance": args.connections, "instance_cores": quota,
+        "placement": {"database": f"CPU {cpus[0]}", "instances and wrk": f"CPU {cpus[-1]}"}}
+
+    def run(what: str, instances: int, cores: float | None, idle: int = 0) -> dict[str, Any]:
+        load = os.getloadavg()[0]
+        print(f"{what}: {instances} instance(s), quota {cores or 'none'}, {idle} listening "
+              f"(load average {load:.2f}) ...", file=sys.stderr)
+        figures = measure(pg, work, instances, args.connections * instances, args.duration,
+                          cores, app_cpus, idle)
+        figures["load_average"] = round(load, 2)
+        return figures
+
+    with database(args.database_url, db_cpus if not args.database_url else None) as admin:
+        pg = bench.Postgres(admin)
+        report["one_core"] = run("one instance with the core to itself", 1, None)
+        report["calibration"] = run("calibration", 1, quota, idle=1)
+        m = report["model"] = model(report["calibration"], report["one_core"])
+        report["check"] = []
+        for n in [int(x) for x in args.instances.split(",")]:
+            measured = run("check", n, quota)
+            predicted = predict(m, n, quota, 1, shared_core=True)
+            report["check"].append({
+                "instances": n, "predicted": predicted, "measured": measured,
+                "error": round(predicted["events_per_s"] / measured["completed_per_s"] - 1, 3)})
+    report["table"] = table(m)
+    print_report(report)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    shutil.rmtree(work)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    c, m, one = report["calibration"], report["model"], report["one_core"]
+    print(f"\none instance with a core to itself: {one['completed_per_s']}/s end to end, "
+          f"{one['instance_cpu'][0]} of the core (g), a = {one['a_us']} us, d = "
+          f"{one['d_us']} us")
+    print(f"\ncalibration (one instance, {report['instance_cores']} cores, "
+          f"{c['connections']} connections, {c['completed']} events, "
+          f"{c['completed_per_s']}/s end to end):")
+    print(f"  a = {m['a_us']} us of agentbox CPU per event, p = {m['p_us']} us in another "
+          f"instance that only listened, d = {m['d_us']} us of PostgreSQL CPU, w = {m['w_us']}"
+          f" us of wrk")
+    print(f"  {m['commits_per_event']} commits, {m['wal_bytes_per_event']} WAL bytes, "
+          f"{c['wal_syncs_per_event']} WAL flushes per event; a flush took "
+          f"{m['wal_sync_ms']} ms")
+    print(f"  busy backends waited on: {c['postgres']['waits']}")
+    print("  PostgreSQL's time by statement, per event (us, calls):")
+    for row in c["postgres"]["statements"]:
+        print(f"    {row['us_per_event']:>6} {row['calls_per_event']:>6}  {row['statement']}")
+    print("\ncheck (predicted against measured, end to end):")
+    for row in report["check"]:
+        p, got = row["predicted"], row["measured"]
+        print(f"  {row['instances']} x {got['instance_cores']} cores: predicted "
+              f"{p['events_per_s']}/s ({p['bottleneck']}), measured {got['completed_per_s']}/s "
+              f"({100 * row['error']:+.0f} %), a = {got['a_us']} us, d = {got['d_us']} us, "
+              f"load average {got['load_average']}")
+    print("\npredicted capacity (events/s; first bottleneck):")
+    for row in report["table"]:
+        print(f"  {row['machines']:>3} machines x {row['cores']} cores "
+              f"({row['instances_per_machine']} instances each), database "
+              f"{row['database_cores']:>2} cores: {row['events_per_s']:>7} ({row['bottleneck']}; "
+              f"notification lock {row['notification_lock_use']})")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        for server in list(bench.RUNNING):
+            server.process.kill()
+        raise

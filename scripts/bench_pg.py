@@ -120,14 +120,18 @@ def count(url: str, sql: str) -> int:
     return int(_rows(url, sql)[0][0])
 
 
-def wait_until_done(url: str, counts: tuple[str, str]) -> None:
-    """Until every event taken has completed (exit when DRAIN_DEADLINE_S passes first)."""
-    taken = count(url, counts[0])
-    bench_peers.wait_for(lambda: count(url, counts[1]) >= taken,
-                         f"the {taken} events taken were not all done", [], DRAIN_DEADLINE_S)
+# Whether a target still has work to do: one cheap look (a partial index, or a table
+# of the waiting jobs alone), every POLL_SECONDS while it drains.
+PENDING = {
+    "agentbox": "SELECT EXISTS (SELECT 1 FROM runs "
+                "WHERE status IN ('accepted', 'processing', 'failed_retryable'))",
+    "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs "
+                     "WHERE status IN ('todo', 'doing'))",
+    "pgqueuer": "SELECT EXISTS (SELECT 1 FROM pgqueuer)",  # done jobs move to its log
+}
 
 
-# How far each target got: (taken, completed), read from its own tables.
+# How far each target got: (taken, completed), read from its own tables once it is done.
 COUNTS = {
     "agentbox": ("SELECT count(*) FROM runs",
                  "SELECT count(*) FROM runs WHERE status = 'succeeded'"),
@@ -191,12 +195,10 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
         if processes:  # the receiver's last requests finish, then nothing more comes
             monitors["receiver"].finish()
             processes[-1].stop(bench)
-        taken_sql, done_sql = COUNTS[kind]
-        taken = count(url, taken_sql)
         drained = bench_peers.wait_for(
-            lambda: count(url, done_sql) >= taken, f"{target} did not finish the {taken} "
-            "events it took", [p for p in processes if p in bench.RUNNING],
-            DRAIN_DEADLINE_S, fatal=False)
+            lambda: not watch.pending(PENDING[kind]), f"{target} did not finish the events "
+            "it took", [p for p in processes if p in bench.RUNNING], DRAIN_DEADLINE_S,
+            fatal=False)
         finished = time.monotonic()
         for monitor in monitors.values():
             if monitor.is_alive():
@@ -209,7 +211,8 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
             if process in bench.RUNNING:
                 process.stop(bench)
         pg_figures.update(watch.commits())  # the clients are gone: their counts are in
-        done = count(url, done_sql)
+        taken_sql, done_sql = COUNTS[kind]
+        taken, done = count(url, taken_sql), count(url, done_sql)
         pg_figures["statements"] = watch.top_statements(done)
         return row(target, instances, connections, wrk, loaded, finished, monitors,
                    pg_figures, taken, done, drained)

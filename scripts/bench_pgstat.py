@@ -67,7 +67,8 @@ class PgWatch(threading.Thread):
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
-        backend = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        self.own = 0  # transactions of our own (each statement here is one): not the load's
+        backend = self._query("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
         self.postmaster = int(_stat(backend)[1])
         self.stop_event = threading.Event()
         self.samples = 0
@@ -79,10 +80,20 @@ class PgWatch(threading.Thread):
         self.start_cpu = self._cpu()
         self.start_children = self._children_cpu()
         self.start_db = self._database_counts()
+        self.own_at_start = self.own
         self.start_wal = self._wal()
         self.wall_start = time.monotonic()
 
     # -- readings --------------------------------------------------------------
+
+    def _query(self, sql: str, params: tuple[Any, ...] | None = None) -> Any:
+        self.own += 1
+        return self.conn.execute(sql, params)  # type: ignore[arg-type]
+
+    def pending(self, sql: str) -> bool:
+        """Whether the load's target still has work (`sql`: one cheap EXISTS, on this
+        connection: no new backend per look, and counted as our own)."""
+        return bool(self._query(sql).fetchone()[0])
 
     def _cpu(self) -> float:
         """The whole server's CPU so far: postmaster, reaped children, live children."""
@@ -99,13 +110,13 @@ class PgWatch(threading.Thread):
         return cpu
 
     def _database_counts(self) -> tuple[int, int]:
-        row = self.conn.execute(
+        row = self._query(
             "SELECT xact_commit, xact_rollback FROM pg_stat_database "
             "WHERE datname = current_database()").fetchone()
         return int(row[0]), int(row[1])  # type: ignore[index]
 
     def _wal(self) -> dict[str, float]:
-        lsn, records, syncs, sync_ms = self.conn.execute(
+        lsn, records, syncs, sync_ms = self._query(
             "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, wal_records, wal_sync, wal_sync_time "
             "FROM pg_stat_wal").fetchone()  # type: ignore[misc]
         # wal_sync_time: 0 unless the server has track_wal_io_timing on
@@ -117,8 +128,8 @@ class PgWatch(threading.Thread):
         import psycopg
 
         try:
-            self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            self.conn.execute("SELECT pg_stat_statements_reset()")
+            self._query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            self._query("SELECT pg_stat_statements_reset()")
             return True
         except psycopg.Error:  # not in shared_preload_libraries
             return False
@@ -146,7 +157,7 @@ class PgWatch(threading.Thread):
                 return
 
     def _sample(self) -> None:
-        rows = self.conn.execute(
+        rows = self._query(
             "SELECT pid, backend_type, state, wait_event_type, wait_event "
             "FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
             "AND (datname = current_database() OR datname IS NULL)").fetchall()
@@ -156,7 +167,7 @@ class PgWatch(threading.Thread):
             if kind == "client backend" and state not in (None, "idle"):
                 self.busy += 1
                 self.waits[f"{wait_type}:{wait}" if wait_type else "CPU"] += 1
-        for locktype, mode, count in self.conn.execute(
+        for locktype, mode, count in self._query(
                 "SELECT locktype, mode, count(*) FROM pg_locks l "
                 "JOIN pg_stat_activity a ON a.pid = l.pid "
                 "WHERE NOT l.granted AND a.datname = current_database() GROUP BY 1, 2"):
@@ -187,8 +198,9 @@ class PgWatch(threading.Thread):
     def commits(self) -> dict[str, int]:
         """Commits and rollbacks since the start: call once the load's clients have
         disconnected (a backend reports its counts when idle a while, or on exit)."""
+        own = self.own  # before this reading's own statement
         commits, rollbacks = self._database_counts()
-        self.committed = {"commits": commits - self.start_db[0],
+        self.committed = {"commits": commits - self.start_db[0] - (own - self.own_at_start),
                           "rollbacks": rollbacks - self.start_db[1]}
         return self.committed
 

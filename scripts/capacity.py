@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import bench
+import bench_peers
 import bench_pg
 from bench_pgstat import PgWatch, children_of
 
@@ -162,7 +163,8 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
                                duration)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wrk processes, reaped
         loaded = time.monotonic()
-        bench_pg.wait_until_done(url, bench_pg.COUNTS["agentbox"])
+        bench_peers.wait_for(lambda: not watch.pending(bench_pg.PENDING["agentbox"]),
+                             "the runs were not all done", [], bench_pg.DRAIN_DEADLINE_S)
         finished = time.monotonic()
         for monitor in monitors:
             monitor.finish()

@@ -18,9 +18,8 @@ for N machines of C cores, k = ceil(C / g) instances on each, against a
 database of D cores; g is the share of a core one instance can use (one
 Python process: its event loop and writer threads share one GIL), measured in
 a run where one instance had a core to itself. The smaller term names the
-first bottleneck. Commits that NOTIFY hold PostgreSQL's notification lock
-through their WAL flush, one at a time; its use (commits/s x flush time) is
-given beside each prediction.
+first bottleneck. The WAL's flushes, one at a time, are not CPU: their share
+of the time (flushes/s x a flush's time) is given beside each prediction.
 
 The check runs 1, 2, 3 ... instances on this machine as machines of
 --instance-cores cores (each instance in a cgroup of its own with that CPU
@@ -58,11 +57,21 @@ ROOT = Path(__file__).resolve().parent.parent
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
-LOCK_WARNING = 0.7  # the notification lock's use above which it queues commits
+IDLE_ENOUGH = 0.05  # a core idle this much of the time was not what held an instance back
 SIZES = {"machines": (1, 2, 4, 8, 16), "cores": (1, 2, 4), "database_cores": (2, 4, 8, 16)}
 
 
 # -- placing processes ------------------------------------------------------------------
+
+
+def idle_seconds(cpus: set[int]) -> float:
+    """Seconds these CPUs have spent idle (and waiting on I/O) since boot (/proc/stat)."""
+    total = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            total += int(fields[3]) + int(fields[4])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -158,11 +167,13 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             monitor.start()
         watch.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        idle_before = idle_seconds(app_cpus)
         started = time.monotonic()
         wrk = bench.load_split([s.url for s in servers[:instances]], events, connections,
                                duration)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wrk processes, reaped
         loaded = time.monotonic()
+        idle_share = (idle_seconds(app_cpus) - idle_before) / (loaded - started) / len(app_cpus)
         bench_peers.wait_for(lambda: not watch.pending(bench_pg.PENDING["agentbox"]),
                              "the runs were not all done", [], bench_pg.DRAIN_DEADLINE_S)
         finished = time.monotonic()
@@ -192,6 +203,8 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             "d_us": per_event(pg_figures["cpu_seconds"]), "w_us": per_event(wrk_cpu),
             # the share of a core each loaded instance had while the load ran
             "instance_cpu": [round(c / (loaded - started), 2) for c in cpu[:instances]],
+            # how much of the instances' CPUs nobody wanted meanwhile (this machine is shared)
+            "app_cpu_idle": round(idle_share, 2),
             "commits_per_event": round(pg_figures["commits"] / done, 3),
             "wal_bytes_per_event": round(pg_figures["wal_bytes"] / done),
             "wal_syncs_per_event": round(pg_figures["wal_syncs"] / done, 3),
@@ -212,15 +225,24 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
 # -- the model --------------------------------------------------------------------------
 
 
+def g_cores(one_core: dict[str, Any]) -> float:
+    """The share of a core one instance uses when it may have all of it: what it took,
+    if its core had time to spare; if not (other programs took the rest), it might
+    have used more, and one instance per core is assumed."""
+    share = max(one_core["instance_cpu"])
+    return min(1.0, share) if one_core["app_cpu_idle"] >= IDLE_ENOUGH else 1.0
+
+
 def model(calibration: dict[str, Any], one_core: dict[str, Any]) -> dict[str, Any]:
     """The per-event demands the model runs on, from the calibration run; g, the share
     of a core one instance can use, from the run where it had one to itself."""
     return {
         "a_us": calibration["a_us"], "p_us": calibration["p_us"], "d_us": calibration["d_us"],
         "w_us": calibration["w_us"],
-        "g_cores": min(1.0, max(one_core["instance_cpu"])),
+        "g_cores": g_cores(one_core),
         "commits_per_event": calibration["commits_per_event"],
         "wal_bytes_per_event": calibration["wal_bytes_per_event"],
+        "wal_syncs_per_event": calibration["wal_syncs_per_event"],
         "wal_sync_ms": calibration["wal_sync_ms"],
     }
 
@@ -246,13 +268,13 @@ def predict(m: dict[str, Any], machines: int, cores: float, database_cores: floa
         limits["the instances' core (with wrk)"] = 1e6 / (a + m["w_us"])
     bottleneck = min(limits, key=lambda k: limits[k])
     rate = limits[bottleneck]
-    # Commits that NOTIFY hold its lock through their WAL flush, one at a time: its
-    # share of the time. Not a hard limit (batches grow while commits queue for it),
-    # but past about LOCK_WARNING every instance added adds its flush to the latency.
-    lock = rate * m["commits_per_event"] * m["wal_sync_ms"] / 1e3 if m["wal_sync_ms"] else None
+    # WAL flushes happen one at a time: their share of the time at this rate. Not a
+    # hard limit (more commits share a flush when they queue), but the latency's.
+    flushing = (rate * m["wal_syncs_per_event"] * m["wal_sync_ms"] / 1e3
+                if m["wal_sync_ms"] else None)
     return {"events_per_s": round(rate), "bottleneck": bottleneck,
             "limits": {k: round(v) for k, v in limits.items()},
-            "notification_lock_use": None if lock is None else round(lock, 2)}
+            "wal_flush_use": None if flushing is None else round(flushing, 2)}
 
 
 def table(m: dict[str, Any]) -> list[dict[str, Any]]:
@@ -326,8 +348,8 @@ def main() -> None:
 def print_report(report: dict[str, Any]) -> None:
     c, m, one = report["calibration"], report["model"], report["one_core"]
     print(f"\none instance with a core to itself: {one['completed_per_s']}/s end to end, "
-          f"{one['instance_cpu'][0]} of the core (g), a = {one['a_us']} us, d = "
-          f"{one['d_us']} us")
+          f"{one['instance_cpu'][0]} of the core ({one['app_cpu_idle']} of it idle; g = "
+          f"{m['g_cores']}), a = {one['a_us']} us, d = {one['d_us']} us")
     print(f"\ncalibration (one instance, {report['instance_cores']} cores, "
           f"{c['connections']} connections, {c['completed']} events, "
           f"{c['completed_per_s']}/s end to end):")
@@ -353,7 +375,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  {row['machines']:>3} machines x {row['cores']} cores "
               f"({row['instances_per_machine']} instances each), database "
               f"{row['database_cores']:>2} cores: {row['events_per_s']:>7} ({row['bottleneck']}; "
-              f"notification lock {row['notification_lock_use']})")
+              f"WAL flushing {row['wal_flush_use']} of the time)")
 
 
 if __name__ == "__main__":

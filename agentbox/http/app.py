@@ -134,6 +134,7 @@ def create_app(
             pages.live.transition(transition)
 
     store.remote_listeners.append(on_remote_change)
+    store.remote_transitions_wanted = lambda: bool(pages.live.subscribers)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -64,6 +64,9 @@ class Store(abc.ABC):
         self.last_error: str | None = None  # why not healthy, for people: never a secret
         # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
         self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+        # Whether anyone here shows other instances' run changes now (a live page):
+        # when not, their notifications are read for the wake-ups alone.
+        self.remote_transitions_wanted: Callable[[], bool] = lambda: True
         # Told when a commit of this instance queued outbox rows that no announced
         # change says so (a subscriber's delivery of an event just ingested).
         self.outbox_listeners: list[Callable[[], None]] = []

@@ -18,9 +18,15 @@ are this engine's own (`queries/postgres/`). What differs:
 - Claims take rows `FOR UPDATE SKIP LOCKED`: instances never claim the same run
   or notification, and never wait for each other to claim.
 - Every commit that made runs claimable, queued callbacks or changed runs
-  sends one `NOTIFY agentbox`; each instance LISTENs, so an idle one starts a
-  run another instance accepted at once, and status pages on every instance
-  see every change.
+  is followed by one `NOTIFY agentbox`; each instance LISTENs, so an idle one
+  starts a run another instance accepted at once, and status pages on every
+  instance see every change. The NOTIFY goes in a transaction of its own right
+  after the durable commit, not inside it: PostgreSQL holds one lock for every
+  notifying commit of the server until it is durable, so notifying inside made
+  all instances' commits wait for each other's WAL flushes. One lost between
+  the two (the connection died) only delays: idle dispatchers look every few
+  seconds. An instance reads the run changes of another's notification only
+  while a status page is open on it (they are most of its payload).
 - The database is `shared`: an instance releases no leases at start-up (any
   other instance may be alive and holding them, and its own previous life had
   another owner id). A dead instance's runs are taken over when their leases
@@ -356,7 +362,10 @@ class PostgresStore(SqlStore):
                     results = self._run_ops(db, state, batch, failed)
                     if results is None:
                         raise _RunAgain
-                    conn.execute(self._announcement(conn, state, results) + "COMMIT")
+                    announcement = self._announcement(conn, state, results)
+                    conn.execute("COMMIT")
+                    if announcement:
+                        self._announce(conn, announcement)
                 except BaseException:
                     if not conn.closed:
                         with contextlib.suppress(psycopg.Error):
@@ -371,6 +380,15 @@ class PostgresStore(SqlStore):
                 log.info("a write batch met another's; running it again",
                          extra={"operations": len(batch), "attempt": attempt})
         raise StorageUnavailable("a write batch kept failing")  # pragma: no cover
+
+    def _announce(self, conn: psycopg.Connection[Any], announcement: str) -> None:
+        """Send the announcement after the commit; the batch committed whatever
+        happens here (a wake-up lost is a wake-up late)."""
+        try:
+            conn.execute(announcement)
+        except psycopg.Error as exc:
+            log.warning("could not notify the other instances",
+                        extra={"reason": self._reason(exc)})
 
     def _batch_state(self, conn: psycopg.Connection[Any]) -> Batch:
         state = Batch(self._active)
@@ -429,28 +447,18 @@ class PostgresStore(SqlStore):
 
     def _announcement(self, conn: psycopg.Connection[Any], state: Batch,
                       results: list[tuple[bool, Any]]) -> str:
-        """The statement that NOTIFYs the other instances (delivered when, and only
-        if, this commits), ending in `;`; or nothing to say."""
+        """The statement that NOTIFYs the other instances, to run once the batch has
+        committed, in a transaction of its own that does not wait for a WAL flush
+        (the lock NOTIFY takes at commit is then held for microseconds); or nothing
+        to say."""
         transitions = [t for ok, value in results if ok for t in _transitions(value)]
         if not (state.runs_ready or state.outbox_ready or transitions):
             return ""
-        head = {"from": self.instance_id, "runs": state.runs_ready,
-                "outbox": state.outbox_ready}
-        # Each change is encoded once; payloads are chunks of them under the size limit.
-        chunks: list[list[str]] = [[]]
-        size = 0
-        for t in transitions:
-            row = json.dumps(_announced(t))
-            if chunks[-1] and size + len(row) > NOTIFY_PAYLOAD_BYTES:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(row)
-            size += len(row) + 1
-        opening = json.dumps(head)[:-1] + ', "changes": ['
-        payloads = [opening + ",".join(chunk) + "]}" for chunk in chunks]
-        return "SELECT " + ", ".join(
+        payloads = _payloads({"from": self.instance_id, "runs": state.runs_ready,
+                              "outbox": state.outbox_ready}, transitions)
+        return "SELECT set_config('synchronous_commit', 'off', true), " + ", ".join(
             f"pg_notify('{CHANNEL}', {sql.Literal(payload).as_string(conn)})"
-            for payload in payloads) + "; "
+            for payload in payloads)
 
     async def _abandon(self) -> None:
         pass  # a batch that failed put its connection back rolled back, or dropped it
@@ -494,7 +502,7 @@ class PostgresStore(SqlStore):
             change = RemoteChange(runs_ready=True, outbox_ready=True, transitions=())
         else:
             try:
-                message = json.loads(payload)
+                message = _read_announcement(payload, self.remote_transitions_wanted())
             except ValueError:
                 return
             change = RemoteChange(
@@ -542,6 +550,33 @@ def _announced(transition: Transition) -> dict[str, Any]:
     return {field.name: getattr(transition, field.name)
             for field in dataclasses.fields(transition)
             if field.name not in ("spawned", "emitted")}
+
+
+CHANGES_KEY = ', "changes": ['  # where an announcement's head ends (_payloads)
+
+
+def _payloads(head: dict[str, Any], transitions: Sequence[Transition]) -> list[str]:
+    """The head (who, runs to claim, callbacks to send) and the run changes, each
+    change encoded once, in payloads under PostgreSQL's size limit."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for t in transitions:
+        row = json.dumps(_announced(t))
+        if chunks[-1] and size + len(row) > NOTIFY_PAYLOAD_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(row)
+        size += len(row) + 1
+    opening = json.dumps(head)[:-1] + CHANGES_KEY
+    return [opening + ",".join(chunk) + "]}" for chunk in chunks]
+
+
+def _read_announcement(payload: str, changes: bool) -> dict[str, Any]:
+    """Another instance's announcement; without its changes unless asked for: every
+    instance reads every other one's, and the changes are most of the payload."""
+    head, found, _ = payload.partition(CHANGES_KEY)
+    message: dict[str, Any] = json.loads(payload if changes or not found else head + "}")
+    return message
 
 
 def _announced_changes(changes: Any) -> tuple[Transition, ...]:

@@ -109,7 +109,7 @@ def environment(peer: str) -> Path:
 # -- phases -----------------------------------------------------------------------------
 
 
-def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -117,7 +117,7 @@ def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def count(url: str, sql: str) -> int:
-    return int(_rows(url, sql)[0][0])
+    return int(rows(url, sql)[0][0])
 
 
 # Whether a target still has work to do: one cheap look (a partial index, or a table

@@ -151,11 +151,14 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
                                 int(bench.MAX_EVENTS_PER_SECOND * duration))
     try:
         for i in range(instances + idle):
-            # Slots for every connection: an instance runs what it accepts, so that each
-            # one's CPU is its own events' plus what the others' notifications cost it.
+            # Slots to spare, and an id that names the instance in the attempts. A
+            # listener still takes over runs a loaded instance leaves waiting (as any
+            # instance with room does): its CPU, p, is an upper bound of what the
+            # notifications alone cost (ran_by_listeners says how many it took).
             server = bench.Server("agentbox", work / f"n{instances}-{i}-{time.monotonic_ns()}",
-                                  url, settings={"AGENTBOX_WORKER_CONCURRENCY": str(
-                                      max(16, connections // max(instances, 1)))})
+                                  url, settings={
+                                      "AGENTBOX_WORKER_CONCURRENCY": str(4 * connections),
+                                      "AGENTBOX_INSTANCE_ID": f"capacity-{i}"})
             servers.append(server)
             pin(server.process.pid, app_cpus)
             if cores is not None and i < instances:
@@ -185,6 +188,7 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         servers = []
         pg_figures.update(watch.commits())
         done = bench_pg.count(url, bench_pg.COUNTS["agentbox"][1])
+        ran = dict(bench_pg.rows(url, "SELECT owner, count(*) FROM attempts GROUP BY owner"))
         pg_figures["statements"] = watch.top_statements(done)
         seconds = wrk["duration_us"] / 1e6 + finished - loaded
         wrk_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -202,7 +206,10 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             "a_us": per_event(sum(cpu[:instances])), "p_us": per_event(sum(cpu[instances:])),
             "d_us": per_event(pg_figures["cpu_seconds"]), "w_us": per_event(wrk_cpu),
             # the share of a core each loaded instance had while the load ran
-            "instance_cpu": [round(c / (loaded - started), 2) for c in cpu[:instances]],
+            "instance_cpu": [round(c / (wrk["duration_us"] / 1e6), 2) for c in cpu[:instances]],
+            # runs the listening instances ran (0: p is their notifications' cost alone)
+            "ran_by_listeners": sum(n for owner, n in ran.items()
+                                    if int(owner.split(":")[0].split("-")[1]) >= instances),
             # how much of the instances' CPUs nobody wanted meanwhile (this machine is shared)
             "app_cpu_idle": round(idle_share, 2),
             "commits_per_event": round(pg_figures["commits"] / done, 3),

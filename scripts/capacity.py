@@ -3,14 +3,16 @@
     scripts/capacity.py [--duration 10] [--connections 64] [--instances 1,2,3]
                         [--instance-cores 0.25] [--json FILE]
 
-The calibration run (one agentbox instance loaded by wrk, no-op agent, and a
-second instance that only listens) measures what each completed event costs:
-a, CPU in the instance that takes it; p, CPU in every other instance (each
-reads every other instance's notifications); d, CPU in PostgreSQL (the whole
-server, bench_pgstat.py); w, CPU in wrk; and the commits, WAL bytes, WAL
-flushes and waits of the database per event. The model is the bottleneck law
-(a resource that can give c seconds of CPU per second, asked D per event,
-passes at most c / D events per second):
+Each run loads agentbox instances with wrk (no-op agent, --connections each)
+and measures what each completed event costs: CPU in the instances, in
+PostgreSQL (the whole server, bench_pgstat.py) and in wrk, the commits, WAL
+bytes, WAL flushes and the waits of the database. The runs of one and of two
+instances calibrate the model: a, an event's CPU in the instance that takes it;
+p, what it costs each other instance (each reads every other's notifications,
+and takes over runs left waiting), from the run of two; d, its CPU in
+PostgreSQL. The model is the bottleneck law (a resource that can
+give c seconds of CPU per second, asked D per event, passes at most c / D
+events per second):
 
     X(N, C, D) = min( N * min(C, k * g) / (a + (N * k - 1) * p),  D / d )
 
@@ -21,12 +23,14 @@ a run where one instance had a core to itself. The smaller term names the
 first bottleneck. The WAL's flushes, one at a time, are not CPU: their share
 of the time (flushes/s x a flush's time) is given beside each prediction.
 
-The check runs 1, 2, 3 ... instances on this machine as machines of
---instance-cores cores (each instance in a cgroup of its own with that CPU
-quota, each loaded with its own --connections, all pinned to the last CPU with
-wrk), against the database pinned to the first CPU, and compares measured with
-predicted (the instances' shared core adds its own limit: 1 / (N a_N + w) per
-event). Every instance has a slot per connection, so it runs what it accepts.
+Every run (1, 2, 3 ... instances) stands for machines of --instance-cores
+cores: each instance in a cgroup of its own with that CPU quota, loaded with
+its own --connections, with four slots per connection (it runs what it can),
+all pinned to the last CPU with wrk (that core adds its own limit: what wrk
+leaves of it, (1 - w) / a_N, w being wrk's share of a core), against the
+database pinned to the first CPU. The
+report compares measured with predicted for each: 1 and 2 calibrate, the rest
+check.
 Linux only (taskset, cgroups, /proc). The PostgreSQL server is a throwaway one
 started here (tests/postgres.py, with pg_stat_statements and WAL timing on)
 unless --database-url names one on this machine (then not pinned).
@@ -139,10 +143,9 @@ def database(url: str | None, cpus: set[int] | None) -> Iterator[str]:
 
 
 def measure(pg: Any, work: Path, instances: int, connections: int, duration: float,
-            cores: float | None, app_cpus: set[int], idle: int = 0) -> dict[str, Any]:
+            cores: float | None, app_cpus: set[int]) -> dict[str, Any]:
     """`instances` agentbox instances on a fresh database, each in a cgroup of `cores`
-    (None: no quota), all on `app_cpus`, loaded with `connections` in all; and `idle`
-    more that only listen (what another instance's events cost one that runs none)."""
+    (None: no quota), all on `app_cpus`, loaded with `connections` in all."""
     url = pg.create()
     servers: list[Any] = []
     quotas: list[Quota] = []
@@ -150,18 +153,15 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
     events = bench.write_events(work, f"capacity-{instances}-{time.monotonic_ns()}",
                                 int(bench.MAX_EVENTS_PER_SECOND * duration))
     try:
-        for i in range(instances + idle):
-            # Slots to spare, and an id that names the instance in the attempts. A
-            # listener still takes over runs a loaded instance leaves waiting (as any
-            # instance with room does): its CPU, p, is an upper bound of what the
-            # notifications alone cost (ran_by_listeners says how many it took).
+        for i in range(instances):
+            # Slots to spare, and an id that names the instance in the attempts.
             server = bench.Server("agentbox", work / f"n{instances}-{i}-{time.monotonic_ns()}",
                                   url, settings={
                                       "AGENTBOX_WORKER_CONCURRENCY": str(4 * connections),
                                       "AGENTBOX_INSTANCE_ID": f"capacity-{i}"})
             servers.append(server)
             pin(server.process.pid, app_cpus)
-            if cores is not None and i < instances:
+            if cores is not None:
                 quotas.append(Quota(f"agentbox-capacity-{os.getpid()}-{i}", cores))
                 quotas[-1].add(server.process.pid)
         monitors = [bench.Monitor(s.process.pid) for s in servers]
@@ -172,8 +172,7 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         idle_before = idle_seconds(app_cpus)
         started = time.monotonic()
-        wrk = bench.load_split([s.url for s in servers[:instances]], events, connections,
-                               duration)
+        wrk = bench.load_split([s.url for s in servers], events, connections, duration)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wrk processes, reaped
         loaded = time.monotonic()
         idle_share = (idle_seconds(app_cpus) - idle_before) / (loaded - started) / len(app_cpus)
@@ -198,18 +197,20 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             return round(seconds * 1e6 / done)
 
         return {
-            "instances": instances, "idle_instances": idle, "instance_cores": cores,
+            "instances": instances, "instance_cores": cores,
             "connections": connections, "completed": done, "seconds": round(seconds, 2),
             "completed_per_s": round(done / seconds), "accepted_per_s": round(wrk["per_second"]),
             "p99_ms": wrk["p99_us"] / 1000, "statuses": wrk["statuses"],
             "drain_after_load_s": round(finished - loaded, 2),
-            "a_us": per_event(sum(cpu[:instances])), "p_us": per_event(sum(cpu[instances:])),
+            "a_us": per_event(sum(cpu)),
             "d_us": per_event(pg_figures["cpu_seconds"]), "w_us": per_event(wrk_cpu),
+            # wrk's share of a core: about the same whatever the rate (it keeps its
+            # connections busy), so the shared core's limit takes it as a share
+            "w_cores": round(wrk_cpu / (wrk["duration_us"] / 1e6), 3),
             # the share of a core each loaded instance had while the load ran
-            "instance_cpu": [round(c / (wrk["duration_us"] / 1e6), 2) for c in cpu[:instances]],
-            # runs the listening instances ran (0: p is their notifications' cost alone)
-            "ran_by_listeners": sum(n for owner, n in ran.items()
-                                    if int(owner.split(":")[0].split("-")[1]) >= instances),
+            "instance_cpu": [round(c / (wrk["duration_us"] / 1e6), 2) for c in cpu],
+            # the runs each instance ran (another with room takes over runs left waiting)
+            "runs_by_instance": sorted(ran.values(), reverse=True),
             # how much of the instances' CPUs nobody wanted meanwhile (this machine is shared)
             "app_cpu_idle": round(idle_share, 2),
             "commits_per_event": round(pg_figures["commits"] / done, 3),
@@ -240,17 +241,18 @@ def g_cores(one_core: dict[str, Any]) -> float:
     return min(1.0, share) if one_core["app_cpu_idle"] >= IDLE_ENOUGH else 1.0
 
 
-def model(calibration: dict[str, Any], one_core: dict[str, Any]) -> dict[str, Any]:
-    """The per-event demands the model runs on, from the calibration run; g, the share
-    of a core one instance can use, from the run where it had one to itself."""
+def model(one: dict[str, Any], two: dict[str, Any], one_core: dict[str, Any]) -> dict[str, Any]:
+    """The per-event demands, from the runs of one and of two instances (of the same
+    quota, each with its own load): a, d, w from one; p, what each instance pays per
+    event of another, from what an event cost the instances in all when there were two;
+    g from the run where one instance had a core to itself."""
     return {
-        "a_us": calibration["a_us"], "p_us": calibration["p_us"], "d_us": calibration["d_us"],
-        "w_us": calibration["w_us"],
-        "g_cores": g_cores(one_core),
-        "commits_per_event": calibration["commits_per_event"],
-        "wal_bytes_per_event": calibration["wal_bytes_per_event"],
-        "wal_syncs_per_event": calibration["wal_syncs_per_event"],
-        "wal_sync_ms": calibration["wal_sync_ms"],
+        "a_us": one["a_us"], "p_us": max(0, two["a_us"] - one["a_us"]), "d_us": one["d_us"],
+        "w_cores": one["w_cores"], "g_cores": g_cores(one_core),
+        "commits_per_event": one["commits_per_event"],
+        "wal_bytes_per_event": one["wal_bytes_per_event"],
+        "wal_syncs_per_event": one["wal_syncs_per_event"],
+        "wal_sync_ms": one["wal_sync_ms"],
     }
 
 
@@ -272,7 +274,7 @@ def predict(m: dict[str, Any], machines: int, cores: float, database_cores: floa
     limits = {"agentbox instances": machines * usable / a * 1e6,
               "database CPU": database_cores / m["d_us"] * 1e6}
     if shared_core:
-        limits["the instances' core (with wrk)"] = 1e6 / (a + m["w_us"])
+        limits["the instances' core (with wrk)"] = (1 - m["w_cores"]) / a * 1e6
     bottleneck = min(limits, key=lambda k: limits[k])
     rate = limits[bottleneck]
     # WAL flushes happen one at a time: their share of the time at this rate. Not a
@@ -323,27 +325,28 @@ def main() -> None:
         "connections_per_instance": args.connections, "instance_cores": quota,
         "placement": {"database": f"CPU {cpus[0]}", "instances and wrk": f"CPU {cpus[-1]}"}}
 
-    def run(what: str, instances: int, cores: float | None, idle: int = 0) -> dict[str, Any]:
+    def run(what: str, instances: int, cores: float | None) -> dict[str, Any]:
         load = os.getloadavg()[0]
-        print(f"{what}: {instances} instance(s), quota {cores or 'none'}, {idle} listening "
-              f"(load average {load:.2f}) ...", file=sys.stderr)
+        print(f"{what}: {instances} instance(s), quota {cores or 'none'} (load average "
+              f"{load:.2f}) ...", file=sys.stderr)
         figures = measure(pg, work, instances, args.connections * instances, args.duration,
-                          cores, app_cpus, idle)
+                          cores, app_cpus)
         figures["load_average"] = round(load, 2)
         return figures
 
+    counts = sorted({1, 2, *(int(x) for x in args.instances.split(","))})
     with database(args.database_url, db_cpus if not args.database_url else None) as admin:
         pg = bench.Postgres(admin)
         report["one_core"] = run("one instance with the core to itself", 1, None)
-        report["calibration"] = run("calibration", 1, quota, idle=1)
-        m = report["model"] = model(report["calibration"], report["one_core"])
-        report["check"] = []
-        for n in [int(x) for x in args.instances.split(",")]:
-            measured = run("check", n, quota)
-            predicted = predict(m, n, quota, 1, shared_core=True)
-            report["check"].append({
-                "instances": n, "predicted": predicted, "measured": measured,
-                "error": round(predicted["events_per_s"] / measured["completed_per_s"] - 1, 3)})
+        runs = {n: run("calibration" if n <= 2 else "check", n, quota) for n in counts}
+    m = report["model"] = model(runs[1], runs[2], report["one_core"])
+    report["calibration"] = runs[1]
+    report["check"] = []
+    for n in counts:
+        predicted = predict(m, n, quota, 1, shared_core=True)
+        report["check"].append({
+            "instances": n, "calibrates": n <= 2, "predicted": predicted, "measured": runs[n],
+            "error": round(predicted["events_per_s"] / runs[n]["completed_per_s"] - 1, 3)})
     report["table"] = table(m)
     print_report(report)
     text = json.dumps(report, indent=2)
@@ -360,9 +363,9 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"\ncalibration (one instance, {report['instance_cores']} cores, "
           f"{c['connections']} connections, {c['completed']} events, "
           f"{c['completed_per_s']}/s end to end):")
-    print(f"  a = {m['a_us']} us of agentbox CPU per event, p = {m['p_us']} us in another "
-          f"instance that only listened, d = {m['d_us']} us of PostgreSQL CPU, w = {m['w_us']}"
-          f" us of wrk")
+    print(f"  a = {m['a_us']} us of agentbox CPU per event, p = {m['p_us']} us in each other "
+          f"instance (from the run of two), d = {m['d_us']} us of PostgreSQL CPU; wrk took "
+          f"{m['w_cores']} of a core")
     print(f"  {m['commits_per_event']} commits, {m['wal_bytes_per_event']} WAL bytes, "
           f"{c['wal_syncs_per_event']} WAL flushes per event; a flush took "
           f"{m['wal_sync_ms']} ms")
@@ -373,7 +376,8 @@ def print_report(report: dict[str, Any]) -> None:
     print("\ncheck (predicted against measured, end to end):")
     for row in report["check"]:
         p, got = row["predicted"], row["measured"]
-        print(f"  {row['instances']} x {got['instance_cores']} cores: predicted "
+        print(f"  {row['instances']} x {got['instance_cores']} cores"
+              f"{' (calibration)' if row['calibrates'] else ''}: predicted "
               f"{p['events_per_s']}/s ({p['bottleneck']}), measured {got['completed_per_s']}/s "
               f"({100 * row['error']:+.0f} %), a = {got['a_us']} us, d = {got['d_us']} us, "
               f"load average {got['load_average']}")

@@ -1,6 +1,6 @@
 """The capacity model of agentbox on PostgreSQL: measured, checked, and its table.
 
-    scripts/capacity.py [--duration 10] [--connections 64] [--instances 1,2,3]
+    scripts/capacity.py [--duration 10] [--connections 64] [--instances 1,2,3,4]
                         [--instance-cores 0.25] [--json FILE]
 
 Each run loads agentbox instances with wrk (no-op agent, --connections each)
@@ -301,7 +301,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10)
     parser.add_argument("--connections", type=int, default=64,
                         help="wrk connections per instance (each 'machine' brings its load)")
-    parser.add_argument("--instances", default="1,2,3", help="the check's instance counts")
+    parser.add_argument("--instances", default="1,2,3,4",
+                        help="instance counts (1 and 2 calibrate the model, the rest check it)")
     parser.add_argument("--instance-cores", type=float, default=0.25,
                         help="each instance's CPU quota (cgroup) in the calibration and "
                              "the check, in cores")

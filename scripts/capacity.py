@@ -345,9 +345,15 @@ def main() -> None:
     report["check"] = []
     for n in counts:
         predicted = predict(m, n, quota, 1, shared_core=True)
+        demand = m["a_us"] + (n - 1) * m["p_us"]  # the instances' CPU per event
         report["check"].append({
             "instances": n, "calibrates": n <= 2, "predicted": predicted, "measured": runs[n],
-            "error": round(predicted["events_per_s"] / runs[n]["completed_per_s"] - 1, 3)})
+            "error": round(predicted["events_per_s"] / runs[n]["completed_per_s"] - 1, 3),
+            # the model's other half: what an event costs, whatever CPU the machine gave
+            "predicted_a_us": demand,
+            "a_error": round(demand / runs[n]["a_us"] - 1, 3),
+            # the CPU the instances had, of the quota's (a shared machine may give less)
+            "quota_used": round(sum(runs[n]["instance_cpu"]) / (n * quota), 2)})
     report["table"] = table(m)
     print_report(report)
     text = json.dumps(report, indent=2)
@@ -380,8 +386,10 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  {row['instances']} x {got['instance_cores']} cores"
               f"{' (calibration)' if row['calibrates'] else ''}: predicted "
               f"{p['events_per_s']}/s ({p['bottleneck']}), measured {got['completed_per_s']}/s "
-              f"({100 * row['error']:+.0f} %), a = {got['a_us']} us, d = {got['d_us']} us, "
-              f"load average {got['load_average']}")
+              f"({100 * row['error']:+.0f} %); CPU per event predicted {row['predicted_a_us']} us,"
+              f" measured {got['a_us']} us ({100 * row['a_error']:+.0f} %); the instances had "
+              f"{row['quota_used']} of their quota; d = {got['d_us']} us; load average "
+              f"{got['load_average']}")
     print("\npredicted capacity (events/s; first bottleneck):")
     for row in report["table"]:
         print(f"  {row['machines']:>3} machines x {row['cores']} cores "

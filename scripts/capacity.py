@@ -80,9 +80,10 @@ def idle_seconds(cpus: set[int]) -> float:
 
 def pin(pid: int, cpus: set[int]) -> None:
     """Every thread of `pid` onto `cpus` (threads made later inherit it)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task.name), cpus)
+    with contextlib.suppress(FileNotFoundError):  # it exited meanwhile
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task.name), cpus)
 
 
 class Quota:

@@ -29,8 +29,9 @@ from agentbox.config import (
 )
 
 # Folders inside the data directory that agentbox makes: the watch folders' state,
-# the service's logs.
-DATA_FOLDERS = ("watch", "logs")
+# the service's logs, the archive of exports (its files are in folders of their own
+# inside it, each made 0700).
+DATA_FOLDERS = ("watch", "logs", "archive")
 CONFIG_FILES = (WEBHOOK_SECRET_FILE, CALLBACK_SECRET_FILE, ADMIN_TOKEN_FILE, CONFIG_FILE_NAME)
 
 

@@ -68,10 +68,12 @@ def test_loose_files_are_tightened_at_start_and_named(tmp_path: Path,
     (data / "watch").mkdir(mode=0o755)
     (data / "watch" / "abc.json").write_text("{}")
     os.chmod(data / "watch" / "abc.json", 0o644)
+    (data / "archive").mkdir(mode=0o755)  # the archive of exports, as a copy left it
     said = files.tighten(settings)
     assert mode(data) == mode(config) == 0o700
     assert mode(data / "agentbox.sqlite3") == mode(config / "webhook_secret") == 0o600
     assert mode(data / "watch") == 0o700 and mode(data / "watch" / "abc.json") == 0o600
+    assert mode(data / "archive") == 0o700
     assert any("agentbox.sqlite3" in line and "644" in line for line in said), said
     assert files.tighten(settings) == []  # once tight, nothing more to say
 

@@ -3,12 +3,18 @@ the 202 to `succeeded`, and the readings (integrated loudness, loudness range,
 true peak) side by side. See agentbox/docs/performance.md, "The review's speed".
 
     .venv/bin/python scripts/review_speed.py [--minutes 5,3,10] [--rounds 3]
+    .venv/bin/python scripts/review_speed.py --archive --minutes 5 --rounds 8
 
 It writes stereo 48 kHz 24-bit mixes (pink-ish noise with a moving envelope and a
 kick, soft-limited) to a temporary directory, starts `agentbox serve` on a free
 loopback port, reviews one short file first (the analysis process is started
 with the server and kept warm between reviews), then alternates agentbox and
 ffmpeg on each file, `--rounds` times, and prints the medians.
+
+`--archive` measures what keeping the reviewed bytes costs instead: two servers,
+the archive on (AGENTBOX_ARCHIVE=1, the default) and off, review the same file in
+turn (which goes first alternates from round to round), and each round's times
+are printed with the machine's load average, then the medians and their ratio.
 """
 
 from __future__ import annotations
@@ -65,6 +71,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def own_cpu(pid: int) -> float:
+    """CPU seconds of a process itself so far (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu(pid: int) -> float:
@@ -126,34 +142,79 @@ def median(timed: list[tuple[float, dict[str, float | None]]]) -> float:
     return statistics.median(seconds for seconds, _ in timed)
 
 
+def start(home: Path, **environ: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    """`agentbox serve` with its data in `home`, once it answers, and a client of it."""
+    port = free_port()
+    env = {**os.environ, "AGENTBOX_DATA_DIR": str(home / "data"),
+           "AGENTBOX_WEBHOOK_SECRET": SECRET, "AGENTBOX_AGENTS": "",
+           "XDG_CONFIG_HOME": str(home / "config"), "PYTHONPATH": str(ROOT), **environ}
+    server = subprocess.Popen([sys.executable, "-m", "agentbox", "serve", "--port",
+                               str(port)], env=env, cwd=home,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, trust_env=False)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if client.get("/healthz").status_code == 200:
+                return server, client
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            server.terminate()
+            raise SystemExit("agentbox did not start")
+        time.sleep(0.1)
+
+
+def archive_cost(home: Path, minutes: float, rounds: int) -> None:
+    """The archive on against off, alternated, on the same file."""
+    path = write_mix(home / f"mix-{minutes:g}min.wav", minutes)
+    servers = {}
+    try:
+        for name, on in (("on", "1"), ("off", "0")):
+            (home / f"{name}-{minutes:g}").mkdir()
+            servers[name] = start(home / f"{name}-{minutes:g}", AGENTBOX_ARCHIVE=on)
+            review(servers[name][1], write_mix(home / f"warm-up-{name}.wav", 0.1))
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        cpu: dict[str, list[float]] = {"on": [], "off": []}  # the server's and its analysis'
+        for n in range(rounds):
+            order = ("on", "off") if n % 2 == 0 else ("off", "on")
+            for name in order:
+                pid = servers[name][0].pid
+                before = children_cpu(pid) + own_cpu(pid)
+                times[name].append(review(servers[name][1], path)[0])
+                time.sleep(0.5)  # the kept copy's flush and rename, in the background
+                cpu[name].append(children_cpu(pid) + own_cpu(pid) - before)
+            print(f"round {n + 1}: archive on {times['on'][-1]:.2f} s "
+                  f"(CPU {cpu['on'][-1]:.2f} s), off {times['off'][-1]:.2f} s "
+                  f"(CPU {cpu['off'][-1]:.2f} s); load average "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        on_cpu, off_cpu = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+        print(f"{minutes:g} min stereo 48 kHz 24-bit, medians of {rounds}: archive on "
+              f"{on:.2f} s, off {off:.2f} s: on/off {on / off:.3f}; CPU on {on_cpu:.2f} s, "
+              f"off {off_cpu:.2f} s: on/off {on_cpu / off_cpu:.3f}", flush=True)
+    finally:
+        for server, client in servers.values():
+            client.close()
+            server.terminate()
+            server.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", default="5,3,10")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--archive", action="store_true",
+                        help="the review with the archive of exports on against off")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentbox-speed-") as tmp:
         home = Path(tmp)
-        port = free_port()
-        env = {**os.environ, "AGENTBOX_DATA_DIR": str(home / "data"),
-               "AGENTBOX_WEBHOOK_SECRET": SECRET, "AGENTBOX_AGENTS": "",
-               "XDG_CONFIG_HOME": str(home / "config"),
-               "PYTHONPATH": str(ROOT)}
-        server = subprocess.Popen([sys.executable, "-m", "agentbox", "serve", "--port",
-                                   str(port)], env=env, cwd=home,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if args.archive:
+            for minutes in (float(m) for m in args.minutes.split(",")):
+                archive_cost(home, minutes, args.rounds)
+            return
+        server, client = start(home)
         try:
-            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                                  trust_env=False)
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit("agentbox did not start")
-                time.sleep(0.1)
             review(client, write_mix(home / "warm-up.wav", 0.1))
             for minutes in (float(m) for m in args.minutes.split(",")):
                 path = write_mix(home / f"mix-{minutes:g}min.wav", minutes)

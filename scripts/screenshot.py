@@ -9,8 +9,9 @@ better, another project, and an export that came out empty), adds runs that fail
 and are dead-lettered, and saves into scripts/screenshots/: the home page
 (home.png), a project's page (project.png), a review (review.png), a review that
 could not be made (failed.png) and the operations area's runs view
-(overview.png); and at a phone's width home-phone.png, project-phone.png,
-review-phone.png and failed-phone.png.
+(overview.png), the project page's A/B player with a reference track, switched
+to B while it plays (listen.png); and at a phone's width home-phone.png,
+project-phone.png, review-phone.png and failed-phone.png.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from tests.conftest import Server, make_event  # noqa: E402
 
 OUT = HERE / "screenshots"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--autoplay-policy=no-user-gesture-required"]
 RATE = 48_000
 
 
@@ -94,6 +96,11 @@ def main() -> None:
         runs = [review(server, project, write(home, name, audio))
                 for project, name, audio in exports]
         empty = review(server, "b-side", write_empty(home, "b-side.wav"))
+        reference = write(home, "Their Record (master).wav", song(64, 1.0, 9))
+        token = (home / "config" / "agentbox" / "admin_token").read_text().strip()
+        server.client.put("/projects/night-drive/reference", content=reference.read_bytes(),
+                          params={"name": reference.name},
+                          headers={"Authorization": f"Bearer {token}"}).raise_for_status()
         project = "/projects/" + quote("night-drive", safe="")
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
@@ -118,6 +125,18 @@ def main() -> None:
                     page.screenshot(path=str(target), full_page=whole)
                     saved.append(target)
                 page.close()
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(server.url + project)
+            page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
+            page.click("#ab-play")
+            page.wait_for_timeout(1500)
+            page.click("#ab-switch")  # hearing B, turned down to A's loudness
+            page.wait_for_timeout(1200)
+            target = OUT / "listen.png"
+            page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": 1280,
+                                                    "height": 640})
+            saved.append(target)
+            page.close()
             browser.close()
     finally:
         server.close()

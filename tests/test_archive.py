@@ -276,7 +276,7 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
                 assert answer.content == heard
             else:
                 assert answer.json()["error_code"] == "audio_gone"
-                assert "no longer holds" in answer.json()["message"]
+                assert "does not hold it any more" in answer.json()["message"]
         # A0 and A2: past two of A's; B1: the oldest when B4 made four files
         assert played == [404, 404, 404, 200, 200, 200]
         store = box.app.state.store
@@ -285,6 +285,7 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
         assert why[runs[0][1]["run_id"]] == budget.over_count(2)
         assert why[runs[1][1]["run_id"]] == budget.over_size(1_750_000)
         page = (await box.client.get("/projects/A")).text
+        assert "within 0.00175 GB (0.00 GB now)" in page  # three files of 576 kB
         for seed in (0, 2, 3, 5):  # A's
             row = page[page.index('data-run-id="{}"'.format(runs[seed][1]["run_id"])):]
             assert ("no longer playable" in row[:row.index("</tr>")]) == (seed in (0, 2))

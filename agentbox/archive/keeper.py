@@ -257,8 +257,9 @@ class Archive:
         try:
             fd = await asyncio.to_thread(self.blobs.open, sha256)
         except OSError:
-            return Gone("the archive no longer holds it (it keeps the latest exports "
-                        "within its size)")
+            return Gone("the archive does not hold it any more (it keeps the latest "
+                        "exports within its bounds, and copies nothing while the disk is "
+                        "nearly full)")
         return Playable(fd, os.fstat(fd).st_size, sha256, name)
 
     def _unchanged(self, reviewed: Reviewed) -> Playable | Gone:

@@ -186,12 +186,18 @@ class StatusPages:
         archive = self.archive
         listen = None if archive is None else listening(
             rows, kept, reference, archive.keeper, archive.on)
+        use = None
+        if archive is not None:
+            used, bound = await archive.usage()
+            use = {"on": archive.on, "keep": archive.bounds.keep_per_project,
+                   "max_gb": f"{bound / 1e9:g}", "used_gb": f"{used / 1e9:.2f}"}
         return self._page("project.html", name=name, rows=rows, reviewed=reviewed,
                           trends=review_view.trend_charts(reviewed), pair=pair,
                           comparison=review_view.compare(*pair) if pair else None,
                           capped=len(exports) == PROJECT_EXPORTS, kept=kept, listen=listen,
                           reference=reference, reference_url=reference_url(name),
-                          reference_added=iso(reference.added_at) if reference else None)
+                          reference_added=iso(reference.added_at) if reference else None,
+                          archive=use)
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
         """Each export as a row; one without a review is named by its event's file,

@@ -289,3 +289,41 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
         for seed in (0, 2, 3, 5):  # A's
             row = page[page.index('data-run-id="{}"'.format(runs[seed][1]["run_id"])):]
             assert ("no longer playable" in row[:row.index("</tr>")]) == (seed in (0, 2))
+
+
+@pytest.mark.anyio
+async def test_instances_sharing_a_database_each_bound_their_own_folder(
+        tmp_path: Path) -> None:
+    """Two archives (two machines' data directories) on one database: each keeps,
+    bounds and deletes only what its own folder holds."""
+    from agentbox.archive import Archive
+    from agentbox.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "shared.sqlite3")
+    await store.open()
+    try:
+        archives = []
+        for name in ("studio", "laptop"):
+            settings = config.load_settings(environ={}, overrides={
+                "data_dir": tmp_path / name, "archive_max_gb": 0.000001,
+                "config_dir": tmp_path / "config"})
+            archive = Archive(settings, store)
+            await archive.open()
+            archives.append(archive)
+        studio, laptop = archives
+        assert studio.keeper != laptop.keeper
+        for n, archive in enumerate(archives):
+            for seed in (1, 2):
+                data = render(tmp_path / f"m{n}{seed}.wav", 10 * n + seed, seconds=0.2)
+                sha = hashlib.sha256(data).hexdigest()
+                (archive.blobs.incoming / sha).write_bytes(data)
+                archive.keep(run_id=f"r{n}{seed}", project=f"p{seed}", sha256=sha,
+                             size=len(data), file_name="m.wav")
+            await archive.settled()
+        for archive in archives:  # over 1 kB: each keeps its projects' latest only
+            assert len(list(archive.blobs.committed())) == 2
+            assert len(await store.live_audio(archive.keeper)) == 2
+        await studio.bound()
+        assert len(list(laptop.blobs.committed())) == 2  # not the studio's to delete
+    finally:
+        await store.close()

@@ -163,8 +163,8 @@ class Blobs:
             with contextlib.suppress(FileNotFoundError):
                 waiting.unlink()
             return True
-        try:
-            fd = os.open(waiting, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:  # (for writing: Windows flushes only what it may write to)
+            fd = os.open(waiting, os.O_RDWR | getattr(os, "O_BINARY", 0))
         except FileNotFoundError:
             return final.is_file()  # another review of the same audio committed it
         try:

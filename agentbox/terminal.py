@@ -83,6 +83,7 @@ RUN_COLUMNS = ("WHEN", "PROJECT", "FILE", "REVIEW", "LUFS", "PEAK", "LRA", "ID")
 WHY_COLUMNS = ("WHEN", "PROJECT", "FILE", "WHY", "ID")
 SHRINKING = ("FILE", "PROJECT", "WHY")  # cut short (…) to fit WIDTH, the widest first
 MIN_SHRUNK = 12
+NAMES = ("PROJECT", "FILE")  # cut in the middle; a sentence, at its end
 
 
 def verdict_word(run: Mapping[str, Any]) -> str:
@@ -160,14 +161,17 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
         widths[widest] -= 1
 
     def cells(row: tuple[str, ...]) -> str:
-        return "  ".join(_fit(cell, width, header[i] in right)
+        return "  ".join(_fit(cell, width, header[i], header[i] in right)
                          for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
 
     return [cells(header).rstrip(), *(cells(row).rstrip() for row in rows)]
 
 
-def _fit(cell: str, width: int, right: bool) -> str:
-    if len(cell) > width:
+def _fit(cell: str, width: int, name: str, right: bool) -> str:
+    if len(cell) > width and name in NAMES:  # a name's end (v3, .wav) tells it apart
+        head = (width - 1) // 2
+        cell = cell[:head] + "…" + cell[len(cell) - (width - 1 - head):]
+    elif len(cell) > width:
         cell = cell[:width - 1] + "…"
     return cell.rjust(width) if right else cell.ljust(width)
 

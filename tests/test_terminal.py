@@ -161,7 +161,7 @@ def test_runs_fit_a_hundred_columns_with_people_s_words() -> None:
         local_time("2026-07-27T14:02:00Z")] * 5
     words = [line[lines[0].index("REVIEW"):].split("  ")[0].strip() for line in lines[1:]]
     assert words == ["warn", "reviewing…", "render unfinished", "couldn't review", "gave up"]
-    assert "-9.8  +0.4  5.2" in lines[1] and "A Very Long" in lines[1] and "…" in lines[1]
+    assert "-9.8  +0.4  5.2" in lines[1] and "A Very" in lines[1] and "v12)  " in lines[1]
     assert lines[1].endswith(" 01a244c7add23") and lines[2].endswith(" 01a244c7add2f")
     assert lines[3].endswith(" 01a244c799")  # ten digits, where they tell it apart
     assert not any(word in line for line in lines for word in ("succeeded", "failed_"))

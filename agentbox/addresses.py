@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from urllib.parse import urlsplit
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -87,3 +88,12 @@ def parse_address(text: str) -> IPAddress | None:
         return ipaddress.ip_address(text.strip("[]"))
     except ValueError:
         return None
+
+def origin_of(url: str) -> str:
+    """scheme://host:port of a URL, the port always written: how destinations are keyed."""
+    parts = urlsplit(url)
+    default = 443 if parts.scheme == "https" else 80
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{default if parts.port is None else parts.port}"

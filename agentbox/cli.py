@@ -128,7 +128,7 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
         token = cfg.admin_token(settings)
         engines.migrate(settings)  # a database newer than this code stops us here
         app = create_app(settings, token)
-    except cfg.ConfigError as exc:
+    except (cfg.ConfigError, st.EngineMissing) as exc:
         _refuse(str(exc), EXIT_USAGE)
     except st.StoreError as exc:
         _refuse(str(exc), EXIT_REFUSED)

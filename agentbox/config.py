@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import platformdirs
 
 from agentbox import portable
+from agentbox.addresses import origin_of
 from agentbox.review.profiles import PROFILES
 from agentbox.signing import secret_keys
 
@@ -544,13 +545,6 @@ def check_allowed_origin(origin: str, where: str = env_name("callback_allowed"))
     return origin_of(origin)
 
 
-def origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    default = 443 if parts.scheme == "https" else 80
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{default if parts.port is None else parts.port}"
 
 
 def is_loopback_host(host: str) -> bool:

@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from agentbox.addresses import IPAddress, is_public, parse_address
-from agentbox.config import Settings, is_loopback_host, origin_of
+from agentbox.addresses import IPAddress, is_public, origin_of, parse_address
+from agentbox.config import Settings, is_loopback_host
 from agentbox.engine.metrics import Metrics
 from agentbox.logs import get_logger
 from agentbox.signing import callback_headers

@@ -199,7 +199,7 @@ async def prune_store(settings: Settings, dry_run: bool = False,
     delete a file one of them is keeping)."""
     from agentbox.store.engines import create_store
 
-    store = create_store(settings, "agentbox-prune")
+    store = create_store(settings, settings.callback_retry_schedule[0], "agentbox-prune")
     await store.open()
     try:
         archive = None if store.shared else Archive(settings, store, clock)

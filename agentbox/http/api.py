@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from agentbox.config import origin_of
+from agentbox.addresses import origin_of
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION, CallbackDeliverer, how_to_resume
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics

@@ -93,7 +93,7 @@ def create_app(
     registry = AgentRegistry.from_bindings(settings.agents)
     instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
-    store = create_store(settings, owner)
+    store = create_store(settings, settings.callback_retry_schedule[0], owner)
     archive = Archive(settings, store, clock)
     metrics = Metrics(instance_id, store.engine)
     dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner,

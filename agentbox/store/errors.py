@@ -8,6 +8,11 @@ class StoreError(Exception):
     """Base class of the store's refusals."""
 
 
+class EngineMissing(StoreError):
+    """The engine the configuration names is not installed (PostgreSQL without psycopg):
+    a problem of the set-up, not of the database."""
+
+
 class StorageUnavailable(StoreError):
     """The database cannot take writes (disk full, read-only, I/O error): answer 503."""
 

@@ -9,7 +9,7 @@ notification is sent again, which its id lets the receiver drop.
 
 from __future__ import annotations
 
-from agentbox.config import origin_of
+from agentbox.addresses import origin_of
 from agentbox.store.errors import DestinationNotFound
 from agentbox.store.records import Callback, DeliveryResult, Notification, notification
 from agentbox.store.subscriptions import queue_run_state

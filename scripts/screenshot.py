@@ -6,7 +6,8 @@ desktop's width (1280 px) and a phone's (390 px).
 Starts a real agentbox on 127.0.0.1 with a fresh data directory, has the mix
 review listen to a few generated mixes (three exports of one project, getting
 better, another project, and an export that came out empty), adds runs that fail
-and are dead-lettered, and saves into scripts/screenshots/: the home page
+and are dead-lettered, watches two folders (one of them not there), and saves
+into scripts/screenshots/: the home page
 (home.png), a project's page (project.png), a review (review.png), a review that
 could not be made (failed.png) and the operations area's runs view
 (overview.png), the project page's A/B player with a reference track, switched
@@ -87,8 +88,10 @@ def main() -> None:
         ("night-drive", "night-drive v3.wav", song(64, 0.8, 3)),  # about right
         ("Sommerlied (Demo)", "sommerlied demo.wav", song(48, 0.6, 4)),
     ]
+    (home / "Exports").mkdir()  # watched; the drive of the second is not plugged in
+    folders = os.pathsep.join([str(home / "Exports"), f"{home / 'Drive' / 'Masters'}=master"])
     server = Server(home, {"AGENTBOX_AGENTS": "mix.review_requested=tests.support.agents:"
-                                              "scripted"}).start()
+                                              "scripted", "AGENTBOX_WATCH": folders}).start()
     try:
         for project in ("fail-1", "always-fail"):  # runs that retry, and a dead letter
             server.post(make_event(event_type="mix.review_requested", payload={

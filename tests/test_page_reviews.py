@@ -418,6 +418,11 @@ def test_the_page_fits_a_phone_and_a_desktop(studio: Studio, browser: Browser,
             inline = page.evaluate("document.querySelectorAll("
                                    "'script:not([src]), style, [style]').length")
             assert inline == 0, f"{path}: inline script or style"
+            if name == "failed":  # the engine's account, opened, fits too
+                page.locator("#details summary").click()
+                expect(page.locator("#run-facts")).to_be_visible()
+                wide = page.evaluate("document.documentElement.scrollWidth")
+                assert wide <= viewport["width"], f"{path} Details scroll sideways: {wide} px"
             page.screenshot(path=str(tmp_path / f"{name}-{viewport['width']}.png"),
                             full_page=True)
         expect(page.locator("h1")).to_have_text("Runs")

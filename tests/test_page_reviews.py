@@ -311,6 +311,24 @@ def test_a_new_export_appears_on_the_home_page_without_a_reload(
     assert run["run_id"] in (row.get_attribute("data-run-id") or "")
 
 
+def test_a_review_page_opened_while_reviewing_shows_the_verdict_when_it_comes(
+        studio: Studio, page: Page) -> None:
+    path = write(studio.folder, "while you wait.wav", song(30, 0.5, 6))
+    os.utime(path)  # just written: the review gives it two seconds to settle first
+    answer = studio.server.post(make_event(payload={"project_id": "while you wait",
+                                                    "mix_url": str(path)}))
+    run_id = answer.json()["run_id"]
+    page.goto(studio.server.url + f"/ui/runs/{run_id}")
+    expect(page).to_have_title("while you wait.wav · agentbox")
+    expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+    page.evaluate("window.__notReloaded = true")
+    if studio.server.run(run_id)["status"] != "succeeded":  # else it finished already
+        expect(page.locator("#outcome")).to_have_text(re.compile("reviewing"))
+    expect(page.locator(".headline .verdict")).to_be_visible(timeout=60_000)
+    assert page.evaluate("window.__notReloaded") is True
+    expect(page.locator("h1")).to_have_text("while you wait.wav")
+
+
 def test_the_new_pages_refuse_another_host_name(
         studio: Studio) -> None:
     run_id = studio.runs["take 3.wav"]["run_id"]

@@ -281,7 +281,7 @@ def test_a_suspended_subscription_is_told_to_the_operator_as_one_its_refresh_res
             (line,) = [line for line in log.splitlines()
                        if f"ALERT: subscription {sub['id']} suspended" in line]
             assert f"POST /subscriptions/{sub['id']}/refresh" in line
-        page = server.client.get("/").text
+        page = server.client.get("/ui/runs").text  # the operations area's banner
         assert "2 subscription(s) suspended" in page
         assert "POST /subscriptions/{id}/refresh" in page
         assert "callback destination(s) paused" not in page

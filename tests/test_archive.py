@@ -286,6 +286,11 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
         assert why[runs[1][1]["run_id"]] == budget.over_size(1_750_000)
         page = (await box.client.get("/projects/A")).text
         assert "within 0.00175 GB (0.00 GB now)" in page  # three files of 576 kB
+        gone = (await box.client.get(f"/ui/runs/{runs[1][1]['run_id']}")).text
+        assert 'id="audio-gone"' in gone and budget.over_size(1_750_000) in gone
+        assert 'id="mix-audio"' not in gone
+        kept = (await box.client.get(f"/ui/runs/{runs[5][1]['run_id']}")).text
+        assert 'id="mix-audio"' in kept and 'id="audio-gone"' not in kept
         for seed in (0, 2, 3, 5):  # A's
             row = page[page.index('data-run-id="{}"'.format(runs[seed][1]["run_id"])):]
             assert ("no longer playable" in row[:row.index("</tr>")]) == (seed in (0, 2))

@@ -273,7 +273,18 @@ class StatusPages:
             attempts=await self.store.attempts(run_id),
             discarded=await self.store.discarded(run_id),
             previous=await self._previous(review, run, project) if review else None,
-            audio_type=audio_type(review.file_name) if review else None)
+            audio_type=audio_type(review.file_name) if review else None,
+            audio_gone=await self._audio_gone(run_id, project) if review else None)
+
+    async def _audio_gone(self, run_id: str, project: str | None) -> str | None:
+        """Why a review's mix can no longer be played, when the archive says so."""
+        if self.archive is None or not self.archive.on or not project:
+            return None
+        kept = next((k for k in await self.store.kept_audio(project) if k.run_id == run_id),
+                    None)
+        if kept is None:
+            return "the archive holds no copy of it (made before the archive, or not kept)"
+        return kept.dropped_because
 
     def _reviews(self, agent: str) -> bool:
         """Whether `agent` is the mix review: its runs are told in a musician's words."""

@@ -10,6 +10,7 @@ from agentbox.engine.agents import (
     AgentPlugin,
     PermanentAgentError,
     RetryableAgentError,
+    admission,
 )
 from agentbox.events import Event, register_event_type
 
@@ -19,5 +20,6 @@ __all__ = [
     "Event",
     "PermanentAgentError",
     "RetryableAgentError",
+    "admission",
     "register_event_type",
 ]

@@ -37,7 +37,11 @@ if TYPE_CHECKING:
     from agentbox.store import ProjectExport
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
+# An agent's check of an event before it is accepted: its field errors ({loc, msg,
+# type}), none when the agent can take it (see `admission`).
+Admit = Callable[[Event], Awaitable[list[dict[str, Any]]]]
 Service = TypeVar("Service")
+AgentFunction = TypeVar("AgentFunction", bound=Callable[..., Any])
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
 # Agents that moved: a configuration, or a run stored before the move, may name them
 # by their old import string; both names find the same agent.
@@ -177,11 +181,35 @@ class InvalidAgentOutput(Exception):
     """The agent returned something that is not its result model (or a JSON object)."""
 
 
+def admission(check: Admit) -> Callable[[AgentFunction], AgentFunction]:
+    """Give an agent a check the receiver runs before it accepts an event for it:
+    an event the agent could never handle (a file that is not there) is refused at
+    once with 422 invalid_event and the check's field errors, instead of accepted
+    and failed later. The check must be quick and must not read what the event
+    names (the receiver waits for it): a look, not the work.
+
+        async def no_missing_file(event: Event) -> list[dict[str, Any]]: ...
+
+        @admission(no_missing_file)
+        async def my_agent(event: Event, ctx: AgentContext) -> Result: ...
+    """
+    def give(function: AgentFunction) -> AgentFunction:
+        setattr(function, "admit", check)  # noqa: B010 - an attribute of the function
+        return function
+    return give
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     name: str  # the import string, stored on each run
     function: Agent
     result_model: type[BaseModel] | None
+
+    @property
+    def admit(self) -> Admit | None:
+        """The agent's check of an event before it is accepted (`admission`), if any."""
+        check = getattr(self.function, "admit", None)
+        return check if callable(check) else None
 
     def to_json(self, value: Any) -> dict[str, Any]:
         """Validate an agent's return value into the JSON object stored as the result."""
@@ -286,6 +314,8 @@ class AgentRegistry:
     def __init__(self, routes: Mapping[str, Sequence[AgentSpec]]) -> None:
         self._routes = {k: tuple(v) for k, v in routes.items()}
         self._by_name = {spec.name: spec for specs in self._routes.values() for spec in specs}
+        self._checks = {k: tuple(check for spec in v if (check := spec.admit) is not None)
+                        for k, v in self._routes.items()}
 
     @classmethod
     def from_bindings(cls, bindings: Sequence[AgentBinding],
@@ -335,6 +365,22 @@ class AgentRegistry:
 
     def for_event_type(self, event_type: str) -> tuple[AgentSpec, ...]:
         return self._routes.get(event_type, ())
+
+    def checks(self, event_type: str) -> tuple[Admit, ...]:
+        """The admission checks of the agents of `event_type` (most types: none)."""
+        return self._checks.get(event_type, ())
+
+    async def admit(self, event: Event) -> list[dict[str, Any]]:
+        """Every field error the agents of the event's type find in it (`admission`).
+        A check that fails is logged and passes: it cannot refuse what it could not
+        look at, and the run says what is wrong."""
+        errors: list[dict[str, Any]] = []
+        for check in self.checks(event.envelope.event_type):
+            try:
+                errors += await check(event)
+            except Exception:
+                logging.getLogger("agentbox.agents").exception("an admission check failed")
+        return errors
 
     def get(self, name: str) -> AgentSpec | None:
         return self._by_name.get(RENAMED_AGENTS.get(name, name))

@@ -155,6 +155,11 @@ class Receiver:
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", exc.errors) from None
         self._check_callback(event.envelope.callback_url)
+        if self.registry.checks(event.envelope.event_type):
+            errors = await self.registry.admit(event)
+            if errors:
+                raise Rejected(422, "invalid_event", "An agent for this event cannot take "
+                               "it; see errors.", errors)
         return await self._store(event, body)
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:

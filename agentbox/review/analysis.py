@@ -182,9 +182,13 @@ class Analysis:
             else:
                 await loop.run_in_executor(None, candidate.stop)
         worker = worker or _Worker(self._starters)
+        starting = asyncio.wrap_future(worker.ready, loop=loop)
         try:
-            await asyncio.shield(asyncio.wrap_future(worker.ready, loop=loop))
+            await asyncio.shield(starting)
         except asyncio.CancelledError:
+            # Its outcome is the next run's; taken here all the same, so that a process
+            # stopped meanwhile (the server stopping) is not an error nobody read.
+            starting.add_done_callback(_outcome_read)
             self._rest(worker)
             raise
         except (EOFError, OSError):
@@ -197,6 +201,11 @@ class Analysis:
         worker.process.name = IDLE_NAME
         worker.idle_since = time.monotonic()
         self._idle.append(worker)
+
+
+def _outcome_read(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class _Worker:

@@ -314,9 +314,12 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               help="The event type (instead of the first argument).")
 @click.option("--project", default=None,
               help="payload.project_id (for a FILE: default, the file's name).")
-@click.option("--mix", type=click.Path(path_type=Path), default=None,
-              help="payload.mix_url: the rendered file (made absolute).")
+@click.option("--mix", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
+@click.option("--stage", type=click.Choice(["mix", "master"]), default=None,
+              help="payload.stage: judge it as a mix (going to mastering) or a master; "
+                   "it sticks for the project's later exports.")
 @URL_OPTION
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
@@ -336,7 +339,8 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               help="Print agentbox's answer as JSON (with --wait: then the finished run).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
-         project: str | None, mix: Path | None, profile: str | None, url: str | None,
+         project: str | None, mix: Path | None, profile: str | None, stage: str | None,
+         url: str | None,
          source: str, event_id: str | None, payload_json: str | None,
          callback_url: str | None, event_file: Any, retries: int, wait: bool,
          wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
@@ -363,13 +367,14 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
-        payload = {**_parse_fields(fields), **({"profile": profile} if profile else {})}
+        payload = {**_parse_fields(fields), **({"profile": profile} if profile else {}),
+                   **({"stage": stage} if stage else {})}
         event = export_event(mix_file, event_id or _content_id(mix_file), project, source,
                              **payload)
     elif event_file is not None:
         event = None
     else:
-        event = _typed_event(type_option or event_type, fields, project, mix, profile,
+        event = _typed_event(type_option or event_type, fields, project, mix, profile, stage,
                              source, event_id, payload_json, callback_url)
     body = event_file.read() if event is None else json.dumps(
         event, separators=(",", ":")).encode()
@@ -409,7 +414,8 @@ def _content_id(path: Path) -> str:
 
 
 def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str | None,
-                 mix: Path | None, profile: str | None, source: str, event_id: str | None,
+                 mix: Path | None, profile: str | None, stage: str | None, source: str,
+                 event_id: str | None,
                  payload_json: str | None, callback_url: str | None) -> dict[str, Any]:
     """The event of `agentbox send EVENT_TYPE key=value ...` (and --type, --payload)."""
     if not event_type:
@@ -423,7 +429,7 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
             raise click.BadParameter(f"not a JSON object: {exc}",
                                      param_hint="--payload") from None
     for key, value in (("project_id", None if project is None else project_name(project)),
-                       ("profile", profile),
+                       ("profile", profile), ("stage", stage),
                        ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
         if value is not None:
             payload[key] = value
@@ -833,6 +839,9 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
+@click.option("--stage", type=click.Choice(["mix", "master"]), default=None,
+              help="The stage of this folder's files (payload.default_stage): mix or "
+                   "master, unless the project was given another.")
 @click.option("--source", default="watch", show_default=True)
 @click.option("--settle", default=2.0, show_default=True,
               help="Seconds a file must stay unchanged to count as written.")
@@ -846,6 +855,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
               help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def watch(folder: Path, url: str | None, project: str | None, profile: str | None,
+          stage: str | None,
           source: str, settle: float, headerless_settle: float, interval: float,
           existing: bool, once: bool, retries: int, config_file: Path | None) -> None:
     """Watch an export folder and send session.exported for each finished mix,
@@ -875,7 +885,8 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
 
     box = _client(url, config_file)
     folder_watch = FolderWatch(
-        Folder(folder, project, profile, settle=settle, headerless_settle=headerless_settle,
+        Folder(folder, project, profile, {"default_stage": stage} if stage else {},
+               settle=settle, headerless_settle=headerless_settle,
                include_existing=existing),
         box, _print_news, _settings(config_file).data_dir, source)
     folder_watch.start()  # what is there now is left alone (unless --existing)

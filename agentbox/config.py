@@ -22,6 +22,7 @@ import platformdirs
 from agentbox import portable
 from agentbox.addresses import origin_of
 from agentbox.review.profiles import PROFILES
+from agentbox.review.stage import CONFIG_STAGES
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -156,6 +157,9 @@ class Settings:
     # auto: text lines for a person when stderr is a terminal, JSON lines otherwise.
     log_format: str = "auto"
     mix_profile: str | None = None  # the mix review's default profile (streaming)
+    # The stage a review judges when neither the event, its project nor its watch folder
+    # says: auto (from the file), mix or master.
+    mix_stage: str = "auto"
     llm_base_url: str | None = None  # an OpenAI-compatible endpoint for prose notes
     llm_model: str | None = None
     # PostgreSQL instead of SQLite: several instances share one database. Holds a password.
@@ -216,8 +220,8 @@ _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed
 _PATHS = {"data_dir", "config_dir"}
 _BOOLS = {"notify", "archive"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_STRINGS = {"host", "log_level", "log_format", "mix_profile", "llm_base_url", "llm_model",
-            "alert_url", "instance_id"}
+_STRINGS = {"host", "log_level", "log_format", "mix_profile", "mix_stage", "llm_base_url",
+            "llm_model", "alert_url", "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
              | _BOOLS | {"agents", "database_url", "watch"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -305,6 +309,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
                 raise ConfigError(f"{where} must be one of {', '.join(LOG_FORMATS)}, "
                                   f"not {_describe(value)}")
             return str(value).lower()
+        if name == "mix_stage":  # checked with the rest (_check_consistency), by name
+            return str(_scalar(value)).strip().lower() or "auto"
         return str(value)
     except (TypeError, ValueError, OverflowError):
         shown = "this value" if name in _SECRETS else _describe(value)
@@ -457,6 +463,9 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
     if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
         raise ConfigError(f"{named('mix_profile')}: {_describe(settings.mix_profile)} is not "
                           f"a profile; use one of {', '.join(PROFILES)}")
+    if settings.mix_stage not in CONFIG_STAGES:
+        raise ConfigError(f"{named('mix_stage')}: {_describe(settings.mix_stage)} is not a "
+                          f"stage; use one of {', '.join(CONFIG_STAGES)}")
     if settings.llm_base_url is not None and urlsplit(settings.llm_base_url).scheme not in (
             "http", "https"):
         raise ConfigError(f"{named('llm_base_url')} must be an http(s) URL such as "

@@ -134,15 +134,16 @@ def test_send_with_flags_and_wait(server: Server, tmp_path: Path) -> None:
     assert "failed_permanent: " in told.stdout.splitlines()[-1]
 
 
-def test_show_prints_a_run_s_text_on_one_line(server_factory: Any) -> None:
+def test_show_prints_a_run_s_text_on_one_line(server_factory: Any, tmp_path: Path) -> None:
     server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
-    forged = "/tmp/missing.wav\nagentbox: all runs succeeded"
-    run_id = server.post(make_event(payload={"project_id": "p", "mix_url": forged})
+    forged = tmp_path / "broken.wav\nagentbox: all runs succeeded"
+    forged.write_text("not audio")  # there (so taken), and its review fails naming it
+    run_id = server.post(make_event(payload={"project_id": "p", "mix_url": str(forged)})
                          ).json()["run_id"]
-    assert server.wait_terminal(run_id)["error_code"] == "mix_not_found"
+    assert server.wait_terminal(run_id)["error_code"] == "mix_unreadable"
     shown = agentbox(server, "show", run_id, "--url", server.url)
     assert shown.returncode == 0, shown.stderr
-    assert "missing.wav\\nagentbox: all runs succeeded" in shown.stdout
+    assert "broken.wav\\nagentbox: all runs succeeded" in shown.stdout
     assert not any(line.startswith("agentbox:") for line in shown.stdout.splitlines())
 
 

@@ -158,12 +158,15 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
                              "AGENTBOX_RETRY_MAX_SECONDS": "600",
                              "AGENTBOX_RUN_TIMEOUT_SECONDS": "20"}).start()
     env = {**server.env, "AGENTBOX_URL": server.url}
+    broken = tmp_path / "gone take.wav"  # there (a file not there is refused at once)
+    broken.write_text("not audio")
     gone = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
-                    "Lost Song", "--mix", str(tmp_path / "gone take.wav"), "--wait")
+                    "Lost Song", "--mix", str(broken), "--wait")
     assert gone.returncode == 4, gone.stderr
     failed = run_of(gone.stderr)
     assert gone.stdout.splitlines()[0] == (
-        "gone take.wav: couldn't review: the file is not there any more — export it again")
+        "gone take.wav: couldn't review: agentbox cannot read this file as audio — export it "
+        "as WAV, AIFF or FLAC")
     whole = tone(tmp_path / "whole.wav", seconds=3.0)
     cut = tmp_path / "cut short.wav"  # its header promises more: retried while fresh
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
@@ -219,7 +222,8 @@ def test_send_and_watch_name_a_project_alike(server: Server, tmp_path: Path) -> 
     assert decomposed != "Über Nacht"
     env = {**server.env, "AGENTBOX_URL": server.url}
     sent = agentbox(env, server.home, "send", "--type", "session.exported", "--project",
-                    decomposed, "--mix", str(tmp_path / "a.wav"), "--wait", "--json")
+                    decomposed, "--mix", str(tone(tmp_path / "a.wav", seconds=0.5)), "--wait",
+                    "--json")
     assert sent.returncode == 0, sent.stderr
     by_send = json.loads(sent.stdout.split("\n", 1)[1])["result"]["project_id"]
     folder = tmp_path / "exports"

@@ -44,9 +44,11 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 for _core in CORE:
     MAY_IMPORT[_core] = set(CORE)
-# config checks a profile's name against review.profiles, a table that imports
-# nothing of agentbox: a core module may read it without standing on the review.
-CORE_MAY_READ = {("config", "agentbox.review.profiles")}
+# config and the event contract check a profile's and a stage's name against
+# review.profiles and review.stage, tables that import nothing of agentbox: a core
+# module may read them without standing on the review.
+CORE_MAY_READ = {("config", "agentbox.review.profiles"), ("config", "agentbox.review.stage"),
+                 ("events", "agentbox.review.profiles")}
 
 
 def module_name(path: Path) -> str:

@@ -30,9 +30,9 @@ import soundfile
 
 from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
-from agentbox.events import parse_event
+from agentbox.events import InvalidEvent, parse_event
 from agentbox.review import llm as llm_module
-from agentbox.review.agent import mix_review
+from agentbox.review.agent import choose_profile, mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.review.judge import rule_notes, summarise
 from agentbox.review.meter import READ_SECONDS, measure
@@ -288,7 +288,7 @@ def metrics(**changes: Any) -> MixMetrics:
 def test_a_loud_mix_gets_specific_notes() -> None:
     notes = rule_notes(metrics(integrated_lufs=-9.8, true_peak_dbtp=0.4), PROFILES["streaming"])
     assert notes[0].startswith("Integrated -9.8 LUFS is 4.2 LU above the streaming")
-    assert "turn it down by about 4.2 dB" in notes[0]
+    assert "Spotify turns it down 4.2 dB" in notes[0]
     assert "True peak +0.4 dBTP exceeds the -1 dBTP ceiling and will clip after lossy " \
            "encoding" in notes[1]
     summary = summarise(metrics(integrated_lufs=-9.8, true_peak_dbtp=0.4), PROFILES["streaming"])
@@ -297,7 +297,7 @@ def test_a_loud_mix_gets_specific_notes() -> None:
 
 def test_the_profile_changes_the_verdict() -> None:
     m = metrics(integrated_lufs=-22.6, true_peak_dbtp=-3.0)
-    assert "within ±1 LU of the EBU R 128" in rule_notes(m, PROFILES["ebu_r128"])[0]
+    assert "within ±0.5 LU of the EBU R 128" in rule_notes(m, PROFILES["ebu_r128"])[0]
     assert "8.6 LU below the streaming" in rule_notes(m, PROFILES["streaming"])[0]
 
 
@@ -325,10 +325,13 @@ def context(run_id: str = "run_test", settings: Settings | None = None) -> Agent
                         settings=settings, services={Analysis: ANALYSIS})
 
 
-def review(mix_url: str, profile: str | None = None, settings: Settings | None = None) -> Any:
+def review(mix_url: str, profile: str | None = None, settings: Settings | None = None,
+           stage: str | None = None) -> Any:
     payload: dict[str, Any] = {"project_id": "night-drive", "mix_url": mix_url}
     if profile:
         payload["profile"] = profile
+    if stage:
+        payload["stage"] = stage
     event = parse_event(encode(make_event(payload=payload)))
     return asyncio.run(mix_review(event, context(settings=settings)))
 
@@ -336,11 +339,11 @@ def review(mix_url: str, profile: str | None = None, settings: Settings | None =
 @pytest.mark.slow  # three analysis processes
 def test_the_agent_reviews_a_file_by_path_or_file_url(write: Callable[..., Path]) -> None:
     path = write(sine(-10, 8))
-    result = review(str(path))
+    result = review(str(path), stage="master")
     assert result.metrics.integrated_lufs == pytest.approx(-10.0, abs=0.1)
     assert result.profile.name == "streaming" and result.notes_source == "rules"
     assert "4.0 LU above" in result.review_notes[0]
-    by_url = review(path.as_uri(), profile="ebu_r128")
+    by_url = review(path.as_uri(), profile="ebu_r128", stage="master")
     assert by_url.profile.target_lufs == -23 and by_url.metrics == result.metrics
     configured = review(str(path), settings=Settings(mix_profile="club"))
     assert configured.profile.name == "club"
@@ -368,9 +371,14 @@ def test_an_unreadable_file_fails_permanently(tmp_path: Path) -> None:
     assert failed.value.code == "mix_unreadable"
 
 
-def test_an_unknown_profile_fails_permanently(write: Callable[..., Path]) -> None:
-    with pytest.raises(PermanentAgentError) as failed:
-        review(str(write(sine(-20, 1))), profile="vinyl")
+def test_an_unknown_profile_is_refused_and_fails_permanently() -> None:
+    with pytest.raises(InvalidEvent) as refused:  # the receiver's 422
+        parse_event(encode(make_event(payload={"project_id": "p", "mix_url": "/m.wav",
+                                               "profile": "vinyl"})))
+    assert refused.value.errors[0]["loc"] == ["payload", "profile"]
+    assert refused.value.errors[0]["type"] == "unknown_profile"
+    with pytest.raises(PermanentAgentError) as failed:  # an event stored before it was
+        choose_profile("vinyl")
     assert failed.value.code == "unknown_profile"
 
 
@@ -558,11 +566,21 @@ def test_the_run_page_shows_another_agents_result_named_like_a_review(
     assert '"bpm": 120' in shown.stdout
 
 
-def test_a_missing_mix_fails_permanently_end_to_end(server_factory: Callable[..., Server],
-                                                    tmp_path: Path) -> None:
-    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
-    response = server.post(make_event(payload={"project_id": "p",
-                                               "mix_url": str(tmp_path / "gone.wav")}))
+def test_a_missing_mix_is_refused_and_one_gone_later_fails_permanently(
+        server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_WORKER_CONCURRENCY": "1"}
+                            ).start()
+    refused = server.post(make_event(payload={"project_id": "p",
+                                              "mix_url": str(tmp_path / "gone.wav")}))
+    assert refused.status_code == 422, refused.text  # at once: nothing stored
+    assert refused.json()["errors"][0]["loc"] == ["payload", "mix_url"]
+    # There when sent, gone before its review: the run says so, for good. (Written a
+    # moment ago, the review gives it two seconds to settle: it is gone by then.)
+    mix = tmp_path / "soon-gone.wav"
+    soundfile.write(mix, np.zeros((RATE, 2)), RATE)
+    response = server.post(make_event(payload={"project_id": "p", "mix_url": str(mix)}))
+    assert response.status_code == 202, response.text
+    mix.unlink()
     run = server.wait_terminal(response.json()["run_id"], timeout=60)
     assert (run["status"], run["error_code"], run["retry_count"]) == (
         "failed_permanent", "mix_not_found", 0)

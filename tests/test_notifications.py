@@ -100,8 +100,10 @@ def test_a_finished_review_is_a_desktop_notification(
                                else "Review · night-drive.wav")
     assert note["body"].startswith(f"{metrics['integrated_lufs']:.1f} LUFS · true peak "
                                    f"{metrics['true_peak_dbtp']:+.1f} dBTP · LRA ")
-    # a review that fails is told too
-    failed = review(server, tmp_path / "missing.wav", project="b-side")
+    # a review that fails is told too (a file there, so taken, but not audio)
+    broken = tmp_path / "missing.wav"
+    broken.write_text("not audio")
+    failed = review(server, broken, project="b-side")
     assert failed["status"] == "failed_permanent"
     second = wait_until(lambda: notifications(received)[1:], 20, "the second notification")[0]
     assert second["summary"] == "Review failed · missing.wav"  # named by the event

@@ -279,8 +279,10 @@ def test_the_audio_route_serves_only_the_file_a_review_listened_to(
         "project_id": "review-lookalike", "mix_url": str(studio.folder / "take 2.wav"),
         "requested_by": "a test"})).json()["run_id"]
     assert studio.server.wait_terminal(lookalike)["status"] == "succeeded"
+    broken = studio.folder / "not-audio.wav"  # there, so taken; not audio, so failed
+    broken.write_text("not audio")
     failed = studio.server.post(make_event(payload={
-        "project_id": "gone", "mix_url": str(studio.folder / "never-written.wav")}))
+        "project_id": "gone", "mix_url": str(broken)}))
     failed_id = failed.json()["run_id"]
     assert studio.server.wait_terminal(failed_id, timeout=60)["status"] == "failed_permanent"
     for run_id in ("run_nope", lookalike, failed_id, "..%2F..%2Fetc%2Fpasswd",

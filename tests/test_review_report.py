@@ -261,43 +261,67 @@ def test_an_mp3_is_measured_and_called_lossy(write: Callable[..., Path]) -> None
 # -- what a musician needs to hear --------------------------------------------------------------
 
 
-def test_mono_dual_mono_and_unused_headroom(write: Callable[..., Path]) -> None:
+def test_mono_dual_mono_and_headroom(write: Callable[..., Path]) -> None:
     mono = review(str(write(sine(-30, 5, channels=1), "mono.wav")))
     assert mono.metrics.mono and not mono.metrics.dual_mono
     assert any(n.code == "mono" for n in mono.notes)
     dual = review(str(write(sine(-30, 5), "dual.wav")))
     assert dual.metrics.dual_mono and not dual.metrics.mono
     assert any("dual mono" in text for text in dual.review_notes)
-    # -30 dBFS sine: true peak -30 dBTP, 29 dB under the -1 dBTP ceiling
-    assert dual.metrics.headroom_db == pytest.approx(29.0, abs=0.1)
-    headroom = next(n for n in dual.notes if n.code == "unused_headroom")
-    assert "29.0 dB of headroom" in headroom.text and "raise the master" in headroom.text
+    # A mix: -30 dBFS peaks, 30 dB under full scale, all of it mastering's
+    assert dual.stage == "mix" and dual.metrics.headroom_db == pytest.approx(30.0, abs=0.1)
+    # A master: 29 dB under the -1 dBTP ceiling; quiet by less than that, so gain alone
+    # raises it to the target (the note says so; no separate note of unused headroom)
+    master = review(str(write(sine(-30, 5), "dual-master.wav")), stage="master")
+    assert master.metrics.headroom_db == pytest.approx(29.0, abs=0.1)
+    quiet = next(n for n in master.notes if n.code == "too_quiet")
+    assert "gain alone does it" in quiet.text
+    assert not any(n.code == "unused_headroom" for n in master.notes)
+    # A blip at -3 dBTP in a quiet master: 2 dB of the way up is free, the rest takes a
+    # limiter
+    blip = review(str(write(np.vstack([sine(-3, 0.1), sine(-20, 8)]), "blip.wav")),
+                  stage="master")
+    free = next(n for n in blip.notes if n.code == "unused_headroom")
+    assert "the first 2.0 dB of raising it need no limiting" in free.text
+    assert "with a limiter holding the true peak at -1 dBTP" in next(
+        n for n in blip.notes if n.code == "too_quiet").text
     wide = review(str(write(noise(5), "wide.wav")))
     assert not wide.metrics.dual_mono and not wide.metrics.mono
 
 
 def test_every_delivery_target_side_by_side(write: Callable[..., Path]) -> None:
-    loud = review(str(write(sine(-10, 8), "loud.wav")))  # -10 LUFS, true peak -10 dBTP
+    loud = review(str(write(sine(-10, 8), "loud.wav")), stage="master")  # -10 LUFS, -10 dBTP
     targets = {t.name: t for t in loud.targets}
-    assert list(targets) == ["streaming", "apple_music", "broadcast", "club", "podcast"]
-    assert targets["streaming"].gain_db == pytest.approx(-4.0, abs=0.1)
+    assert list(targets) == ["spotify", "apple_music", "youtube", "amazon_music", "podcast",
+                             "broadcast", "broadcast_us", "club"]
+    assert targets["spotify"].gain_db == pytest.approx(-4.0, abs=0.1)
     assert targets["apple_music"].gain_db == pytest.approx(-6.0, abs=0.1)
-    assert targets["broadcast"].gain_db == pytest.approx(-13.0, abs=0.1)
+    assert targets["youtube"].gain_db == pytest.approx(-4.0, abs=0.1)
+    assert targets["spotify"].note.startswith("turned down 4.0 dB")
+    # delivered to a specification: nobody turns it; the note says what to do
+    assert targets["broadcast"].gain_db == 0.0
+    assert targets["broadcast"].note == ("plays as it is, 13.0 LU louder than -23 LUFS: "
+                                         "lower it that much (gain only)")
     assert targets["club"].gain_db == 0.0 and "plays as it is" in targets["club"].note
-    assert targets["streaming"].note.startswith("turned down 4.0 dB")
-    assert targets["broadcast"].result_true_peak_dbtp == pytest.approx(-23.0, abs=0.1)
-    # A quiet mix peaking at -3 dBTP: streaming turns it up only to the -1 dBTP limit.
+    # A quiet mix peaking at -3 dBTP: Spotify turns it up only to the -1 dBTP limit;
+    # YouTube not at all.
     quiet = MixMetrics(**measure(str(write(np.vstack([sine(-3, 0.1), sine(-20, 20)]),
                                            "quiet.wav"))).as_dict())
-    streaming = delivery_targets(quiet)[0]
+    spotify, youtube = delivery_targets(quiet)[0], delivery_targets(quiet)[2]
     assert quiet.integrated_lufs is not None and quiet.true_peak_dbtp is not None
     limit = round(-1 - quiet.true_peak_dbtp, 1)
     assert -14 - quiet.integrated_lufs > limit + 0.5  # it would need more than that
-    assert streaming.gain_db == pytest.approx(limit, abs=0.05)
-    assert streaming.note.startswith(f"turned up only {limit:.1f} dB (to the -1 dBTP "
-                                     "true-peak limit)")
-    assert streaming.result_true_peak_dbtp == pytest.approx(-1.0, abs=0.05)
-    assert streaming.verdict == "warn"
+    assert spotify.gain_db == pytest.approx(limit, abs=0.05)
+    assert spotify.note.startswith(f"turned up only {limit:.1f} dB (as far as its peaks "
+                                   "allow, to -1 dBTP)")
+    assert spotify.result_true_peak_dbtp == pytest.approx(-1.0, abs=0.05)
+    assert spotify.verdict == "warn"
+    assert youtube.gain_db == 0.0 and youtube.note.startswith("not turned up")
+    # a mix: what mastering would take for each target, and no verdicts
+    mix = review(str(write(sine(-10, 8), "loud-mix.wav")))
+    assert mix.stage == "mix"
+    assert all(t.verdict is None and t.gain_db is None for t in mix.targets)
+    assert mix.targets[0].note.startswith("-14 LUFS under -1 dBTP: 4.0 dB quieter than this mix")
 
 
 def test_momentary_short_term_maxima_and_plr(write: Callable[..., Path]) -> None:
@@ -365,7 +389,7 @@ def test_tonal_balance_against_the_profile_curve(write: Callable[..., Path]) -> 
 
 def test_silence_at_the_edges(write: Callable[..., Path]) -> None:
     audio = np.vstack([np.zeros((3 * RATE, 2)), noise(10), np.zeros((6 * RATE, 2))])
-    result = review(str(write(audio)))
+    result = review(str(write(audio)), stage="master")  # a mix's are trimmed in mastering
     assert result.metrics.leading_silence_seconds == pytest.approx(3.0, abs=0.01)
     assert result.metrics.trailing_silence_seconds == pytest.approx(6.0, abs=0.01)
     codes = [n.code for n in result.notes]
@@ -391,7 +415,8 @@ def test_notes_are_ordered_by_what_to_fix_first() -> None:
                       PROFILES["streaming"])
     severities = [n.severity for n in notes]
     assert severities == sorted(severities, key=("fix", "consider", "info").index)
-    assert [n.code for n in notes][:2] == ["true_peak_over", "clipping"]
+    # clipping in the render first: nothing after it can undo it
+    assert [n.code for n in notes][:2] == ["clipping", "true_peak_over"]
     assert {"too_quiet", "dc_offset", "leading_silence"} <= {n.code for n in notes}
     assert verdict_of(notes) == "fail"
     on_target = notes_for(with_profile(base.model_copy(update={
@@ -469,5 +494,6 @@ def test_the_server_compares_exports_of_one_project(server_factory: Callable[...
     assert comparison["deltas"]["integrated_lufs"] == pytest.approx(2.0, abs=0.05)
     assert "2.0 LU louder than the" in comparison["note"]
     assert {t["name"] for t in run2["result"]["targets"]} == {
-        "streaming", "apple_music", "broadcast", "club", "podcast"}
+        "spotify", "apple_music", "youtube", "amazon_music", "podcast", "broadcast",
+        "broadcast_us", "club"}
     assert run2["result"]["verdict"] in ("pass", "warn", "fail")

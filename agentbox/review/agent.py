@@ -1,30 +1,60 @@
-"""The built-in `mix_review` agent: it listens to the rendered mix and says what a
-mastering engineer would say about its level, peaks and mono compatibility.
+"""The built-in `mix_review` agent: it listens to the rendered mix and says what
+a mastering engineer would say about it, for the stage the work is at.
 
 The agent only puts the review together: the file is measured in an analysis
-process (agentbox.review.analysis), judged by the one judge
-(agentbox.review.judge), set beside the project's previous export
-(agentbox.review.compare) and a reference track, the event's or the project's
-(agentbox.review.reference), and, when a model is configured, given notes in
-prose (agentbox.review.llm).
+process (agentbox.review.analysis), its stage chosen (agentbox.review.stage), set
+beside the project's previous export (agentbox.review.compare) and a reference
+track, the event's or the project's (agentbox.review.reference), judged by the
+one judge (agentbox.review.judge), and, when a model is configured, given notes
+in prose (agentbox.review.llm).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from agentbox.archive import Archive
-from agentbox.engine.agents import AgentContext, PermanentAgentError
+from agentbox.config import Settings
+from agentbox.engine.agents import AgentContext, PermanentAgentError, admission
 from agentbox.events import Event
+from agentbox.review import stage, tonal
 from agentbox.review.analysis import Analysis, local_path
-from agentbox.review.compare import compare_with_previous, measure_reference
+from agentbox.review.compare import (
+    Previous,
+    compare_with_previous,
+    given_stage,
+    measure_reference,
+    previous_export,
+)
+from agentbox.review.figures import local_time
 from agentbox.review.judge import judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
-from agentbox.review.reference import Track, against, on_its_curve, project_reference
+from agentbox.review.reference import Track, against, project_reference
+from agentbox.review.stage import AUTO, Given, Stage
 
 
+async def mix_file_is_there(event: Event) -> list[dict[str, Any]]:
+    """Refused before it is accepted: a mix_url that names no local file, as the
+    review would find it (a look at the path, not a read of the file)."""
+    mix_url = getattr(event.payload, "mix_url", None)
+    if not isinstance(mix_url, str):
+        return []
+    try:
+        path = local_path(mix_url)
+    except PermanentAgentError as exc:
+        return [{"loc": ["payload", "mix_url"], "msg": str(exc), "type": exc.code}]
+    # In a thread: a path on a sleeping disk or a network share may take its time.
+    if await asyncio.to_thread(path.exists):
+        return []
+    return [{"loc": ["payload", "mix_url"], "type": "mix_not_found", "msg": (
+        "names no file on the machine agentbox runs on: check the path (an absolute path "
+        "or a file:// URL) and that the render has been written")}]
+
+
+@admission(mix_file_is_there)
 async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
     """Measure the mix named by the event and review it against its profile."""
     analysis = ctx.service(Analysis)
@@ -51,17 +81,23 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     if archive is not None and file.sha256 and file.size_bytes is not None:
         archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
                      size=file.size_bytes, file_name=file.name)
-    metrics = with_profile(measured, profile)
-    # The event's reference track wins for this event; else the project's, if any.
+    previous = await previous_export(ctx, project_id)
+    stage = choose_stage(payload, settings, project_id, previous, measured)
+    # The event's reference track wins for this event; else the project's, if any. Its
+    # own balance stands in for the genre curve.
     reference_url = getattr(payload, "reference_url", None)
     track = await measure_reference(str(reference_url), ctx, analysis) if reference_url \
         else await project_reference(ctx, project_id)
-    reference = track if not isinstance(track, Track) else None
+    tonal_reference = None
     if isinstance(track, Track):
-        metrics = on_its_curve(metrics, track)
-        reference = against(metrics, track)
-    comparison = await compare_with_previous(ctx, project_id, metrics, profile)
-    judged = judge(metrics, profile, comparison, reference)
+        tonal_reference = tonal.from_bands(f"{track.called} {track.name}",
+                                           track.metrics.octave_bands)
+    metrics = with_profile(measured, profile, stage.stage, tonal_reference)
+    reference = against(metrics, track) if isinstance(track, Track) else track
+    ceiling = 0.0 if stage.stage == "mix" else profile.max_true_peak_dbtp
+    comparison = compare_with_previous(previous, metrics, ceiling)
+    judged = judge(metrics, profile, stage.stage, comparison, reference,
+                   genre=tonal_reference is None)
     texts, source = [n.text for n in judged.notes], "rules"
     llm = LlmSettings.from_settings(settings)
     if llm is not None:
@@ -78,12 +114,30 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         notes_source=source,
         mix_url=mix_url,
         verdict=judged.verdict,
+        stage=stage.stage,
+        stage_reason=stage.reason,
+        stage_source=stage.source,
         file=file,
         targets=judged.targets,
         comparison=comparison,
         reference=reference,
         notes=judged.notes,
     )
+
+
+def choose_stage(payload: Any, settings: Settings | None, project: str, previous: Previous,
+                 measured: dict[str, Any]) -> Stage:
+    """The stage from the event, the project, the watch folder, the configuration,
+    else the file (agentbox.review.stage)."""
+    given = Given(
+        event=getattr(payload, "stage", None), project=given_stage(previous),
+        project_name=project,
+        project_since="" if previous.review is None or previous.review.stage_source != "event"
+        else f"the {local_time(previous.accepted_at)} export",
+        watch=getattr(payload, "default_stage", None),
+        config=settings.mix_stage if settings else AUTO)
+    return stage.choose(given, measured.get("true_peak_dbtp"), measured.get("integrated_lufs"),
+                        measured.get("plr_db"))
 
 
 def choose_profile(name: str | None) -> Profile:

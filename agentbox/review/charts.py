@@ -101,12 +101,13 @@ class Curve:
 
 
 def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curve | None,
-                   target: float, tolerance: float,
+                   target: float | None, tolerance: float,
                    clipping: Sequence[tuple[float, float]] = (),
                    overs: Sequence[tuple[float, float]] = (),
                    frame: Frame | None = None) -> str:
     """Loudness over time: momentary and short-term curves, LUFS gridlines, the
-    target band and the places where the mix clips."""
+    target band (none for a mix: its loudness is mastering's to set) and the places
+    where the mix clips."""
     frame = frame or Frame(900, 280)
     most = int(frame.width)
     momentary = momentary.thinned(most) if momentary else None
@@ -116,8 +117,9 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
     if not readings:
         return ""
     span_x = max(duration, max(len(c.values) * c.step_seconds for c in curves), 1.0)
-    high = max(max(readings), target + tolerance) + 2
-    low = max(min(min(readings), target - tolerance) - 2, LOUDNESS_FLOOR)
+    band = [] if target is None else [target - tolerance, target + tolerance]
+    high = max([*readings, *band]) + 2
+    low = max(min([*readings, *band]) - 2, LOUDNESS_FLOOR)
     step = level_step(high - low)
     low, high = math.floor(low / step) * step, math.ceil(high / step) * step
 
@@ -128,16 +130,18 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
         return frame.y((min(max(v, low), high) - low) / (high - low))
 
     parts = [_open("loudness-plot", frame, "Loudness over time",
-                   f"Momentary and short-term loudness in LUFS over {mmss(span_x)}, against "
-                   f"the target of {target:g} LUFS ± {tolerance:g} LU"
+                   f"Momentary and short-term loudness in LUFS over {mmss(span_x)}"
+                   + ("" if target is None else
+                      f", against the target of {target:g} LUFS ± {tolerance:g} LU")
                    + (f"; clipping in {len(clipping)} place(s)" if clipping else "")
                    + (f"; over 0 dBTP in {len(overs)} place(s)" if overs else "") + "."),
              _background(frame)]
-    parts.append(f'<rect class="target-band" x="{frame.x(0):.1f}" '
-                 f'y="{py(target + tolerance):.1f}" width="{frame.x(1) - frame.x(0):.1f}" '
-                 f'height="{py(target - tolerance) - py(target + tolerance):.1f}" '
-                 f'fill="{TARGET}" fill-opacity="0.12"><title>target {target:g} LUFS '
-                 f'± {tolerance:g} LU</title></rect>')
+    if target is not None:
+        parts.append(f'<rect class="target-band" x="{frame.x(0):.1f}" '
+                     f'y="{py(target + tolerance):.1f}" width="{frame.x(1) - frame.x(0):.1f}" '
+                     f'height="{py(target - tolerance) - py(target + tolerance):.1f}" '
+                     f'fill="{TARGET}" fill-opacity="0.12"><title>target {target:g} LUFS '
+                     f'± {tolerance:g} LU</title></rect>')
     parts.append(_level_grid(frame, low, high, step, py))
     tick = time_step(span_x)
     for second in range(0, int(span_x) + 1, tick):
@@ -156,9 +160,10 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
         parts.append(_polylines(
             [None if v is None else (px((i + 1) * short_term.step_seconds), py(v))
              for i, v in enumerate(short_term.values)], SHORT_TERM, 2, "short-term"))
-    parts.append(f'<text class="band-label" x="{frame.x(1) - 4:.1f}" '
-                 f'y="{py(target + tolerance) - 4:.1f}" text-anchor="end" fill="{TARGET}">'
-                 f'target {target:g} LUFS</text>')
+    if target is not None:
+        parts.append(f'<text class="band-label" x="{frame.x(1) - 4:.1f}" '
+                     f'y="{py(target + tolerance) - 4:.1f}" text-anchor="end" fill="{TARGET}">'
+                     f'target {target:g} LUFS</text>')
     parts.append(_legend(frame, [("short-term (3 s)", SHORT_TERM), ("momentary (400 ms)",
                                                                     MOMENTARY)]
                          if momentary is not None else [("short-term (3 s)", SHORT_TERM)]
@@ -237,9 +242,10 @@ def band_label(hz: float) -> str:
     return f"{hz / 1000:g}k" if hz >= 1000 else f"{hz:g}"
 
 
-def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
-    """Tonal balance: the mix's level per octave band against the profile's
-    reference curve."""
+def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
+                frame: Frame | None = None) -> str:
+    """Tonal balance: the mix's level per octave band against its reference (the
+    profile's curve, or a reference track's bands), named as `reference`."""
     frame = frame or Frame(900, 240)
     levels = [v for b in bands for v in (b.db, b.reference_db) if v is not None]
     if len(bands) < 2 or not levels:
@@ -255,8 +261,8 @@ def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
         return frame.y((v - low) / (high - low))
 
     parts = [_open("tonal-balance", frame, "Tonal balance by octave band",
-                   "The mix's level in each octave band (solid) against the reference "
-                   "curve (dashed), in dB."),
+                   f"The mix's level in each octave band (solid) against {reference} "
+                   "(dashed), in dB."),
              _background(frame)]
     parts.append(_level_grid(frame, low, high, step, py))
     for i, band in enumerate(bands):
@@ -270,10 +276,10 @@ def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
                          f'fill="{CLIP if over else SHORT_TERM}" fill-opacity="0.18">'
                          f'<title>{band_label(band.hz)} Hz: {band.db - band.reference_db:+.1f} dB '
                          f'against the reference</title></rect>')
-    reference = [None if b.reference_db is None else (px(i), py(b.reference_db))
-                 for i, b in enumerate(bands)]
+    curve = [None if b.reference_db is None else (px(i), py(b.reference_db))
+             for i, b in enumerate(bands)]
     measured = [None if b.db is None else (px(i), py(b.db)) for i, b in enumerate(bands)]
-    parts.append(_polylines(reference, TARGET, 1.5, "reference").replace(
+    parts.append(_polylines(curve, TARGET, 1.5, "reference").replace(
         "<polyline ", '<polyline stroke-dasharray="5 4" '))
     parts.append(_polylines(measured, SHORT_TERM, 2, "measured"))
     for i, band in enumerate(bands):
@@ -281,7 +287,8 @@ def tonal_chart(bands: Sequence[Band], frame: Frame | None = None) -> str:
             parts.append(f'<circle cx="{px(i):.1f}" cy="{py(band.db):.1f}" r="3" '
                          f'fill="{SHORT_TERM}"><title>{band_label(band.hz)} Hz: '
                          f'{band.db:.1f} dB</title></circle>')
-    parts.append(_legend(frame, [("this mix", SHORT_TERM), ("reference curve", TARGET)]))
+    label = reference.removeprefix("the ")
+    parts.append(_legend(frame, [("this mix", SHORT_TERM), (label, TARGET)]))
     parts.append(_axis_titles(frame, "octave band (Hz)", "level (dB)"))
     parts.append(_frame_box(frame))
     return "".join(parts) + "</svg>"

@@ -6,14 +6,13 @@ cannot be measured, is said so in the review and never fails it.
 
 from __future__ import annotations
 
-from pathlib import Path
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.review.analysis import Analysis, local_path
 from agentbox.review.figures import local_time
-from agentbox.review.model import Comparison, MixMetrics, ReferenceView, as_review
-from agentbox.review.profiles import Profile
+from agentbox.review.model import Comparison, MixMetrics, MixReview, ReferenceView, as_review
+from agentbox.review.present import mix_name
 from agentbox.review.reference import Track
 
 HEADLINE = ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu", "sample_peak_dbfs",
@@ -32,28 +31,58 @@ def deltas(new: MixMetrics, old: MixMetrics) -> dict[str, float]:
     return found
 
 
-async def compare_with_previous(ctx: AgentContext, project: str, m: MixMetrics,
-                                p: Profile) -> Comparison:
-    first = Comparison(previous_run_id=None, note=(
-        "The first export of this project: later exports will be compared with it."))
+@dataclass(frozen=True)
+class Previous:
+    """The project's export before this one, as the review reads it."""
+
+    run_id: str | None = None  # None: the project's first export (or unreadable)
+    accepted_at: str = ""
+    review: MixReview | None = None
+    unreadable: bool = False  # the store could not be read: no comparison, no stage
+
+
+async def previous_export(ctx: AgentContext, project: str) -> Previous:
+    """The project's previous reviewed export (the comparison's, and the stage's when
+    one was given for the project); never an error: the comparison is a bonus."""
     if ctx.previous_export is None or not project:
-        return first
+        return Previous()
     try:
-        previous = await ctx.previous_export(project)
-    except Exception:  # the comparison is a bonus: never fail the review for it
+        found = await ctx.previous_export(project)
+    except Exception:
         ctx.log.warning("the previous export could not be read", exc_info=True)
-        return first.model_copy(update={"note": "The previous export could not be read."})
-    old = None if previous is None else as_review(previous.result)
-    if previous is None or old is None:
-        return first
-    changes = deltas(m, old.metrics)
+        return Previous(unreadable=True)
+    review = None if found is None else as_review(found.result)
+    if found is None or review is None:
+        return Previous()
+    return Previous(found.run_id, found.accepted_at, review)
+
+
+def given_stage(previous: Previous) -> str | None:
+    """The last stage given for the project, as its previous export carried it: one
+    its event gave, or one the project had then."""
+    review = previous.review
+    if review is None or review.stage_source not in ("event", "project"):
+        return None
+    return review.stage
+
+
+def compare_with_previous(previous: Previous, m: MixMetrics, ceiling: float) -> Comparison:
+    """This export beside the project's previous one; `ceiling`: the true peak this
+    one is held under (a master's target's, a mix's full scale)."""
+    if previous.unreadable:
+        return Comparison(previous_run_id=None, note="The previous export could not be read.")
+    if previous.review is None or previous.run_id is None:
+        return Comparison(previous_run_id=None, note=(
+            "The first export of this project: later exports will be compared with it."))
+    old = previous.review.metrics
+    changes = deltas(m, old)
     return Comparison(previous_run_id=previous.run_id,
                       previous_accepted_at=previous.accepted_at, deltas=changes,
-                      note=_comparison_note(changes, m, old.metrics, p, previous.accepted_at))
+                      note=_comparison_note(changes, m, old, ceiling, previous.accepted_at))
 
 
 def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
-                     p: Profile, accepted_at: str) -> str:
+                     ceiling: float, accepted_at: str) -> str:
     when = f"the {local_time(accepted_at)} export"
     loudness = changes.get("integrated_lufs")
     if loudness is None:
@@ -62,7 +91,6 @@ def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics
         parts = [f"As loud as {when}"]
     else:
         parts = [f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than {when}"]
-    ceiling = p.max_true_peak_dbtp
     over_now = new.true_peak_dbtp is not None and new.true_peak_dbtp > ceiling
     over_then = old.true_peak_dbtp is not None and old.true_peak_dbtp > ceiling
     if over_now and not over_then:
@@ -90,7 +118,6 @@ async def measure_reference(url: str, ctx: AgentContext, analysis: Analysis
     try:
         raw, file = await analysis.measure(local_path(url), url, ctx)
     except (PermanentAgentError, RetryableAgentError) as exc:
-        return ReferenceView(file=Path(urlsplit(url).path).name or url, error=str(exc),
-                             source="event",
+        return ReferenceView(file=mix_name(url) or url, error=str(exc), source="event",
                              note=f"The reference track could not be measured: {exc}")
     return Track(MixMetrics(**raw), file.name, "event")

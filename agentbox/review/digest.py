@@ -136,10 +136,11 @@ def targets(result: Any) -> list[str]:
 
 
 def _target_line(t: Target) -> str:
+    said = t.gain_db is not None or t.verdict
     return (f"  {one_line(t.title):<36}"
             + (f" {_signed(t.gain_db):>6} dB" if t.gain_db is not None else "")
             + (f"  {t.verdict}" if t.verdict else "")
-            + (f": {one_line(t.note)}" if t.note else ""))
+            + ((": " if said else " ") + one_line(t.note) if t.note else ""))
 
 
 def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:
@@ -160,12 +161,15 @@ def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:
 
 def _body(review: Review) -> list[str]:
     lines = [f"  {one_line(review.summary)}"] if review.summary else []
+    if review.stage_reason:
+        lines.append(f"  {one_line(review.stage_reason)}")
     if review.notes:
         lines.append("Notes, what to fix first:")
         lines += [f"  {i}. " + (f"[{n.severity}] " if n.severity else "") + one_line(n.text)
                   for i, n in enumerate(review.notes, 1)]
     if review.targets:
-        lines += ["Delivery targets (gain their normalisation applies):",
+        lines += ["Once mastered, for each platform:" if review.stage == "mix" else
+                  "Delivery targets (gain their normalisation applies):",
                   *map(_target_line, review.targets)]
     return lines + _comparison(review.comparison)
 

@@ -1,18 +1,27 @@
 """The one judge of a mix review: its summary, its notes (what to fix first,
-first), its verdict, and what each delivery target would do to it.
+first), its verdict, and what each delivery target would do with the file.
 
 The verdict is decided here and stored with the result; every reader (the page,
 the CLI, the MCP server, desktop notifications) reads it through
-agentbox.review.present and never works it out again. The rules are specific
-and each note says what to change.
+agentbox.review.present and never works it out again. Each note says what to
+change.
+
+A file is judged for its stage (agentbox.review.stage). A mix, on its way to
+mastering, is judged on what a mastering engineer asks for: headroom, no
+clipping, no limiter squashing it, no DC, mono compatibility and a mono low end,
+a lossless file at the session's resolution, nothing cut off at either end; its
+loudness is information, and the delivery targets say what mastering would have
+to do, not a verdict. A master is judged against its profile's delivery target,
+and every delivery target says what its platform does with the file.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentbox.review import tonal
 from agentbox.review.figures import length, places
 from agentbox.review.model import (
     SEVERITIES,
@@ -25,11 +34,39 @@ from agentbox.review.model import (
     ReferenceView,
     TargetView,
 )
-from agentbox.review.profiles import PROFILES, TARGETS, Profile, Target
+from agentbox.review.profiles import (
+    AS_IS,
+    CURVE_NAMES,
+    DELIVER,
+    DOWN_ONLY,
+    PROFILES,
+    TARGETS,
+    UP_TO_PEAK,
+    Profile,
+    Target,
+)
+from agentbox.review.tonal import TonalReference
 
 # Stereo correlation near 0 is a wide or decorrelated mix (reverbs, doubled
 # guitars, noise), not a fault; clearly below it, the sides cancel each other.
 OUT_OF_PHASE_BELOW = -0.2
+LEADING_SILENCE_SECONDS = 1.0  # more than this before a master starts is worth trimming
+TRAILING_SILENCE_SECONDS = 4.0
+LOW_END_HZ = 120.0  # as agentbox.review.meter measures it (not imported here: it loads numpy)
+LOW_END_CORRELATION_BELOW = 0.3  # bass this decorrelated thins out or vanishes in mono
+# An edge (the first or last 100 ms) within this of the song's loudness is music
+# still playing: the render starts or stops in the middle of it.
+CUT_EDGE_LU = 15.0
+# What mastering engineers ask of a mix's peaks: 3-6 dB under full scale, room for
+# their EQ and compression before their own limiter.
+MIX_HEADROOM_DB = (3.0, 6.0)
+MIX_NO_HEADROOM_DBTP = -1.0  # peaks above this leave mastering no room
+MIX_LOW_PEAK_DBTP = -20.0  # peaks under this: a 16-bit mix throws resolution away
+# A mix's peak-to-loudness ratio: an unlimited mix has 12-20 dB; under SQUASHED
+# a limiter or heavy bus compression has flattened it, under DENSE it may have.
+MIX_SQUASHED_PLR_DB = 9.0
+MIX_DENSE_PLR_DB = 11.0
+DYNAMICS_MIN_SECONDS = 10.0  # shorter files (a test tone) say little about dynamics
 
 
 @dataclass(frozen=True)
@@ -37,33 +74,54 @@ class Judgement:
     summary: str
     notes: list[Note]  # what to fix first, first
     verdict: str  # pass, warn or fail
-    targets: list[TargetView]  # what each delivery target would do to the mix
+    targets: list[TargetView]  # what each delivery target would do (or need, for a mix)
 
 
-def judge(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
-          reference: ReferenceView | None = None) -> Judgement:
-    """The review of measurements `m` against profile `p`: everything the verdict
-    rests on, decided here once."""
-    notes = notes_for(m, p, comparison, reference)
-    return Judgement(summarise(m, p), notes, verdict_of(notes), delivery_targets(m))
+def judge(m: MixMetrics, p: Profile, stage: str = "master",
+          comparison: Comparison | None = None, reference: ReferenceView | None = None,
+          genre: bool = True) -> Judgement:
+    """The review of measurements `m` at `stage`, against profile `p`: everything
+    the verdict rests on, decided here once. `genre`: the octave bands' reference
+    is a genre's curve (not a reference track)."""
+    notes = notes_for(m, p, comparison, reference, stage, genre)
+    return Judgement(summarise(m, p, stage), notes, verdict_of(notes),
+                     delivery_targets(m, stage))
+
+
+def verdict_of(notes: list[Note]) -> str:
+    """fail: something to fix first; warn: something to consider; pass."""
+    severities = {note.severity for note in notes}
+    return "fail" if "fix" in severities else "warn" if "consider" in severities else "pass"
 
 
 # -- the measurements against the profile ------------------------------------------------------
 
 
-def with_profile(raw: dict[str, Any], profile: Profile) -> MixMetrics:
-    """The measurements as the review's metrics: the reference curve beside each
-    octave band, the unused headroom under the profile's ceiling, the curves."""
+def with_profile(raw: dict[str, Any], profile: Profile, stage: str = "master",
+                 reference: TonalReference | None = None) -> MixMetrics:
+    """The measurements as the review's metrics: the tonal reference beside each
+    octave band (the profile's curve unless `reference` is given; see
+    tonal.aligned), the unused
+    headroom (a master: under the profile's ceiling; a mix: under full scale), the
+    loudness curves."""
     metrics = MixMetrics(**raw)
-    reference = reference_curve(profile, len(metrics.octave_bands))
-    bands = [band.model_copy(update={"reference_db": ref})
-             for band, ref in zip(metrics.octave_bands, reference, strict=False)]
+    reference = reference or curve_of(profile)
+    levels = tonal.aligned(reference, metrics.octave_bands)
+    bands = [band.model_copy(update={"reference_db": levels.get(band.hz)})
+             for band in metrics.octave_bands]
+    ceiling = 0.0 if stage == "mix" else profile.max_true_peak_dbtp
     headroom = None if metrics.true_peak_dbtp is None else round(
-        profile.max_true_peak_dbtp - metrics.true_peak_dbtp, 2)
+        ceiling - metrics.true_peak_dbtp, 2)
     curve = LoudnessCurve(step_seconds=1.0, momentary=raw.get("momentary_lufs", []),
                           short_term=metrics.short_term_lufs)
     return metrics.model_copy(update={"octave_bands": bands, "headroom_db": headroom,
-                                      "loudness_curve": curve})
+                                      "loudness_curve": curve,
+                                      "tonal_reference": reference.name})
+
+
+def curve_of(profile: Profile) -> TonalReference:
+    genre = CURVE_NAMES.get(profile.reference_curve, profile.title)
+    return tonal.from_curve(f"the reference curve for {genre}", profile.reference_curve)
 
 
 def profile_of(view: ProfileView) -> Profile:
@@ -74,22 +132,19 @@ def profile_of(view: ProfileView) -> Profile:
                             view.max_true_peak_dbtp)
 
 
-def reference_curve(profile: Profile, bands: int) -> list[float]:
-    """The profile's curve over the first `bands` octave bands, as shares of their
-    total (as the mix's bands are)."""
-    curve = profile.reference_curve[:bands]
-    total = sum(10 ** (db / 10) for db in curve)
-    return [round(db - 10 * math.log10(total), 1) for db in curve] if total else []
-
-
 # -- the notes --------------------------------------------------------------------------------
 
 
-def summarise(m: MixMetrics, profile: Profile) -> str:
+def summarise(m: MixMetrics, profile: Profile, stage: str = "master") -> str:
     if m.integrated_lufs is None and m.duration_seconds < 0.4:
         return f"Too short to measure: {m.duration_seconds:g} s (loudness needs 0.4 s)."
     if m.integrated_lufs is None:
         return f"The mix is silent ({m.duration_seconds:g} s of nothing above -70 LUFS)."
+    when = f"{length(m.duration_seconds)} at {m.sample_rate} Hz"
+    if stage == "mix":
+        peak = "" if m.true_peak_dbtp is None else f", peaks at {m.true_peak_dbtp:+.1f} dBTP"
+        plr = "" if m.plr_db is None else f", PLR {m.plr_db:.1f} dB"
+        return f"A mix at {m.integrated_lufs:.1f} LUFS{peak}{plr}; {when}."
     delta = m.integrated_lufs - profile.target_lufs
     if abs(delta) <= profile.tolerance_lu:
         level = f"on target for {profile.title}"
@@ -99,29 +154,20 @@ def summarise(m: MixMetrics, profile: Profile) -> str:
     peak = ("" if m.true_peak_dbtp is None or m.true_peak_dbtp <= profile.max_true_peak_dbtp
             else f", true peak {m.true_peak_dbtp:+.1f} dBTP over the {profile.max_true_peak_dbtp:g}"
                  " dBTP ceiling")
-    return (f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; "
-            f"{length(m.duration_seconds)} at {m.sample_rate} Hz.")
+    return f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; {when}."
 
 
-LEADING_SILENCE_SECONDS = 1.0  # more than this before the music starts is worth trimming
-TRAILING_SILENCE_SECONDS = 4.0
-LOW_END_HZ = 120.0  # as agentbox.review.meter measures it (not imported here: it loads numpy)
-LOW_END_CORRELATION_BELOW = 0.3  # bass this decorrelated thins out or vanishes in mono
-TONAL_EXCESS_DB = 4.0  # an octave this far over the reference curve is a problem
-TONAL_MIN_SECONDS = 10.0  # shorter files say little about tonal balance
-LOW_OCTAVES_HZ = (63.0, 125.0)
-HARSH_OCTAVES_HZ = (2000.0, 4000.0)
-
-
-def rule_notes(m: MixMetrics, p: Profile) -> list[str]:
+def rule_notes(m: MixMetrics, p: Profile, stage: str = "master") -> list[str]:
     """Specific observations, what to fix first first, each saying what to change."""
-    return [note.text for note in notes_for(m, p)]
+    return [note.text for note in notes_for(m, p, stage=stage)]
 
 
 def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
-              reference: ReferenceView | None = None) -> list[Note]:
+              reference: ReferenceView | None = None, stage: str = "master",
+              genre: bool = True) -> list[Note]:
     """The review's notes, ordered by severity (fix, consider, info) and, within
-    one, by what to change first (loudness moves everything after it)."""
+    one, by what to change first: clipping in the render (nothing after it can
+    undo it), then loudness (it moves everything after it)."""
     if m.integrated_lufs is None and m.duration_seconds < 0.4:
         return [Note(severity="fix", code="too_short", text=(
             f"The file holds {m.duration_seconds:g} s of audio: too short for a loudness "
@@ -131,8 +177,14 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
         return [Note(severity="fix", code="silent", text=(
             "Nothing in the file rises above -70 LUFS: check that the export rendered "
             "the right tracks and was not muted."))]
-    notes = [*_level_notes(m, p), *_fault_notes(m), *_stereo_notes(m), *_tonal_notes(m),
-             *_edge_notes(m), *_format_notes(m)]
+    if stage == "mix":
+        notes = [*_clipping_notes(m), *_mix_level_notes(m), *_mix_dynamics_notes(m),
+                 *_dc_notes(m), *_stereo_notes(m), *tonal.notes(m, genre), *_cut_notes(m, stage),
+                 *_format_notes(m, stage)]
+    else:
+        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m), *_stereo_notes(m),
+                 *tonal.notes(m, genre), *_cut_notes(m, stage), *_silence_notes(m),
+                 *_format_notes(m, stage)]
     if reference is not None:
         notes.append(Note(severity="info", code="reference", text=reference.note))
     if comparison is not None and comparison.previous_run_id is not None:
@@ -140,46 +192,161 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
     return sorted(notes, key=lambda note: SEVERITIES.index(note.severity))
 
 
-def verdict_of(notes: list[Note]) -> str:
-    """fail: something to fix before release; warn: something to consider; pass."""
-    severities = {note.severity for note in notes}
-    return "fail" if "fix" in severities else "warn" if "consider" in severities else "pass"
+# -- a mix ---------------------------------------------------------------------------------------
+
+
+def _mix_level_notes(m: MixMetrics) -> list[Note]:
+    assert m.integrated_lufs is not None
+    notes = [Note(severity="info", code="mix_loudness", text=(
+        f"Integrated {m.integrated_lufs:.1f} LUFS"
+        + ("" if m.loudness_range_lu is None else
+           f", loudness range {m.loudness_range_lu:.1f} LU")
+        + ": information for mastering, not a verdict; the master's loudness is set "
+        "there (the delivery targets below say what each platform asks for)."))]
+    peak = m.true_peak_dbtp
+    if peak is None or m.clipped_runs:  # clipping has its own note, first
+        return notes
+    low, high = MIX_HEADROOM_DB
+    if peak > MIX_NO_HEADROOM_DBTP:
+        notes.append(Note(severity="consider", code="no_headroom", text=(
+            f"Peaks reach {peak:+.1f} dBTP: no headroom. Mastering engineers ask for peaks "
+            f"{high:g} to {low:g} dB under full scale, room for their EQ and compression "
+            "before their own limiter; lower the mix bus (or every fader) by about "
+            f"{peak + (low + high) / 2:.0f} dB: nothing else in the mix changes.")))
+    elif peak > -low:
+        notes.append(Note(severity="info", code="headroom", text=(
+            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, a little under the "
+            f"{low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
+            "file.")))
+    elif peak < MIX_LOW_PEAK_DBTP and m.bit_depth is not None and m.bit_depth <= 16:
+        notes.append(Note(severity="consider", code="low_level", text=(
+            f"Peaks only at {peak:+.1f} dBTP in a {m.bit_depth}-bit file: the quiet "
+            "parts lose resolution; export 24-bit or float, or bring the mix bus up to "
+            f"peak around -{high:g} dBFS.")))
+    else:
+        notes.append(Note(severity="info", code="headroom", text=(
+            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, as mastering "
+            f"engineers ask ({low:g}-{high:g} dB: room for their EQ and compression before "
+            "their limiter).")))
+    return notes
+
+
+def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
+    """Squashing: a limiter or heavy bus compression on the mix leaves mastering
+    nothing to shape."""
+    plr = m.plr_db
+    if plr is None or m.duration_seconds < DYNAMICS_MIN_SECONDS:
+        return []
+    if plr < MIX_SQUASHED_PLR_DB:
+        return [Note(severity="fix", code="squashed", text=(
+            f"Peak-to-loudness ratio {plr:.1f} dB: the mix is squashed (an unlimited mix "
+            "has 12-20 dB); a limiter or heavy compression on the mix bus is flattening "
+            "it. Bypass it and send the mix with its peaks: loudness is mastering's job, "
+            "and squashed transients cannot be brought back."))]
+    if plr < MIX_DENSE_PLR_DB:
+        return [Note(severity="consider", code="dense", text=(
+            f"Peak-to-loudness ratio {plr:.1f} dB: a dense mix (an unlimited mix has "
+            "12-20 dB); if a limiter or clipper is on the mix bus, bypass it for the "
+            "mastering engineer."))]
+    if m.loudness_range_lu is not None and m.loudness_range_lu > 15:
+        return [Note(severity="info", code="wide_range", text=(
+            f"Loudness range {m.loudness_range_lu:.1f} LU: a wide one; mastering can even "
+            "it out, or ride the quiet sections up in the mix."))]
+    return []
+
+
+# -- a master ------------------------------------------------------------------------------------
 
 
 def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
+    """Loudness against the profile's target, said as its platform plays it."""
     assert m.integrated_lufs is not None
+    t = p.delivery
+    delta = m.integrated_lufs - t.integrated_lufs
+    off = "fix" if abs(delta) > 3 * t.tolerance_lu else "consider"
+    where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
+             f"{'above' if delta > 0 else 'below'} the {p.title} target of "
+             f"{t.integrated_lufs:g} LUFS")
     notes = []
-    delta = m.integrated_lufs - p.target_lufs
-    off = "fix" if abs(delta) > 3 * p.tolerance_lu else "consider"
-    if delta > p.tolerance_lu:
-        notes.append(Note(severity=off, code="too_loud", text=(
-            f"Integrated {m.integrated_lufs:.1f} LUFS is {delta:.1f} LU above the {p.title} "
-            f"target of {p.target_lufs:g} LUFS: playback will turn it down by about "
-            f"{delta:.1f} dB, so the extra loudness only costs dynamics; ease the limiter "
-            f"by about {delta:.1f} dB.")))
-    elif delta < -p.tolerance_lu:
+    if delta > t.tolerance_lu:
+        notes.append(Note(severity=off, code="too_loud", text=f"{where}: {_loud(t, delta)}."))
+    elif delta < -t.tolerance_lu:
         notes.append(Note(severity=off, code="too_quiet", text=(
-            f"Integrated {m.integrated_lufs:.1f} LUFS is {-delta:.1f} LU below the {p.title} "
-            f"target of {p.target_lufs:g} LUFS: it will play quieter than other material, or "
-            f"be turned up into the limiter; raise the master by about {-delta:.1f} dB.")))
+            f"{where}: {_quiet(t, -delta, m.true_peak_dbtp)}.")))
     else:
         notes.append(Note(severity="info", code="on_target", text=(
-            f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{p.tolerance_lu:g} LU of "
-            f"the {p.title} target ({p.target_lufs:g} LUFS).")))
-    if m.true_peak_dbtp is not None and m.true_peak_dbtp > p.max_true_peak_dbtp:
-        after = " and will clip after lossy encoding" if m.true_peak_dbtp > -0.5 else ""
+            f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{t.tolerance_lu:g} LU of "
+            f"the {p.title} target ({t.integrated_lufs:g} LUFS).")))
+    notes += _ceiling_notes(m, t, delta)
+    notes += _master_dynamics_notes(m)
+    return notes
+
+
+def _loud(t: Target, by: float) -> str:
+    """What the platform does with a master `by` LU louder than its target, and what
+    to do."""
+    if t.normalisation in (UP_TO_PEAK, DOWN_ONLY):
+        return (f"{t.platform} turns it down {by:.1f} dB, so the extra loudness only costs "
+                f"dynamics; ease the limiter by about {by:.1f} dB")
+    if t.normalisation == DELIVER:
+        return (f"lower it {by:.1f} dB to meet the specification (gain only: the peaks come "
+                "down with it)")
+    return (f"{t.platform} plays it as it is, louder than the {t.integrated_lufs:g} LUFS "
+            f"usual there; easing the limiter by about {by:.1f} dB keeps more punch")
+
+
+def _quiet(t: Target, by: float, peak: float | None) -> str:
+    """What the platform does with a master `by` LU quieter than its target, and what
+    to do: raising it past the ceiling takes a limiter, not gain."""
+    room = 0.0 if peak is None else t.true_peak_max_dbtp - peak
+    how = (" (gain alone does it: its peaks stay under the ceiling)" if room >= by else
+           f" with a limiter holding the true peak at {t.true_peak_max_dbtp:g} dBTP (gain "
+           f"alone would take the peaks {by - room:.1f} dB over it)")
+    raise_it = f"raise it {by:.1f} dB{how}"
+    if t.normalisation == UP_TO_PEAK:
+        if room >= by - 0.05:
+            return (f"{t.platform} turns it up to the target (its peaks allow it), but not "
+                    f"every platform turns quiet tracks up (YouTube and Tidal do not); "
+                    f"{raise_it}")
+        if room > 0.05:
+            return (f"{t.platform} turns it up only {room:.1f} dB, as far as its peaks "
+                    f"allow, so it plays {by - room:.1f} dB quieter than other tracks; to "
+                    f"match them, {raise_it}")
+        return (f"{t.platform} cannot turn it up (its peaks already reach "
+                f"{t.true_peak_max_dbtp:g} dBTP), so it plays {by:.1f} dB quieter than "
+                f"other tracks; to match them, {raise_it}")
+    if t.normalisation == DOWN_ONLY:
+        return (f"{t.platform} does not turn quiet tracks up, so it plays {by:.1f} dB "
+                f"quieter than others; to match them, {raise_it}")
+    if t.normalisation == DELIVER:
+        return f"nobody turns it up, the file must meet the specification: {raise_it}"
+    return (f"{t.platform} plays it as it is, {by:.1f} dB quieter than the "
+            f"{t.integrated_lufs:g} LUFS usual there; {raise_it}")
+
+
+def _ceiling_notes(m: MixMetrics, t: Target, delta: float) -> list[Note]:
+    peak = m.true_peak_dbtp
+    if peak is not None and peak > t.true_peak_max_dbtp:
+        after = " and will clip after lossy encoding" if peak > -0.5 else ""
         overs = [r for r in m.clipping_ranges if r.kind == "over"]
         where = f" (over 0 dBTP at {spans(overs)})" if overs else ""
-        notes.append(Note(severity="fix", code="true_peak_over", text=(
-            f"True peak {m.true_peak_dbtp:+.1f} dBTP exceeds the {p.max_true_peak_dbtp:g} dBTP "
+        return [Note(severity="fix", code="true_peak_over", text=(
+            f"True peak {peak:+.1f} dBTP exceeds the {t.true_peak_max_dbtp:g} dBTP "
             f"ceiling{after}{where}: lower the limiter's output ceiling by "
-            f"{m.true_peak_dbtp - p.max_true_peak_dbtp:.1f} dB or enable its true-peak "
-            "mode.")))
-    elif delta < -p.tolerance_lu and m.headroom_db is not None and m.headroom_db >= 1.0:
-        notes.append(Note(severity="consider", code="unused_headroom", text=(
-            f"The mix peaks at {m.true_peak_dbtp:+.1f} dBTP: {m.headroom_db:.1f} dB of "
-            f"headroom under the {p.max_true_peak_dbtp:g} dBTP ceiling is unused; raise the "
-            f"master by up to {m.headroom_db:.1f} dB before any limiting.")))
+            f"{peak - t.true_peak_max_dbtp:.1f} dB or enable its true-peak mode."))]
+    # Quiet, and only part of the way up is free: the rest takes a limiter (when all
+    # of it is free, the level note says gain alone does it).
+    if (delta < -t.tolerance_lu and m.headroom_db is not None
+            and 1.0 <= m.headroom_db < -delta):
+        return [Note(severity="consider", code="unused_headroom", text=(
+            f"The master peaks at {peak:+.1f} dBTP: {m.headroom_db:.1f} dB of headroom "
+            f"under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
+            f"{m.headroom_db:.1f} dB of raising it need no limiting."))]
+    return []
+
+
+def _master_dynamics_notes(m: MixMetrics) -> list[Note]:
+    notes = []
     if m.loudness_range_lu is not None:
         if m.loudness_range_lu < 3 and m.duration_seconds >= 30:
             notes.append(Note(severity="consider", code="narrow_range", text=(
@@ -196,20 +363,41 @@ def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
     return notes
 
 
-def _fault_notes(m: MixMetrics) -> list[Note]:
+def _silence_notes(m: MixMetrics) -> list[Note]:
+    """A master plays as it is: silence at its ends is a gap (a mix's is trimmed in
+    mastering)."""
     notes = []
-    if m.clipped_runs:
-        clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
-        where = f" at {spans(clipped)}" if clipped else ""
-        notes.append(Note(severity="fix", code="clipping", text=(
-            f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} runs of "
-            f"{3}+ in a row{where}: that is audible clipping in the render, not just a hot "
-            "peak; lower the master fader or the limiter's input there.")))
-    if abs(m.dc_offset) >= 0.001:
-        notes.append(Note(severity="consider", code="dc_offset", text=(
-            f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
-            "(or a DC-removal plug-in) on the master would reclaim headroom.")))
+    if m.leading_silence_seconds > LEADING_SILENCE_SECONDS:
+        notes.append(Note(severity="consider", code="leading_silence", text=(
+            f"{m.leading_silence_seconds:.1f} s of silence before the music starts: trim the "
+            "start of the export (players play it as a gap).")))
+    if m.trailing_silence_seconds > TRAILING_SILENCE_SECONDS:
+        notes.append(Note(severity="consider", code="trailing_silence", text=(
+            f"{m.trailing_silence_seconds:.1f} s of silence at the end: shorten the render "
+            "to the end of the reverb tail.")))
     return notes
+
+
+# -- either --------------------------------------------------------------------------------------
+
+
+def _clipping_notes(m: MixMetrics) -> list[Note]:
+    if not m.clipped_runs:
+        return []
+    clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
+    where = f" at {spans(clipped)}" if clipped else ""
+    return [Note(severity="fix", code="clipping", text=(
+        f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} runs of "
+        f"{3}+ in a row{where}: that is audible clipping in the render, not just a hot "
+        "peak; lower the master fader or the limiter's input there."))]
+
+
+def _dc_notes(m: MixMetrics) -> list[Note]:
+    if abs(m.dc_offset) < 0.001:
+        return []
+    return [Note(severity="consider", code="dc_offset", text=(
+        f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
+        "(or a DC-removal plug-in) on the master would reclaim headroom."))]
 
 
 def _stereo_notes(m: MixMetrics) -> list[Note]:
@@ -245,23 +433,53 @@ def _stereo_notes(m: MixMetrics) -> list[Note]:
     return notes
 
 
-def _tonal_notes(m: MixMetrics) -> list[Note]:
-    if m.duration_seconds < TONAL_MIN_SECONDS:
-        return []
-    excess = {b.hz: b.db - b.reference_db for b in m.octave_bands if b.reference_db is not None}
+def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
+    """A render that stops, or starts, while the music plays. A mix must hold its
+    whole tail (mastering makes the fades; a cut tail cannot be put back); a master
+    may stop dead on purpose."""
+    assert m.integrated_lufs is not None
     notes = []
-    low = _worst(excess, LOW_OCTAVES_HZ)
-    if low is not None and low[0] > TONAL_EXCESS_DB:
-        notes.append(Note(severity="consider", code="low_end_buildup", text=(
-            f"Low-end build-up: the {low[1]:g} Hz octave sits {low[0]:.1f} dB above the "
-            "reference curve; cut 2-3 dB there (bass, kick) or high-pass the tracks that "
-            "do not need it.")))
-    harsh = _worst(excess, HARSH_OCTAVES_HZ)
-    if harsh is not None and harsh[0] > TONAL_EXCESS_DB:
-        notes.append(Note(severity="consider", code="harsh", text=(
-            f"Harshness: the {harsh[1] / 1000:g} kHz octave sits {harsh[0]:.1f} dB above the "
-            "reference curve; a gentle dip there (or de-essing vocals and cymbals) will "
-            "tame it.")))
+    floor = m.integrated_lufs - CUT_EDGE_LU
+    if m.end_lufs is not None and m.end_lufs > floor and m.trailing_silence_seconds < 0.05:
+        notes.append(Note(severity="fix" if stage == "mix" else "consider", code="cut_tail",
+                          text=(
+            f"The render stops while the music plays (its last 100 ms at "
+            f"{m.end_lufs:.1f} LUFS, against {m.integrated_lufs:.1f} for the whole): a last "
+            "note or a reverb tail is cut off; extend the render past the end of the tail"
+            + (", and leave the fade to mastering." if stage == "mix" else
+               " (if the song stops dead on purpose, a moment of silence after it still "
+               "helps players and crossfades)."))))
+    if m.start_lufs is not None and m.start_lufs > floor and m.leading_silence_seconds < 0.01:
+        notes.append(Note(severity="consider", code="cut_start", text=(
+            f"The render starts in the music (its first 100 ms at {m.start_lufs:.1f} LUFS): "
+            "the first attack may be cut, or click; start the render a moment before the "
+            "music.")))
+    return notes
+
+
+def _format_notes(m: MixMetrics, stage: str) -> list[Note]:
+    notes = []
+    if m.bit_depth is None:
+        if stage == "mix":
+            notes.append(Note(severity="fix", code="lossy", text=(
+                f"A lossy {m.file_format} file: mastering needs the mix lossless; export a "
+                "WAV, AIFF or FLAC at the session's sample rate, 24-bit or 32-bit float.")))
+        else:
+            notes.append(Note(severity="consider", code="lossy", text=(
+                f"A lossy {m.file_format} file: deliver a WAV, AIFF or FLAC master; the "
+                "platforms encode it again, and peaks of a lossy file are not the "
+                "master's.")))
+    elif m.bit_depth < 16:
+        notes.append(Note(severity="fix", code="low_bit_depth", text=(
+            f"{m.bit_depth}-bit audio: export at 24-bit (or at least 16-bit, dithered).")))
+    elif m.bit_depth == 16 and stage == "mix":
+        notes.append(Note(severity="consider", code="mix_bit_depth", text=(
+            "A 16-bit mix: mastering works best from the session's resolution; export "
+            "24-bit or 32-bit float, without dither (dither belongs to the master).")))
+    if m.sample_rate < 44_100:
+        notes.append(Note(severity="fix", code="low_sample_rate", text=(
+            f"{m.sample_rate} Hz sample rate: export at 44.1 kHz or 48 kHz; delivery "
+            "platforms expect at least 44.1 kHz.")))
     return notes
 
 
@@ -270,82 +488,104 @@ def spans(ranges: list[ClippingRange]) -> str:
     return places((r.start, r.end) for r in ranges)
 
 
-def _worst(excess: dict[float, float], octaves: tuple[float, ...]
-           ) -> tuple[float, float] | None:
-    """The largest (excess over the reference, octave) among `octaves`."""
-    found = [(excess[hz], hz) for hz in octaves if hz in excess]
-    return max(found) if found else None
-
-
-def _edge_notes(m: MixMetrics) -> list[Note]:
-    notes = []
-    if m.leading_silence_seconds > LEADING_SILENCE_SECONDS:
-        notes.append(Note(severity="consider", code="leading_silence", text=(
-            f"{m.leading_silence_seconds:.1f} s of silence before the music starts: trim the "
-            "start of the export (players play it as a gap).")))
-    if m.trailing_silence_seconds > TRAILING_SILENCE_SECONDS:
-        notes.append(Note(severity="consider", code="trailing_silence", text=(
-            f"{m.trailing_silence_seconds:.1f} s of silence at the end: shorten the render "
-            "to the end of the reverb tail.")))
-    return notes
-
-
-def _format_notes(m: MixMetrics) -> list[Note]:
-    notes = []
-    if m.bit_depth is None:
-        notes.append(Note(severity="consider", code="lossy", text=(
-            f"A lossy {m.file_format} file: deliver a WAV, AIFF or FLAC master; the "
-            "platforms encode it again, and peaks of a lossy file are not the master's.")))
-    elif m.bit_depth < 16:
-        notes.append(Note(severity="fix", code="low_bit_depth", text=(
-            f"{m.bit_depth}-bit audio: export at 24-bit (or at least 16-bit, dithered).")))
-    if m.sample_rate < 44_100:
-        notes.append(Note(severity="fix", code="low_sample_rate", text=(
-            f"{m.sample_rate} Hz sample rate: export at 44.1 kHz or 48 kHz; delivery "
-            "platforms expect at least 44.1 kHz.")))
-    return notes
-
-
 # -- every delivery target ----------------------------------------------------------------------
 
 
-def delivery_targets(m: MixMetrics) -> list[TargetView]:
-    """What each platform's loudness normalisation would do to this mix."""
-    return [_target(m, target) for target in TARGETS]
+def delivery_targets(m: MixMetrics, stage: str = "master") -> list[TargetView]:
+    """What each platform does with this master; for a mix, what mastering for it
+    would take."""
+    assess: Callable[[MixMetrics, Target], TargetView] = (
+        once_mastered if stage == "mix" else as_played)
+    return [assess(m, target) for target in TARGETS]
 
 
-def _target(m: MixMetrics, t: Target) -> TargetView:
-    def view(gain: float | None, peak: float | None, verdict: str, note: str) -> TargetView:
-        return TargetView(name=t.name, title=t.title, integrated_target_lufs=t.integrated_lufs,
-                          true_peak_max_dbtp=t.true_peak_max_dbtp, gain_db=gain,
-                          result_true_peak_dbtp=peak, verdict=verdict, note=note)
+def _view(t: Target, gain: float | None, peak: float | None, verdict: str | None,
+          note: str) -> TargetView:
+    return TargetView(name=t.name, title=t.title, integrated_target_lufs=t.integrated_lufs,
+                      true_peak_max_dbtp=t.true_peak_max_dbtp,
+                      gain_db=None if gain is None else round(gain, 1),
+                      result_true_peak_dbtp=None if peak is None else round(peak, 1),
+                      verdict=verdict, note=note)
 
+
+def playback_gain(t: Target, loudness: float, peak: float) -> float:
+    """What `t`'s playback applies to a file of this loudness and true peak."""
+    wanted = t.integrated_lufs - loudness
+    if t.normalisation in (DELIVER, AS_IS):
+        return 0.0
+    if wanted <= 0 or t.normalisation == DOWN_ONLY:
+        return min(wanted, 0.0)
+    return min(wanted, max(0.0, t.true_peak_max_dbtp - peak))  # UP_TO_PEAK
+
+
+def as_played(m: MixMetrics, t: Target) -> TargetView:
+    """A master on `t`: the gain its playback applies, where it plays, and a verdict:
+    fail when its peaks are over the ceiling (the encode may clip), warn when it
+    plays off the target by more than the tolerance, or is turned down a lot (the
+    extra loudness only cost dynamics)."""
     if m.integrated_lufs is None or m.true_peak_dbtp is None:
-        return view(None, None, "fail", "nothing to normalise: the file is silent or too short")
+        return _view(t, None, None, "fail", "nothing to play: the file is silent or too short")
     wanted = t.integrated_lufs - m.integrated_lufs
-    gain = {"none": 0.0, "both": wanted}.get(
-        t.normalisation, min(wanted, max(0.0, t.true_peak_max_dbtp - m.true_peak_dbtp)))
-    peak = m.true_peak_dbtp + gain
-    short = wanted - gain  # what normalisation leaves between the mix and the target
-    if t.normalisation == "none":
-        side = "above" if wanted < 0 else "below"
-        note = (f"no normalisation: plays as it is, {abs(wanted):.1f} LU {side} the "
-                f"{t.integrated_lufs:g} LUFS typical of the format")
-    elif gain < 0:
-        note = f"turned down {-gain:.1f} dB"
-    elif short > 0.05:
-        note = (f"turned up only {gain:.1f} dB (to the {t.true_peak_max_dbtp:g} dBTP "
-                f"true-peak limit): plays {short:.1f} dB quieter than the target")
-    else:
-        note = f"turned up {gain:.1f} dB"
-    if peak > t.true_peak_max_dbtp + 0.05:
+    gain = playback_gain(t, m.integrated_lufs, m.true_peak_dbtp)
+    off = wanted - gain  # > 0: plays quieter than the target, < 0: louder
+    note, verdict = _played(t, wanted, gain, off, m.true_peak_dbtp)
+    if m.true_peak_dbtp > t.true_peak_max_dbtp + 0.05:
         verdict = "fail"
-        note += (f"; true peak {peak:+.1f} dBTP after, over the {t.true_peak_max_dbtp:g} dBTP "
-                 "ceiling: lower the limiter's ceiling")
-    elif abs(short) > t.tolerance_lu or gain < -3 * t.tolerance_lu:
-        verdict = "warn"
-        if gain < -3 * t.tolerance_lu:
-            note += ": the extra loudness only costs dynamics"
-    else:
-        verdict = "pass"
-    return view(round(gain, 1), round(peak, 1), verdict, note)
+        note += (f"; its true peak, {m.true_peak_dbtp:+.1f} dBTP, is over the "
+                 f"{t.true_peak_max_dbtp:g} dBTP ceiling (the encode may clip it): set the "
+                 f"limiter's ceiling to {t.true_peak_max_dbtp:g} dBTP, in true-peak mode")
+    return _view(t, gain, m.true_peak_dbtp + gain, verdict, note)
+
+
+def _played(t: Target, wanted: float, gain: float, off: float, peak: float
+            ) -> tuple[str, str]:
+    """(note, verdict) for the loudness alone."""
+    tol = t.tolerance_lu
+    if t.normalisation in (DELIVER, AS_IS):
+        if abs(wanted) <= tol:
+            return f"plays as it is, within ±{tol:g} LU of {t.integrated_lufs:g} LUFS", "pass"
+        if wanted < 0:
+            return (f"plays as it is, {-wanted:.1f} LU louder than {t.integrated_lufs:g} LUFS: "
+                    + ("lower it that much (gain only)" if t.normalisation == DELIVER else
+                       "fine in a club, at the cost of punch")), "warn"
+        room = t.true_peak_max_dbtp - peak
+        how = ("gain alone does it" if room >= wanted else
+               f"gain alone would take its peaks {wanted - room:.1f} dB over the ceiling, "
+               "so with a limiter")
+        return (f"plays as it is, {wanted:.1f} LU quieter than {t.integrated_lufs:g} LUFS: "
+                f"raise it that much ({how})"), "warn"
+    if gain < -0.05:
+        note = f"turned down {-gain:.1f} dB"
+        if -gain > 3 * tol:
+            return note + ": the extra loudness only costs dynamics", "warn"
+        return note, "pass"
+    if off <= tol:
+        return (f"turned up {gain:.1f} dB" if gain > 0.05 else "plays as it is"), "pass"
+    if t.normalisation == DOWN_ONLY:
+        return (f"not turned up (quiet tracks are not): plays {off:.1f} dB quieter than "
+                "the target"), "warn"
+    if gain > 0.05:
+        return (f"turned up only {gain:.1f} dB (as far as its peaks allow, to "
+                f"{t.true_peak_max_dbtp:g} dBTP): plays {off:.1f} dB quieter than the "
+                "target"), "warn"
+    return (f"not turned up (its peaks already reach {t.true_peak_max_dbtp:g} dBTP): plays "
+            f"{off:.1f} dB quieter than the target"), "warn"
+
+
+def once_mastered(m: MixMetrics, t: Target) -> TargetView:
+    """What mastering this mix for `t` would take: no verdict, a mix is not played
+    anywhere yet."""
+    if m.integrated_lufs is None or m.true_peak_dbtp is None:
+        return _view(t, None, None, None, "nothing to master: the file is silent or too short")
+    louder = t.integrated_lufs - m.integrated_lufs
+    needed_plr = t.true_peak_max_dbtp - t.integrated_lufs
+    plr = m.true_peak_dbtp - m.integrated_lufs
+    change = (f"{louder:.1f} dB louder than this mix" if louder > 0.05 else
+              f"{-louder:.1f} dB quieter than this mix" if louder < -0.05 else
+              "as loud as this mix")
+    limiting = (f"its PLR of {plr:.1f} dB comes down to {needed_plr:g} dB there: about "
+                f"{plr - needed_plr:.1f} dB of limiting" if plr - needed_plr > 0.5 else
+                f"its PLR of {plr:.1f} dB fits: no limiting needed")
+    return _view(t, None, None, None, (
+        f"{t.integrated_lufs:g} LUFS under {t.true_peak_max_dbtp:g} dBTP: {change}; "
+        f"{limiting}"))

@@ -104,6 +104,10 @@ class Measurements:
     low_end_correlation: float | None = None  # L/R below LOW_END_HZ
     leading_silence_seconds: float = 0.0
     trailing_silence_seconds: float = 0.0
+    # Loudness of the first and the last 100 ms: a render that starts or stops while
+    # the music plays (a cut-off attack or tail) is loud there.
+    start_lufs: float | None = None
+    end_lufs: float | None = None
     clipping_ranges: list[dict[str, Any]] = field(default_factory=list)
     octave_bands: list[dict[str, float]] = field(default_factory=list)  # hz, db (of total)
     frames_declared: int | None = None  # what the header promises, when it says
@@ -523,6 +527,7 @@ class _Meter:
                                            else self.first_loud) / self.rate, 2),
             trailing_silence_seconds=round((self.frames - 1 - self.last_loud) / self.rate, 2)
             if self.first_loud is not None else round(self.frames / self.rate, 2),
+            start_lufs=_edge(programme[:1]), end_lufs=_edge(programme[-1:]),
             clipping_ranges=[{"start": round(a / self.rate, 2), "end": round(b / self.rate, 2),
                               "kind": kind} for kind, events in self.events.items()
                              for a, b in events],
@@ -607,6 +612,13 @@ def loudness_range(short_term: np.ndarray) -> float | None:
         return None
     kept = gated[0][gated[1]]
     return float(np.percentile(kept, 95) - np.percentile(kept, 10))
+
+
+def _edge(powers: np.ndarray) -> float | None:
+    """The loudness of one 100 ms sub-block; None when there is none, or it is below
+    the absolute gate (silence)."""
+    loudness = _lufs(float(powers[0])) if len(powers) else None
+    return None if loudness is None or loudness < ABSOLUTE_GATE_LUFS else _round(loudness)
 
 
 def _db(linear: float) -> float | None:

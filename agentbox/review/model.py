@@ -13,6 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
 VERDICTS = ("pass", "warn", "fail")
+STAGES = ("mix", "master")  # a mix goes to mastering; a master to its platform
+# Where a review's stage came from, first to last in the order they count.
+STAGE_SOURCES = ("event", "project", "watch", "config", "auto")
 
 
 class ProfileView(BaseModel):
@@ -67,6 +70,9 @@ class MixMetrics(BaseModel):
     low_end_correlation: float | None = None
     leading_silence_seconds: float = 0.0
     trailing_silence_seconds: float = 0.0
+    start_lufs: float | None = None  # loudness of the first 100 ms
+    end_lufs: float | None = None  # loudness of the last 100 ms
+    tonal_reference: str | None = None  # what octave_bands' reference_db are: a curve, a track
     clipping_ranges: list[ClippingRange] = []
     octave_bands: list[OctaveBand] = []
     loudness_curve: LoudnessCurve | None = None
@@ -93,10 +99,11 @@ class TargetView(BaseModel):
     title: str
     integrated_target_lufs: float
     true_peak_max_dbtp: float
-    gain_db: float | None  # what the platform's normalisation applies; None: silent
+    # What the platform's normalisation applies; None: silent, or a mix (not played yet)
+    gain_db: float | None
     result_true_peak_dbtp: float | None
-    verdict: str
-    note: str
+    verdict: str | None = None  # None for a mix: what a master would need, not a verdict
+    note: str = ""
 
 
 class Comparison(BaseModel):
@@ -136,7 +143,12 @@ class MixReview(BaseModel):
     metrics: MixMetrics
     notes_source: str  # "rules", or "llm" when the configured model wrote the notes
     mix_url: str
-    verdict: str = "pass"  # "pass", "warn" or "fail" against the profile
+    verdict: str = "pass"  # "pass", "warn" or "fail" for the stage, against the profile
+    # "mix" (judged as a mix going to mastering) or "master" (against the profile);
+    # a review stored before stages was judged as a master.
+    stage: str = "master"
+    stage_reason: str = ""  # which stage was judged, why, and how to change it
+    stage_source: str | None = None  # STAGE_SOURCES: where the stage came from
     file: FileInfo | None = None
     targets: list[TargetView] = []
     comparison: Comparison = Comparison(previous_run_id=None)

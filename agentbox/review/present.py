@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from agentbox.review.figures import finite
 from agentbox.review.judge import judge, profile_of
-from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
+from agentbox.review.model import SEVERITIES, STAGES, VERDICTS, MixReview, as_review
 
 # Old results name their delivery targets only; these are their titles.
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
@@ -88,6 +88,18 @@ class Review:
         return project if isinstance(project, str) else ""
 
     @property
+    def stage(self) -> str | None:
+        """"mix" or "master": the stage it was judged at; None for a review stored
+        before stages (it was judged as a master)."""
+        stage = self.doc.get("stage")
+        return stage if stage in STAGES else None
+
+    @property
+    def stage_reason(self) -> str:
+        reason = self.doc.get("stage_reason")
+        return reason if isinstance(reason, str) else ""
+
+    @property
     def summary(self) -> str:
         summary = self.doc.get("summary")
         return summary if isinstance(summary, str) else ""
@@ -146,9 +158,9 @@ def _verdict(doc: Mapping[str, Any]) -> str | None:
 
 
 def judged_verdict(model: MixReview) -> str:
-    """The judge's verdict on a review stored without one (judged as it was then:
-    against its profile)."""
-    return judge(model.metrics, profile_of(model.profile)).verdict
+    """The judge's verdict on a review stored without one, at its stage (a review
+    that old has none: it was judged as a master, against its profile)."""
+    return judge(model.metrics, profile_of(model.profile), model.stage).verdict
 
 
 def _notes(doc: Mapping[str, Any]) -> list[Note]:

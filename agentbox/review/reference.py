@@ -7,16 +7,16 @@ where the tonal balance departs from the reference's ("2.8 dB less air at
 
 The judge takes the result as the review's `reference` (and its note); the
 octave bands are held against the track's own curve instead of the genre's
-(`on_its_curve`).
+(agentbox.review.tonal: the agent gives the track's bands as the tonal reference).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from agentbox.archive import Archive
 from agentbox.engine.agents import AgentContext
+from agentbox.review import tonal
 from agentbox.review.model import MixMetrics, OctaveBand, ReferenceView
 
 SOURCES = ("project", "event")  # where a review's reference came from
@@ -66,26 +66,11 @@ async def project_reference(ctx: AgentContext, project: str) -> Track | None:
         return None
 
 
-def on_its_curve(m: MixMetrics, track: Track) -> MixMetrics:
-    """The mix's octave bands held against the track's own balance (instead of the
-    genre curve): its curve, moved as a whole onto the mix where most octaves sit."""
-    levels = aligned(m.octave_bands, track.metrics.octave_bands)
-    if not levels:
-        return m
-    bands = [b.model_copy(update={"reference_db": levels.get(b.hz)}) for b in m.octave_bands]
-    return m.model_copy(update={"octave_bands": bands})
-
-
 def aligned(mix: list[OctaveBand], reference: list[OctaveBand]) -> dict[float, float]:
-    """The reference's level beside each of the mix's octaves, shifted by the median
-    difference: both are shares of their own totals, so one octave far too strong
-    would otherwise read as every other octave too weak."""
-    theirs = {b.hz: b.db for b in reference}
-    away = [b.db - theirs[b.hz] for b in mix if b.hz in theirs]
-    if not away:
-        return {}
-    offset = statistics.median(away)
-    return {hz: round(db + offset, 1) for hz, db in theirs.items()}
+    """The reference's level beside each of the mix's octaves, shifted onto the mix
+    by the median difference (agentbox.review.tonal.aligned: one way for every
+    reference)."""
+    return tonal.aligned(tonal.from_bands("", reference), mix)
 
 
 def against(m: MixMetrics, track: Track) -> ReferenceView:

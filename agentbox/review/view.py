@@ -140,7 +140,8 @@ class Review(present.Review):
         p = self.model.profile
         return Markup(charts.loudness_chart(
             duration=self.duration, short_term=short_term,
-            momentary=momentary, target=p.target_lufs, tolerance=p.tolerance_lu,
+            momentary=momentary, target=None if self.stage == "mix" else p.target_lufs,
+            tolerance=p.tolerance_lu,
             clipping=self.clipping, overs=self.overs))
 
     def tonal_chart(self) -> Markup:
@@ -149,7 +150,14 @@ class Review(present.Review):
             hz = finite(_dict(b).get("hz"))
             if hz is not None and hz > 0:
                 bands.append(charts.Band(hz, finite(b.get("db")), finite(b.get("reference_db"))))
-        return Markup(charts.tonal_chart(sorted(bands, key=lambda b: b.hz)))
+        return Markup(charts.tonal_chart(sorted(bands, key=lambda b: b.hz),
+                                         self.tonal_reference))
+
+    @property
+    def tonal_reference(self) -> str:
+        """What the tonal chart's dashed line is: "the reference curve for music"."""
+        named = self.metrics.get("tonal_reference")
+        return named if isinstance(named, str) and named else "the reference curve"
 
 
 # -- exports and their comparison ------------------------------------------------------------
@@ -292,7 +300,9 @@ def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
                   for row in oldest_first if row.review is not None
                   and (value := row.review.figure(key)) is not None]
         line = None
-        if latest is not None and guide == "target":
+        if latest is not None and latest.stage == "mix":
+            pass  # a mix has no target and no ceiling of its own: mastering sets them
+        elif latest is not None and guide == "target":
             line = (latest.model.profile.target_lufs,
                     f"target {latest.model.profile.target_lufs:g}")
         elif latest is not None and guide == "ceiling":

@@ -1,0 +1,281 @@
+"""The stage of the work: where it comes from (the event, the project, the watch
+folder, the configuration, the file), the sentence that says so, and a request
+refused at once when its profile, stage or file cannot be; then the delivery
+targets' advice, right for every target, quiet and loud files alike."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentbox.config import Settings
+from agentbox.engine.agents import AgentContext
+from agentbox.events import InvalidEvent, parse_event
+from agentbox.review import stage
+from agentbox.review.agent import mix_review
+from agentbox.review.analysis import Analysis
+from agentbox.review.judge import as_played, notes_for, with_profile
+from agentbox.review.model import MixMetrics, MixReview
+from agentbox.review.profiles import DELIVER, DOWN_ONLY, PROFILES, TARGETS, UP_TO_PEAK
+from agentbox.store import ProjectExport
+from tests.conftest import encode, in_process, make_event
+from tests.support.corpus import RATE, Song, limited, song_audio, write
+
+ANALYSIS = Analysis()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def analysis_processes() -> Iterator[None]:
+    yield
+    ANALYSIS.shutdown()
+
+
+# -- where the stage comes from --------------------------------------------------------------------
+
+MASTERED = (-1.2, -9.5, 8.3)  # true peak, loudness, PLR of a limited master
+UNMASTERED = (-2.8, -23.0, 20.2)  # the healthy mix a user found failed
+
+
+def test_the_event_wins_then_the_project_then_the_folder_then_the_configuration() -> None:
+    everything = stage.Given(event="mix", project="master", project_name="night drive",
+                             watch="master", config="master")
+    assert stage.choose(everything, *MASTERED).source == "event"
+    assert stage.choose(stage.Given(project="mix", project_name="p", watch="master",
+                                    config="master"), *MASTERED).source == "project"
+    assert stage.choose(stage.Given(watch="mix", config="master"), *MASTERED).source == "watch"
+    assert stage.choose(stage.Given(config="master"), *UNMASTERED).stage == "master"
+    chosen = stage.choose(stage.Given(config="auto"), *UNMASTERED)
+    assert (chosen.stage, chosen.source) == ("mix", "auto")
+
+
+def test_auto_calls_limited_loud_files_masters_and_the_rest_mixes() -> None:
+    assert stage.inferred(*MASTERED).stage == "master"
+    assert stage.inferred(*UNMASTERED).stage == "mix"
+    assert stage.inferred(-1.0, -14.0, 13.0).stage == "master"  # Spotify's own advice
+    assert stage.inferred(-4.0, -10.0, 6.0).stage == "mix"  # limited well under full scale
+    assert stage.inferred(-1.0, -18.0, 17.0).stage == "mix"  # near full scale, not loud
+    assert stage.inferred(None, None, None).stage == "mix"  # silence
+
+
+@pytest.mark.parametrize("given, judged", [
+    (stage.Given(event="master"), "master"), (stage.Given(project="mix", project_name="p"),
+                                              "mix"),
+    (stage.Given(watch="mix"), "mix"), (stage.Given(config="master"), "master"),
+    (stage.Given(), "master")])
+def test_the_reason_says_which_stage_why_and_how_to_change_it(given: stage.Given,
+                                                               judged: str) -> None:
+    reason = stage.choose(given, *MASTERED).reason
+    other = "mix" if judged == "mix" else "master"
+    assert reason.startswith(f"Judged as a {other}")
+    change = "master" if judged == "mix" else "mix"
+    assert f"--stage {change}" in reason and reason.count(". ") <= 2  # a sentence, two at most
+
+
+# -- the stage in a review ----------------------------------------------------------------------
+
+
+def context(previous: MixReview | None = None, config: str = "auto") -> AgentContext:
+    async def previous_export(project: str) -> ProjectExport | None:
+        if previous is None:
+            return None
+        return ProjectExport(run_id="run_before", project=project,
+                             agent="agentbox.review.agent:mix_review", status="succeeded",
+                             accepted_at="2026-07-27T14:02:00Z", finished_at=None,
+                             result=previous.model_dump(mode="json"))
+    return AgentContext(run_id="run_stage", attempt=1, agent="agentbox.review.agent:mix_review",
+                        log=logging.LoggerAdapter(logging.getLogger("test"), {}),
+                        settings=Settings(mix_stage=config), previous_export=previous_export,
+                        services={Analysis: ANALYSIS})
+
+
+def review(path: Path, ctx: AgentContext, **payload: Any) -> MixReview:
+    event = parse_event(encode(make_event(payload={"project_id": "night drive",
+                                                   "mix_url": str(path), **payload})))
+    return asyncio.run(mix_review(event, ctx))
+
+
+@pytest.fixture(scope="module")
+def master_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("stage")
+    return write(folder / "loud.wav", limited(song_audio(Song(lufs=-14.0)), -9.5, -0.5))
+
+
+def test_a_stage_given_for_the_project_sticks_and_a_guessed_one_does_not(
+        master_file: Path) -> None:
+    given = review(master_file, context(), stage="mix")
+    assert (given.stage, given.stage_source) == ("mix", "event")
+    assert given.verdict == "fail" and given.notes[0].code == "squashed"
+    later = review(master_file, context(previous=given))
+    assert (later.stage, later.stage_source) == ("mix", "project")
+    assert "the last stage given for the project 'night drive'" in later.stage_reason
+    assert "the 14:02 export" in later.stage_reason or "export" in later.stage_reason
+    still = review(master_file, context(previous=later))  # inherited: it still sticks
+    assert (still.stage, still.stage_source) == ("mix", "project")
+    guessed = review(master_file, context())
+    assert (guessed.stage, guessed.stage_source) == ("master", "auto")
+    assert review(master_file, context(previous=guessed)).stage_source == "auto"
+
+
+def test_a_watch_folders_stage_and_the_configurations(master_file: Path) -> None:
+    watched = review(master_file, context(), default_stage="mix")
+    assert (watched.stage, watched.stage_source) == ("mix", "watch")
+    assert "agentbox watch --stage mix" in watched.stage_reason
+    configured = review(master_file, context(config="mix"))
+    assert (configured.stage, configured.stage_source) == ("mix", "config")
+    assert "mix_stage" in configured.stage_reason
+
+
+# -- refused at once ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("payload, field, kind", [
+    ({"profile": "vinyl"}, "profile", "unknown_profile"),
+    ({"stage": "final"}, "stage", "literal_error"),
+    ({"default_stage": "premaster"}, "default_stage", "literal_error"),
+])
+def test_an_unknown_profile_or_stage_is_refused(payload: dict[str, Any], field: str,
+                                                kind: str) -> None:
+    for event_type, extra in (("session.exported", {}),
+                              ("mix.review_requested", {"requested_by": "me"})):
+        with pytest.raises(InvalidEvent) as refused:
+            parse_event(encode(make_event(event_type=event_type, payload={
+                "project_id": "p", "mix_url": "/m.wav", **extra, **payload})))
+        assert [(e["loc"], e["type"]) for e in refused.value.errors] == [
+            (["payload", field], kind)]
+
+
+@pytest.mark.anyio
+async def test_the_receiver_refuses_a_mix_that_is_not_there(tmp_path: Path) -> None:
+    there = tmp_path / "there.wav"
+    soundfile.write(there, np.zeros((RATE, 2)), RATE)
+    old = time.time() - 60
+    os.utime(there, (old, old))
+    async with in_process(tmp_path, AGENTBOX_AGENTS="") as app:  # the built-in review
+        for event_type, extra in (("session.exported", {}),
+                                  ("mix.review_requested", {"requested_by": "me"})):
+            for url, kind in ((str(tmp_path / "gone.wav"), "mix_not_found"),
+                              ((tmp_path / "gone.wav").as_uri(), "mix_not_found"),
+                              ("https://example.invalid/mix.wav", "unsupported_mix_url")):
+                answer = await app.post(make_event(event_type=event_type, payload={
+                    "project_id": "p", "mix_url": url, **extra}))
+                assert answer.status_code == 422, answer.text
+                body = answer.json()
+                assert body["error_code"] == "invalid_event"
+                assert [(e["loc"], e["type"]) for e in body["errors"]] == [
+                    (["payload", "mix_url"], kind)]
+            accepted = await app.post(make_event(event_type=event_type, payload={
+                "project_id": "p", "mix_url": str(there), **extra}))
+            assert accepted.status_code == 202, accepted.text
+
+
+# -- the delivery targets' advice ----------------------------------------------------------------
+
+
+def figures(loudness: float, peak: float) -> MixMetrics:
+    return MixMetrics(
+        integrated_lufs=loudness, loudness_range_lu=6.0, true_peak_dbtp=peak,
+        sample_peak_dbfs=peak - 0.3, clipped_samples=0, clipped_runs=0, dc_offset=0.0,
+        stereo_correlation=0.6, mono_loudness_drop_lu=1.0, duration_seconds=200.0,
+        sample_rate=48_000, channels=2, bit_depth=24, sample_format="PCM_24",
+        file_format="WAV", short_term_lufs=[])
+
+
+loudnesses = st.floats(-45.0, -4.0, allow_nan=False)
+crests = st.floats(3.0, 25.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(loudness=loudnesses, crest=crests)
+def test_every_targets_advice_fits_quiet_and_loud_files(loudness: float, crest: float) -> None:
+    peak = min(loudness + crest, 3.0)
+    m = figures(loudness, peak)
+    for t in TARGETS:
+        view = as_played(m, t)
+        note, gain = view.note, view.gain_db
+        assert gain is not None
+        assert not re.search(r"turned (up|down)( only)? 0\.0 dB", note), note
+        if t.normalisation == DOWN_ONLY:
+            assert gain <= 0
+        if t.normalisation == UP_TO_PEAK and gain > 0:  # never up past the ceiling
+            assert peak + gain <= t.true_peak_max_dbtp + 0.05
+        if t.normalisation == DELIVER:
+            assert gain == 0
+        over = peak > t.true_peak_max_dbtp + 0.05
+        assert (view.verdict == "fail") == over, (t.name, note)
+        assert ("set the limiter's ceiling" in note) == over, (t.name, note)
+        wanted = t.integrated_lufs - loudness
+        if "raise it" in note:  # a file too quiet: gain, or a limiter when gain overshoots
+            assert wanted > t.tolerance_lu
+            assert ("with a limiter" in note) == (peak + wanted > t.true_peak_max_dbtp), note
+        if "lower it" in note or "turned down" in note:
+            assert wanted < 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(loudness=loudnesses, crest=crests, profile=st.sampled_from(sorted(PROFILES)))
+def test_a_masters_level_note_fits_its_target(loudness: float, crest: float,
+                                              profile: str) -> None:
+    p = PROFILES[profile]
+    peak = min(loudness + crest, 3.0)
+    notes = {n.code: n for n in notes_for(with_profile(figures(loudness, peak).model_dump(), p),
+                                          p)}
+    shortfall = p.target_lufs - loudness
+    if "too_quiet" in notes:
+        text = notes["too_quiet"].text
+        assert "lower the limiter" not in text and "ceiling by" not in text, text
+        assert ("with a limiter" in text) == (peak + shortfall > p.max_true_peak_dbtp), text
+        assert f"raise it {shortfall:.1f} dB" in text
+    if "too_loud" in notes:
+        assert shortfall < -p.tolerance_lu
+        assert "raise" not in notes["too_loud"].text
+    assert ("true_peak_over" in notes) == (peak > p.max_true_peak_dbtp)
+
+
+# -- from the command line ----------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a server and its analysis process, and the CLI in processes of its own
+def test_send_and_watch_give_the_stage(server_factory: Any, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    loud = write(folder / "loud.wav", limited(song_audio(Song(lufs=-14.0)), -9.5, -0.5))
+
+    def agentbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentbox", *args, "--url", server.url],
+                              env=server.env, capture_output=True, text=True, timeout=180,
+                              cwd=tmp_path)
+
+    sent = agentbox("send", "--type", "session.exported", "--project", "as a mix", "--mix",
+                    str(loud), "--stage", "mix", "--wait", "--json")
+    assert sent.returncode == 0, sent.stderr
+    run = json.loads(sent.stdout.split("\n", 1)[1])  # the answer, then the run
+    assert (run["result"]["stage"], run["result"]["stage_source"]) == ("mix", "event")
+    told = agentbox("show", run["run_id"])
+    assert "Judged as a mix going to mastering: the export says so" in told.stdout
+    missing = agentbox("send", "--type", "session.exported", "--project", "x", "--mix",
+                       str(tmp_path / "not-rendered.wav"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr  # never sent
+    watched = agentbox("watch", str(folder), "--stage", "mix", "--existing", "--once")
+    assert watched.returncode == 0, watched.stderr
+    runs = server.client.get("/runs", params={"limit": 10}).json()["runs"]
+    by_watch = [r for r in runs if r["run_id"] != run["run_id"]]
+    assert by_watch, runs
+    result = server.wait_terminal(by_watch[0]["run_id"], timeout=120)["result"]
+    assert (result["stage"], result["stage_source"]) == ("mix", "watch")

@@ -278,7 +278,9 @@ def test_an_export_whose_run_retention_removed_keeps_its_review_without_a_dead_l
         return server.wait_terminal(answer.json()["run_id"], timeout=90)
 
     reviewed = export(tone(tmp_path / "first.wav", seconds=2.0))
-    failed = export(tmp_path / "never-rendered.wav")
+    broken = tmp_path / "never-rendered.wav"  # there (a file not there is refused at once)
+    broken.write_text("not audio")
+    failed = export(broken)
     assert (reviewed["status"], failed["status"]) == ("succeeded", "failed_permanent")
     review = Review.of(reviewed["result"])
     assert review is not None

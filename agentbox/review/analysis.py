@@ -301,9 +301,10 @@ def analyse(request: str | tuple[str, str | None]) -> tuple[Any, ...]:
     try:
         measured = measure(str(copy or path)).as_dict()
     except AudioError as exc:
-        if copy is not None:
-            copy.unlink(missing_ok=True)
-        return ("error", exc.code, exc.message)
+        if copy is None:
+            return ("error", exc.code, exc.message)
+        copy.unlink(missing_ok=True)  # the user knows their file, not the archive's copy
+        return ("error", exc.code, exc.message.replace(str(copy), path))
     if copy is not None:
         blobs.ready(copy, identity.sha256)
     return ("ok", measured, dataclasses.asdict(identity))

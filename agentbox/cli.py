@@ -3,6 +3,7 @@ agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -259,7 +260,17 @@ def _client_errors() -> Iterator[None]:
     try:
         yield
     except AgentboxError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(_said(exc)) from None
+
+
+def _said(exc: AgentboxError) -> str:
+    """An error as a person reads it: a refusal's own sentence (and its fields'),
+    without the HTTP status a library's caller gets in str(exc)."""
+    if not isinstance(exc, Refused) or not exc.message:
+        return str(exc)
+    fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
+              for e in exc.errors[:20]]
+    return terminal.line(exc.message) + "".join(f"\n  {terminal.line(f)}" for f in fields)
 
 
 # Exit statuses of `agentbox send`, for export scripts.
@@ -291,7 +302,7 @@ def follow(url: str | Client, run_id: str, timeout: float,
     except Unreachable as exc:
         raise GaveUp(str(exc)) from None
     except AgentboxError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(_said(exc)) from None
     finally:
         if box is not url:
             box.close()
@@ -369,8 +380,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
             raise click.UsageError("give the file to review once: as FILE or as --mix")
         payload = {**_parse_fields(fields), **({"profile": profile} if profile else {}),
                    **({"stage": stage} if stage else {})}
-        event = export_event(mix_file, event_id or _content_id(mix_file), project, source,
-                             **payload)
+        event = export_event(mix_file, event_id or _file_event_id(mix_file, project, payload),
+                             project, source, **payload)
     elif event_file is not None:
         event = None
     else:
@@ -403,6 +414,18 @@ def _mix_to_review(first: str | None, type_option: str | None,
         raise click.BadParameter(f"there is no file at {terminal.line(path)}",
                                  param_hint="FILE")
     return None
+
+
+def _file_event_id(path: Path, project: str | None, asked: dict[str, Any]) -> str:
+    """The event_id of `send FILE`: its content's, and what was asked of it (the
+    project, stage, profile, fields), so that the same file sent again the same way
+    is a duplicate and answers the first review, while the same file sent with
+    another stage (or project, or profile) is a review of its own."""
+    found = _content_id(path)
+    if project is None and not asked:
+        return found  # as `watch` names it: a file sent both ways is one export
+    how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
+    return f"{found}-{hashlib.sha256(how.encode()).hexdigest()[:12]}"
 
 
 def _content_id(path: Path) -> str:

@@ -20,6 +20,7 @@ One Client keeps one HTTP connection alive; close it, or use it in a `with`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,8 +64,9 @@ DEFAULT_FOLLOW_SECONDS = 600.0
 # all a run id may hold: nothing that could reach another path of the API.
 RUN_ID = re.compile(r"run_[A-Za-z0-9_]{1,252}")
 # What `lookup` takes for the start of a run id without its `run_` (as `agentbox
-# runs` shows them): hexadecimal digits, enough not to be a word by chance.
-BARE_PREFIX = re.compile(r"[0-9a-f]{6,252}")
+# runs` shows them): hexadecimal digits. A word made of them ("cafe") that starts
+# no run id, or several while a project has that name, is the project's.
+BARE_PREFIX = re.compile(r"[0-9a-f]{1,252}")
 
 Progress = Callable[[str], None]
 
@@ -382,6 +384,9 @@ class Client:
             if ref in found or len(found) == 1:
                 return self.run(ref if ref in found else found[0], history=history)
             if found:
+                if projects:  # a project so named wins over a prefix of several ids
+                    with contextlib.suppress(NotFound):
+                        return self._latest_export(ref, history)
                 raise Ambiguous(f"{one_line(ref)!r} starts the ids of several runs: "
                                 f"{', '.join(found)}, ...; give more of it", found)
         if projects:

@@ -70,7 +70,7 @@ def test_dead_letters_and_replay(server: Server) -> None:
     assert replayed.returncode == 0, replayed.stderr
     assert server.wait_terminal(run_id)["replays"] == 1
     missing = agentbox(server, "replay", "run_missing", "--url", server.url)
-    assert missing.returncode != 0 and "404" in missing.stderr
+    assert missing.returncode != 0 and "No run id starts with 'run_missing'" in missing.stderr
 
 
 def test_secret_and_token(server: Server) -> None:

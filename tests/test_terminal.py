@@ -39,6 +39,13 @@ def test_send_a_file_reviews_it_and_says_so_for_people(server: Server, tmp_path:
     assert waited.returncode == 0, waited.stderr
     assert waited.stdout.startswith("Night Drive (v2).wav: succeeded")  # not JSON
     assert f"Night Drive (v2).wav sent before (run {run_id}); reviewing…" in waited.stderr
+    # the same file asked another way (a stage): a review of its own, once
+    mastered = agentbox(env, tmp_path, "send", str(mix), "--stage", "master", "--json")
+    as_master = json.loads(mastered.stdout)
+    assert as_master["duplicate"] is False and as_master["run_id"] != run_id
+    twice = json.loads(agentbox(env, tmp_path, "send", str(mix), "--stage", "master",
+                                "--json").stdout)
+    assert twice["duplicate"] is True and twice["run_id"] == as_master["run_id"]
     missing = agentbox(env, tmp_path, "send", str(tmp_path / "not rendered.wav"))
     assert missing.returncode == 2 and "there is no file at" in missing.stderr
 
@@ -62,14 +69,17 @@ def test_show_takes_a_prefix_or_a_project(server: Server, tmp_path: Path) -> Non
     several = agentbox(env, tmp_path, "show", older[:common])
     assert several.returncode == 1
     assert "starts the ids of several runs" in several.stderr and latest in several.stderr
+    shortest = agentbox(env, tmp_path, "show", older[4:5])  # one digit: every run's
+    assert shortest.returncode == 1 and "starts the ids of several runs" in shortest.stderr
     nothing = agentbox(env, tmp_path, "show", "never heard of")
     assert nothing.returncode == 1 and "no project has that name" in nothing.stderr
+    assert "404" not in nothing.stderr  # a sentence, not an HTTP status
     listed = server.client.get("/runs", params={"prefix": older[:common + 1], "limit": 2})
     assert [r["run_id"] for r in listed.json()["runs"]] == [older]
     refused = server.client.get("/runs", params={"prefix": "run-1"})
     assert refused.status_code == 422 and refused.json()["error_code"] == "invalid_query"
     replayed = agentbox(env, tmp_path, "replay", older[:common + 1])  # not replayable:
-    assert replayed.returncode == 1 and "409" in replayed.stderr  # but found
+    assert replayed.returncode == 1 and "only dead_lettered or failed_permanent" in replayed.stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="Ctrl-C is a console event on Windows")

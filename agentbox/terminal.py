@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import wcwidth
+
 from agentbox.engine.agents import BUILTIN_AGENTS, RENAMED_AGENTS
 from agentbox.review import digest, present
 from agentbox.review.figures import local_time
@@ -151,8 +153,9 @@ def why_table(found: list[dict[str, Any]]) -> list[str]:
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
           right: tuple[str, ...] = ()) -> list[str]:
-    """Columns two spaces apart, the widest cut short (…) until the lines fit WIDTH."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    """Columns two spaces apart, the widest cut short (…) until the lines fit WIDTH
+    columns of a terminal (where an emoji or a CJK character takes two)."""
+    widths = [max(columns(row[i]) for row in [header, *rows]) for i in range(len(header))]
     shrinking = [header.index(name) for name in SHRINKING if name in header]
     while sum(widths) + 2 * (len(widths) - 1) > WIDTH:
         widest = max(shrinking, key=lambda i: widths[i])
@@ -167,13 +170,30 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
     return [cells(header).rstrip(), *(cells(row).rstrip() for row in rows)]
 
 
+def columns(text: str) -> int:
+    """How many terminal columns `text` takes (its length where that is unknown)."""
+    found = wcwidth.wcswidth(text)
+    return len(text) if found < 0 else int(found)
+
+
 def _fit(cell: str, width: int, name: str, right: bool) -> str:
-    if len(cell) > width and name in NAMES:  # a name's end (v3, .wav) tells it apart
-        head = (width - 1) // 2
-        cell = cell[:head] + "…" + cell[len(cell) - (width - 1 - head):]
-    elif len(cell) > width:
-        cell = cell[:width - 1] + "…"
-    return cell.rjust(width) if right else cell.ljust(width)
+    if columns(cell) > width and name in NAMES:  # a name's end (v3, .wav) tells it apart
+        head = _within(cell, (width - 1) // 2)
+        cell = head + "…" + _within(cell[::-1], width - 1 - columns(head))[::-1]
+    elif columns(cell) > width:
+        cell = _within(cell, width - 1) + "…"
+    padding = " " * (width - columns(cell))
+    return padding + cell if right else cell + padding
+
+
+def _within(text: str, width: int) -> str:
+    """The longest start of `text` that takes at most `width` columns."""
+    taken = 0
+    for i, char in enumerate(text):
+        taken += max(columns(char), 0)
+        if taken > width:
+            return text[:i]
+    return text
 
 
 # -- agentbox show -----------------------------------------------------------------------------

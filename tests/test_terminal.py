@@ -139,7 +139,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from agentbox.review.figures import local_time  # noqa: E402
-from agentbox.terminal import runs_table, short_ids, why_table  # noqa: E402
+from agentbox.terminal import columns, runs_table, short_ids, why_table  # noqa: E402
 
 REVIEW_AGENT = "agentbox.review.agent:mix_review"
 
@@ -178,6 +178,18 @@ def test_runs_fit_a_hundred_columns_with_people_s_words() -> None:
     why = why_table(found[3:])
     assert "couldn't review: the file is empty — export" in why[1]
     assert "boom: it broke" in why[2] and max(map(len, why)) <= 100
+
+
+def test_a_name_with_wide_characters_keeps_the_columns_in_line() -> None:
+    """An emoji or a CJK character takes two columns of a terminal: the table counts
+    columns, not characters, so the lines stay within 100 and the columns aligned."""
+    wide = "Night Drive (final mix v2) — Ünïcødé 🎸 夜のドライブ and more words"
+    found = [made_up("run_01a244c7add23235bf0f74bd7ba92cfb", project=wide),
+             made_up("run_01a244c7add2ffffbf0f74bd7ba92cfb", project="short")]
+    lines = runs_table(found)
+    assert max(map(columns, lines)) <= 100
+    ids = [columns(line[:line.rindex(" ") + 1]) for line in lines]
+    assert ids[0] == ids[1] == ids[2]  # the last column starts at the same place
 
 
 @given(st.lists(st.text("0123456789abcdef", min_size=32, max_size=32), min_size=1,

@@ -27,7 +27,7 @@ from agentbox.review import stage
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.review.judge import as_played, notes_for, with_profile
-from agentbox.review.model import MixMetrics, MixReview
+from agentbox.review.model import MixMetrics, MixReview, Note
 from agentbox.review.profiles import DELIVER, DOWN_ONLY, PROFILES, TARGETS, UP_TO_PEAK
 from agentbox.store import ProjectExport
 from tests.conftest import encode, in_process, make_event
@@ -241,6 +241,49 @@ def test_a_masters_level_note_fits_its_target(loudness: float, crest: float,
         assert shortfall < -p.tolerance_lu
         assert "raise" not in notes["too_loud"].text
     assert ("true_peak_over" in notes) == (peak > p.max_true_peak_dbtp)
+
+
+# -- a mix's headroom ----------------------------------------------------------------------------
+
+
+def mix_notes(peak: float, bit_depth: int = 24) -> dict[str, Note]:
+    m = figures(-20.0, peak).model_copy(update={"bit_depth": bit_depth})
+    return {n.code: n for n in notes_for(m, PROFILES["streaming"], stage="mix")}
+
+
+@pytest.mark.parametrize(("peak", "code", "severity", "says"), [
+    (-0.4, "no_headroom", "consider", "-0.4 dBTP: no headroom"),
+    (-2.0, "headroom", "info", "2.0 dB of headroom, a little under the 3-6 dB"),
+    (-3.0, "headroom", "info", "3.0 dB of headroom, as mastering engineers ask (3-6 dB"),
+    (-4.5, "headroom", "info", "4.5 dB of headroom, as mastering engineers ask (3-6 dB"),
+    (-6.0, "headroom", "info", "6.0 dB of headroom, as mastering engineers ask (3-6 dB"),
+    (-7.2, "headroom", "info", "7.2 dB of headroom, more than the 3-6 dB mastering "
+     "engineers ask for: fine, they have room to spare; nothing to change"),
+    (-24.0, "headroom", "info", "24.0 dB of headroom, more than the 3-6 dB"),
+])
+def test_a_mixs_headroom_note_says_its_band(peak: float, code: str, severity: str,
+                                            says: str) -> None:
+    notes = mix_notes(peak)
+    assert (notes[code].severity, code) == (severity, code)
+    assert says in notes[code].text, notes[code].text
+
+
+def test_a_quiet_16_bit_mix_is_told_it_loses_resolution_not_that_it_has_room() -> None:
+    notes = mix_notes(-24.0, bit_depth=16)
+    assert "headroom" not in notes and notes["low_level"].severity == "consider"
+
+
+@settings(max_examples=200, deadline=None)
+@given(peak=st.floats(-40.0, -1.0, allow_nan=False))
+def test_a_mixs_headroom_never_contradicts_its_range(peak: float) -> None:
+    text = mix_notes(peak)["headroom"].text
+    shown = float(re.search(r"([0-9.]+) dB of headroom", text)[1])  # type: ignore[index]
+    if "as mastering engineers ask" in text:
+        assert 3.0 <= shown <= 6.0, text
+    elif "more than the" in text:
+        assert shown > 6.0, text
+    else:
+        assert "a little under" in text and shown < 3.0, text
 
 
 # -- from the command line ----------------------------------------------------------------------

@@ -203,32 +203,43 @@ def _mix_level_notes(m: MixMetrics) -> list[Note]:
            f", loudness range {m.loudness_range_lu:.1f} LU")
         + ": information for mastering, not a verdict; the master's loudness is set "
         "there (the delivery targets below say what each platform asks for)."))]
-    peak = m.true_peak_dbtp
-    if peak is None or m.clipped_runs:  # clipping has its own note, first
-        return notes
+    headroom = _mix_headroom_note(m)
+    return notes if headroom is None else [*notes, headroom]
+
+
+def _mix_headroom_note(m: MixMetrics) -> Note | None:
+    """The mix's peaks against the 3-6 dB under full scale mastering engineers ask
+    for. Judged on the peak as the note shows it (one decimal), so that the figure
+    and the words never disagree at a band's edge."""
+    if m.true_peak_dbtp is None or m.clipped_runs:  # clipping has its own note, first
+        return None
+    peak = round(m.true_peak_dbtp, 1)
     low, high = MIX_HEADROOM_DB
     if peak > MIX_NO_HEADROOM_DBTP:
-        notes.append(Note(severity="consider", code="no_headroom", text=(
+        return Note(severity="consider", code="no_headroom", text=(
             f"Peaks reach {peak:+.1f} dBTP: no headroom. Mastering engineers ask for peaks "
-            f"{high:g} to {low:g} dB under full scale, room for their EQ and compression "
+            f"{low:g} to {high:g} dB under full scale, room for their EQ and compression "
             "before their own limiter; lower the mix bus (or every fader) by about "
-            f"{peak + (low + high) / 2:.0f} dB: nothing else in the mix changes.")))
-    elif peak > -low:
-        notes.append(Note(severity="info", code="headroom", text=(
+            f"{peak + (low + high) / 2:.0f} dB: nothing else in the mix changes."))
+    if peak > -low:
+        return Note(severity="info", code="headroom", text=(
             f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, a little under the "
             f"{low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
-            "file.")))
-    elif peak < MIX_LOW_PEAK_DBTP and m.bit_depth is not None and m.bit_depth <= 16:
-        notes.append(Note(severity="consider", code="low_level", text=(
+            "file."))
+    if peak < MIX_LOW_PEAK_DBTP and m.bit_depth is not None and m.bit_depth <= 16:
+        return Note(severity="consider", code="low_level", text=(
             f"Peaks only at {peak:+.1f} dBTP in a {m.bit_depth}-bit file: the quiet "
             "parts lose resolution; export 24-bit or float, or bring the mix bus up to "
-            f"peak around -{high:g} dBFS.")))
-    else:
-        notes.append(Note(severity="info", code="headroom", text=(
-            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, as mastering "
-            f"engineers ask ({low:g}-{high:g} dB: room for their EQ and compression before "
-            "their limiter).")))
-    return notes
+            f"peak around -{high:g} dBFS."))
+    if peak < -high:
+        return Note(severity="info", code="headroom", text=(
+            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, more than the "
+            f"{low:g}-{high:g} dB mastering engineers ask for: fine, they have room to "
+            "spare; nothing to change."))
+    return Note(severity="info", code="headroom", text=(
+        f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, as mastering engineers "
+        f"ask ({low:g}-{high:g} dB: room for their EQ and compression before their "
+        "limiter)."))
 
 
 def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:

@@ -30,7 +30,8 @@ from agentbox.engine.agents import (
 from agentbox.events import parse_event
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import TRUNCATED_RESERVE_SECONDS, TRUNCATED_RETRY_SECONDS, Analysis
-from agentbox.review.judge import delivery_targets, notes_for, verdict_of, with_profile
+from agentbox.review.delivery import delivery_targets
+from agentbox.review.judge import notes_for, verdict_of, with_profile
 from agentbox.review.meter import AudioError, measure
 from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
@@ -315,8 +316,11 @@ def test_every_delivery_target_side_by_side(write: Callable[..., Path]) -> None:
     assert spotify.note.startswith(f"turned up only {limit:.1f} dB (as far as its peaks "
                                    "allow, to -1 dBTP)")
     assert spotify.result_true_peak_dbtp == pytest.approx(-1.0, abs=0.05)
-    assert spotify.verdict == "warn"
     assert youtube.gain_db == 0.0 and youtube.note.startswith("not turned up")
+    # more than three tolerances under the target: not ready, wherever it plays
+    assert -14 - quiet.integrated_lufs > 3
+    assert spotify.verdict == youtube.verdict == "fail"
+    assert "raise it" in spotify.note and "raise it" in youtube.note
     # a mix: what mastering would take for each target, and no verdicts
     mix = review(str(write(sine(-10, 8), "loud-mix.wav")))
     assert mix.stage == "mix"

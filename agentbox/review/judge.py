@@ -12,16 +12,23 @@ clipping, no limiter squashing it, no DC, mono compatibility and a mono low end,
 a lossless file at the session's resolution, nothing cut off at either end; its
 loudness is information, and the delivery targets say what mastering would have
 to do, not a verdict. A master is judged against its profile's delivery target,
-and every delivery target says what its platform does with the file.
+and every delivery target says what its platform does with the file
+(agentbox.review.delivery, which also holds the one rule for a target's verdict).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agentbox.review import tonal
+from agentbox.review.delivery import (
+    SEVERITY_OF,
+    delivery_targets,
+    loudness_verdict,
+    over_ceiling,
+    raise_it,
+)
 from agentbox.review.figures import length, places
 from agentbox.review.model import (
     SEVERITIES,
@@ -35,12 +42,10 @@ from agentbox.review.model import (
     TargetView,
 )
 from agentbox.review.profiles import (
-    AS_IS,
     CURVE_NAMES,
     DELIVER,
     DOWN_ONLY,
     PROFILES,
-    TARGETS,
     UP_TO_PEAK,
     Profile,
     Target,
@@ -146,12 +151,12 @@ def summarise(m: MixMetrics, profile: Profile, stage: str = "master") -> str:
         plr = "" if m.plr_db is None else f", PLR {m.plr_db:.1f} dB"
         return f"A mix at {m.integrated_lufs:.1f} LUFS{peak}{plr}; {when}."
     delta = m.integrated_lufs - profile.target_lufs
-    if abs(delta) <= profile.tolerance_lu:
+    if loudness_verdict(profile.delivery, m.integrated_lufs) == "pass":
         level = f"on target for {profile.title}"
     else:
         side = "above" if delta > 0 else "below"
         level = f"{abs(delta):.1f} LU {side} the {profile.title} target"
-    peak = ("" if m.true_peak_dbtp is None or m.true_peak_dbtp <= profile.max_true_peak_dbtp
+    peak = ("" if m.true_peak_dbtp is None or not over_ceiling(profile.delivery, m.true_peak_dbtp)
             else f", true peak {m.true_peak_dbtp:+.1f} dBTP over the {profile.max_true_peak_dbtp:g}"
                  " dBTP ceiling")
     return f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; {when}."
@@ -270,27 +275,28 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
 
 
 def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
-    """Loudness against the profile's target, said as its platform plays it."""
+    """Loudness against the profile's target, said as its platform plays it; its
+    severity is the target's verdict (agentbox.review.delivery), the one its row
+    shows."""
     assert m.integrated_lufs is not None
     t = p.delivery
     delta = m.integrated_lufs - t.integrated_lufs
-    off = "fix" if abs(delta) > 3 * t.tolerance_lu else "consider"
+    verdict = loudness_verdict(t, m.integrated_lufs)
     where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")
-    notes = []
-    if delta > t.tolerance_lu:
-        notes.append(Note(severity=off, code="too_loud", text=f"{where}: {_loud(t, delta)}."))
-    elif delta < -t.tolerance_lu:
-        notes.append(Note(severity=off, code="too_quiet", text=(
-            f"{where}: {_quiet(t, -delta, m.true_peak_dbtp)}.")))
-    else:
-        notes.append(Note(severity="info", code="on_target", text=(
+    if verdict == "pass":
+        level = Note(severity="info", code="on_target", text=(
             f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{t.tolerance_lu:g} LU of "
-            f"the {p.title} target ({t.integrated_lufs:g} LUFS).")))
-    notes += _ceiling_notes(m, t, delta)
-    notes += _master_dynamics_notes(m)
-    return notes
+            f"the {p.title} target ({t.integrated_lufs:g} LUFS)."))
+    elif delta > 0:
+        level = Note(severity=SEVERITY_OF[verdict], code="too_loud",
+                     text=f"{where}: {_loud(t, delta)}.")
+    else:
+        level = Note(severity=SEVERITY_OF[verdict], code="too_quiet", text=(
+            f"{where}: {_quiet(t, -delta, m.true_peak_dbtp)}."))
+    shortfall = -delta if verdict != "pass" and delta < 0 else 0.0
+    return [level, *_ceiling_notes(m, t, shortfall), *_master_dynamics_notes(m)]
 
 
 def _loud(t: Target, by: float) -> str:
@@ -310,34 +316,33 @@ def _quiet(t: Target, by: float, peak: float | None) -> str:
     """What the platform does with a master `by` LU quieter than its target, and what
     to do: raising it past the ceiling takes a limiter, not gain."""
     room = 0.0 if peak is None else t.true_peak_max_dbtp - peak
-    how = (" (gain alone does it: its peaks stay under the ceiling)" if room >= by else
-           f" with a limiter holding the true peak at {t.true_peak_max_dbtp:g} dBTP (gain "
-           f"alone would take the peaks {by - room:.1f} dB over it)")
-    raise_it = f"raise it {by:.1f} dB{how}"
+    raising = raise_it(t, by, peak)
     if t.normalisation == UP_TO_PEAK:
         if room >= by - 0.05:
             return (f"{t.platform} turns it up to the target (its peaks allow it), but not "
                     f"every platform turns quiet tracks up (YouTube and Tidal do not); "
-                    f"{raise_it}")
+                    f"{raising}")
         if room > 0.05:
             return (f"{t.platform} turns it up only {room:.1f} dB, as far as its peaks "
                     f"allow, so it plays {by - room:.1f} dB quieter than other tracks; to "
-                    f"match them, {raise_it}")
+                    f"match them, {raising}")
         return (f"{t.platform} cannot turn it up (its peaks already reach "
                 f"{t.true_peak_max_dbtp:g} dBTP), so it plays {by:.1f} dB quieter than "
-                f"other tracks; to match them, {raise_it}")
+                f"other tracks; to match them, {raising}")
     if t.normalisation == DOWN_ONLY:
         return (f"{t.platform} does not turn quiet tracks up, so it plays {by:.1f} dB "
-                f"quieter than others; to match them, {raise_it}")
+                f"quieter than others; to match them, {raising}")
     if t.normalisation == DELIVER:
-        return f"nobody turns it up, the file must meet the specification: {raise_it}"
+        return f"nobody turns it up, the file must meet the specification: {raising}"
     return (f"{t.platform} plays it as it is, {by:.1f} dB quieter than the "
-            f"{t.integrated_lufs:g} LUFS usual there; {raise_it}")
+            f"{t.integrated_lufs:g} LUFS usual there; {raising}")
 
 
-def _ceiling_notes(m: MixMetrics, t: Target, delta: float) -> list[Note]:
+def _ceiling_notes(m: MixMetrics, t: Target, shortfall: float) -> list[Note]:
+    """A peak over the ceiling; or, for a master `shortfall` LU too quiet, the
+    headroom it leaves unused."""
     peak = m.true_peak_dbtp
-    if peak is not None and peak > t.true_peak_max_dbtp:
+    if peak is not None and over_ceiling(t, peak):
         after = " and will clip after lossy encoding" if peak > -0.5 else ""
         overs = [r for r in m.clipping_ranges if r.kind == "over"]
         where = f" (over 0 dBTP at {spans(overs)})" if overs else ""
@@ -347,8 +352,7 @@ def _ceiling_notes(m: MixMetrics, t: Target, delta: float) -> list[Note]:
             f"{peak - t.true_peak_max_dbtp:.1f} dB or enable its true-peak mode."))]
     # Quiet, and only part of the way up is free: the rest takes a limiter (when all
     # of it is free, the level note says gain alone does it).
-    if (delta < -t.tolerance_lu and m.headroom_db is not None
-            and 1.0 <= m.headroom_db < -delta):
+    if m.headroom_db is not None and 1.0 <= m.headroom_db < shortfall:
         return [Note(severity="consider", code="unused_headroom", text=(
             f"The master peaks at {peak:+.1f} dBTP: {m.headroom_db:.1f} dB of headroom "
             f"under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
@@ -497,106 +501,3 @@ def _format_notes(m: MixMetrics, stage: str) -> list[Note]:
 def spans(ranges: list[ClippingRange]) -> str:
     """Where these ranges are, as the page's chart caption says it."""
     return places((r.start, r.end) for r in ranges)
-
-
-# -- every delivery target ----------------------------------------------------------------------
-
-
-def delivery_targets(m: MixMetrics, stage: str = "master") -> list[TargetView]:
-    """What each platform does with this master; for a mix, what mastering for it
-    would take."""
-    assess: Callable[[MixMetrics, Target], TargetView] = (
-        once_mastered if stage == "mix" else as_played)
-    return [assess(m, target) for target in TARGETS]
-
-
-def _view(t: Target, gain: float | None, peak: float | None, verdict: str | None,
-          note: str) -> TargetView:
-    return TargetView(name=t.name, title=t.title, integrated_target_lufs=t.integrated_lufs,
-                      true_peak_max_dbtp=t.true_peak_max_dbtp,
-                      gain_db=None if gain is None else round(gain, 1),
-                      result_true_peak_dbtp=None if peak is None else round(peak, 1),
-                      verdict=verdict, note=note)
-
-
-def playback_gain(t: Target, loudness: float, peak: float) -> float:
-    """What `t`'s playback applies to a file of this loudness and true peak."""
-    wanted = t.integrated_lufs - loudness
-    if t.normalisation in (DELIVER, AS_IS):
-        return 0.0
-    if wanted <= 0 or t.normalisation == DOWN_ONLY:
-        return min(wanted, 0.0)
-    return min(wanted, max(0.0, t.true_peak_max_dbtp - peak))  # UP_TO_PEAK
-
-
-def as_played(m: MixMetrics, t: Target) -> TargetView:
-    """A master on `t`: the gain its playback applies, where it plays, and a verdict:
-    fail when its peaks are over the ceiling (the encode may clip), warn when it
-    plays off the target by more than the tolerance, or is turned down a lot (the
-    extra loudness only cost dynamics)."""
-    if m.integrated_lufs is None or m.true_peak_dbtp is None:
-        return _view(t, None, None, "fail", "nothing to play: the file is silent or too short")
-    wanted = t.integrated_lufs - m.integrated_lufs
-    gain = playback_gain(t, m.integrated_lufs, m.true_peak_dbtp)
-    off = wanted - gain  # > 0: plays quieter than the target, < 0: louder
-    note, verdict = _played(t, wanted, gain, off, m.true_peak_dbtp)
-    if m.true_peak_dbtp > t.true_peak_max_dbtp + 0.05:
-        verdict = "fail"
-        note += (f"; its true peak, {m.true_peak_dbtp:+.1f} dBTP, is over the "
-                 f"{t.true_peak_max_dbtp:g} dBTP ceiling (the encode may clip it): set the "
-                 f"limiter's ceiling to {t.true_peak_max_dbtp:g} dBTP, in true-peak mode")
-    return _view(t, gain, m.true_peak_dbtp + gain, verdict, note)
-
-
-def _played(t: Target, wanted: float, gain: float, off: float, peak: float
-            ) -> tuple[str, str]:
-    """(note, verdict) for the loudness alone."""
-    tol = t.tolerance_lu
-    if t.normalisation in (DELIVER, AS_IS):
-        if abs(wanted) <= tol:
-            return f"plays as it is, within ±{tol:g} LU of {t.integrated_lufs:g} LUFS", "pass"
-        if wanted < 0:
-            return (f"plays as it is, {-wanted:.1f} LU louder than {t.integrated_lufs:g} LUFS: "
-                    + ("lower it that much (gain only)" if t.normalisation == DELIVER else
-                       "fine in a club, at the cost of punch")), "warn"
-        room = t.true_peak_max_dbtp - peak
-        how = ("gain alone does it" if room >= wanted else
-               f"gain alone would take its peaks {wanted - room:.1f} dB over the ceiling, "
-               "so with a limiter")
-        return (f"plays as it is, {wanted:.1f} LU quieter than {t.integrated_lufs:g} LUFS: "
-                f"raise it that much ({how})"), "warn"
-    if gain < -0.05:
-        note = f"turned down {-gain:.1f} dB"
-        if -gain > 3 * tol:
-            return note + ": the extra loudness only costs dynamics", "warn"
-        return note, "pass"
-    if off <= tol:
-        return (f"turned up {gain:.1f} dB" if gain > 0.05 else "plays as it is"), "pass"
-    if t.normalisation == DOWN_ONLY:
-        return (f"not turned up (quiet tracks are not): plays {off:.1f} dB quieter than "
-                "the target"), "warn"
-    if gain > 0.05:
-        return (f"turned up only {gain:.1f} dB (as far as its peaks allow, to "
-                f"{t.true_peak_max_dbtp:g} dBTP): plays {off:.1f} dB quieter than the "
-                "target"), "warn"
-    return (f"not turned up (its peaks already reach {t.true_peak_max_dbtp:g} dBTP): plays "
-            f"{off:.1f} dB quieter than the target"), "warn"
-
-
-def once_mastered(m: MixMetrics, t: Target) -> TargetView:
-    """What mastering this mix for `t` would take: no verdict, a mix is not played
-    anywhere yet."""
-    if m.integrated_lufs is None or m.true_peak_dbtp is None:
-        return _view(t, None, None, None, "nothing to master: the file is silent or too short")
-    louder = t.integrated_lufs - m.integrated_lufs
-    needed_plr = t.true_peak_max_dbtp - t.integrated_lufs
-    plr = m.true_peak_dbtp - m.integrated_lufs
-    change = (f"{louder:.1f} dB louder than this mix" if louder > 0.05 else
-              f"{-louder:.1f} dB quieter than this mix" if louder < -0.05 else
-              "as loud as this mix")
-    limiting = (f"its PLR of {plr:.1f} dB comes down to {needed_plr:g} dB there: about "
-                f"{plr - needed_plr:.1f} dB of limiting" if plr - needed_plr > 0.5 else
-                f"its PLR of {plr:.1f} dB fits: no limiting needed")
-    return _view(t, None, None, None, (
-        f"{t.integrated_lufs:g} LUFS under {t.true_peak_max_dbtp:g} dBTP: {change}; "
-        f"{limiting}"))

@@ -173,7 +173,7 @@ CORPUS = [
     Row("mono-mix.wav", lambda path: write(path, song_audio(BASE).mean(axis=1)), "", "",
         "mix", "pass", "mix_loudness", "a one-channel file: fine"),
     Row("mix.mp3", lambda path: mp3(path, song_audio(BASE)), "", "", "mix", "fail", "lossy",
-        "a lossy file: mastering needs the mix lossless"),
+        "a lossy file: export the mix again, lossless, at the session's resolution"),
     Row("16-bit-mix.wav", mix(BASE, "PCM_16"), "", "", "mix", "warn", "mix_bit_depth",
         "16-bit: under the session's resolution"),
     Row("cut-mix.wav", changed(BASE, cut), "", "", "mix", "fail", "cut_tail",
@@ -213,6 +213,22 @@ def test_the_corpus(row: Row, tmp_path: Path) -> None:
     assert result.stage_reason.startswith("Judged as a mix" if row.stage == "mix"
                                           else "Judged as a master")
     assert result.stage_source == ("event" if row.given else "auto")
+
+
+def test_a_lossy_mix_is_told_how_to_export_and_still_measured(tmp_path: Path) -> None:
+    """The MP3 of a healthy mix fails on its format alone: its first note says what to
+    export; the rest of the review is the mix's own, as for the WAV."""
+    wav, mp3 = (review(next(row for row in CORPUS if row.file == name), tmp_path)
+                for name in ("mix.wav", "mix.mp3"))
+    first = mp3.notes[0]
+    assert (mp3.verdict, first.severity, first.code) == ("fail", "fix", "lossy")
+    assert first.text.startswith("Export the mix again as WAV, AIFF or FLAC, at the "
+                                 "session's sample rate and 24-bit or 32-bit float"), first.text
+    assert [n.code for n in mp3.notes[1:]] == [n.code for n in wav.notes]
+    assert mp3.metrics.integrated_lufs == pytest.approx(wav.metrics.integrated_lufs, abs=0.5)
+    assert mp3.metrics.true_peak_dbtp == pytest.approx(wav.metrics.true_peak_dbtp, abs=1.0)
+    assert [t.note.split(":")[0] for t in mp3.targets] == [
+        t.note.split(":")[0] for t in wav.targets]  # what mastering for each would take
 
 
 # -- the table in the manual ----------------------------------------------------------------------

@@ -477,8 +477,11 @@ def _format_notes(m: MixMetrics, stage: str) -> list[Note]:
     if m.bit_depth is None:
         if stage == "mix":
             notes.append(Note(severity="fix", code="lossy", text=(
-                f"A lossy {m.file_format} file: mastering needs the mix lossless; export a "
-                "WAV, AIFF or FLAC at the session's sample rate, 24-bit or 32-bit float.")))
+                "Export the mix again as WAV, AIFF or FLAC, at the session's sample rate "
+                f"and 24-bit or 32-bit float: a lossy {m.file_format} file has lost part "
+                "of the sound for good, and mastering needs all of it. The figures of "
+                f"this review are the {m.file_format}'s, close to the mix's (its peaks "
+                "may read a little higher).")))
         else:
             notes.append(Note(severity="consider", code="lossy", text=(
                 f"A lossy {m.file_format} file: deliver a WAV, AIFF or FLAC master; the "

@@ -281,3 +281,20 @@ def test_no_secret_appears_in_any_output(server_factory: Callable[..., Server],
             assert secret not in everything, secret
     finally:
         receiver.close()
+
+
+def test_every_topic_of_the_manual_fits_a_phone(server: Server, browser: Browser) -> None:
+    """At 390 px a topic's long code lines scroll in their block and its tables in
+    their box: the page itself is never wider than the phone."""
+    from agentbox import manual
+
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        page = context.new_page()
+        for topic in ["index", *(t.name for t in manual.topics())]:
+            page.goto(server.url + ("/docs" if topic == "index" else f"/docs/{topic}"))
+            expect(page.locator("#doc h1")).to_be_visible()
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 390, f"/docs/{topic} is {wide} px wide at 390"
+    finally:
+        context.close()

@@ -41,7 +41,8 @@ class ManualPages:
     def _page(self, name: str, status_code: int) -> HTMLResponse:
         rendered = manual.render(name)
         html = self.env.get_template(TEMPLATE).render(
-            title=rendered.title, html=rendered.html, headings=rendered.headings,
+            title=rendered.title, html=_scrolling_tables(rendered.html),
+            headings=rendered.headings,
             topics=manual.topics(), current=name)
         return HTMLResponse(html, status_code=status_code)
 
@@ -50,3 +51,11 @@ class ManualPages:
             title="No such topic", html=None, missing=name, headings=(),
             topics=manual.topics(), current=None)
         return HTMLResponse(html, status_code=404)
+
+
+def _scrolling_tables(html: str) -> str:
+    """Each table in a box of its own that scrolls sideways: a wide one never
+    makes the page wider than a phone. (The Markdown renderer writes bare
+    `<table>` tags and passes no raw HTML through, so every one is a table's.)"""
+    return html.replace("<table>", '<div class="scroll"><table>').replace(
+        "</table>", "</table></div>")

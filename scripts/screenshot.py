@@ -12,7 +12,7 @@ into scripts/screenshots/: the home page
 could not be made (failed.png) and the operations area's runs view
 (overview.png), the project page's A/B player with a reference track, switched
 to B while it plays (listen.png); and at a phone's width home-phone.png,
-project-phone.png, review-phone.png and failed-phone.png.
+project-phone.png, review-phone.png, failed-phone.png and overview-phone.png.
 """
 
 from __future__ import annotations
@@ -116,9 +116,10 @@ def main() -> None:
                                 ("/ui/runs", "overview", "#runs-live", False)]),
                     (390, "-phone", [("/", "home", "#projects", True),
                                      (project, "project", "#exports", True),
-                                     (f"/ui/runs/{runs[1]}", "review", "#loudness-plot",
-                                      True),
-                                     (f"/ui/runs/{empty}", "failed", "#outcome", False)])):
+                                     (f"/ui/runs/{runs[1]}", "review",
+                                      "#loudness-plot-phone", True),
+                                     (f"/ui/runs/{empty}", "failed", "#outcome", False),
+                                     ("/ui/runs", "overview", "#runs-live", False)])):
                 page = browser.new_page(viewport={"width": width, "height": 900})
                 for path, name, ready, whole in shots:
                     page.goto(server.url + path)

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from agentbox import manual
 from tests.conftest import Server, make_event
 
 CHROMIUM = os.environ.get("AGENTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -286,8 +293,6 @@ def test_no_secret_appears_in_any_output(server_factory: Callable[..., Server],
 def test_every_topic_of_the_manual_fits_a_phone(server: Server, browser: Browser) -> None:
     """At 390 px a topic's long code lines scroll in their block and its tables in
     their box: the page itself is never wider than the phone."""
-    from agentbox import manual
-
     context = browser.new_context(viewport={"width": 390, "height": 844})
     try:
         page = context.new_page()
@@ -298,3 +303,57 @@ def test_every_topic_of_the_manual_fits_a_phone(server: Server, browser: Browser
             assert wide <= 390, f"/docs/{topic} is {wide} px wide at 390"
     finally:
         context.close()
+
+
+@pytest.mark.slow
+def test_exports_of_one_file_in_one_minute_are_told_apart_everywhere(
+        server_factory: Callable[..., Server], browser: Browser, tmp_path: Path) -> None:
+    """Two renders of one file name, reviewed in the same minute: every place the
+    project page names an export (the A/B and compare pickers, the compare headings,
+    every export's row, the trend charts' labels) names each differently, and with
+    the date as the page's tables say it."""
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    mix = tmp_path / "Night Drive.wav"
+    runs = []
+    if datetime.now().second > 45:  # both must arrive in the same minute
+        time.sleep(61 - datetime.now().second)
+    for level in (0.2, 0.5):
+        t = np.arange(48_000 * 3) / 48_000
+        soundfile.write(mix, np.stack([level * np.sin(2 * np.pi * 110 * t)] * 2, 1),
+                        48_000, subtype="PCM_24")
+        settled = time.time() - 60
+        os.utime(mix, (settled, settled))
+        answer = server.post(make_event(payload={"project_id": "Night Drive",
+                                                 "mix_url": str(mix)}))
+        runs.append(server.wait_terminal(answer.json()["run_id"], timeout=120))
+    assert [run["status"] for run in runs] == ["succeeded"] * 2
+    assert len({run["accepted_at"][:16] for run in runs}) == 1, "not in one minute"
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(server.url + "/projects/Night%20Drive")
+        expect(page.locator("#live")).to_have_text("live", timeout=10_000)
+        older, newer = (run["run_id"] for run in runs)
+        rows = {run_id: page.locator(f'#exports tr[data-run-id="{run_id}"]')
+                for run_id in (older, newer)}
+        named = {run_id: row.locator("td.lead a").inner_text() for run_id, row in rows.items()}
+        assert named == {older: "#1 Night Drive.wav", newer: "#2 Night Drive.wav"}
+        when = {run_id: row.locator("time").inner_text() for run_id, row in rows.items()}
+        assert not when[older].endswith("UTC"), "the page's script left a time unread"
+        for picker in ("#ab-a", "#ab-b", 'select[name="a"]', 'select[name="b"]'):
+            said = dict(zip(page.locator(f"{picker} option").evaluate_all(
+                "options => options.map(o => o.value)"),
+                page.locator(f"{picker} option").all_inner_texts(), strict=True))
+            for run_id in (older, newer):  # the row's name and the row's time
+                assert said[run_id] == f"{named[run_id]} · {when[run_id]}", (picker, said)
+        headings = page.locator("#comparison thead th.export").all_inner_texts()
+        assert [h.split("\n") for h in headings] == [[named[older], when[older]],
+                                                     [named[newer], when[newer]]]
+        for chart in ("trend-integrated", "trend-true-peak", "trend-lra"):
+            ticks = page.locator(f"#{chart} .x-tick").all_text_contents()
+            assert ticks == ["#1", "#2"], (chart, ticks)
+            tips = page.locator(f"#{chart} circle.point title").all_text_contents()
+            assert [re.sub(r":.*", "", tip) for tip in tips] == [named[older], named[newer]]
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"the project page is {wide} px wide at 390"
+    finally:
+        page.close()

@@ -107,7 +107,9 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
     assert notes == ["fix", "consider", "info"]
     # loudness: both curves, both clipping places, marked and listed
     assert 'class="momentary"' in html and 'class="short-term"' in html
-    assert html.count('class="clip-marker"') == 2
+    wide = html[html.index('id="loudness-plot"'):html.index('id="loudness-plot-phone"')]
+    assert wide.count('class="clip-marker"') == 2  # and again in the phone's chart
+    assert html.count('class="clip-marker"') == 4
     assert "clipping at 0:12\N{EN DASH}0:13" in html and "clipping at 1:01<" in html
     assert "at 0:12\N{EN DASH}0:13, 1:01." in html
     # tonal balance, octave by octave against the reference
@@ -115,6 +117,13 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
     assert re.findall(r'class="x-tick"[^>]*>([^<]+)<', tonal)[:10] == [
         "31.5", "63", "125", "250", "500", "1k", "2k", "4k", "8k", "16k"]
     assert 'class="reference"' in tonal and 'class="measured"' in tonal
+    # its shading has a key: which colour says the mix is louder, which quieter
+    keys = re.findall(r'<rect class="key"[^>]*fill="(#\w+)"[^>]*/><text class="legend"[^>]*>'
+                      r'([^<]+)<', tonal[:tonal.index("</svg>")])
+    shaded = set(re.findall(r'class="band-delta"[^>]*fill="(#\w+)"', tonal[:tonal.index("</svg>")]))
+    assert {colour for colour, _ in keys} == shaded and len(keys) >= 1, (keys, shaded)
+    assert {label for _, label in keys} <= {"mix louder than reference",
+                                            "mix quieter than reference"}
     # the comparison: the review's own delta and note win
     previous = html[html.index('id="previous"'):]
     assert "1.2 LU louder than the 14:02 export." in previous
@@ -253,3 +262,26 @@ def test_compared_exports_show_a_peak_with_its_sign() -> None:
         "\N{MINUS SIGN}1.5", "+0.4")  # over full scale, and reads so
     assert (rows["integrated_lufs"].before, rows["integrated_lufs"].after) == (
         "\N{MINUS SIGN}14.2", "\N{MINUS SIGN}9.0")  # a loudness is not signed
+
+
+@given(st.text(alphabet="abc deft()", min_size=1, max_size=80))
+def test_a_phones_tonal_legend_stays_inside_the_chart_above_the_plot(name: str) -> None:
+    """However long the reference's name, the legend wraps into rows inside the
+    chart's width and the plot moves down to make room for them."""
+    bands = [charts.Band(hz, db, db + (2 if i % 2 else -2))
+             for i, (hz, db) in enumerate(zip((63, 125, 250, 500, 1000), (-8, -9, -10, -12, -14),
+                                              strict=True))]
+    frame = charts.Frame(charts.PHONE_WIDTH, 300, left=46, right=12)
+    svg = charts.tonal_chart(bands, f"the reference track {name}", frame)
+    keys = [key for key in (charts.Key("this mix", ""), charts.Key(f"reference track {name}", ""),
+                            charts.Key("mix louder than reference", "", 0.18),
+                            charts.Key("mix quieter than reference", "", 0.18))]
+    rows = charts._legend_rows(frame, keys)
+    for row in rows:
+        x, last = row[-1]
+        assert len(row) == 1 or x + last.width - 6 <= frame.width - frame.right
+    baselines = sorted({float(y) for y in re.findall(r'class="legend" x="[\d.]+" y="([\d.]+)"',
+                                                     svg)})
+    assert len(baselines) == len(rows) and baselines[0] >= 10
+    plot_top = float(re.search(r'<rect x="[\d.]+" y="([\d.]+)"', svg).group(1))  # type: ignore[union-attr]
+    assert baselines[-1] < plot_top

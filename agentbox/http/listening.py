@@ -15,11 +15,12 @@ from agentbox.store import KeptAudio, ProjectReference
 @dataclass(frozen=True)
 class Source:
     key: str  # the run's id, or "reference"
-    label: str  # as the player's choices say it
+    label: str  # as the player's choices say it ("#3 Night Drive.wav"), before `at`
     url: str  # where its bytes are served
     lufs: float | None  # its integrated loudness: None when silent (nothing to match)
     kind: str  # "export" or "reference"
     rate: int | None = None  # its sample rate (the player plays at the first one's)
+    at: str | None = None  # an export's time (ISO 8601, UTC), said as the page says times
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,11 @@ def listening(rows: list[ExportRow], kept: dict[str, KeptAudio],
         if archive_on and (held is None or held.dropped_at is not None
                            or held.keeper != keeper):
             continue
-        when = row.accepted_at[:16].replace("T", " ")
         rate = row.review.figure("sample_rate")
-        sources.append(Source(row.run_id, f"{row.file_name} · {when} UTC",
+        sources.append(Source(row.run_id, row.label,
                               f"/runs/{quote(row.run_id, safe='')}/audio",
                               row.review.figure("integrated_lufs"), "export",
-                              int(rate) if rate else None))
+                              int(rate) if rate else None, row.accepted_at))
         if not archive_on:
             break
     if reference is not None and reference.keeper == keeper:

@@ -177,7 +177,7 @@ class StatusPages:
         if not exports:
             return self._error(404, f"No export of a project named {name[:200]!r} has "
                                     "arrived yet.")
-        rows = await self._rows(exports)
+        rows = review_view.numbered(await self._rows(exports))
         reviewed = [row for row in rows if row.review is not None]
         q = request.query_params
         pair = review_view.choose_pair(reviewed, q.get("a"), q.get("b"))

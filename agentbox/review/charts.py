@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from markupsafe import escape
 
@@ -24,6 +24,10 @@ TARGET = "#127a3e"
 CLIP = "#b42318"
 OVER = "#dc6803"
 EN_DASH = "\N{EN DASH}"
+# A chart drawn for a phone: scaled to a 360 px screen its 11-unit text stays
+# readable (the 900-unit chart of a desktop would shrink it to 4 px).
+PHONE_WIDTH = 420
+LEGEND_ROW = 14.0
 
 
 def time_step(span: float, ticks: int = 8) -> int:
@@ -53,8 +57,41 @@ class Frame:
         return self.height - self.bottom - (self.height - self.top - self.bottom) * fraction
 
 
-def _open(element_id: str, frame: Frame, title: str, desc: str) -> str:
-    return (f'<svg id="{element_id}" class="chart" viewBox="0 0 {frame.width:.0f} '
+@dataclass(frozen=True)
+class Key:
+    """One entry of a chart's legend: a line, or a swatch of a colour the chart fills."""
+
+    label: str
+    colour: str
+    swatch: float | None = None  # the swatch's opacity; None: a line
+
+    @property
+    def width(self) -> float:  # in the chart's units, at its 11-unit text
+        return (24 if self.swatch is not None else 28) + 6.2 * len(self.label)
+
+
+def _legend_rows(frame: Frame, keys: Sequence[Key]) -> list[list[tuple[float, Key]]]:
+    """The legend's entries by row, each at its x: a row ends where the next entry
+    would run past the chart's right edge."""
+    rows: list[list[tuple[float, Key]]] = [[]]
+    x = frame.left
+    for key in keys:
+        if rows[-1] and x + key.width - 6 > frame.width - frame.right:
+            rows.append([])
+            x = frame.left
+        rows[-1].append((x, key))
+        x += key.width
+    return rows
+
+
+def _room_for(frame: Frame, keys: Sequence[Key]) -> Frame:
+    """The frame with a top margin that holds every row of the legend."""
+    rows = len(_legend_rows(frame, keys))
+    return replace(frame, top=frame.top + LEGEND_ROW * (rows - 1))
+
+
+def _open(element_id: str, frame: Frame, title: str, desc: str, css: str = "chart") -> str:
+    return (f'<svg id="{element_id}" class="{css}" viewBox="0 0 {frame.width:.0f} '
             f'{frame.height:.0f}" width="{frame.width:.0f}" height="{frame.height:.0f}" '
             f'role="img" aria-labelledby="{element_id}-title {element_id}-desc">'
             f'<title id="{element_id}-title">{escape(title)}</title>'
@@ -104,11 +141,16 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
                    target: float | None, tolerance: float,
                    clipping: Sequence[tuple[float, float]] = (),
                    overs: Sequence[tuple[float, float]] = (),
-                   frame: Frame | None = None) -> str:
+                   frame: Frame | None = None, element_id: str = "loudness-plot",
+                   css: str = "chart") -> str:
     """Loudness over time: momentary and short-term curves, LUFS gridlines, the
     target band (none for a mix: its loudness is mastering's to set) and the places
     where the mix clips."""
-    frame = frame or Frame(900, 280)
+    keys = [Key("short-term (3 s)", SHORT_TERM)]
+    keys += [Key("momentary (400 ms)", MOMENTARY)] if momentary is not None else []
+    keys += [Key("clipping", CLIP, 0.4)] if clipping else []
+    keys += [Key("over 0 dBTP", OVER, 0.4)] if overs else []
+    frame = _room_for(frame or Frame(900, 280), keys)
     most = int(frame.width)
     momentary = momentary.thinned(most) if momentary else None
     short_term = short_term.thinned(most) if short_term else None
@@ -129,12 +171,13 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
     def py(v: float) -> float:
         return frame.y((min(max(v, low), high) - low) / (high - low))
 
-    parts = [_open("loudness-plot", frame, "Loudness over time",
+    parts = [_open(element_id, frame, "Loudness over time",
                    f"Momentary and short-term loudness in LUFS over {mmss(span_x)}"
                    + ("" if target is None else
                       f", against the target of {target:g} LUFS ± {tolerance:g} LU")
                    + (f"; clipping in {len(clipping)} place(s)" if clipping else "")
-                   + (f"; over 0 dBTP in {len(overs)} place(s)" if overs else "") + "."),
+                   + (f"; over 0 dBTP in {len(overs)} place(s)" if overs else "") + ".",
+                   css),
              _background(frame)]
     if target is not None:
         parts.append(f'<rect class="target-band" x="{frame.x(0):.1f}" '
@@ -164,10 +207,7 @@ def loudness_chart(*, duration: float, short_term: Curve | None, momentary: Curv
         parts.append(f'<text class="band-label" x="{frame.x(1) - 4:.1f}" '
                      f'y="{py(target + tolerance) - 4:.1f}" text-anchor="end" fill="{TARGET}">'
                      f'target {target:g} LUFS</text>')
-    parts.append(_legend(frame, [("short-term (3 s)", SHORT_TERM), ("momentary (400 ms)",
-                                                                    MOMENTARY)]
-                         if momentary is not None else [("short-term (3 s)", SHORT_TERM)]
-                         , clipping=bool(clipping), overs=bool(overs)))
+    parts.append(_legend(frame, keys))
     parts.append(_axis_titles(frame, "time (mm:ss)", "loudness (LUFS)"))
     parts.append(_frame_box(frame))
     return "".join(parts) + "</svg>"
@@ -186,22 +226,24 @@ def _mark(start: float, end: float, css: str, colour: str, what: str,
             f'</title></rect>')
 
 
-def _legend(frame: Frame, entries: list[tuple[str, str]], clipping: bool = False,
-            overs: bool = False) -> str:
-    x = frame.left
+def _legend(frame: Frame, keys: Sequence[Key]) -> str:
+    """The legend in the top margin (_room_for made it tall enough), its last row
+    just above the plot."""
+    rows = _legend_rows(frame, keys)
     out = []
-    for label, colour in entries:
-        out.append(f'<line x1="{x:.1f}" x2="{x + 16:.1f}" y1="{frame.top - 10:.1f}" '
-                   f'y2="{frame.top - 10:.1f}" stroke="{colour}" stroke-width="2"/>'
-                   f'<text class="legend" x="{x + 20:.1f}" y="{frame.top - 6:.1f}">'
-                   f'{escape(label)}</text>')
-        x += 28 + 6.2 * len(label)
-    for shown, colour, label in ((clipping, CLIP, "clipping"), (overs, OVER, "over 0 dBTP")):
-        if shown:
-            out.append(f'<rect x="{x:.1f}" y="{frame.top - 15:.1f}" width="10" height="10" '
-                       f'fill="{colour}" fill-opacity="0.4"/><text class="legend" '
-                       f'x="{x + 14:.1f}" y="{frame.top - 6:.1f}">{label}</text>')
-            x += 24 + 6.2 * len(label)
+    for number, row in enumerate(rows):
+        base = frame.top - 6 - LEGEND_ROW * (len(rows) - 1 - number)  # the text's baseline
+        for x, key in row:
+            if key.swatch is None:
+                out.append(f'<line x1="{x:.1f}" x2="{x + 16:.1f}" y1="{base - 4:.1f}" '
+                           f'y2="{base - 4:.1f}" stroke="{key.colour}" stroke-width="2"/>'
+                           f'<text class="legend" x="{x + 20:.1f}" y="{base:.1f}">'
+                           f'{escape(key.label)}</text>')
+            else:
+                out.append(f'<rect class="key" x="{x:.1f}" y="{base - 9:.1f}" width="10" '
+                           f'height="10" fill="{key.colour}" fill-opacity="{key.swatch:g}"/>'
+                           f'<text class="legend" x="{x + 14:.1f}" y="{base:.1f}">'
+                           f'{escape(key.label)}</text>')
     return "".join(out)
 
 
@@ -243,13 +285,21 @@ def band_label(hz: float) -> str:
 
 
 def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
-                frame: Frame | None = None) -> str:
+                frame: Frame | None = None, element_id: str = "tonal-balance",
+                css: str = "chart") -> str:
     """Tonal balance: the mix's level per octave band against its reference (the
-    profile's curve, or a reference track's bands), named as `reference`."""
-    frame = frame or Frame(900, 240)
+    profile's curve, or a reference track's bands), named as `reference`; where they
+    differ, a band of colour says which way."""
     levels = [v for b in bands for v in (b.db, b.reference_db) if v is not None]
     if len(bands) < 2 or not levels:
         return ""
+    compared = [b.db - b.reference_db for b in bands
+                if b.db is not None and b.reference_db is not None]
+    keys = [Key("this mix", SHORT_TERM), Key(reference.removeprefix("the "), TARGET)]
+    keys += [Key("mix louder than reference", CLIP, 0.18)] if any(d > 0 for d in compared) else []
+    keys += ([Key("mix quieter than reference", SHORT_TERM, 0.18)]
+             if any(d <= 0 for d in compared) else [])
+    frame = _room_for(frame or Frame(900, 240), keys)
     step = level_step(max(levels) - min(levels) + 6)
     low = math.floor((min(levels) - 3) / step) * step
     high = math.ceil((max(levels) + 3) / step) * step
@@ -260,9 +310,10 @@ def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
     def py(v: float) -> float:
         return frame.y((v - low) / (high - low))
 
-    parts = [_open("tonal-balance", frame, "Tonal balance by octave band",
+    parts = [_open(element_id, frame, "Tonal balance by octave band",
                    f"The mix's level in each octave band (solid) against {reference} "
-                   "(dashed), in dB."),
+                   "(dashed), in dB; shaded where they differ: red where the mix is "
+                   "louder, blue where it is quieter.", css),
              _background(frame)]
     parts.append(_level_grid(frame, low, high, step, py))
     for i, band in enumerate(bands):
@@ -287,8 +338,7 @@ def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
             parts.append(f'<circle cx="{px(i):.1f}" cy="{py(band.db):.1f}" r="3" '
                          f'fill="{SHORT_TERM}"><title>{band_label(band.hz)} Hz: '
                          f'{band.db:.1f} dB</title></circle>')
-    label = reference.removeprefix("the ")
-    parts.append(_legend(frame, [("this mix", SHORT_TERM), (label, TARGET)]))
+    parts.append(_legend(frame, keys))
     parts.append(_axis_titles(frame, "octave band (Hz)", "level (dB)"))
     parts.append(_frame_box(frame))
     return "".join(parts) + "</svg>"
@@ -299,8 +349,9 @@ class TrendPoint:
     at: str  # ISO 8601 UTC
     value: float
     run_id: str
-    label: str  # what the point's tooltip names (a file)
+    label: str  # what the point's tooltip names (an export: "#3 Night Drive.wav")
     linked: bool = True  # False: its run is gone (retention), no review page to open
+    tick: str | None = None  # its label on the x axis ("#3"); None: its date
 
 
 def _reading(value: float, unit: str) -> str:
@@ -342,22 +393,39 @@ def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPo
                      f'text-anchor="end" fill="{TARGET}">{escape(guide[1])}</text>')
     parts.append(_polylines([(px(i), py(p.value)) for i, p in enumerate(points)],
                             SHORT_TERM, 2, "trend"))
-    labelled = {0, len(points) - 1} | set(range(0, len(points), max(1, len(points) // 4)))
+    labelled = _labelled(len(points), px(1) - px(0) if len(points) > 1 else frame.width,
+                         28 if all(p.tick for p in points) else 90)
     for i, point in enumerate(points):
         circle = (f'<circle class="point" cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" '
                   f'fill="{SHORT_TERM}"><title>{escape(point.label)}: '
                   f'{_reading(point.value, unit)} {escape(unit)}</title></circle>')
         parts.append(f'<a href="/ui/runs/{escape(point.run_id)}">{circle}</a>'
                       if point.linked else circle)
-        if i in labelled and (i == len(points) - 1 or len(points) - 1 - i >= 2 or i == 0):
-            anchor = ("middle" if len(points) == 1 else "start" if i == 0
-                      else "end" if i == len(points) - 1 else "middle")
-            parts.append(f'<text class="x-tick" x="{px(i):.1f}" y="{frame.y(0) + 16:.1f}" '
-                         f'text-anchor="{anchor}" data-utc="{escape(point.at)}" '
-                         f'data-style="short">{escape(point.at[5:16].replace("T", " "))}'
-                         f'</text>')
+        if i in labelled:
+            parts.append(_trend_tick(point, px(i), frame.y(0) + 16, "middle" if point.tick
+                                     or len(points) == 1 else "start" if i == 0
+                                     else "end" if i == len(points) - 1 else "middle"))
     parts.append(f'<text class="chart-title" x="{frame.left:.1f}" y="{frame.top - 8:.1f}">'
                  f'{escape(title)}</text>')
     parts.append(_axis_titles(frame, "export", unit))
     parts.append(_frame_box(frame))
     return "".join(parts) + "</svg>"
+
+
+def _labelled(count: int, spacing: float, room: float) -> set[int]:
+    """Which of `count` points, `spacing` apart, get a label `room` wide: every
+    one that fits, always the latest, none crowding the latest."""
+    every = max(1, math.ceil(room / spacing))
+    last = count - 1
+    return {i for i in range(0, count, every) if i == last or last - i >= every} | {last}
+
+
+def _trend_tick(point: TrendPoint, x: float, y: float, anchor: str) -> str:
+    """A point's label under the axis: its number, or its date (in the browser's
+    time zone: the page's script rewrites it from data-utc)."""
+    if point.tick:
+        return (f'<text class="x-tick" x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}">'
+                f'{escape(point.tick)}</text>')
+    return (f'<text class="x-tick" x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" '
+            f'data-utc="{escape(point.at)}" data-style="short">'
+            f'{escape(point.at[5:16].replace("T", " "))}</text>')

@@ -9,7 +9,7 @@ and the notes are the judge's as stored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from markupsafe import Markup
@@ -124,7 +124,9 @@ class Review(present.Review):
     def overs_text(self) -> str:
         return places(self.overs)
 
-    def loudness_chart(self) -> Markup:
+    def loudness_chart(self, phone: bool = False) -> Markup:
+        """The chart for a desktop, or (phone) one drawn for a phone's width: the
+        page shows one of the two (its stylesheet, by the screen's width)."""
         curve = _dict(self.metrics.get("loudness_curve"))
         step = finite(curve.get("step_seconds")) or 1.0
 
@@ -142,22 +144,32 @@ class Review(present.Review):
             duration=self.duration, short_term=short_term,
             momentary=momentary, target=None if self.stage == "mix" else p.target_lufs,
             tolerance=p.tolerance_lu,
-            clipping=self.clipping, overs=self.overs))
+            clipping=self.clipping, overs=self.overs, **_variant("loudness-plot", phone)))
 
-    def tonal_chart(self) -> Markup:
+    def tonal_chart(self, phone: bool = False) -> Markup:
         bands = []
         for b in _list(self.metrics.get("octave_bands")):
             hz = finite(_dict(b).get("hz"))
             if hz is not None and hz > 0:
                 bands.append(charts.Band(hz, finite(b.get("db")), finite(b.get("reference_db"))))
         return Markup(charts.tonal_chart(sorted(bands, key=lambda b: b.hz),
-                                         self.tonal_reference))
+                                         self.tonal_reference,
+                                         **_variant("tonal-balance", phone)))
 
     @property
     def tonal_reference(self) -> str:
         """What the tonal chart's dashed line is: "the reference curve for music"."""
         named = self.metrics.get("tonal_reference")
         return named if isinstance(named, str) and named else "the reference curve"
+
+
+def _variant(element_id: str, phone: bool) -> dict[str, Any]:
+    """A review chart's frame, id and classes: the desktop's keeps the id the page
+    and its tests know; a phone's is narrower, so that its text stays readable."""
+    if not phone:
+        return {"element_id": element_id, "css": "chart for-wide"}
+    return {"element_id": f"{element_id}-phone", "css": "chart for-phone",
+            "frame": charts.Frame(charts.PHONE_WIDTH, 300, left=46, right=12)}
 
 
 # -- exports and their comparison ------------------------------------------------------------
@@ -175,10 +187,18 @@ class ExportRow:
     archived: bool = False  # retention removed its run: no run page to link to
     error_code: str | None = None  # why its run failed, or is being tried again
     error_message: str | None = None
+    number: int | None = None  # its place among the project page's exports, oldest #1
 
     @property
     def file_name(self) -> str:
         return self.review.file_name if self.review else self.sent_file
+
+    @property
+    def label(self) -> str:
+        """What the project page calls it everywhere: "#3 Night Drive.wav". The
+        number tells apart renders of one file name, however close in time."""
+        name = self.file_name or "(no file named)"
+        return name if self.number is None else f"#{self.number} {name}"
 
     @property
     def outcome(self) -> present.Outcome:
@@ -195,6 +215,11 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
                      export.finished_at, Review.of(export.result),
                      mix_name(url) if isinstance(url, str) else "", export.archived, *error)
+
+
+def numbered(rows: list[ExportRow]) -> list[ExportRow]:
+    """A project's exports (newest first) numbered from the oldest of them, #1."""
+    return [replace(row, number=len(rows) - i) for i, row in enumerate(rows)]
 
 
 @dataclass(frozen=True)
@@ -295,8 +320,9 @@ def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
              "target"),
             ("true_peak_dbtp", "trend-true-peak", "True peak", "dBTP", "ceiling"),
             ("loudness_range_lu", "trend-lra", "Loudness range (LRA)", "LU", None)):
-        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.file_name,
-                                    not row.archived)
+        points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.label,
+                                    not row.archived,
+                                    None if row.number is None else f"#{row.number}")
                   for row in oldest_first if row.review is not None
                   and (value := row.review.figure(key)) is not None]
         line = None

@@ -13,7 +13,8 @@
       const options = {month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
                        hourCycle: "h23"};
       if (el.dataset.style !== "short") options.year = "numeric";
-      el.textContent = when.toLocaleString(undefined, options);
+      // an option holds text only: what it says before the time comes with it
+      el.textContent = (el.dataset.before || "") + when.toLocaleString(undefined, options);
       el.dataset.local = "1";
     });
   }

@@ -119,7 +119,7 @@ def main() -> None:
                                      (f"/ui/runs/{runs[1]}", "review",
                                       "#loudness-plot-phone", True),
                                      (f"/ui/runs/{empty}", "failed", "#outcome", False),
-                                     ("/ui/runs", "overview", "#runs-live", False)])):
+                                     ("/ui/runs", "overview", "#runs-live", True)])):
                 page = browser.new_page(viewport={"width": width, "height": 900})
                 for path, name, ready, whole in shots:
                     page.goto(server.url + path)

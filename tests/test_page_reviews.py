@@ -420,15 +420,22 @@ def test_the_page_fits_a_phone_and_a_desktop(studio: Studio, browser: Browser,
         review = studio.runs["take 3.wav"]["run_id"]
         failed = studio.runs["nothing.wav"]["run_id"]
         row = f'tr[data-project="{PROJECT}"]'
+        drawn = "-phone" if viewport is PHONE else ""  # a review's charts, for this width
         for path, name, seen in (
                 ("/", "home", [f"{row} .verdict", f"{row} .lufs"]),
                 ("/projects/" + quote(PROJECT, safe=""), "project",
                  ["#exports tbody tr:first-child .verdict",
-                  "#exports tbody tr:first-child .lufs"]),
+                  "#exports tbody tr:first-child .lufs", "#ab-a", "#ab-b",
+                  'select[name="b"]', "#comparison thead th:last-child",
+                  '#comparison tr[data-figure="integrated_lufs"] td:last-child',
+                  "#trend-lra"]),
                 (f"/ui/runs/{review}", "review",
-                 [".headline .verdict", '.headline [data-figure="integrated_lufs"]']),
+                 [".headline .verdict", '.headline [data-figure="integrated_lufs"]',
+                  f"#loudness-plot{drawn}", f"#tonal-balance{drawn}"]),
                 (f"/ui/runs/{failed}", "failed", ["h1", "#outcome"]),
-                ("/ui/runs", "operations", ["h1", "nav.tabs"])):
+                ("/ui/runs", "operations", ["h1", "nav.tabs",
+                                            "table.runs tbody tr:first-child .status",
+                                            "table.runs tbody tr:first-child a"])):
             page.goto(studio.server.url + path)
             expect(page.locator("#live")).to_have_text("live", timeout=10_000)
             for selector in seen:

@@ -30,6 +30,7 @@ from agentbox.client import (
     Client,
     Misconfigured,
     NotFinished,
+    NotFound,
     Refused,
     Unreachable,
     build_event,
@@ -732,8 +733,14 @@ def reference_add(file: Path, project: str, url: str | None,
     """Make FILE the project's reference track (it replaces the one it had)."""
     with _client_errors(), _client(url, config_file) as box:
         found = box.add_reference(file, project)
-    click.echo(f"{found['name']} is the reference of {found['project']}: "
-               f"{_reference_figures(found)}")
+        click.echo(f"{found['name']} is the reference of {found['project']}: "
+                   f"{_reference_figures(found)}")
+        try:
+            box.exports(found["project"], limit=1)
+        except NotFound:  # a name mistyped would compare nothing, unnoticed
+            _say(f"no export of {terminal.line(found['project'])} has arrived yet: its "
+                 "reviews compare with this track once they come (is that the name its "
+                 "exports have? agentbox runs shows them)")
 
 
 @reference.command("list")
@@ -766,9 +773,10 @@ def reference_remove(project: str, url: str | None, config_file: Path | None) ->
 
 
 def _reference_figures(ref: dict[str, Any]) -> str:
-    figures = [f"{value:.1f} {unit}"
-               for key, unit in (("integrated_lufs", "LUFS"), ("true_peak_dbtp", "dBTP"),
-                                 ("loudness_range_lu", "LU LRA"))
+    figures = [f"{value:{sign}.1f} {unit}"
+               for key, unit, sign in (("integrated_lufs", "LUFS", ""),
+                                       ("true_peak_dbtp", "dBTP", "+"),  # as the review says it
+                                       ("loudness_range_lu", "LU LRA", ""))
                if isinstance(value := ref.get(key), int | float)]
     return ", ".join(figures) or "measured"
 

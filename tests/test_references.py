@@ -198,7 +198,10 @@ def test_the_reference_commands_against_a_real_server(server_factory: Any,
                      "Über Nacht")
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith("Their Record.wav is the reference of Über Nacht: -")
-    assert "LUFS" in added.stdout
+    assert "LUFS" in added.stdout and " dBTP" in added.stdout
+    true_peak = added.stdout.split(" dBTP")[0].rsplit(", ", 1)[1]
+    assert true_peak[0] in "+-"  # signed, as every review says a peak
+    assert "no export of Über Nacht has arrived yet" in added.stderr  # a typo is told
     listed = agentbox("reference", "list", "--json")
     assert [r["name"] for r in json.loads(listed.stdout)] == ["Their Record.wav"]
     (tmp_path / "notes.txt").write_text("not audio")

@@ -339,11 +339,14 @@ class Client:
                 if attempt == retries:
                     raise
                 wait = max(delay, exc.retry_after)
-                # agentbox's own reason why it cannot store events, the first time
-                said = f"{exc.reason} ({exc.detail})" if exc.status == 503 and exc.detail \
-                    and exc.reason not in told else exc.reason
+                # the first time: agentbox's own reason why it cannot store events, or
+                # how to start it when nothing answers (the retries wait for a restart)
+                first = exc.reason not in told
+                said = f"{exc.reason} ({exc.detail})" if first and exc.status == 503 \
+                    and exc.detail else exc.reason
+                hint = f". {START_HINT}" if first and exc.status is None else ""
                 told.add(exc.reason)
-                self.progress(f"{said}; trying again in {wait:g} s")
+                self.progress(f"{said}; trying again in {wait:g} s{hint}")
                 time.sleep(wait)
                 delay = min(delay * 2, 30.0)
         raise AssertionError("unreachable")  # the loop returns or raises

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from agentbox.client import (
     RUN_ID,
+    START_HINT,
     AgentboxError,
     Client,
     InvalidRunId,
@@ -114,7 +115,7 @@ def test_an_agentbox_that_is_not_there_is_unreachable_and_waited_for() -> None:
             box.send(make_event())
         assert gone.value.status is None and "Start it with: agentbox serve" in str(gone.value)
         assert said == [f"cannot reach agentbox at {url} (nothing answers there); trying "
-                        "again in 0.5 s"]
+                        f"again in 0.5 s. {START_HINT}"]  # how to start it, at once
         with pytest.raises(Unreachable):
             box.run("run_1")
         said.clear()

@@ -111,6 +111,15 @@ def test_an_agentbox_that_is_not_running_says_how_to_start_it(tmp_path: Path) ->
     assert sent.stderr.startswith("agentbox: giving up: cannot reach agentbox at ")
     assert "(nothing answers there)" in sent.stderr
     assert "Start it with: agentbox serve" in sent.stderr and "Traceback" not in sent.stderr
+    retried = subprocess.Popen(  # the hint comes with the first retry, not after them all
+        [sys.executable, "-m", "agentbox", "send", str(mix), "--retries", "5"], env=env,
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        first = retried.stderr.readline() if retried.stderr else ""
+        assert "trying again in" in first and "Start it with: agentbox serve" in first
+    finally:
+        retried.kill()
+        retried.communicate()  # and its stderr closed
 
 
 def test_the_server_s_own_reason_reaches_the_sender(server_factory: Any,

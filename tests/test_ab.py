@@ -20,19 +20,16 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import soundfile
-from playwright.sync_api import Browser, Page, Response, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Response, expect
 
 from tests.conftest import Server, make_event
-from tests.test_page import CHROMIUM
+from tests.support.browser import chromium, fresh_page
 
 pytestmark = pytest.mark.slow
 RATE = 48_000
 # AGENTBOX_TEST_AB_MINUTES=5: the same test on 5-minute mixes (the cost figures).
 SECONDS = float(os.environ.get("AGENTBOX_TEST_AB_MINUTES", "0.5")) * 60
 PROJECT = "Night Drive / B-side"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync",
-         "--autoplay-policy=no-user-gesture-required"]
 LEVELS = (0.2, 0.5, 0.35)  # three renders, each louder or quieter than the last
 
 
@@ -74,18 +71,14 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        found = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    with chromium("--autoplay-policy=no-user-gesture-required") as found:
         yield found
-        found.close()
 
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context()
-    opened = context.new_page()
-    yield opened
-    context.close()
+    with fresh_page(browser) as opened:
+        yield opened
 
 
 def project_page(studio: dict[str, Any], page: Page) -> dict[str, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +45,6 @@ DERIVED_SETTINGS = {"webhook_secret_file"}
 ENV_VARIABLE = re.compile(r"AGENTBOX_[A-Z0-9_]*[A-Z0-9]")
 CODE_SPAN = re.compile(r"`([^`]+)`")
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
-CHROMIUM = os.environ.get("AGENTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
 
 
 def table_rows(topic: str, header: str) -> list[list[str]]:
@@ -340,30 +338,27 @@ def test_agentbox_docs_of_an_unknown_topic_says_so_and_exits_2() -> None:
 def test_the_manual_in_chromium(server: Server) -> None:
     """A reader in a real browser: from the contents to a topic, down to a section by
     its table of contents, and on to another topic by a link in the text."""
-    from playwright.sync_api import expect, sync_playwright
-    flags = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run"]
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags)
-        try:
-            page = browser.new_page()
-            outside: list[str] = []
-            page.on("request", lambda request: outside.append(request.url)
-                    if not request.url.startswith(server.url) else None)
-            page.goto(server.url + "/")
-            page.click("header >> text=Manual")
-            expect(page.locator("article h1")).to_have_text("The agentbox manual")
-            page.click("article >> text=Events and callbacks")
-            expect(page).to_have_url(server.url + "/docs/events")
-            page.click('nav.toc >> text="Run states"')
-            expect(page).to_have_url(server.url + "/docs/events#run-states")
-            assert page.locator("#run-states").is_visible()
-            whitespace = page.locator("article pre").first.evaluate(
-                "e => getComputedStyle(e).whiteSpace")
-            assert whitespace == "pre"  # code blocks keep their lines
-            page.click('article >> a[href="/docs/api"]')
-            expect(page.locator("article h1")).to_have_text("HTTP API")
-            expect(page.locator('nav.topics a[aria-current="page"]')).to_have_text("HTTP API")
-            assert outside == [], f"the manual fetched from elsewhere: {outside}"
-        finally:
-            browser.close()
+    from playwright.sync_api import expect
+
+    from tests.support.browser import chromium
+
+    with chromium() as browser:
+        page = browser.new_page()
+        outside: list[str] = []
+        page.on("request", lambda request: outside.append(request.url)
+                if not request.url.startswith(server.url) else None)
+        page.goto(server.url + "/")
+        page.click("header >> text=Manual")
+        expect(page.locator("article h1")).to_have_text("The agentbox manual")
+        page.click("article >> text=Events and callbacks")
+        expect(page).to_have_url(server.url + "/docs/events")
+        page.click('nav.toc >> text="Run states"')
+        expect(page).to_have_url(server.url + "/docs/events#run-states")
+        assert page.locator("#run-states").is_visible()
+        whitespace = page.locator("article pre").first.evaluate(
+            "e => getComputedStyle(e).whiteSpace")
+        assert whitespace == "pre"  # code blocks keep their lines
+        page.click('article >> a[href="/docs/api"]')
+        expect(page.locator("article h1")).to_have_text("HTTP API")
+        expect(page.locator('nav.topics a[aria-current="page"]')).to_have_text("HTTP API")
+        assert outside == [], f"the manual fetched from elsewhere: {outside}"

@@ -17,37 +17,28 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from agentbox import manual
 from tests.conftest import Server, make_event
+from tests.support.browser import chromium, fresh_page
 
-CHROMIUM = os.environ.get("AGENTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
-# Without these, Chromium tries to reach Google's services at every start. The
-# resolver rule plays a DNS rebinding: that name answers 127.0.0.1, as an
+# The resolver rule plays a DNS rebinding: that name answers 127.0.0.1, as an
 # attacker's would after the page loaded (nothing leaves this machine).
 REBOUND = "rebound.example"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"]
+FLAGS = ("--disable-quic", f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1")
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/test installs Debian's chromium")
-    with sync_playwright() as playwright:
-        found = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    with chromium(*FLAGS) as found:
         yield found
-        found.close()
 
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context()
-    opened = context.new_page()
-    yield opened
-    context.close()
+    with fresh_page(browser) as opened:
+        yield opened
 
 
 def test_a_run_goes_to_succeeded_live_without_a_reload(server: Server, page: Page) -> None:

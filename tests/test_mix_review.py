@@ -585,3 +585,18 @@ def test_a_missing_mix_is_refused_and_one_gone_later_fails_permanently(
     run = server.wait_terminal(response.json()["run_id"], timeout=60)
     assert (run["status"], run["error_code"], run["retry_count"]) == (
         "failed_permanent", "mix_not_found", 0)
+
+
+def test_the_momentary_curve_holds_each_seconds_loudest_window(
+        write: Callable[..., Path]) -> None:
+    """A beat every half second: one 400 ms window taken at each second's end would
+    fall on the same place of the beat every time (a curve a steady 2 LU under the
+    short-term one, under its own maximum); the curve holds each second's loudest."""
+    rate = 48000
+    t = np.arange(rate * 12) / rate
+    beat = np.where((t % 0.5) < 0.2, 0.5, 0.005) * np.sin(2 * np.pi * 440 * t)
+    found = measure(str(write(np.stack([beat, beat], 1), "beat.wav", rate)))
+    curve = [v for v in found.momentary_lufs if v is not None]
+    assert found.momentary_max_lufs is not None
+    assert max(curve) == pytest.approx(found.momentary_max_lufs, abs=0.05)
+    assert min(curve[1:]) > found.momentary_max_lufs - 0.5  # every second has its beats

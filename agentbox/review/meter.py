@@ -95,7 +95,9 @@ class Measurements:
     sample_format: str  # e.g. PCM_24, FLOAT
     file_format: str  # WAV, FLAC, AIFF, ...
     short_term_lufs: list[float | None]  # 3 s windows ending at each whole second
-    momentary_lufs: list[float | None] = field(default_factory=list)  # 400 ms, each second
+    # the loudest 400 ms window ending in each second (one window a second, taken at
+    # the second's end, would fall on the same place of a beat every time)
+    momentary_lufs: list[float | None] = field(default_factory=list)
     momentary_max_lufs: float | None = None
     short_term_max_lufs: float | None = None
     plr_db: float | None = None  # true peak minus integrated loudness
@@ -513,7 +515,8 @@ class _Meter:
             sample_format=str(info.subtype),
             file_format=str(info.format),
             short_term_lufs=[_round(_lufs(window_at(programme, end, 30))) for end in seconds],
-            momentary_lufs=[_round(_lufs(window_at(programme, end, 4))) for end in seconds],
+            momentary_lufs=[_round(_lufs(loudest_momentary(momentary, programme, end)))
+                            for end in seconds],
             momentary_max_lufs=_round(_lufs(float(momentary.max()))) if len(momentary) else None,
             short_term_max_lufs=_round(_lufs(float(short_term.max())))
             if len(short_term) else None,
@@ -572,6 +575,13 @@ def window_at(powers: np.ndarray, end: int, size: int) -> float:
     start)."""
     window = powers[max(0, end - size):end]
     return float(window.mean()) if len(window) else 0.0
+
+
+def loudest_momentary(momentary: np.ndarray, powers: np.ndarray, end: int) -> float:
+    """The loudest 400 ms window (of `_windows(powers, 4)`) ending in the second that
+    ends at sub-block `end`; before the first whole window, the shorter one there."""
+    found = momentary[max(0, end - 13):max(0, end - 3)]  # windows ending in (end-10, end]
+    return float(found.max()) if len(found) else window_at(powers, end, 4)
 
 
 def short_term_at(powers: np.ndarray, end: int) -> float:

@@ -278,7 +278,7 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
     # named and ordered as the page has them; a change of a level in LU or dB, not a level
     assert ("  Integrated loudness +1.2 LU, True peak +0.5 dB, Sample peak -0.9 dB, "
             "Clipped samples +120") in lines  # a count has no decimals
-    when = digest.local_time("2026-07-27T14:02:00Z")
+    when = digest.local_time("2026-07-27T14:02:00Z", seconds=True)  # two in a minute
     assert f"Compared with the previous export ({when}, run_01):" in lines
     assert not any("2026-07-27T14:02" in line for line in lines)  # a time people read
     assert lines[-1].endswith("true peak now over the ceiling.")

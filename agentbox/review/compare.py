@@ -83,7 +83,7 @@ def compare_with_previous(previous: Previous, m: MixMetrics, ceiling: float) -> 
 
 def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
                      ceiling: float, accepted_at: str) -> str:
-    when = f"the {local_time(accepted_at)} export"
+    when = f"the {local_time(accepted_at, seconds=True)} export"  # two may share a minute
     loudness = changes.get("integrated_lufs")
     if loudness is None:
         parts = [f"Compared with {when}"]

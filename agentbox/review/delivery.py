@@ -101,8 +101,10 @@ def as_played(m: MixMetrics, t: Target) -> TargetView:
     gain = playback_gain(t, loudness, peak)
     note = _played(t, loudness, peak, gain)
     if over_ceiling(t, peak):
-        note += (f"; its true peak, {peak:+.1f} dBTP, is over the "
-                 f"{t.true_peak_max_dbtp:g} dBTP ceiling (the encode may clip it): set the "
+        # the ceiling is the uploaded file's: the encode runs before any turning down
+        note += (f"; the file's true peak, {peak:+.1f} dBTP, is over the "
+                 f"{t.true_peak_max_dbtp:g} dBTP ceiling for uploads (the encode, before "
+                 "any turning down, may clip it): set the "
                  f"limiter's ceiling to {t.true_peak_max_dbtp:g} dBTP, in true-peak mode")
     return _view(t, gain, peak + gain, target_verdict(t, loudness, peak), note)
 

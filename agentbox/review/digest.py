@@ -107,7 +107,8 @@ def _comparison(found: Mapping[str, Any]) -> list[str]:
         return ["First export of this project: nothing to compare with yet."]
     when = found.get("previous_accepted_at")
     lines = ["Compared with the previous export ("
-             + (f"{one_line(local_time(when))}, " if isinstance(when, str) else "")
+             + (f"{one_line(local_time(when, seconds=True))}, " if isinstance(when, str)
+                else "")
              + f"{one_line(previous)}):"]
     deltas = found.get("deltas")
     if isinstance(deltas, Mapping):

@@ -86,13 +86,15 @@ def places(spans: Iterable[tuple[float, float]]) -> str:
     return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
-def local_time(iso: str) -> str:
-    """14:02 (today), else 3 Dec 14:02, in this machine's time zone; what is not an
-    ISO time, as it is."""
+def local_time(iso: str, seconds: bool = False) -> str:
+    """14:02 (today), else 3 Dec 14:02, in this machine's time zone; with `seconds`,
+    14:02:37 (what tells apart two renders of one minute); what is not an ISO time,
+    as it is."""
     try:
         moment = datetime.fromisoformat(iso).astimezone()
     except ValueError:
         return iso
+    clock = moment.strftime("%H:%M:%S" if seconds else "%H:%M")
     if moment.date() == datetime.now().astimezone().date():
-        return moment.strftime("%H:%M")
-    return f"{moment.day} {moment.strftime('%b %H:%M')}"
+        return clock
+    return f"{moment.day} {moment.strftime('%b')} {clock}"

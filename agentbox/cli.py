@@ -59,7 +59,16 @@ DATABASE_URL_OPTION = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def main() -> None:
-    """agentbox: signed webhooks in, durable agent runs out."""
+    """agentbox: each mix you render, reviewed: is it ready, and what to fix first.
+
+    \b
+    Start it:        agentbox serve          (then http://127.0.0.1:8000/)
+    Review a file:   agentbox send mix.wav --wait
+    Watch a folder:  agentbox watch ~/Music/Exports
+    The manual:      agentbox docs
+
+    Underneath, a local appliance for event-driven agents: signed webhooks in,
+    durable runs out (agentbox docs events)."""
 
 
 @main.command()

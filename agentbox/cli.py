@@ -3,7 +3,6 @@ agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -34,8 +33,8 @@ from agentbox.client import (
     Refused,
     Unreachable,
     build_event,
-    content_id,
     export_event,
+    export_id,
     find_url,
 )
 from agentbox.events import project_name
@@ -390,7 +389,7 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
             raise click.UsageError("give the file to review once: as FILE or as --mix")
         payload = {**_parse_fields(fields), **({"profile": profile} if profile else {}),
                    **({"stage": stage} if stage else {})}
-        event = export_event(mix_file, event_id or _file_event_id(mix_file, project, payload),
+        event = export_event(mix_file, event_id or _export_id(mix_file, project, payload),
                              project, source, **payload)
     elif event_file is not None:
         event = None
@@ -426,21 +425,11 @@ def _mix_to_review(first: str | None, type_option: str | None,
     return None
 
 
-def _file_event_id(path: Path, project: str | None, asked: dict[str, Any]) -> str:
-    """The event_id of `send FILE`: its content's, and what was asked of it (the
-    project, stage, profile, fields), so that the same file sent again the same way
-    is a duplicate and answers the first review, while the same file sent with
-    another stage (or project, or profile) is a review of its own."""
-    found = _content_id(path)
-    if project is None and not asked:
-        return found  # as `watch` names it: a file sent both ways is one export
-    how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
-    return f"{found}-{hashlib.sha256(how.encode()).hexdigest()[:12]}"
-
-
-def _content_id(path: Path) -> str:
+def _export_id(path: Path, project: str | None, asked: dict[str, Any]) -> str:
+    """The event_id of `send FILE` (client.export_id); a file that cannot be read is
+    a usage error."""
     try:
-        return content_id(path, path.stat().st_size)
+        return export_id(path, project, **asked)
     except OSError as exc:
         raise click.BadParameter(f"{terminal.line(path)} cannot be read: {exc.strerror}",
                                  param_hint="FILE") from None

@@ -227,6 +227,20 @@ def content_id(path: Path, size: int) -> str:
     return "watch-" + digest.hexdigest()[:40]
 
 
+def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
+    """The event_id of a rendered file sent for review: its content's, and what was
+    asked of it (the project, stage, profile, other fields), so that the same file
+    sent again the same way is a duplicate that answers the first review, while the
+    same file sent with another stage (or project, or profile) is a review of its
+    own. Asked nothing, it is the id `watch` gives the file (a file sent both ways
+    is one export)."""
+    found = content_id(path, path.stat().st_size)
+    if project is None and not asked:
+        return found
+    how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
+    return f"{found}-{hashlib.sha256(how.encode()).hexdigest()[:12]}"
+
+
 def project_of(path: Path) -> str:
     """A project_id from the file name: its stem as written, in Unicode NFC (as
     `send --project` and the event contract keep names), characters a project
@@ -320,12 +334,13 @@ class Client:
                     source: str = "client", retries: int | None = None,
                     **payload_fields: Any) -> dict[str, Any]:
         """Send a rendered mix for review (session.exported): the project from the
-        file's name unless given; its id from the file's content, so the same file
-        sent again is a duplicate of its first run. `payload_fields`: more of the
-        payload (profile=..., stage=...)."""
+        file's name unless given; its id from the file's content and what was asked
+        of it (export_id), so the same file sent again the same way is a duplicate
+        of its first run. `payload_fields`: more of the payload (profile=...,
+        stage=...)."""
         file = Path(path).expanduser()
-        event = export_event(file, content_id(file, file.stat().st_size), project, source,
-                             **payload_fields)
+        event = export_event(file, export_id(file, project, **payload_fields), project,
+                             source, **payload_fields)
         return self.send(event, retries=retries)
 
     def send_body(self, body: bytes, *, retries: int | None = None) -> dict[str, Any]:

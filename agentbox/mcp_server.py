@@ -33,8 +33,8 @@ from agentbox.client import (
     Refused,
     Unreachable,
     build_event,
-    content_id,
     export_event,
+    export_id,
 )
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
@@ -376,10 +376,12 @@ def build_server(box: Agentbox) -> ToolServer:
                     ) -> Annotated[CallToolResult, SendAnswer]:
         """Send a rendered mix to agentbox for review, as a DAW's export script does
         (`agentbox send --type session.exported`). Sending the same unchanged file
-        again is a duplicate: it answers the first run."""
+        again the same way (project, profile) is a duplicate: it answers the first
+        run; with another profile or project it is a review of its own."""
         path = _mix_file(mix_path)
-        event = export_event(path, content_id(path, path.stat().st_size), project, SOURCE,
-                             **({"profile": profile} if profile else {}))
+        asked = {"profile": profile} if profile else {}
+        event = export_event(path, export_id(path, project, **asked), project, SOURCE,
+                             **asked)
         return sent(event, wait_seconds)
 
     @server.tool()

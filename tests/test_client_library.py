@@ -45,11 +45,13 @@ with Client(sys.argv[1]) as box:  # the secret and admin token from the configur
     run = box.follow(answer["run_id"], timeout=60)
     export = box.send_export(Path(sys.argv[2]))
     again = box.send_export(Path(sys.argv[2]))
+    mastered = box.send_export(Path(sys.argv[2]), stage="master")
     dead = box.send(build_event("session.exported", "script", "take-2",
                                 {"project_id": "always-fail", "mix_url": "/m.wav"}))
     failed = box.follow(dead["run_id"], timeout=60)
     replayed = box.replay(dead["run_id"])
     print(json.dumps({"answer": answer, "run": run, "export": export, "again": again,
+                      "mastered": mastered,
                       "failed": failed, "replayed": replayed,
                       "listed": box.runs(limit=10)["runs"],
                       "exports": box.exports("ok")["exports"],
@@ -72,6 +74,9 @@ def test_a_script_sends_and_follows_with_the_library_alone(server: Server,
     assert server.run(told["answer"]["run_id"])["source"] == "script"  # signed: taken
     assert told["again"]["duplicate"] is True  # the same file: its first run
     assert told["again"]["run_id"] == told["export"]["run_id"]
+    # the same file asked another way (a stage): a review of its own
+    assert told["mastered"]["duplicate"] is False
+    assert told["mastered"]["run_id"] != told["export"]["run_id"]
     assert told["failed"]["status"] == "dead_lettered"
     assert told["replayed"]["status"] == "accepted"  # the admin token, from the config
     assert {r["run_id"] for r in told["listed"]} >= {told["answer"]["run_id"],

@@ -277,9 +277,14 @@ def _said(exc: AgentboxError) -> str:
     without the HTTP status a library's caller gets in str(exc)."""
     if not isinstance(exc, Refused) or not exc.message:
         return str(exc)
+    return terminal.line(exc.message) + _field_errors(exc)
+
+
+def _field_errors(exc: Refused) -> str:
+    """Each field a refusal names, on a line of its own (at most 20)."""
     fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
               for e in exc.errors[:20]]
-    return terminal.line(exc.message) + "".join(f"\n  {terminal.line(f)}" for f in fields)
+    return "".join(f"\n  {terminal.line(field)}" for field in fields)
 
 
 # Exit statuses of `agentbox send`, for export scripts.
@@ -528,9 +533,7 @@ def _refusal(exc: Refused) -> str:
     """`agentbox refused it (422 invalid_event): ...`, and each field's error."""
     told = f"agentbox refused it ({exc.status} {terminal.line(exc.error_code or '')}): " \
            f"{terminal.line(exc.message)}"
-    fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
-              for e in exc.errors[:20]]
-    return told + "".join(f"\n  {terminal.line(field)}" for field in fields)
+    return told + _field_errors(exc)
 
 
 def _wait_and_tell(box: Client, answer: dict[str, Any], wait_timeout: float, as_json: bool,

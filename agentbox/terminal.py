@@ -190,7 +190,7 @@ def _within(text: str, width: int) -> str:
     """The longest start of `text` that takes at most `width` columns."""
     taken = 0
     for i, char in enumerate(text):
-        taken += max(columns(char), 0)
+        taken += columns(char)
         if taken > width:
             return text[:i]
     return text

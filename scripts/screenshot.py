@@ -26,17 +26,15 @@ from urllib.parse import quote
 
 import numpy as np
 import soundfile
-from playwright.sync_api import sync_playwright
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from tests.conftest import Server, make_event  # noqa: E402
+from tests.support.browser import chromium  # noqa: E402
 
 OUT = HERE / "screenshots"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--autoplay-policy=no-user-gesture-required"]
+FLAGS = ("--disable-quic", "--autoplay-policy=no-user-gesture-required")
 RATE = 48_000
 
 
@@ -108,9 +106,7 @@ def main() -> None:
                           params={"name": reference.name},
                           headers={"Authorization": f"Bearer {token}"}).raise_for_status()
         project = "/projects/" + quote("night-drive", safe="")
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
-                                                 args=FLAGS)
+        with chromium(*FLAGS) as browser:
             for width, suffix, shots in (
                     (1280, "", [("/", "home", "#projects", False),
                                 (project, "project", "#trend-integrated", False),
@@ -144,7 +140,6 @@ def main() -> None:
                                                     "height": 640})
             saved.append(target)
             page.close()
-            browser.close()
     finally:
         server.close()
     print("saved", ", ".join(str(path) for path in saved))

@@ -77,7 +77,7 @@ class PgWatch(threading.Thread):
         self.locks: Counter[str] = Counter()
         self.kinds: dict[int, str] = {}
         self.statements = self._reset_statements()
-        self.start_cpu = self._cpu()
+        self.start_cpu = self.cpu()
         self.start_children = self._children_cpu()
         self.start_db = self._database_counts()
         self.own_at_start = self.own
@@ -95,7 +95,7 @@ class PgWatch(threading.Thread):
         connection: no new backend per look, and counted as our own)."""
         return bool(self._query(sql).fetchone()[0])
 
-    def _cpu(self) -> float:
+    def cpu(self) -> float:
         """The whole server's CPU so far: postmaster, reaped children, live children."""
         return process_cpu(self.postmaster, children=True) + sum(
             self._children_cpu().values())
@@ -181,7 +181,7 @@ class PgWatch(threading.Thread):
         self.stop_event.set()
         self.join()
         self.seconds = time.monotonic() - self.wall_start
-        self.cpu_seconds = self._cpu() - self.start_cpu
+        self.cpu_seconds = self.cpu() - self.start_cpu
         end = self._children_cpu()
         split: Counter[str] = Counter()
         for pid, cpu in end.items():

@@ -60,7 +60,7 @@ from typing import Any
 import bench
 import bench_peers
 import bench_pg
-from bench_pgstat import PgWatch, children_of
+from bench_pgstat import PgWatch, children_of, process_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
@@ -152,18 +152,14 @@ def database(url: str | None, cpus: set[int] | None) -> Iterator[str]:
 # -- one measured load ------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    return bench.Monitor(pid).cpu_start
-
-
 def quiet(pids: list[int], timeout: float = 20.0) -> bool:
     """Wait until these processes together use under QUIET_CORES of a core for
     QUIET_SECONDS (False: they were still busy at the deadline)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        start = sum(cpu_seconds(pid) for pid in pids)
+        start = sum(process_cpu(pid) for pid in pids)
         time.sleep(QUIET_SECONDS)
-        if sum(cpu_seconds(pid) for pid in pids) - start < QUIET_CORES * QUIET_SECONDS:
+        if sum(process_cpu(pid) for pid in pids) - start < QUIET_CORES * QUIET_SECONDS:
             return True
     return False
 
@@ -189,7 +185,7 @@ class Steady(threading.Thread):
 
     def _reading(self) -> None:
         self.readings.append((time.monotonic(), self._done(),
-                              [cpu_seconds(pid) for pid in self.pids], self.watch.cpu(),
+                              [process_cpu(pid) for pid in self.pids], self.watch.cpu(),
                               idle_seconds(self.cpus)))
 
     def run(self) -> None:
@@ -220,9 +216,12 @@ class Steady(threading.Thread):
 
 
 def busy_filler(cpus: set[int]) -> subprocess.Popen[bytes]:
-    """A busy loop on `cpus` at SCHED_IDLE: it takes only what nothing else wants."""
+    """A busy loop on `cpus` at SCHED_IDLE: it takes only what nothing else wants, and
+    ends when this process does (however it ends)."""
+    loop = f"import os\nwhile os.getppid() == {os.getpid()}: pass"
     filler = subprocess.Popen(["taskset", "-c", ",".join(map(str, sorted(cpus))),
-                               sys.executable, "-c", "while True: pass"])
+                               sys.executable, "-c", loop], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.sched_setscheduler(filler.pid, os.SCHED_IDLE, os.sched_param(0))
     return filler
 
@@ -235,6 +234,7 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
     servers: list[Any] = []
     quotas: list[Quota] = []
     watch: PgWatch | None = None
+    filler: subprocess.Popen[bytes] | None = None
     events = bench.write_events(work, f"capacity-{instances}-{time.monotonic_ns()}",
                                 int(bench.MAX_EVENTS_PER_SECOND * duration))
     try:
@@ -274,9 +274,6 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         bench_peers.wait_for(lambda: not watch.pending(bench_pg.PENDING["agentbox"]),
                              "the runs were not all done", [], bench_pg.DRAIN_DEADLINE_S)
         finished = time.monotonic()
-        if filler is not None:
-            filler.kill()
-            filler.wait()
         for monitor in monitors:
             monitor.finish()
         pg_figures = watch.finish()
@@ -317,6 +314,9 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             "postgres": pg_figures,
         }
     finally:
+        if filler is not None:  # a busy loop left behind would never end
+            filler.kill()
+            filler.wait()
         if watch is not None:
             watch.close()
         for server in servers:

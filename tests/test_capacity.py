@@ -6,8 +6,13 @@ arithmetic they feed."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from importlib.util import module_from_spec, spec_from_file_location
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -75,3 +80,24 @@ def test_the_steady_window_is_the_difference_of_two_readings() -> None:
     steady.readings = steady.readings[:1]
     with pytest.raises(SystemExit, match="steady part was not measured"):
         steady.figures()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="capacity.py is Linux only")
+def test_the_busy_loop_ends_with_the_process_that_started_it() -> None:
+    """The busy loop keeping the instances' core busy must not outlive a check that
+    was killed: it would spin for ever."""
+    started = subprocess.run(
+        [sys.executable, "-c", "import os, sys; sys.path.insert(0, sys.argv[1]); "
+         "import capacity; print(capacity.busy_filler({min(os.sched_getaffinity(0))}).pid)",
+         str(ROOT / "scripts")], capture_output=True, text=True, timeout=60, check=True)
+    filler = int(started.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{filler}").exists() and time.monotonic() < deadline:
+        stat = Path(f"/proc/{filler}/stat").read_text(errors="replace")
+        if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # ended, not yet reaped
+            break
+        time.sleep(0.05)
+    else:
+        if Path(f"/proc/{filler}").exists():
+            os.kill(filler, signal.SIGKILL)
+            pytest.fail("the busy loop outlived the process that started it")

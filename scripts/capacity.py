@@ -28,9 +28,10 @@ cores: each instance in a cgroup of its own with that CPU quota, loaded with
 its own --connections, with four slots per connection (it runs what it can),
 all pinned to the last CPU with wrk (that core adds its own limit: what wrk
 leaves of it, (1 - w) / a_N, w being wrk's share of a core), against the
-database pinned to the first CPU. A busy loop at the lowest priority
-(SCHED_IDLE) keeps that CPU from idling (an idle virtual CPU makes each event
-dearer), and the figures are taken over the load's steady part: from a second
+database pinned to the first CPU. In those runs a busy loop at the lowest
+priority (SCHED_IDLE) keeps that CPU from idling (an idle virtual CPU makes each
+event dearer; the run of one instance with a core to itself has none, its idle
+time gives g), and the figures are taken over the load's steady part: from a second
 after the first run is done to 1.5 s before the load ends (wrk reads its events
 before it sends, and the last runs trail off). The report compares measured
 with predicted for each: 1 and 2 calibrate, the rest check.
@@ -67,7 +68,9 @@ CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 IDLE_ENOUGH = 0.05  # a core idle this much of the time was not what held an instance back
-QUIET_SECONDS, QUIET_CORES = 0.5, 0.02  # instances settled after starting
+# Instances settled after starting: under QUIET_CORES of a core for QUIET_SECONDS (the
+# CPU counts go by clock ticks of 10 ms), waited for at most QUIET_TIMEOUT_S.
+QUIET_SECONDS, QUIET_CORES, QUIET_TIMEOUT_S = 1.0, 0.02, 20.0
 # The load's steady part (Steady): from this long after the first run is done to this
 # long before the load ends (of --duration).
 STEADY_LEAD, STEADY_TAIL, STEADY_START_DEADLINE_S = 1.0, 1.5, 30.0
@@ -152,7 +155,7 @@ def database(url: str | None, cpus: set[int] | None) -> Iterator[str]:
 # -- one measured load ------------------------------------------------------------------
 
 
-def quiet(pids: list[int], timeout: float = 20.0) -> bool:
+def quiet(pids: list[int], timeout: float = QUIET_TIMEOUT_S) -> bool:
     """Wait until these processes together use under QUIET_CORES of a core for
     QUIET_SECONDS (False: they were still busy at the deadline)."""
     deadline = time.monotonic() + timeout
@@ -168,47 +171,62 @@ class Steady(threading.Thread):
     """The load's steady part: wrk starts after reading its events, and the last
     requests and runs trail off, so the rate and the CPU per event are taken
     between two readings inside the load, from STEADY_LEAD seconds after the
-    first run is done to STEADY_TAIL before the load ends: events done, the
-    instances' CPU, PostgreSQL's, the idle time of the instances' CPUs."""
+    first run is done to STEADY_TAIL before the load ends: events taken and done,
+    the instances' CPU, PostgreSQL's, the idle time of the instances' CPUs."""
 
     def __init__(self, url: str, pids: list[int], watch: PgWatch, cpus: set[int],
-                 duration: float) -> None:
+                 seconds: int) -> None:
         super().__init__(daemon=True)
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
-        self.pids, self.watch, self.cpus, self.duration = pids, watch, cpus, duration
-        self.readings: list[tuple[float, int, list[float], float, float]] = []
+        self.pids, self.watch, self.cpus, self.seconds = pids, watch, cpus, seconds
+        self.readings: list[tuple[float, int, int, list[float], float, float]] = []
+        self.stopping = threading.Event()
 
-    def _done(self) -> int:
-        return int(self.conn.execute(bench_pg.COUNTS["agentbox"][1]).fetchone()[0])  # type: ignore[index]
+    def _count(self, sql: str) -> int:
+        return int(self.conn.execute(sql).fetchone()[0])  # type: ignore[index]
 
     def _reading(self) -> None:
-        self.readings.append((time.monotonic(), self._done(),
+        taken_sql, done_sql = bench_pg.COUNTS["agentbox"]
+        self.readings.append((time.monotonic(), self._count(taken_sql), self._count(done_sql),
                               [process_cpu(pid) for pid in self.pids], self.watch.cpu(),
                               idle_seconds(self.cpus)))
 
     def run(self) -> None:
         try:
             deadline = time.monotonic() + STEADY_START_DEADLINE_S
-            while self._done() == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            while self._count(bench_pg.COUNTS["agentbox"][1]) == 0:
+                if time.monotonic() > deadline or self.stopping.wait(0.05):
+                    return  # no reading: figures() says the load never got going
             started = time.monotonic()
-            time.sleep(STEADY_LEAD)
+            if self.stopping.wait(STEADY_LEAD):
+                return
             self._reading()
-            time.sleep(max(0.0, started + self.duration - STEADY_TAIL - time.monotonic()))
+            if self.stopping.wait(max(0.0, started + self.seconds - STEADY_TAIL
+                                      - time.monotonic())):
+                return
             self._reading()
         finally:
             self.conn.close()
 
-    def figures(self) -> dict[str, Any]:
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+    def figures(self, load_ended: float) -> dict[str, Any]:
         if len(self.readings) != 2:
-            raise SystemExit("capacity: the load's steady part was not measured")
-        (t0, n0, a0, d0, i0), (t1, n1, a1, d1, i1) = self.readings
+            raise SystemExit("capacity: the load's steady part was not measured (no run was "
+                             f"done within {STEADY_START_DEADLINE_S:.0f} s of the start)")
+        (t0, m0, n0, a0, d0, i0), (t1, m1, n1, a1, d1, i1) = self.readings
+        if t1 > load_ended:
+            raise SystemExit("capacity: the load's steady part ended after the load (the "
+                             "first run was done late); run again with a longer --duration")
         done, seconds = n1 - n0, t1 - t0
-        if done <= 0:
+        if done <= 0 or seconds <= 0:
             raise SystemExit("capacity: no run was done in the load's steady part")
         return {"seconds": round(seconds, 2), "completed_per_s": round(done / seconds),
+                "taken_per_s": round((m1 - m0) / seconds),
                 "a_us": round((sum(a1) - sum(a0)) * 1e6 / done),
                 "d_us": round((d1 - d0) * 1e6 / done),
                 "instance_cpu": [round((b - a) / seconds, 2) for a, b in zip(a0, a1, strict=True)],
@@ -222,7 +240,12 @@ def busy_filler(cpus: set[int]) -> subprocess.Popen[bytes]:
     filler = subprocess.Popen(["taskset", "-c", ",".join(map(str, sorted(cpus))),
                                sys.executable, "-c", loop], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.sched_setscheduler(filler.pid, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        os.sched_setscheduler(filler.pid, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        filler.kill()
+        filler.wait()
+        raise
     return filler
 
 
@@ -235,6 +258,7 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
     quotas: list[Quota] = []
     watch: PgWatch | None = None
     filler: subprocess.Popen[bytes] | None = None
+    steady: Steady | None = None
     events = bench.write_events(work, f"capacity-{instances}-{time.monotonic_ns()}",
                                 int(bench.MAX_EVENTS_PER_SECOND * duration))
     try:
@@ -252,6 +276,9 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         # An instance that has just started is still settling (its first look at
         # the store, its imports); that CPU is no event's: start once all are quiet.
         settled = quiet([s.process.pid for s in servers])
+        if not settled:
+            print(f"capacity: the instances were still busy {QUIET_TIMEOUT_S:.0f} s after "
+                  "starting; measuring anyway", file=sys.stderr)
         # A core a quota leaves mostly unused sits idle between bursts, and on a
         # virtual machine every wake-up from idle makes the next event dearer (one
         # instance at a quarter of a core: 385 us per event, against 305 with the
@@ -264,13 +291,16 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         monitors = [bench.Monitor(s.process.pid) for s in servers]
         for monitor in monitors:
             monitor.start()
-        steady = Steady(url, [s.process.pid for s in servers], watch, app_cpus, duration)
+        # wrk runs whole seconds (bench.run_wrk)
+        steady = Steady(url, [s.process.pid for s in servers], watch, app_cpus,
+                        max(1, round(duration)))
         steady.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wrk = bench.load_split([s.url for s in servers], events, connections, duration)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wrk processes, reaped
         loaded = time.monotonic()
         steady.join()
+        window = steady.figures(load_ended=loaded)
         bench_peers.wait_for(lambda: not watch.pending(bench_pg.PENDING["agentbox"]),
                              "the runs were not all done", [], bench_pg.DRAIN_DEADLINE_S)
         finished = time.monotonic()
@@ -285,7 +315,6 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         ran = dict(bench_pg.rows(url, "SELECT owner, count(*) FROM attempts GROUP BY owner"))
         pg_figures["statements"] = watch.top_statements(done)
         wrk_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        window = steady.figures()
 
         return {
             "instances": instances, "instance_cores": cores,
@@ -293,11 +322,15 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             # the model's figures come from the steady part of the load (see Steady)
             "completed_per_s": window["completed_per_s"], "window_s": window["seconds"],
             "a_us": window["a_us"], "d_us": window["d_us"],
-            # each instance's share of a core, and how much of the instances' CPUs
-            # nobody wanted (this machine is shared), over that window
+            "taken_per_s": window["taken_per_s"],
+            # each instance's share of a core over that window, and how much of the
+            # instances' CPUs nobody wanted (the run without a quota: with one, the busy
+            # loop takes what is left, and this is about 0)
             "instance_cpu": window["instance_cpu"], "app_cpu_idle": window["app_cpu_idle"],
             "accepted_per_s": round(wrk["per_second"]), "p99_ms": wrk["p99_us"] / 1000,
             "statuses": wrk["statuses"], "drain_after_load_s": round(finished - loaded, 2),
+            # from here on, over the whole run (the load and its drain): the CPU per
+            # event as the steady part has it, and what PostgreSQL counts per run
             "whole_run": {"a_us": round(sum(m.cpu_seconds for m in monitors) * 1e6 / done),
                           "d_us": round(pg_figures["cpu_seconds"] * 1e6 / done)},
             "w_us": round(wrk_cpu * 1e6 / done),
@@ -314,6 +347,8 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             "postgres": pg_figures,
         }
     finally:
+        if steady is not None:
+            steady.stop()
         if filler is not None:  # a busy loop left behind would never end
             filler.kill()
             filler.wait()
@@ -409,6 +444,10 @@ def main() -> None:
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    shortest = STEADY_LEAD + STEADY_TAIL + 2
+    if args.duration < shortest:
+        raise SystemExit(f"capacity: --duration {args.duration:g} leaves no steady part to "
+                         f"measure; give at least {shortest:g} (seconds)")
     bench.Server.log_level = args.log_level
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -445,10 +484,11 @@ def main() -> None:
         demand = m["a_us"] + (n - 1) * m["p_us"]  # the instances' CPU per event
         report["check"].append({
             "instances": n, "calibrates": n <= 2, "predicted": predicted, "measured": runs[n],
-            "error": round(predicted["events_per_s"] / runs[n]["completed_per_s"] - 1, 3),
+            "error": round(predicted["events_per_s"] / max(runs[n]["completed_per_s"], 1)
+                           - 1, 3),
             # the model's other half: what an event costs, whatever CPU the machine gave
             "predicted_a_us": demand,
-            "a_error": round(demand / runs[n]["a_us"] - 1, 3),
+            "a_error": round(demand / max(runs[n]["a_us"], 1) - 1, 3),
             # the CPU the instances had, of the quota's (a shared machine may give less)
             "quota_used": round(sum(runs[n]["instance_cpu"]) / (n * quota), 2)})
     report["table"] = table(m)
@@ -461,31 +501,33 @@ def main() -> None:
 
 def print_report(report: dict[str, Any]) -> None:
     c, m, one = report["calibration"], report["model"], report["one_core"]
-    print(f"\none instance with a core to itself: {one['completed_per_s']}/s end to end, "
+    print(f"\none instance with a core to itself: {one['completed_per_s']}/s done, "
           f"{one['instance_cpu'][0]} of the core ({one['app_cpu_idle']} of it idle; g = "
           f"{m['g_cores']}), a = {one['a_us']} us, d = {one['d_us']} us")
     print(f"\ncalibration (one instance, {report['instance_cores']} cores, "
           f"{c['connections']} connections, {c['completed']} events, "
-          f"{c['completed_per_s']}/s end to end):")
+          f"{c['completed_per_s']}/s done in the load's steady part):")
     print(f"  a = {m['a_us']} us of agentbox CPU per event, p = {m['p_us']} us in each other "
           f"instance (from the run of two), d = {m['d_us']} us of PostgreSQL CPU; wrk took "
           f"{m['w_cores']} of a core")
-    print(f"  {m['commits_per_event']} commits, {m['wal_bytes_per_event']} WAL bytes, "
-          f"{c['wal_syncs_per_event']} WAL flushes per event; a flush took "
-          f"{m['wal_sync_ms']} ms")
+    print(f"  over the whole run: {m['commits_per_event']} commits, "
+          f"{m['wal_bytes_per_event']} WAL bytes, {m['wal_syncs_per_event']} WAL flushes per "
+          f"event; a flush took {m['wal_sync_ms']} ms")
     print(f"  busy backends waited on: {c['postgres']['waits']}")
-    print("  PostgreSQL's time by statement, per event (us, calls):")
+    print("  PostgreSQL's time by statement, per event over the whole run (us, calls):")
     for row in c["postgres"]["statements"]:
         print(f"    {row['us_per_event']:>6} {row['calls_per_event']:>6}  {row['statement']}")
-    print("\ncheck (predicted against measured, end to end):")
+    print("\ncheck (predicted against measured events done per second, in the load's steady "
+          "part):")
     for row in report["check"]:
         p, got = row["predicted"], row["measured"]
         print(f"  {row['instances']} x {got['instance_cores']} cores"
               f"{' (calibration)' if row['calibrates'] else ''}: predicted "
               f"{p['events_per_s']}/s ({p['bottleneck']}), measured {got['completed_per_s']}/s "
+              f"(taken {got['taken_per_s']}/s) "
               f"({100 * row['error']:+.0f} %); CPU per event predicted {row['predicted_a_us']} us,"
               f" measured {got['a_us']} us ({100 * row['a_error']:+.0f} %); the instances had "
-              f"{row['quota_used']} of their quota; d = {got['d_us']} us; load average "
+              f"{row['quota_used']} of their quota (mean); d = {got['d_us']} us; load average "
               f"{got['load_average']}")
     print("\npredicted capacity (events/s; first bottleneck):")
     for row in report["table"]:

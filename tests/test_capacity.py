@@ -14,6 +14,7 @@ import time
 from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -69,17 +70,66 @@ def test_a_machine_runs_enough_instances_to_use_its_cores(cores: int, instances:
     assert capacity.per_machine({"g_cores": 0.9}, cores) == instances
 
 
-def test_the_steady_window_is_the_difference_of_two_readings() -> None:
+def steady_with(readings: list[tuple[float, int, int, list[float], float, float]]) -> Any:
     steady = capacity.Steady.__new__(capacity.Steady)
     steady.cpus = {1}
-    steady.readings = [(10.0, 1000, [2.0, 3.0], 5.0, 100.0),
-                       (15.0, 6000, [3.25, 4.25], 5.75, 100.5)]
-    assert steady.figures() == {"seconds": 5.0, "completed_per_s": 1000, "a_us": 500,
-                                "d_us": 150, "instance_cpu": [0.25, 0.25],
-                                "app_cpu_idle": 0.1}
-    steady.readings = steady.readings[:1]
-    with pytest.raises(SystemExit, match="steady part was not measured"):
-        steady.figures()
+    steady.readings = readings
+    return steady
+
+
+def test_the_steady_window_is_the_difference_of_two_readings() -> None:
+    steady = steady_with([(10.0, 1100, 1000, [2.0, 3.0], 5.0, 100.0),
+                          (15.0, 6150, 6000, [3.25, 4.25], 5.75, 100.5)])
+    assert steady.figures(load_ended=16.0) == {
+        "seconds": 5.0, "completed_per_s": 1000, "taken_per_s": 1010, "a_us": 500,
+        "d_us": 150, "instance_cpu": [0.25, 0.25], "app_cpu_idle": 0.1}
+
+
+@pytest.mark.parametrize(("readings", "load_ended", "said"), [
+    ([(10.0, 10, 10, [1.0], 1.0, 1.0)], 20.0, "steady part was not measured"),
+    ([(10.0, 10, 10, [1.0], 1.0, 1.0), (15.0, 90, 90, [2.0], 2.0, 1.0)], 14.0,
+     "ended after the load"),
+    ([(10.0, 10, 10, [1.0], 1.0, 1.0), (15.0, 10, 10, [2.0], 2.0, 1.0)], 16.0,
+     "no run was done"),
+])
+def test_a_window_that_measured_nothing_steady_is_refused(
+        readings: list[tuple[float, int, int, list[float], float, float]], load_ended: float,
+        said: str) -> None:
+    with pytest.raises(SystemExit, match=said):
+        steady_with(readings).figures(load_ended=load_ended)
+
+
+class NoConnection:
+    def close(self) -> None:
+        pass
+
+
+def test_a_load_that_never_gets_going_takes_no_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capacity, "STEADY_START_DEADLINE_S", 0.2)
+    steady = steady_with([])
+    steady.conn, steady.stopping = NoConnection(), capacity.threading.Event()
+    steady._count = lambda sql: 0
+    started = time.monotonic()
+    steady.run()
+    assert steady.readings == [] and time.monotonic() - started < 5
+
+
+def test_a_stopped_window_ends_at_once() -> None:
+    steady = steady_with([])
+    steady.conn, steady.stopping = NoConnection(), capacity.threading.Event()
+    steady._count = lambda sql: 0
+    steady.stopping.set()
+    started = time.monotonic()
+    steady.run()
+    assert steady.readings == [] and time.monotonic() - started < 1
+
+
+def test_a_load_too_short_for_a_steady_part_is_refused_before_anything_starts() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "capacity.py"),
+                           "--duration", "3"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "--duration 3 leaves no steady part to measure; give at least 4.5" in done.stderr
+    assert "work directory" not in done.stderr
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="capacity.py is Linux only")

@@ -171,11 +171,16 @@ def us_per_request(cpu_seconds: float, statuses: dict[str, int]) -> int:
     return round(cpu_seconds * 1e6 / max(sum(statuses.values()), 1))
 
 
+def wrk_seconds(duration: float) -> int:
+    """How long wrk loads for a --duration: whole seconds, at least one."""
+    return max(1, round(duration))
+
+
 def run_wrk(url: str, events: Path, connections: int, duration: float,
             pace_ms: float = 0.0) -> dict[str, Any]:
     threads = 1 if connections == 1 else 2
     env = {**os.environ, **({"BENCH_PACE": "1"} if pace_ms else {})}
-    cmd = [*WRK_PREFIX, "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
+    cmd = [*WRK_PREFIX, "wrk", f"-t{threads}", f"-c{connections}", f"-d{wrk_seconds(duration)}s",
            "--timeout", "10s", "-s", str(LUA), url, "--", str(events), str(threads),
            str(pace_ms)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)

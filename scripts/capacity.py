@@ -291,9 +291,8 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
         monitors = [bench.Monitor(s.process.pid) for s in servers]
         for monitor in monitors:
             monitor.start()
-        # wrk runs whole seconds (bench.run_wrk)
         steady = Steady(url, [s.process.pid for s in servers], watch, app_cpus,
-                        max(1, round(duration)))
+                        bench.wrk_seconds(duration))
         steady.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wrk = bench.load_split([s.url for s in servers], events, connections, duration)
@@ -330,7 +329,7 @@ def measure(pg: Any, work: Path, instances: int, connections: int, duration: flo
             "accepted_per_s": round(wrk["per_second"]), "p99_ms": wrk["p99_us"] / 1000,
             "statuses": wrk["statuses"], "drain_after_load_s": round(finished - loaded, 2),
             # from here on, over the whole run (the load and its drain): the CPU per
-            # event as the steady part has it, and what PostgreSQL counts per run
+            # event beside the steady part's, wrk's, and PostgreSQL's counts per event
             "whole_run": {"a_us": round(sum(m.cpu_seconds for m in monitors) * 1e6 / done),
                           "d_us": round(pg_figures["cpu_seconds"] * 1e6 / done)},
             "w_us": round(wrk_cpu * 1e6 / done),

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.scripts import load_script
 
 BENCH = ROOT / "scripts" / "bench.py"
 SHORT = ["--duration", "1", "--concurrency", "4", "--seed-runs", "0", "--backlog", "0",
@@ -22,14 +21,6 @@ SHORT = ["--duration", "1", "--concurrency", "4", "--seed-runs", "0", "--backlog
 PEERS = {("reference", "aof"): "reference design, Redis AOF always + worker",
          ("reference", "memory"): "reference design, Redis in memory + worker",
          ("huey", "sqlite"): "Starlette + huey SqliteHuey + consumer"}
-
-
-def load_bench_peers() -> ModuleType:
-    spec = spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
-    assert spec is not None and spec.loader is not None
-    module = module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -80,7 +71,7 @@ def test_peers_name_what_to_install_and_measure_nothing(tmp_path: Path) -> None:
 
 
 def test_a_missing_python_package_is_named_with_the_extra_to_install() -> None:
-    peers = load_bench_peers()
+    peers = load_script("bench_peers")
     need = peers.missing(which=lambda name: f"/usr/bin/{name}",
                          find_spec=lambda name: None if name == "huey" else object())
     assert need == ["the Python package huey (into agentbox's venv: "

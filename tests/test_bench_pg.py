@@ -9,25 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.scripts import load_script
 
 BENCH = ROOT / "scripts" / "bench.py"
 TARGETS = {"agentbox x1", "procrastinate", "pgqueuer"}
-
-
-def load_bench_pg() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "scripts"))  # bench_pg imports bench_peers beside it
-    spec = spec_from_file_location("bench_pg", ROOT / "scripts" / "bench_pg.py")
-    assert spec is not None and spec.loader is not None
-    module = module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -67,7 +57,7 @@ def test_every_postgres_peer_runs_every_event_it_took_and_reports_its_cpu(
 def test_a_peer_that_cannot_be_installed_ends_the_bench(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """No silent skip: pip's failure stops the bench, naming the peer and pip's output."""
-    bench_pg = load_bench_pg()
+    bench_pg = load_script("bench_pg")
     monkeypatch.setattr(bench_pg, "ENVS", tmp_path / "envs")
     monkeypatch.setitem(bench_pg.PEER_PACKAGES, "pgqueuer",
                         [str(tmp_path / "no-such-package")])

@@ -11,26 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.scripts import load_script
 
-
-def load_capacity() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "scripts"))  # capacity imports bench, bench_pg beside it
-    spec = spec_from_file_location("capacity", ROOT / "scripts" / "capacity.py")
-    assert spec is not None and spec.loader is not None
-    module = module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-capacity = load_capacity()
+capacity = load_script("capacity")
 
 
 def run(a_us: int, d_us: int = 150, cpu: float = 0.25, idle: float = 0.0) -> dict[str, object]:

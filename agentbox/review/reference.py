@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from agentbox.archive import Archive
 from agentbox.engine.agents import AgentContext
-from agentbox.review import tonal
-from agentbox.review.model import MixMetrics, OctaveBand, ReferenceView
+from agentbox.review.model import MixMetrics, ReferenceView
 
 SOURCES = ("project", "event")  # where a review's reference came from
 # Octaves grouped as a musician names the parts of the spectrum: (name, its octave
@@ -66,16 +65,12 @@ async def project_reference(ctx: AgentContext, project: str) -> Track | None:
         return None
 
 
-def aligned(mix: list[OctaveBand], reference: list[OctaveBand]) -> dict[float, float]:
-    """The reference's level beside each of the mix's octaves, shifted onto the mix
-    by the median difference (agentbox.review.tonal.aligned: one way for every
-    reference)."""
-    return tonal.aligned(tonal.from_bands("", reference), mix)
-
-
 def against(m: MixMetrics, track: Track) -> ReferenceView:
     """The mix beside the reference: each figure's difference (mix minus reference)
-    and a note that says the ones that matter."""
+    and a note that says the ones that matter. `m` carries the track's octave
+    levels aligned onto the mix in its bands' `reference_db` (judge.with_profile,
+    given the track as the tonal reference: tonal.aligned, one way for every
+    reference)."""
     ref = track.metrics
     changes: dict[str, float] = {}
     for key in ("integrated_lufs", "true_peak_dbtp", "loudness_range_lu", "plr_db",
@@ -83,10 +78,9 @@ def against(m: MixMetrics, track: Track) -> ReferenceView:
         a, b = getattr(m, key), getattr(ref, key)
         if a is not None and b is not None:
             changes[key] = round(float(a) - float(b), 2)
-    levels = aligned(m.octave_bands, ref.octave_bands)
     for band in m.octave_bands:
-        if band.hz in levels:
-            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - levels[band.hz], 1)
+        if band.reference_db is not None:
+            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - band.reference_db, 1)
     return ReferenceView(file=track.name, integrated_lufs=ref.integrated_lufs,
                          true_peak_dbtp=ref.true_peak_dbtp,
                          loudness_range_lu=ref.loudness_range_lu, plr_db=ref.plr_db,

@@ -11,6 +11,7 @@ bands (a project's own reference, kept from earlier) makes one the same way
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,6 @@ EMPTY_DB = -60.0  # an octave this far under the whole holds next to nothing
 class TonalReference:
     name: str  # as the notes say it: "the streaming reference curve", "the reference track x.wav"
     levels: dict[float, float]  # octave centre (Hz) -> its share of the power, dB
-    genre: bool  # an average of a genre's records (not one record)
 
     def over(self, octaves: Sequence[float]) -> dict[float, float]:
         """Its levels over `octaves` only, as shares of their total (as a mix's bands
@@ -47,23 +47,22 @@ def aligned(reference: TonalReference, bands: Sequence[OctaveBand]) -> dict[floa
     share: held against the bare shares it would read as every other octave too
     weak; against the aligned curve it stands out alone."""
     levels = reference.over([band.hz for band in bands])
-    away = sorted(band.db - levels[band.hz] for band in bands
-                  if band.hz in levels and band.db > EMPTY_DB)
+    away = [band.db - levels[band.hz] for band in bands
+            if band.hz in levels and band.db > EMPTY_DB]
     if not away:
         return levels
-    middle = len(away) // 2
-    offset = away[middle] if len(away) % 2 else (away[middle - 1] + away[middle]) / 2
+    offset = statistics.median(away)
     return {hz: round(db + offset, 1) for hz, db in levels.items()}
 
 
 def from_curve(name: str, curve: Sequence[float]) -> TonalReference:
     """A genre's average curve (one level per octave, 31.5 Hz up)."""
-    return TonalReference(name, dict(zip(OCTAVES_HZ, curve, strict=False)), genre=True)
+    return TonalReference(name, dict(zip(OCTAVES_HZ, curve, strict=False)))
 
 
 def from_bands(name: str, bands: Iterable[OctaveBand]) -> TonalReference:
     """A record's own octave bands (a reference track's)."""
-    return TonalReference(name, {band.hz: band.db for band in bands}, genre=False)
+    return TonalReference(name, {band.hz: band.db for band in bands})
 
 
 # (code when over, code when under, octaves, what is over, what to try; what is

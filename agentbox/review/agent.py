@@ -28,7 +28,7 @@ from agentbox.review.compare import (
     previous_export,
 )
 from agentbox.review.figures import local_time
-from agentbox.review.judge import judge, with_profile
+from agentbox.review.judge import ceiling, judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
@@ -94,8 +94,7 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
                                            track.metrics.octave_bands)
     metrics = with_profile(measured, profile, stage.stage, tonal_reference)
     reference = against(metrics, track) if isinstance(track, Track) else track
-    ceiling = 0.0 if stage.stage == "mix" else profile.max_true_peak_dbtp
-    comparison = compare_with_previous(previous, metrics, ceiling)
+    comparison = compare_with_previous(previous, metrics, ceiling(profile, stage.stage))
     judged = judge(metrics, profile, stage.stage, comparison, reference,
                    genre=tonal_reference is None)
     texts, source = [n.text for n in judged.notes], "rules"

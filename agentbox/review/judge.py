@@ -114,14 +114,19 @@ def with_profile(raw: dict[str, Any], profile: Profile, stage: str = "master",
     levels = tonal.aligned(reference, metrics.octave_bands)
     bands = [band.model_copy(update={"reference_db": levels.get(band.hz)})
              for band in metrics.octave_bands]
-    ceiling = 0.0 if stage == "mix" else profile.max_true_peak_dbtp
     headroom = None if metrics.true_peak_dbtp is None else round(
-        ceiling - metrics.true_peak_dbtp, 2)
+        ceiling(profile, stage) - metrics.true_peak_dbtp, 2)
     curve = LoudnessCurve(step_seconds=1.0, momentary=raw.get("momentary_lufs", []),
                           short_term=metrics.short_term_lufs)
     return metrics.model_copy(update={"octave_bands": bands, "headroom_db": headroom,
                                       "loudness_curve": curve,
                                       "tonal_reference": reference.name})
+
+
+def ceiling(profile: Profile, stage: str) -> float:
+    """The true peak a file's headroom is counted under: full scale for a mix (its
+    master's ceiling is mastering's to set), the profile's ceiling for a master."""
+    return 0.0 if stage == "mix" else profile.max_true_peak_dbtp
 
 
 def curve_of(profile: Profile) -> TonalReference:

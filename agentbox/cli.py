@@ -39,6 +39,7 @@ from agentbox.client import (
 )
 from agentbox.events import project_name
 from agentbox.review.present import mix_name
+from agentbox.review.stage import STAGES
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -342,7 +343,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--mix", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
-@click.option("--stage", type=click.Choice(["mix", "master"]), default=None,
+@click.option("--stage", type=click.Choice(STAGES), default=None,
               help="payload.stage: judge it as a mix (going to mastering) or a master; "
                    "it sticks for the project's later exports.")
 @URL_OPTION
@@ -871,7 +872,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
-@click.option("--stage", type=click.Choice(["mix", "master"]), default=None,
+@click.option("--stage", type=click.Choice(STAGES), default=None,
               help="The stage of this folder's files (payload.default_stage): mix or "
                    "master, unless the project was given another.")
 @click.option("--source", default="watch", show_default=True)

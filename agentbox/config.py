@@ -22,7 +22,7 @@ import platformdirs
 from agentbox import portable
 from agentbox.addresses import origin_of
 from agentbox.review.profiles import PROFILES
-from agentbox.review.stage import CONFIG_STAGES
+from agentbox.review.stage import CONFIG_STAGES, STAGES
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -105,7 +105,7 @@ class AgentBinding:
 
 
 # The stages a watched folder may name (PATH=STAGE): how its exports are judged.
-WATCH_STAGES = ("mix", "master")
+WATCH_STAGES = STAGES
 
 
 @dataclass(frozen=True)

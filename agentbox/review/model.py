@@ -13,9 +13,6 @@ from pydantic import BaseModel, ValidationError
 
 SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
 VERDICTS = ("pass", "warn", "fail")
-STAGES = ("mix", "master")  # a mix goes to mastering; a master to its platform
-# Where a review's stage came from, first to last in the order they count.
-STAGE_SOURCES = ("event", "project", "watch", "config", "auto")
 
 
 class ProfileView(BaseModel):
@@ -148,7 +145,7 @@ class MixReview(BaseModel):
     # a review stored before stages was judged as a master.
     stage: str = "master"
     stage_reason: str = ""  # which stage was judged, why, and how to change it
-    stage_source: str | None = None  # STAGE_SOURCES: where the stage came from
+    stage_source: str | None = None  # where the stage came from (review/stage.py's Stage)
     file: FileInfo | None = None
     targets: list[TargetView] = []
     comparison: Comparison = Comparison(previous_run_id=None)

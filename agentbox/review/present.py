@@ -18,7 +18,8 @@ from urllib.parse import unquote, urlsplit
 
 from agentbox.review.figures import finite
 from agentbox.review.judge import judge, profile_of
-from agentbox.review.model import SEVERITIES, STAGES, VERDICTS, MixReview, as_review
+from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
+from agentbox.review.stage import STAGES
 
 # Old results name their delivery targets only; these are their titles.
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 MASTERED_PEAK_DBTP = -2.0
 MASTERED_LOUDNESS_LUFS = -16.0
 MASTERED_PLR_DB = 14.0
+STAGES = ("mix", "master")  # a mix goes to mastering; a master to its platform
 AUTO = "auto"
-CONFIG_STAGES = (AUTO, "mix", "master")
+CONFIG_STAGES = (AUTO, *STAGES)
 
 
 @dataclass(frozen=True)

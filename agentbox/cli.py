@@ -631,7 +631,7 @@ def verify(data_dir: Path | None, config_file: Path | None, database_url: str | 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
     try:
         problems = engines.verify(settings)
-    except (StoreError, cfg.ConfigError) as exc:
+    except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     for problem in problems:
         click.echo(problem)
@@ -655,7 +655,7 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
     try:
         before, after = engines.migrate(settings)
-    except (StoreError, cfg.ConfigError) as exc:
+    except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     where = engines.describe(settings)
     if before == after:

@@ -27,7 +27,6 @@ from agentbox.review.compare import (
     measure_reference,
     previous_export,
 )
-from agentbox.review.figures import local_time
 from agentbox.review.judge import ceiling, judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView
@@ -132,7 +131,7 @@ def choose_stage(payload: Any, settings: Settings | None, project: str, previous
         event=getattr(payload, "stage", None), project=given_stage(previous),
         project_name=project,
         project_since="" if previous.review is None or previous.review.stage_source != "event"
-        else f"the {local_time(previous.accepted_at, seconds=True)} export",
+        else previous.called,
         watch=getattr(payload, "default_stage", None),
         config=settings.mix_stage if settings else AUTO)
     return stage.choose(given, measured.get("true_peak_dbtp"), measured.get("integrated_lufs"),

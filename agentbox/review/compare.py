@@ -40,6 +40,11 @@ class Previous:
     review: MixReview | None = None
     unreadable: bool = False  # the store could not be read: no comparison, no stage
 
+    @property
+    def called(self) -> str:
+        """How the notes name it: to the second, as two exports may share a minute."""
+        return f"the {local_time(self.accepted_at, seconds=True)} export"
+
 
 async def previous_export(ctx: AgentContext, project: str) -> Previous:
     """The project's previous reviewed export (the comparison's, and the stage's when
@@ -78,12 +83,11 @@ def compare_with_previous(previous: Previous, m: MixMetrics, ceiling: float) -> 
     changes = deltas(m, old)
     return Comparison(previous_run_id=previous.run_id,
                       previous_accepted_at=previous.accepted_at, deltas=changes,
-                      note=_comparison_note(changes, m, old, ceiling, previous.accepted_at))
+                      note=_comparison_note(changes, m, old, ceiling, previous.called))
 
 
 def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics,
-                     ceiling: float, accepted_at: str) -> str:
-    when = f"the {local_time(accepted_at, seconds=True)} export"  # two may share a minute
+                     ceiling: float, when: str) -> str:
     loudness = changes.get("integrated_lufs")
     if loudness is None:
         parts = [f"Compared with {when}"]

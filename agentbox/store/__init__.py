@@ -21,18 +21,16 @@ from agentbox.store.errors import (
     TooManySubscriptions,
 )
 from agentbox.store.interface import Store
+from agentbox.store.reads import nfc, unaskable
 from agentbox.store.records import (
     ClaimedRun,
     ClaimResult,
     DeliveryResult,
     Emitted,
     IngestResult,
-    KeptAudio,
     Lease,
     Notification,
     Outcome,
-    ProjectExport,
-    ProjectReference,
     PruneStep,
     RemoteChange,
     RunRef,
@@ -43,6 +41,7 @@ from agentbox.store.records import (
     notification,
     project_of,
 )
+from agentbox.store.tables import AppDb, Schema, Tables
 from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
@@ -57,6 +56,7 @@ from agentbox.store.views import (
 __all__ = [
     "AdmissionRefused",
     "AgentSubscriptionView",
+    "AppDb",
     "AttemptView",
     "BodyRemoved",
     "ClaimResult",
@@ -68,21 +68,19 @@ __all__ = [
     "EngineMissing",
     "HistoryEntry",
     "IngestResult",
-    "KeptAudio",
     "Lease",
     "NoSubscribedAgent",
     "NotReplayable",
     "Notification",
     "NotificationView",
     "Outcome",
-    "ProjectExport",
-    "ProjectReference",
     "PruneStep",
     "RemoteChange",
     "RunDetail",
     "RunNotFound",
     "RunRef",
     "RunView",
+    "Schema",
     "SchemaTooNew",
     "StorageUnavailable",
     "Store",
@@ -91,10 +89,13 @@ __all__ = [
     "SubscriptionNotFound",
     "SubscriptionTarget",
     "SubscriptionView",
+    "Tables",
     "TooManySubscriptions",
     "Transition",
     "Verification",
     "iso",
+    "nfc",
     "notification",
     "project_of",
+    "unaskable",
 ]

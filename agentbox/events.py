@@ -146,7 +146,7 @@ def _whole_number(value: Any) -> Any:
 
 
 class Envelope(Strict):
-    schema_version: Literal["v1"]
+    schema_version: Literal["v1"]  # SCHEMA_VERSION (a Literal needs it written out)
     event_id: Identifier
     idempotency_key: Annotated[str, Field(min_length=1, max_length=600)]
     event_type: Token

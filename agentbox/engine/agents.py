@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from agentbox.config import AgentBinding, ConfigError, Settings, env_name
 from agentbox.events import (
     PAYLOAD_MODELS,
+    SCHEMA_VERSION,
     Event,
     InvalidEvent,
     parse_event,
@@ -129,7 +130,7 @@ class AgentContext:
         event_id = f"{self.run_id}.e{len(self.emitted)}"
         data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
         envelope = {
-            "schema_version": "v1", "event_id": event_id,
+            "schema_version": SCHEMA_VERSION, "event_id": event_id,
             "idempotency_key": f"{EMIT_SOURCE}:{event_type}:{event_id}",
             "event_type": event_type, "source": EMIT_SOURCE,
             "timestamp": datetime.now(UTC).isoformat(),

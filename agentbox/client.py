@@ -36,13 +36,13 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from agentbox import config as cfg
-from agentbox.events import project_name, unfit_for_a_name
-from agentbox.review.digest import one_line
+from agentbox.events import SCHEMA_VERSION, project_name, unfit_for_a_name
+from agentbox.logs import one_line
+from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
-RECEIVER_PATH = "/webhooks/events"
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
 # Sending a reference track: the file goes up whole, then agentbox measures it before
@@ -202,9 +202,10 @@ def load_settings(config_file: Path | None) -> cfg.Settings:
 
 def build_event(event_type: str, source: str, event_id: str, payload: dict[str, Any],
                 callback_url: str | None = None) -> dict[str, Any]:
-    """A v1 envelope with its idempotency key derived from source, type and id."""
+    """An envelope of the current schema (SCHEMA_VERSION) with its idempotency key
+    derived from source, type and id."""
     event: dict[str, Any] = {
-        "schema_version": "v1",
+        "schema_version": SCHEMA_VERSION,
         "event_id": event_id,
         "idempotency_key": f"{source}:{event_type}:{event_id}",
         "event_type": event_type,

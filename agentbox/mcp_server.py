@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -36,6 +37,7 @@ from agentbox.client import (
     export_event,
     export_id,
 )
+from agentbox.logs import one_line
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
 from agentbox.review.profiles import PROFILES
@@ -57,11 +59,6 @@ UNAVAILABLE = ("cannot reach agentbox at {url}, or it stayed busy: is it running
 
 
 # -- what the tools answer (their output schemas) ---------------------------------------------
-
-
-class Note(BaseModel):
-    severity: str = Field(description="fix, consider or info ('' when the review has none)")
-    text: str
 
 
 class RunSummary(BaseModel):
@@ -93,7 +90,10 @@ class RunReport(RunSummary):
     figures: dict[str, float] = Field(
         description="the review's measured figures by key (integrated_lufs, "
                     "true_peak_dbtp, loudness_range_lu, ...)")
-    notes: list[Note] = Field(description="the review's notes, what to fix first first")
+    # The review's own notes (review.present.Note: severity, text, code), one line each.
+    notes: list[present.Note] = Field(description="the review's notes, what to fix first "
+                                                  "first: severity (fix, consider or info; "
+                                                  "'' when the review has none), text, code")
     review: str = Field(description="the review as `agentbox show` prints it")
     run: dict[str, Any] = Field(description="the run as GET /runs/{run_id}?history=1 "
                                             "answers: result, attempts, history, callbacks")
@@ -177,13 +177,13 @@ def tool_errors() -> Iterator[None]:
 def refusal(status_code: int, answer: Mapping[str, Any]) -> str:
     """`agentbox refused the event (422 invalid_event): ...` with each field's error."""
     told = (f"agentbox refused the event ({status_code} "
-            f"{digest.one_line(answer.get('error_code', ''))}): "
-            f"{digest.one_line(answer.get('message', ''))}")
+            f"{one_line(answer.get('error_code', ''))}): "
+            f"{one_line(answer.get('message', ''))}")
     errors = answer.get("errors")
     if isinstance(errors, list):
         fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
                   for e in errors if isinstance(e, Mapping)]
-        told += "".join(f"\n  {digest.one_line(field)}" for field in fields[:20])
+        told += "".join(f"\n  {one_line(field)}" for field in fields[:20])
     return told
 
 
@@ -195,6 +195,12 @@ def figures(result: Any) -> dict[str, float]:
     review = present.read(result)
     found = {key: review.figure(key) for key, *_ in FIGURES} if review else {}
     return {key: value for key, value in found.items() if value is not None}
+
+
+def notes(result: Any) -> list[present.Note]:
+    """The review's notes, each text one line (as digest.notes says them)."""
+    review = present.read(result)
+    return [replace(n, text=one_line(n.text)) for n in review.notes] if review else []
 
 
 def summary(run: Mapping[str, Any]) -> RunSummary:
@@ -222,8 +228,7 @@ def report(run: dict[str, Any]) -> RunReport:
                   "show_run again in a few seconds)")
     return RunReport(**base.model_dump(), terminal=run["terminal"],
                      figures=figures(run.get("result")) if base.verdict else {},
-                     notes=[Note(severity=s, text=t) for s, t in
-                            digest.notes(run.get("result"))] if base.verdict else [],
+                     notes=notes(run.get("result")) if base.verdict else [],
                      review=review, run=run)
 
 
@@ -294,7 +299,7 @@ def argument_errors(tool: str, error: ValidationError, schema: Mapping[str, Any]
         elif not field:
             told[name] = f"{name} is not an argument of {tool}"
         else:
-            got = digest.one_line(json.dumps(problem.get("input"), default=str))
+            got = one_line(json.dumps(problem.get("input"), default=str))
             got = got if len(got) <= 60 else got[:57] + "..."
             told[name] = f"{name} must be {expected(field)}, not {got}"
     return f"{tool}: " + "; ".join(told.values())
@@ -335,9 +340,9 @@ def _mix_file(mix_path: str) -> Path:
     path = Path(mix_path).expanduser()
     if not path.is_absolute():
         raise ToolError(f"mix_path must be an absolute path (this server's working directory "
-                        f"is not yours): {digest.one_line(mix_path)[:200]!r}")
+                        f"is not yours): {one_line(mix_path)[:200]!r}")
     if not path.is_file():
-        raise ToolError(f"no file at {digest.one_line(path)[:300]!r}")
+        raise ToolError(f"no file at {one_line(path)[:300]!r}")
     return path
 
 

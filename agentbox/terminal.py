@@ -18,6 +18,7 @@ from typing import Any
 import wcwidth
 
 from agentbox.engine.agents import BUILTIN_AGENTS, RENAMED_AGENTS
+from agentbox.logs import one_line
 from agentbox.review import digest, present
 from agentbox.review.figures import local_time
 
@@ -32,7 +33,7 @@ SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
 def line(value: Any) -> str:
     """Text from a run (an agent's message, an event's data) as one line of output:
     a newline in it cannot make a line of its own that looks like agentbox's."""
-    return digest.one_line(value)
+    return one_line(value)
 
 
 def is_review(result: Any) -> bool:

@@ -90,8 +90,9 @@ Tell = Callable[[News], None]
 
 
 @dataclass
-class Outcome:
-    """How a `FolderWatch.once` ended: files refused, files not sent (unavailable)."""
+class Tally:
+    """How a `FolderWatch.once` ended, counted: files refused, files not sent
+    (unavailable). Not a run's outcome (the store's, the review's): files left over."""
 
     refused: int = 0
     unsent: int = 0
@@ -219,12 +220,12 @@ class FolderWatch:
 
     # -- once: until nothing is being written --
 
-    def once(self, retries: int, interval: float = DEFAULT_INTERVAL_SECONDS) -> Outcome:
+    def once(self, retries: int, interval: float = DEFAULT_INTERVAL_SECONDS) -> Tally:
         """Send what finishes until nothing is being written (two quiet scans), each
         file tried `retries` times; after one file found agentbox unavailable, the
         rest are not tried."""
         self.start()
-        idle, outcome = 0, Outcome()
+        idle, outcome = 0, Tally()
         while True:
             ready = self.watcher.poll()
             for path in ready:
@@ -234,7 +235,7 @@ class FolderWatch:
                 return outcome
             time.sleep(interval)
 
-    def _send_once(self, path: Path, retries: int, outcome: Outcome) -> None:
+    def _send_once(self, path: Path, retries: int, outcome: Tally) -> None:
         found = self._event_id(path)
         if found is None:
             return

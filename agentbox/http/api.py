@@ -21,17 +21,16 @@ from agentbox.engine.retention import Retention
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.http.access import small_body, token_required
 from agentbox.http.errors import error_response
-from agentbox.http.openapi import ExportView
 from agentbox.logs import get_logger
+from agentbox.models import ExportView, RunDetail, RunView
 from agentbox.review.present import mix_name
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,
     DestinationNotFound,
     NotReplayable,
-    RunDetail,
+    ProjectExport,
     RunNotFound,
-    RunView,
     StorageUnavailable,
     Store,
 )
@@ -67,20 +66,21 @@ class RunsApi:
         run = await self.store.get_run(run_id)
         if run is None:
             return await self._not_found(run_id)
-        run = (await self._with_files([run]))[0]
-        event = await self.store.event_of(run_id)
-        removed = event.get("body_removed_at") if isinstance(event, dict) else None
-        detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id),
-                           body_removed_at=removed if isinstance(removed, str) else None)
         history = request.query_params.get("history", "0")
         if history not in HISTORY_VALUES:
             return error_response(422, "invalid_query", "history must be 1 or true (with the "
                                   "run's attempts and state changes), or 0 or false")
+        found = (await self._with_files([_shown(run)]))[0].model_dump()
+        event = await self.store.event_of(run_id)
+        removed = event.get("body_removed_at") if isinstance(event, dict) else None
+        found.update(callbacks=_dump(await self.store.notifications(run_id)),
+                     body_removed_at=removed if isinstance(removed, str) else None)
         if history in ("1", "true"):
-            detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
-                                               "history": await self.store.history(run_id)})
-            return JSONResponse(detail.model_dump(mode="json"))
-        return JSONResponse(detail.model_dump(mode="json", exclude={"attempts", "history"}))
+            found.update(attempts=_dump(await self.store.attempts(run_id)),
+                         history=_dump(await self.store.history(run_id)))
+            return JSONResponse(RunDetail.model_validate(found).model_dump(mode="json"))
+        return JSONResponse(RunDetail.model_validate(found).model_dump(
+            mode="json", exclude={"attempts", "history"}))
 
     async def list_runs(self, request: Request) -> Response:
         status = request.query_params.get("status")
@@ -108,7 +108,7 @@ class RunsApi:
                 status=status, chain=chain, include_discarded=discarded == "true",
                 before=None if prefix is None else prefix + AFTER_EVERY_ID, limit=limit)
             found = [run for run in found if run.run_id.startswith(prefix or "")]
-        return JSONResponse({"runs": _dump(await self._with_files(found))})
+        return JSONResponse({"runs": _dump(await self._with_files([_shown(r) for r in found]))})
 
     async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:
         """Each run with the name of the file its event names (payload.mix_url), so that
@@ -132,7 +132,7 @@ class RunsApi:
         project = request.query_params.get("project")
         if project is None:
             found = await self.store.projects(limit=limit)
-            return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
+            return JSONResponse({"exports": _dump([_export(e) for e in found])})
         if not 1 <= len(project) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query",
                                   f"project must be 1 to {MAX_ID_LENGTH} characters")
@@ -144,7 +144,7 @@ class RunsApi:
         if not found:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
+        return JSONResponse({"exports": _dump([_export(e) for e in found])})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")
@@ -206,7 +206,8 @@ class RunsApi:
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
         run = await self.store.get_run(run_id)
-        return JSONResponse(run.model_dump(mode="json") if run else None, status_code=202)
+        return JSONResponse(_shown(run).model_dump(mode="json") if run else None,
+                            status_code=202)
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -271,6 +272,18 @@ class RunsApi:
             f"{kept.finished_at or kept.accepted_at}; finished runs are kept {days:g} days, "
             f"AGENTBOX_RETENTION_DAYS). Its export is kept in the history of project "
             f"{kept.project[:200]!r}: GET /exports?project={quote(kept.project, safe='')}"))
+
+
+def _shown(run: BaseModel) -> RunView:
+    """The store's view of a run as the API shows a run (agentbox.models: the shape
+    the document and the client read), field by field."""
+    return RunView.model_validate(run.model_dump())
+
+
+def _export(export: ProjectExport) -> ExportView:
+    # Field by field from the store's dataclass: one added there and in the model is
+    # shown without a third list of names to keep in step.
+    return ExportView.model_validate(export, from_attributes=True)
 
 
 def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:

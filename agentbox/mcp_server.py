@@ -38,6 +38,7 @@ from agentbox.client import (
     export_id,
 )
 from agentbox.logs import one_line
+from agentbox.models import Accepted, ExportView, RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
 from agentbox.review.profiles import PROFILES
@@ -152,7 +153,7 @@ class Agentbox:
         with tool_errors(), self.client() as client:
             return call(client)
 
-    def send(self, event: dict[str, Any]) -> dict[str, Any]:
+    def send(self, event: dict[str, Any]) -> Accepted:
         """Sign `event` with the configured secret and deliver it as `agentbox send`
         does; a refusal names each field to fix."""
         try:
@@ -203,33 +204,37 @@ def notes(result: Any) -> list[present.Note]:
     return [replace(n, text=one_line(n.text)) for n in review.notes] if review else []
 
 
-def summary(run: Mapping[str, Any]) -> RunSummary:
-    result = run.get("result")
-    review = present.read(result) if run.get("status") == "succeeded" else None
-    reviewed = review is not None and bool(review.metrics)
-    verdict = review.verdict if review is not None else None
+def verdict_and_headline(status: str, result: Any) -> tuple[str | None, str | None]:
+    """A succeeded review's verdict and headline figures (None, None for anything else)."""
+    review = present.read(result) if status == "succeeded" else None
+    if review is None or not review.metrics:
+        return None, None
+    return review.verdict, digest.headline(result) or None
+
+
+def summary(run: RunView) -> RunSummary:
+    seen = run.as_json()  # as the review's digest reads a run
+    verdict, headline = verdict_and_headline(run.status, run.result)
     return RunSummary(
-        run_id=run["run_id"], status=run["status"], event_type=run["event_type"],
-        agent=run["agent"], project=digest.project_of(run) or None,
-        file=digest.file_name(run) or None,
-        verdict=verdict if reviewed else None,
-        headline=(digest.headline(result) or None) if reviewed else None,
-        accepted_at=run["accepted_at"], completed_at=run["completed_at"],
-        retry_count=run["retry_count"], error_code=run["error_code"],
-        line=digest.short(run))
+        run_id=run.run_id, status=run.status, event_type=run.event_type,
+        agent=run.agent, project=digest.project_of(seen) or None,
+        file=digest.file_name(seen) or None, verdict=verdict, headline=headline,
+        accepted_at=run.accepted_at, completed_at=run.completed_at,
+        retry_count=run.retry_count, error_code=run.error_code,
+        line=digest.short(seen))
 
 
-def report(run: dict[str, Any]) -> RunReport:
+def report(run: RunDetail) -> RunReport:
     base = summary(run)
-    if run["terminal"]:
+    if run.terminal:
         review = "\n".join(terminal.told(run))
     else:
-        review = (f"{base.file or run['run_id']}: {run['status']} (not finished yet: ask "
+        review = (f"{base.file or run.run_id}: {run.status} (not finished yet: ask "
                   "show_run again in a few seconds)")
-    return RunReport(**base.model_dump(), terminal=run["terminal"],
-                     figures=figures(run.get("result")) if base.verdict else {},
-                     notes=notes(run.get("result")) if base.verdict else [],
-                     review=review, run=run)
+    return RunReport(**base.model_dump(), terminal=run.terminal,
+                     figures=figures(run.result) if base.verdict else {},
+                     notes=notes(run.result) if base.verdict else [],
+                     review=review, run=run.as_json())
 
 
 def answer(text: str, model: BaseModel) -> CallToolResult:
@@ -352,24 +357,24 @@ def build_server(box: Agentbox) -> ToolServer:
 
     def sent(event: dict[str, Any], wait_seconds: float) -> CallToolResult:
         got = box.send(event)
-        result = SendAnswer(run_id=got["run_id"], status=got["status"],
-                            duplicate=got["duplicate"], runs=got.get("runs", []))
-        what = "already sent before: run" if got["duplicate"] else "accepted: run"
-        text = f"{what} {got['run_id']} ({got['status']})"
+        result = SendAnswer(run_id=got.run_id, status=got.status, duplicate=got.duplicate,
+                            runs=[run.as_json() for run in got.runs])
+        what = "already sent before: run" if got.duplicate else "accepted: run"
+        text = f"{what} {got.run_id} ({got.status})"
         if wait_seconds > 0:
             try:
                 with box.client() as client:
-                    client.follow(got["run_id"], wait_seconds)
+                    client.follow(got.run_id, wait_seconds)
             except NotFinished:
                 text += (f"; not finished after {wait_seconds:g} s: ask show_run "
-                         f"{got['run_id']} later")
+                         f"{got.run_id} later")
             except AgentboxError as exc:
                 raise ToolError(str(exc)) from None
             else:
-                result.review = report(box.ask(lambda c: c.run(got["run_id"], history=True)))
+                result.review = report(box.ask(lambda c: c.run(got.run_id, history=True)))
                 text += "\n" + result.review.review
         else:
-            text += f"; its review: show_run {got['run_id']}"
+            text += f"; its review: show_run {got.run_id}"
         return answer(text, result)
 
     @server.tool()
@@ -433,7 +438,7 @@ def build_server(box: Agentbox) -> ToolServer:
         chain = {} if correlation_id is None else {"correlation_id": correlation_id}
         listed = box.ask(lambda c: c.runs(limit, None if status is None else status.value,
                                                  **chain))
-        found = [summary(r) for r in listed["runs"]]
+        found = [summary(r) for r in listed.runs]
         return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
                       RunList(runs=found))
 
@@ -450,7 +455,7 @@ def build_server(box: Agentbox) -> ToolServer:
         """Runs that failed for good and wait for a decision (replay_run), newest
         first; those discarded on the status page are left out."""
         listed = box.ask(lambda c: c.runs(limit, "dead_lettered", discarded="false"))
-        found = [summary(r) for r in listed["runs"]]
+        found = [summary(r) for r in listed.runs]
         return answer(runs_text(found, "no dead letters waiting for a decision"),
                       RunList(runs=found))
 
@@ -467,8 +472,8 @@ def build_server(box: Agentbox) -> ToolServer:
                         limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
         """A project's exports over time, oldest first, each with its verdict and
         headline figures (the project page's history): how the mix has moved."""
-        exports = box.ask(lambda c: c.exports(project, limit))["exports"]
-        history = ProjectHistory(project=exports[0]["project"] if exports else project,
+        exports = box.ask(lambda c: c.exports(project, limit)).exports
+        history = ProjectHistory(project=exports[0].project if exports else project,
                                  exports=[export_summary(e) for e in reversed(exports)])
         lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "
                  + (f"{e.verdict} · {e.headline}" if e.verdict else e.status)
@@ -480,18 +485,14 @@ def build_server(box: Agentbox) -> ToolServer:
     return server
 
 
-def export_summary(export: Mapping[str, Any]) -> ExportSummary:
-    as_run = {"run_id": export["run_id"], "status": export["status"],
-              "result": export.get("result")}
-    found = summary({**as_run, "event_type": "", "agent": export["agent"], "project": None,
-                     "accepted_at": export["accepted_at"],
-                     "completed_at": export["finished_at"], "retry_count": 0,
-                     "error_code": None})
-    return ExportSummary(run_id=export["run_id"], status=export["status"],
-                         accepted_at=export["accepted_at"], finished_at=export["finished_at"],
-                         file=found.file, verdict=found.verdict, headline=found.headline,
-                         figures=figures(export.get("result")) if found.verdict else {},
-                         archived=bool(export.get("archived")))
+def export_summary(export: ExportView) -> ExportSummary:
+    verdict, headline = verdict_and_headline(export.status, export.result)
+    return ExportSummary(run_id=export.run_id, status=export.status,
+                         accepted_at=export.accepted_at, finished_at=export.finished_at,
+                         file=digest.file_name({"result": export.result}) or None,
+                         verdict=verdict, headline=headline,
+                         figures=figures(export.result) if verdict else {},
+                         archived=export.archived)
 
 
 def _version() -> str:

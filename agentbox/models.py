@@ -55,7 +55,8 @@ class ErrorAnswer(Answer):
     for people (`message`), and an invalid event's field `errors` (`loc`, `msg`)."""
 
     # The document's name for it, as before: its `status` (not the receiver's exception).
-    model_config = ConfigDict(title="Rejected")
+    # Other fields may come with an error (additionalProperties, as the document said).
+    model_config = ConfigDict(title="Rejected", json_schema_extra={})
 
     status: str = Field(pattern="^rejected$")
     error_code: str

@@ -151,6 +151,13 @@ class FileUnreadable(AgentboxError, OSError):
         return f"cannot read {self.filename}: {self.strerror}"
 
 
+def _cannot_keep(what: str, variable: str, exc: OSError) -> Misconfigured:
+    """A credential made on first use that could not be written where it is kept."""
+    return Misconfigured(f"{what} cannot be kept in {exc.filename or 'the config directory'}"
+                         f": {exc.strerror or exc}; give it in {variable}, or make the "
+                         "config directory writable")
+
+
 def _unreadable(exc: OSError) -> FileUnreadable:
     return FileUnreadable(exc.errno, exc.strerror or type(exc).__name__, exc.filename)
 
@@ -354,6 +361,8 @@ class Client:
             settings, _ = cfg.ensure_webhook_secret(load_settings(self.config_file))
         except cfg.ConfigError as exc:
             raise Misconfigured(str(exc)) from None
+        except OSError as exc:  # the config directory, where it is made, is not writable
+            raise _cannot_keep("the webhook secret", "AGENTBOX_WEBHOOK_SECRET", exc) from None
         return settings.webhook_secret[0]
 
     def _admin_headers(self) -> dict[str, str]:
@@ -363,6 +372,8 @@ class Client:
                 token = cfg.admin_token(load_settings(self.config_file), self._environ)
             except cfg.ConfigError as exc:
                 raise Misconfigured(str(exc)) from None
+            except OSError as exc:
+                raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
         return {"Authorization": f"Bearer {token}"}
 
     # -- sending --

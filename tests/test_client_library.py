@@ -25,6 +25,7 @@ from agentbox.client import (
     Client,
     FileUnreadable,
     InvalidRunId,
+    Misconfigured,
     NotAgentbox,
     NotFinished,
     NotFound,
@@ -301,3 +302,20 @@ def test_the_package_says_it_is_typed() -> None:
     root = Path(__file__).resolve().parent.parent
     assert (root / "agentbox" / "py.typed").is_file()
     assert '"py.typed"' in (root / "pyproject.toml").read_text()
+
+
+def test_a_credential_that_cannot_be_kept_is_misconfigured(tmp_path: Path,
+                                                           monkeypatch: Any) -> None:
+    """The secret and the token are made on first use in the config directory: one
+    that cannot be made (a file stands there) is said as Misconfigured, an
+    AgentboxError, naming the variable that gives it instead."""
+    (tmp_path / "config").write_text("a file where the config directory would be")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("AGENTBOX_WEBHOOK_SECRET", "AGENTBOX_ADMIN_TOKEN", "AGENTBOX_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    with Client(f"http://127.0.0.1:{free_port()}", environ={}) as box:
+        for call, variable in ((box.signing_secret, "AGENTBOX_WEBHOOK_SECRET"),
+                               (lambda: box.replay("run_1"), "AGENTBOX_ADMIN_TOKEN")):
+            with pytest.raises(Misconfigured) as unkept:
+                call()
+            assert f"give it in {variable}" in str(unkept.value)

@@ -22,7 +22,6 @@ from agentbox.client import (
     FOLLOW_FIRST_SECONDS,  # noqa: F401 - send --wait's pace, named here as before
     FOLLOW_MAX_SECONDS,  # noqa: F401
     FOLLOW_UNREACHABLE_SECONDS,
-    RECEIVER_PATH,
     URL_ENV,
     AgentboxError,
     BadAddress,
@@ -38,8 +37,11 @@ from agentbox.client import (
     find_url,
 )
 from agentbox.events import project_name
+from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
+from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.present import mix_name
 from agentbox.review.stage import STAGES
+from agentbox.signing import RECEIVER_PATH
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -306,7 +308,7 @@ class GaveUp(click.ClickException):
 
 
 def follow(url: str | Client, run_id: str, timeout: float,
-           sleep: Callable[[float], None] = time.sleep) -> dict[str, Any] | None:
+           sleep: Callable[[float], None] = time.sleep) -> RunDetail | None:
     """`send --wait`: the run once terminal (followed by the Client given, else one for
     `url`); None if `timeout` passes first. agentbox unreachable for
     FOLLOW_UNREACHABLE_SECONDS on end: GaveUp (exit status 3)."""
@@ -467,7 +469,7 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                        callback_url)
 
 
-REVIEWED_EVENTS = ("session.exported", "mix.review_requested")
+REVIEWED_EVENTS = tuple(REVIEW_AGENTS)  # the event types the review takes
 
 
 def _named(event: dict[str, Any] | None) -> str | None:
@@ -489,29 +491,35 @@ class Sent:
     review: bool  # a mix review (else some other agent's run)
     for_people: bool  # sentences (else agentbox's JSON, for scripts)
 
-    def line(self, answer: dict[str, Any]) -> str:
+    def line(self, answer: Accepted) -> str:
         """`night-drive.wav: sent for review (run run_...); see it with: agentbox show run_...`"""
-        run_id = answer["run_id"]
-        what = ("sent before: its review is run" if answer["duplicate"] else
+        run_id = answer.run_id
+        what = ("sent before: its review is run" if answer.duplicate else
                 "sent for review: run" if self.review else "sent: run")
         return f"{self.name or 'the event'}: {what} {run_id}; see it with: agentbox show {run_id}"
 
-    def waiting(self, answer: dict[str, Any]) -> str:
-        what = "sent before" if answer["duplicate"] else "sent"
+    def waiting(self, answer: Accepted) -> str:
+        what = "sent before" if answer.duplicate else "sent"
         doing = "reviewing" if self.review else "waiting for it to finish"
-        return (f"{self.name or 'the event'} {what} (run {answer['run_id']}); {doing}… "
+        return (f"{self.name or 'the event'} {what} (run {answer.run_id}); {doing}… "
                 "Ctrl-C stops waiting, not the review")
 
 
-def _compact(answer: dict[str, Any]) -> str:
+def _compact(answer: Answer) -> str:
     """agentbox's JSON answer as it sent it."""
-    return json.dumps(answer, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(answer.as_json(), ensure_ascii=False, separators=(",", ":"))
+
+
+def _indented(found: Answer | list[Answer]) -> str:
+    """`--json`: agentbox's answer (or the list in it), indented for people too."""
+    shown = found.as_json() if isinstance(found, Answer) else [f.as_json() for f in found]
+    return json.dumps(shown, indent=2)
 
 
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a program stopped by SIGINT
 
 
-def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> dict[str, Any]:
+def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> Accepted:
     """agentbox's answer to `body`; a refusal told (exit status 1), unavailable after
     the retries said why (exit status 3)."""
     try:
@@ -539,9 +547,9 @@ def _refusal(exc: Refused) -> str:
     return told + _field_errors(exc)
 
 
-def _wait_and_tell(box: Client, answer: dict[str, Any], wait_timeout: float, as_json: bool,
+def _wait_and_tell(box: Client, answer: Accepted, wait_timeout: float, as_json: bool,
                    sent: Sent) -> None:
-    run_id = answer["run_id"]
+    run_id = answer.run_id
     try:
         if as_json:
             click.echo(_compact(answer))
@@ -557,10 +565,10 @@ def _wait_and_tell(box: Client, answer: dict[str, Any], wait_timeout: float, as_
              f"{wait_timeout:g} s; see it later with: agentbox show {run_id}")
         sys.exit(EXIT_WAIT_TIMEOUT)
     if as_json:
-        click.echo(json.dumps(run, indent=2))
+        click.echo(_indented(run))
     else:
         click.echo("\n".join(terminal.told(run, sent.name)))
-    if run["status"] != "succeeded":
+    if run.status != "succeeded":
         sys.exit(EXIT_RUN_FAILED)
 
 
@@ -576,15 +584,15 @@ def runs(url: str | None, status: str | None, limit: int, as_json: bool,
     what became of the export), loudness, true peak and range, and a short id that
     `agentbox show` takes."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.runs(limit, status)["runs"]
+        found = box.runs(limit, status).runs
     _print_runs(found, as_json, "no runs yet" if status is None else f"no {status} runs")
 
 
-def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str,
-                table: Callable[[list[dict[str, Any]]], list[str]] = terminal.runs_table
+def _print_runs(found: list[RunView], as_json: bool, empty: str,
+                table: Callable[[list[RunView]], list[str]] = terminal.runs_table
                 ) -> None:
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        click.echo(_indented(list(found)))
     elif not found:
         click.echo(empty)
     else:
@@ -600,7 +608,7 @@ def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path |
     """List dead-lettered runs that wait for a decision (replay them with `agentbox
     replay RUN_ID`); those discarded on the status page are left out."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.runs(limit, "dead_lettered", discarded="false")["runs"]
+        found = box.runs(limit, "dead_lettered", discarded="false").runs
     _print_runs(found, as_json, "no dead letters waiting for a decision", terminal.why_table)
 
 
@@ -617,7 +625,7 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
     with _client_errors(), _client(url, config_file) as box:
         run = box.lookup(run_id, history=True)
     if as_json:
-        click.echo(json.dumps(run, indent=2))
+        click.echo(_indented(run))
     else:
         click.echo("\n".join(terminal.show_lines(run)))
 
@@ -698,7 +706,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
         report = asyncio.run(prune_alone(settings, dry_run)).as_json()
     except StoreInUse:
         with _client_errors(), _client(url, config_file) as box:
-            report = box.prune(dry_run)
+            report = box.prune(dry_run).as_json()
     except (StoreError, cfg.ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -719,8 +727,8 @@ def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) 
     Each RUN_ID may be the start of one that no other run id has."""
     with _client_errors(), _client(url, config_file) as box:
         for run_id in run_ids:
-            run = box.replay(box.lookup(run_id, projects=False)["run_id"])
-            click.echo(f"{run['run_id']}  {run['status']}")
+            run = box.replay(box.lookup(run_id, projects=False).run_id)
+            click.echo(f"{run.run_id}  {run.status}")
 
 
 @main.group()
@@ -738,12 +746,12 @@ def reference_add(file: Path, project: str, url: str | None,
     """Make FILE the project's reference track (it replaces the one it had)."""
     with _client_errors(), _client(url, config_file) as box:
         found = box.add_reference(file, project)
-        click.echo(f"{found['name']} is the reference of {found['project']}: "
+        click.echo(f"{found.name} is the reference of {found.project}: "
                    f"{_reference_figures(found)}")
         try:
-            box.exports(found["project"], limit=1)
+            box.exports(found.project, limit=1)
         except NotFound:  # a name mistyped would compare nothing, unnoticed
-            _say(f"no export of {terminal.line(found['project'])} has arrived yet: its "
+            _say(f"no export of {terminal.line(found.project)} has arrived yet: its "
                  "reviews compare with this track once they come (is that the name its "
                  "exports have? agentbox runs shows them)")
 
@@ -755,15 +763,15 @@ def reference_add(file: Path, project: str, url: str | None,
 def reference_list(url: str | None, as_json: bool, config_file: Path | None) -> None:
     """Every project's reference track."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.references()["references"]
+        found = box.references().references
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        click.echo(_indented(list(found)))
         return
     if not found:
         click.echo("No project has a reference track yet: agentbox reference add FILE "
                    "--project NAME")
     for ref in found:
-        click.echo(f"{ref['project']}: {ref['name']}, {_reference_figures(ref)}")
+        click.echo(f"{ref.project}: {ref.name}, {_reference_figures(ref)}")
 
 
 @reference.command("remove")
@@ -773,16 +781,16 @@ def reference_list(url: str | None, as_json: bool, config_file: Path | None) -> 
 def reference_remove(project: str, url: str | None, config_file: Path | None) -> None:
     """PROJECT no longer has a reference track."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.remove_reference(project)["removed"]
-    click.echo(f"{found['project']} no longer has a reference track ({found['name']}).")
+        found = box.remove_reference(project).removed
+    click.echo(f"{found.project} no longer has a reference track ({found.name}).")
 
 
-def _reference_figures(ref: dict[str, Any]) -> str:
+def _reference_figures(ref: ReferenceOut) -> str:
     figures = [f"{value:{sign}.1f} {unit}"
-               for key, unit, sign in (("integrated_lufs", "LUFS", ""),
-                                       ("true_peak_dbtp", "dBTP", "+"),  # as the review says it
-                                       ("loudness_range_lu", "LU LRA", ""))
-               if isinstance(value := ref.get(key), int | float)]
+               for value, unit, sign in ((ref.integrated_lufs, "LUFS", ""),
+                                         (ref.true_peak_dbtp, "dBTP", "+"),  # as reviews say it
+                                         (ref.loudness_range_lu, "LU LRA", ""))
+               if value is not None]
     return ", ".join(figures) or "measured"
 
 
@@ -801,13 +809,13 @@ def callbacks_list(url: str | None, state: str | None, limit: int, as_json: bool
                    config_file: Path | None) -> None:
     """The newest notifications and how their delivery stands."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.callbacks(limit, state)["callbacks"]
+        found = box.callbacks(limit, state).callbacks
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        click.echo(_indented(list(found)))
         return
     for n in found:
-        click.echo(f"{n['notification_id']:<60} {n['state']:<9} attempts={n['attempts']} "
-                   f"{n['destination']} {n['last_error'] or ''}")
+        click.echo(f"{n.notification_id:<60} {n.state:<9} attempts={n.attempts} "
+                   f"{n.destination} {n.last_error or ''}")
 
 
 @callbacks.command("destinations")
@@ -816,11 +824,11 @@ def callbacks_list(url: str | None, state: str | None, limit: int, as_json: bool
 def callbacks_destinations(url: str | None, config_file: Path | None) -> None:
     """Every destination: active or paused, failures in a row, notifications waiting."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.destinations()["destinations"]
+        found = box.destinations().destinations
     for d in found:
-        reason = f" ({d['paused_reason']})" if d["paused_reason"] else ""
-        click.echo(f"{d['destination']:<40} {d['state']}{reason} "
-                   f"failures={d['consecutive_failures']} pending={d['pending']}")
+        reason = f" ({d.paused_reason})" if d.paused_reason else ""
+        click.echo(f"{d.destination:<40} {d.state}{reason} "
+                   f"failures={d.consecutive_failures} pending={d.pending}")
 
 
 @callbacks.command("resume")
@@ -831,7 +839,7 @@ def callbacks_resume(destination: str, url: str | None, config_file: Path | None
     """Resume a paused destination (an origin such as https://studio.example)."""
     with _client_errors(), _client(url, config_file) as box:
         found = box.resume_destination(destination)
-    click.echo(f"{found['destination']}  {found.get('state', 'active')}")
+    click.echo(f"{found.destination}  {found.state}")
 
 
 @callbacks.command("verify")

@@ -4,18 +4,22 @@
 
     with Client() as box:  # finds agentbox as the `agentbox` command does
         answer = box.send_export("exports/night-drive.wav")
-        run = box.follow(answer["run_id"], timeout=300)
-        print(run["status"], run["result"]["verdict"])
+        run = box.follow(answer.run_id, timeout=300)
+        print(run.status, run.result["verdict"])
 
 `Client(url=None, secret=None, admin_token=None)` finds agentbox as the CLI does:
 `url`, else AGENTBOX_URL, else the host and port `agentbox serve` reads from the
 config file; it signs with `secret`, else the webhook secret of this machine's
 configuration (read afresh for each event, so a rotation is picked up); admin
 calls (replay) carry `admin_token`, else AGENTBOX_ADMIN_TOKEN or the token file.
-Every method answers the API's JSON as dicts; failures are the typed errors
-below (`Unreachable`, `Refused`, `NotFound`, ..., all `AgentboxError`). Waiting
-(a busy or restarting agentbox) is told to the `progress` callback, never printed.
-One Client keeps one HTTP connection alive; close it, or use it in a `with`.
+Every method answers a typed model of agentbox.models (a run is a `RunDetail` or a
+`RunView`, read by attribute; `.as_json()` is the answer as agentbox sent it);
+every failure is an `AgentboxError`, one of the typed errors below (`Unreachable`,
+`Refused`, `NotFound`, `FileUnreadable`, ...). Sending retries on 429, 503 and a
+connection that fails (`retries` times, with backoff); `follow` waits out a
+restart; nothing else is tried twice. Waiting (a busy or restarting agentbox) is
+told to the `progress` callback, never printed. One Client keeps one HTTP
+connection alive; close it, or use it in a `with`.
 """
 
 from __future__ import annotations
@@ -30,19 +34,35 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
+from pydantic import ValidationError
 
 from agentbox import config as cfg
-from agentbox.events import project_name, unfit_for_a_name
-from agentbox.review.digest import one_line
+from agentbox.events import SCHEMA_VERSION, project_name, unfit_for_a_name
+from agentbox.logs import one_line
+from agentbox.models import (
+    Accepted,
+    Answer,
+    Destinations,
+    ExportList,
+    Notifications,
+    Pruned,
+    ReferenceList,
+    ReferenceOut,
+    ReferenceRemoved,
+    Resumed,
+    RunDetail,
+    RunList,
+    RunView,
+)
+from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
-RECEIVER_PATH = "/webhooks/events"
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
 # Sending a reference track: the file goes up whole, then agentbox measures it before
@@ -69,6 +89,7 @@ RUN_ID = re.compile(r"run_[A-Za-z0-9_]{1,252}")
 BARE_PREFIX = re.compile(r"[0-9a-f]{1,252}")
 
 Progress = Callable[[str], None]
+Model = TypeVar("Model", bound=Answer)
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -112,6 +133,35 @@ class NotAgentbox(AgentboxError):
     """Something answered at the address that is not agentbox (another program)."""
 
 
+class UnexpectedAnswer(NotAgentbox):
+    """JSON came that is not the answer agentbox gives (a field missing, or of
+    another type): another program, or an agentbox far from this client's version.
+    `answer` is the JSON."""
+
+    def __init__(self, message: str, answer: Any) -> None:
+        super().__init__(message)
+        self.answer = answer
+
+
+class FileUnreadable(AgentboxError, OSError):
+    """A file to send cannot be read (there is none at the path, say): `filename`,
+    `strerror` and `errno` as an OSError has them."""
+
+    def __str__(self) -> str:
+        return f"cannot read {self.filename}: {self.strerror}"
+
+
+def _cannot_keep(what: str, variable: str, exc: OSError) -> Misconfigured:
+    """A credential made on first use that could not be written where it is kept."""
+    return Misconfigured(f"{what} cannot be kept in {exc.filename or 'the config directory'}"
+                         f": {exc.strerror or exc}; give it in {variable}, or make the "
+                         "config directory writable")
+
+
+def _unreadable(exc: OSError) -> FileUnreadable:
+    return FileUnreadable(exc.errno, exc.strerror or type(exc).__name__, exc.filename)
+
+
 class Refused(AgentboxError):
     """agentbox answered with an error: `status` (HTTP), `error_code`, `message`,
     `errors` (field errors of a refused event: `loc`, `msg`), `answer` (the JSON)."""
@@ -144,7 +194,7 @@ class Ambiguous(AgentboxError, LookupError):
 class NotFinished(AgentboxError, TimeoutError):
     """`follow` ran out of time; `run` is the run as last seen (not terminal)."""
 
-    def __init__(self, message: str, run: dict[str, Any] | None) -> None:
+    def __init__(self, message: str, run: RunDetail | None) -> None:
         super().__init__(message)
         self.run = run
 
@@ -202,9 +252,10 @@ def load_settings(config_file: Path | None) -> cfg.Settings:
 
 def build_event(event_type: str, source: str, event_id: str, payload: dict[str, Any],
                 callback_url: str | None = None) -> dict[str, Any]:
-    """A v1 envelope with its idempotency key derived from source, type and id."""
+    """An envelope of the current schema (SCHEMA_VERSION) with its idempotency key
+    derived from source, type and id."""
     event: dict[str, Any] = {
-        "schema_version": "v1",
+        "schema_version": SCHEMA_VERSION,
         "event_id": event_id,
         "idempotency_key": f"{source}:{event_type}:{event_id}",
         "event_type": event_type,
@@ -310,6 +361,8 @@ class Client:
             settings, _ = cfg.ensure_webhook_secret(load_settings(self.config_file))
         except cfg.ConfigError as exc:
             raise Misconfigured(str(exc)) from None
+        except OSError as exc:  # the config directory, where it is made, is not writable
+            raise _cannot_keep("the webhook secret", "AGENTBOX_WEBHOOK_SECRET", exc) from None
         return settings.webhook_secret[0]
 
     def _admin_headers(self) -> dict[str, str]:
@@ -319,12 +372,14 @@ class Client:
                 token = cfg.admin_token(load_settings(self.config_file), self._environ)
             except cfg.ConfigError as exc:
                 raise Misconfigured(str(exc)) from None
+            except OSError as exc:
+                raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
         return {"Authorization": f"Bearer {token}"}
 
     # -- sending --
 
-    def send(self, event: Mapping[str, Any], *, retries: int | None = None) -> dict[str, Any]:
-        """Sign and POST an event (a v1 envelope, see `build_event`): agentbox's answer
+    def send(self, event: Mapping[str, Any], *, retries: int | None = None) -> Accepted:
+        """Sign and POST an event (an envelope, see `build_event`): agentbox's answer
         (`run_id`, `status`, `duplicate`, `runs`). Busy, unavailable or unreachable:
         tried again with backoff (`retries` times), then Unreachable."""
         return self.send_body(json.dumps(event, separators=(",", ":")).encode(),
@@ -332,18 +387,21 @@ class Client:
 
     def send_export(self, path: str | os.PathLike[str], project: str | None = None, *,
                     source: str = "client", retries: int | None = None,
-                    **payload_fields: Any) -> dict[str, Any]:
+                    **payload_fields: Any) -> Accepted:
         """Send a rendered mix for review (session.exported): the project from the
         file's name unless given; its id from the file's content and what was asked
         of it (export_id), so the same file sent again the same way is a duplicate
         of its first run. `payload_fields`: more of the payload (profile=...,
-        stage=...)."""
+        stage=...). FileUnreadable: no file there, or not one to read."""
         file = Path(path).expanduser()
-        event = export_event(file, export_id(file, project, **payload_fields), project,
-                             source, **payload_fields)
+        try:
+            event_id = export_id(file, project, **payload_fields)
+        except OSError as exc:
+            raise _unreadable(exc) from None
+        event = export_event(file, event_id, project, source, **payload_fields)
         return self.send(event, retries=retries)
 
-    def send_body(self, body: bytes, *, retries: int | None = None) -> dict[str, Any]:
+    def send_body(self, body: bytes, *, retries: int | None = None) -> Accepted:
         """POST `body` exactly as given, signed afresh for each try."""
         retries = self.retries if retries is None else retries
         delay, told = 0.5, set()
@@ -366,7 +424,7 @@ class Client:
                 delay = min(delay * 2, 30.0)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    def post_event(self, body: bytes) -> dict[str, Any]:
+    def post_event(self, body: bytes) -> Accepted:
         """One try: the answer, or Unreachable (worth trying again), or Refused."""
         headers = {"Content-Type": "application/json",
                    **sign_headers(self.signing_secret(), body, int(time.time()))}
@@ -377,19 +435,17 @@ class Client:
             raise self._unreachable(exc) from None
         if response.status_code in RETRYABLE_STATUSES:
             raise _busy(response, self.url)
-        answer: dict[str, Any] = self._answer(response)
-        return answer
+        return self._read(Accepted, self._answer(response))
 
     # -- reading runs --
 
-    def run(self, run_id: str, *, history: bool = False) -> dict[str, Any]:
+    def run(self, run_id: str, *, history: bool = False) -> RunDetail:
         """GET /runs/{run_id}; with `history`, its attempts and state changes too."""
-        found: dict[str, Any] = self._get(f"/runs/{segment(check_run_id(run_id))}",
-                                          params={"history": "1"} if history else None)
-        return found
+        return self._read(RunDetail, self._get(f"/runs/{segment(check_run_id(run_id))}",
+                                               params={"history": "1"} if history else None))
 
     def lookup(self, ref: str, *, history: bool = False, projects: bool = True
-               ) -> dict[str, Any]:
+               ) -> RunDetail:
         """The run `ref` names: a run id, the start of one (`run_01a2...`, or its
         hexadecimal digits alone, as `agentbox runs` shows them) that no other run
         id starts with, else (with `projects`) a project's name: its latest export.
@@ -397,8 +453,8 @@ class Client:
         prefix = ref if RUN_ID.fullmatch(ref) else \
             f"run_{ref}" if BARE_PREFIX.fullmatch(ref) else None
         if prefix is not None:
-            found = [run["run_id"] for run in self.runs(2, prefix=prefix)["runs"]
-                     if run["run_id"].startswith(prefix)]  # an older agentbox ignores it
+            found = [run.run_id for run in self.runs(2, prefix=prefix).runs
+                     if run.run_id.startswith(prefix)]  # an older agentbox ignores it
             if ref in found or len(found) == 1:
                 return self.run(ref if ref in found else found[0], history=history)
             if found:
@@ -412,33 +468,32 @@ class Client:
         raise NotFound(404, {"error_code": "run_not_found",
                              "message": f"No run id starts with {one_line(ref)[:100]!r}."})
 
-    def _latest_export(self, project: str, history: bool) -> dict[str, Any]:
+    def _latest_export(self, project: str, history: bool) -> RunDetail:
         try:
-            latest = self.exports(project, limit=1)["exports"][0]
+            latest = self.exports(project, limit=1).exports[0]
         except NotFound:
             raise NotFound(404, {"error_code": "not_found", "message": (
                 f"No run id starts with {one_line(project)[:100]!r}, and no project "
                 "has that name.")}) from None
-        return self.run(latest["run_id"], history=history)
+        return self.run(latest.run_id, history=history)
 
     def runs(self, limit: int = 50, status: str | None = None,
-             **filters: str) -> dict[str, Any]:
-        """GET /runs: `{"runs": [...]}`, newest first. `filters`: the API's other
-        query parameters (correlation_id=..., discarded="false")."""
+             **filters: str) -> RunList:
+        """GET /runs: `.runs`, newest first. `filters`: the API's other query
+        parameters (correlation_id=..., discarded="false", prefix=...)."""
         params = {"limit": limit, **({"status": status} if status else {}), **filters}
-        found: dict[str, Any] = self._get("/runs", params=params)
-        return found
+        return self._read(RunList, self._get("/runs", params=params))
 
     def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
                unreachable_timeout: float = FOLLOW_UNREACHABLE_SECONDS,
-               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+               sleep: Callable[[float], None] = time.sleep) -> RunDetail:
         """The run once it is terminal (succeeded, failed_permanent, dead_lettered).
         NotFinished after `timeout` seconds; an agentbox gone meanwhile is waited for
         (told to `progress`) up to `unreachable_timeout`, then Unreachable."""
         path = f"/runs/{segment(check_run_id(run_id))}"
         deadline = time.monotonic() + timeout
         interval, lost_since = FOLLOW_FIRST_SECONDS, None
-        run: dict[str, Any] | None = None
+        run: RunDetail | None = None
         while True:
             try:
                 response = self._http.get(self.url + path)
@@ -448,8 +503,8 @@ class Client:
                 if lost_since is not None:
                     self.progress("reachable again; following the run")
                     lost_since = None
-                run = self._answer(response)
-                if run["terminal"]:
+                run = self._read(RunDetail, self._answer(response))
+                if run.terminal:
                     return run
             if time.monotonic() > deadline:
                 raise NotFinished(f"run {run_id} is not finished after {timeout:g} s", run)
@@ -467,82 +522,78 @@ class Client:
                               f"{exc}", f"cannot reach agentbox at {self.url}") from None
         return since
 
-    def replay(self, run_id: str) -> dict[str, Any]:
+    def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same
         run id): the run, accepted again. Needs the admin token."""
-        found: dict[str, Any] = self._call(
+        return self._read(RunView, self._call(
             "POST", f"/runs/{segment(check_run_id(run_id))}/replay",
-            headers=self._admin_headers())
-        return found
+            headers=self._admin_headers()))
 
-    def exports(self, project: str | None = None, limit: int = 50) -> dict[str, Any]:
-        """GET /exports: `{"exports": [...]}`, a project's exports newest first (the
+    def exports(self, project: str | None = None, limit: int = 50) -> ExportList:
+        """GET /exports: `.exports`, a project's exports newest first (the
         project named in any form: NFC is the one kept); without one, each project's
         latest. NotFound for a project with no export."""
         params: dict[str, Any] = {"limit": limit}
         if project is not None:
             params["project"] = project
-        found: dict[str, Any] = self._get("/exports", params=params)
-        return found
+        return self._read(ExportList, self._get("/exports", params=params))
 
     # -- reference tracks --
 
-    def references(self) -> dict[str, Any]:
-        """GET /references: `{"references": [...]}`, every project's reference track."""
-        found: dict[str, Any] = self._get("/references")
-        return found
+    def references(self) -> ReferenceList:
+        """GET /references: `.references`, every project's reference track."""
+        return self._read(ReferenceList, self._get("/references"))
 
-    def reference(self, project: str) -> dict[str, Any]:
+    def reference(self, project: str) -> ReferenceOut:
         """A project's reference track and what was measured of it. NotFound: none."""
-        found: dict[str, Any] = self._get(f"/projects/{segment(project)}/reference")
-        return found
+        return self._read(ReferenceOut, self._get(f"/projects/{segment(project)}/reference"))
 
-    def add_reference(self, path: str | os.PathLike[str], project: str) -> dict[str, Any]:
+    def add_reference(self, path: str | os.PathLike[str], project: str) -> ReferenceOut:
         """Make the audio file at `path` the project's reference track (sent whole,
         measured once by agentbox): the reference as agentbox now keeps it. Refused
-        (413 reference_too_large, 422 reference_unreadable) says why not. Needs the
-        admin token."""
+        (413 reference_too_large, 422 reference_unreadable) says why not;
+        FileUnreadable, no file there to send. Needs the admin token."""
         file = Path(path)
-        with open(file, "rb") as body:
-            found: dict[str, Any] = self._call(
+        try:
+            body = open(file, "rb")  # noqa: SIM115 - closed below, around the request
+        except OSError as exc:
+            raise _unreadable(exc) from None
+        with body:
+            found = self._call(
                 "PUT", f"/projects/{segment(project)}/reference", params={"name": file.name},
                 content=body, headers={**self._admin_headers(),
                                        "Content-Type": "application/octet-stream"},
                 timeout=REFERENCE_TIMEOUT)
-        return found
+        return self._read(ReferenceOut, found)
 
-    def remove_reference(self, project: str) -> dict[str, Any]:
-        """The project no longer has a reference track: `{"removed": ...}`. NotFound:
-        it had none. Needs the admin token."""
-        found: dict[str, Any] = self._call("DELETE", f"/projects/{segment(project)}/reference",
-                                           headers=self._admin_headers())
-        return found
+    def remove_reference(self, project: str) -> ReferenceRemoved:
+        """The project no longer has a reference track: `.removed`, the one it had.
+        NotFound: it had none. Needs the admin token."""
+        return self._read(ReferenceRemoved, self._call(
+            "DELETE", f"/projects/{segment(project)}/reference",
+            headers=self._admin_headers()))
 
     # -- callbacks and maintenance --
 
-    def callbacks(self, limit: int = 20, state: str | None = None) -> dict[str, Any]:
-        """GET /callbacks: `{"callbacks": [...]}`, the newest notifications."""
+    def callbacks(self, limit: int = 20, state: str | None = None) -> Notifications:
+        """GET /callbacks: `.callbacks`, the newest notifications."""
         params = {"limit": limit, **({"state": state} if state else {})}
-        found: dict[str, Any] = self._get("/callbacks", params=params)
-        return found
+        return self._read(Notifications, self._get("/callbacks", params=params))
 
-    def destinations(self) -> dict[str, Any]:
-        """GET /callbacks/destinations: `{"destinations": [...]}`."""
-        found: dict[str, Any] = self._get("/callbacks/destinations")
-        return found
+    def destinations(self) -> Destinations:
+        """GET /callbacks/destinations: `.destinations`."""
+        return self._read(Destinations, self._get("/callbacks/destinations"))
 
-    def resume_destination(self, destination: str) -> dict[str, Any]:
+    def resume_destination(self, destination: str) -> Resumed:
         """Resume a paused callback destination (an origin). Needs the admin token."""
-        found: dict[str, Any] = self._call("POST", "/callbacks/destinations/resume",
-                                           headers=self._admin_headers(),
-                                           json={"destination": destination})
-        return found
+        return self._read(Resumed, self._call("POST", "/callbacks/destinations/resume",
+                                              headers=self._admin_headers(),
+                                              json={"destination": destination}))
 
-    def prune(self, dry_run: bool = False) -> dict[str, Any]:
+    def prune(self, dry_run: bool = False) -> Pruned:
         """A retention pass by the server now (or what it would remove). Admin."""
-        found: dict[str, Any] = self._call("POST", "/prune", headers=self._admin_headers(),
-                                           json={"dry_run": dry_run}, timeout=None)
-        return found
+        return self._read(Pruned, self._call("POST", "/prune", headers=self._admin_headers(),
+                                             json={"dry_run": dry_run}, timeout=None))
 
     # -- one request --
 
@@ -558,6 +609,18 @@ class Client:
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
         return self._answer(response)
+
+    def _read(self, model: type[Model], answer: Any) -> Model:
+        """An answer as its model; JSON of another shape is not agentbox's answer."""
+        try:
+            return model.model_validate(answer)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the answer"
+            raise UnexpectedAnswer(
+                f"{self.url} answered with JSON that is not agentbox's {model.__name__} "
+                f"({one_line(where)[:80]}: {one_line(first['msg'])}): is it another program, "
+                "or an agentbox of a far older or newer version?", answer) from None
 
     def _unreachable(self, exc: httpx.HTTPError) -> Unreachable:
         """Nothing (or nothing in time) answered: what, and how to start agentbox."""

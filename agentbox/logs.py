@@ -184,7 +184,9 @@ PROBLEM_FIELDS = ("folder", "run_id", "error_code", "error", "reason", "database
 
 
 def one_line(value: Any) -> str:
-    """Text as one line of output: control characters written as escapes."""
+    """Text as one line of output (a log line's, a terminal's: from a run, a file's
+    name, an agent's message): control characters written as escapes, so that a
+    newline in it cannot forge a line of its own."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 

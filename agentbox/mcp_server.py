@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -36,6 +37,8 @@ from agentbox.client import (
     export_event,
     export_id,
 )
+from agentbox.logs import one_line
+from agentbox.models import Accepted, ExportView, RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
 from agentbox.review.profiles import PROFILES
@@ -57,11 +60,6 @@ UNAVAILABLE = ("cannot reach agentbox at {url}, or it stayed busy: is it running
 
 
 # -- what the tools answer (their output schemas) ---------------------------------------------
-
-
-class Note(BaseModel):
-    severity: str = Field(description="fix, consider or info ('' when the review has none)")
-    text: str
 
 
 class RunSummary(BaseModel):
@@ -93,7 +91,10 @@ class RunReport(RunSummary):
     figures: dict[str, float] = Field(
         description="the review's measured figures by key (integrated_lufs, "
                     "true_peak_dbtp, loudness_range_lu, ...)")
-    notes: list[Note] = Field(description="the review's notes, what to fix first first")
+    # The review's own notes (review.present.Note: severity, text, code), one line each.
+    notes: list[present.Note] = Field(description="the review's notes, what to fix first "
+                                                  "first: severity (fix, consider or info; "
+                                                  "'' when the review has none), text, code")
     review: str = Field(description="the review as `agentbox show` prints it")
     run: dict[str, Any] = Field(description="the run as GET /runs/{run_id}?history=1 "
                                             "answers: result, attempts, history, callbacks")
@@ -152,7 +153,7 @@ class Agentbox:
         with tool_errors(), self.client() as client:
             return call(client)
 
-    def send(self, event: dict[str, Any]) -> dict[str, Any]:
+    def send(self, event: dict[str, Any]) -> Accepted:
         """Sign `event` with the configured secret and deliver it as `agentbox send`
         does; a refusal names each field to fix."""
         try:
@@ -177,13 +178,13 @@ def tool_errors() -> Iterator[None]:
 def refusal(status_code: int, answer: Mapping[str, Any]) -> str:
     """`agentbox refused the event (422 invalid_event): ...` with each field's error."""
     told = (f"agentbox refused the event ({status_code} "
-            f"{digest.one_line(answer.get('error_code', ''))}): "
-            f"{digest.one_line(answer.get('message', ''))}")
+            f"{one_line(answer.get('error_code', ''))}): "
+            f"{one_line(answer.get('message', ''))}")
     errors = answer.get("errors")
     if isinstance(errors, list):
         fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
                   for e in errors if isinstance(e, Mapping)]
-        told += "".join(f"\n  {digest.one_line(field)}" for field in fields[:20])
+        told += "".join(f"\n  {one_line(field)}" for field in fields[:20])
     return told
 
 
@@ -197,34 +198,43 @@ def figures(result: Any) -> dict[str, float]:
     return {key: value for key, value in found.items() if value is not None}
 
 
-def summary(run: Mapping[str, Any]) -> RunSummary:
-    result = run.get("result")
-    review = present.read(result) if run.get("status") == "succeeded" else None
-    reviewed = review is not None and bool(review.metrics)
-    verdict = review.verdict if review is not None else None
+def notes(result: Any) -> list[present.Note]:
+    """The review's notes, each text one line (as digest.notes says them)."""
+    review = present.read(result)
+    return [replace(n, text=one_line(n.text)) for n in review.notes] if review else []
+
+
+def verdict_and_headline(status: str, result: Any) -> tuple[str | None, str | None]:
+    """A succeeded review's verdict and headline figures (None, None for anything else)."""
+    review = present.read(result) if status == "succeeded" else None
+    if review is None or not review.metrics:
+        return None, None
+    return review.verdict, digest.headline(result) or None
+
+
+def summary(run: RunView) -> RunSummary:
+    seen = run.as_json()  # as the review's digest reads a run
+    verdict, headline = verdict_and_headline(run.status, run.result)
     return RunSummary(
-        run_id=run["run_id"], status=run["status"], event_type=run["event_type"],
-        agent=run["agent"], project=digest.project_of(run) or None,
-        file=digest.file_name(run) or None,
-        verdict=verdict if reviewed else None,
-        headline=(digest.headline(result) or None) if reviewed else None,
-        accepted_at=run["accepted_at"], completed_at=run["completed_at"],
-        retry_count=run["retry_count"], error_code=run["error_code"],
-        line=digest.short(run))
+        run_id=run.run_id, status=run.status, event_type=run.event_type,
+        agent=run.agent, project=digest.project_of(seen) or None,
+        file=digest.file_name(seen) or None, verdict=verdict, headline=headline,
+        accepted_at=run.accepted_at, completed_at=run.completed_at,
+        retry_count=run.retry_count, error_code=run.error_code,
+        line=digest.short(seen))
 
 
-def report(run: dict[str, Any]) -> RunReport:
+def report(run: RunDetail) -> RunReport:
     base = summary(run)
-    if run["terminal"]:
+    if run.terminal:
         review = "\n".join(terminal.told(run))
     else:
-        review = (f"{base.file or run['run_id']}: {run['status']} (not finished yet: ask "
+        review = (f"{base.file or run.run_id}: {run.status} (not finished yet: ask "
                   "show_run again in a few seconds)")
-    return RunReport(**base.model_dump(), terminal=run["terminal"],
-                     figures=figures(run.get("result")) if base.verdict else {},
-                     notes=[Note(severity=s, text=t) for s, t in
-                            digest.notes(run.get("result"))] if base.verdict else [],
-                     review=review, run=run)
+    return RunReport(**base.model_dump(), terminal=run.terminal,
+                     figures=figures(run.result) if base.verdict else {},
+                     notes=notes(run.result) if base.verdict else [],
+                     review=review, run=run.as_json())
 
 
 def answer(text: str, model: BaseModel) -> CallToolResult:
@@ -294,7 +304,7 @@ def argument_errors(tool: str, error: ValidationError, schema: Mapping[str, Any]
         elif not field:
             told[name] = f"{name} is not an argument of {tool}"
         else:
-            got = digest.one_line(json.dumps(problem.get("input"), default=str))
+            got = one_line(json.dumps(problem.get("input"), default=str))
             got = got if len(got) <= 60 else got[:57] + "..."
             told[name] = f"{name} must be {expected(field)}, not {got}"
     return f"{tool}: " + "; ".join(told.values())
@@ -335,9 +345,9 @@ def _mix_file(mix_path: str) -> Path:
     path = Path(mix_path).expanduser()
     if not path.is_absolute():
         raise ToolError(f"mix_path must be an absolute path (this server's working directory "
-                        f"is not yours): {digest.one_line(mix_path)[:200]!r}")
+                        f"is not yours): {one_line(mix_path)[:200]!r}")
     if not path.is_file():
-        raise ToolError(f"no file at {digest.one_line(path)[:300]!r}")
+        raise ToolError(f"no file at {one_line(path)[:300]!r}")
     return path
 
 
@@ -347,24 +357,24 @@ def build_server(box: Agentbox) -> ToolServer:
 
     def sent(event: dict[str, Any], wait_seconds: float) -> CallToolResult:
         got = box.send(event)
-        result = SendAnswer(run_id=got["run_id"], status=got["status"],
-                            duplicate=got["duplicate"], runs=got.get("runs", []))
-        what = "already sent before: run" if got["duplicate"] else "accepted: run"
-        text = f"{what} {got['run_id']} ({got['status']})"
+        result = SendAnswer(run_id=got.run_id, status=got.status, duplicate=got.duplicate,
+                            runs=[run.as_json() for run in got.runs])
+        what = "already sent before: run" if got.duplicate else "accepted: run"
+        text = f"{what} {got.run_id} ({got.status})"
         if wait_seconds > 0:
             try:
                 with box.client() as client:
-                    client.follow(got["run_id"], wait_seconds)
+                    client.follow(got.run_id, wait_seconds)
             except NotFinished:
                 text += (f"; not finished after {wait_seconds:g} s: ask show_run "
-                         f"{got['run_id']} later")
+                         f"{got.run_id} later")
             except AgentboxError as exc:
                 raise ToolError(str(exc)) from None
             else:
-                result.review = report(box.ask(lambda c: c.run(got["run_id"], history=True)))
+                result.review = report(box.ask(lambda c: c.run(got.run_id, history=True)))
                 text += "\n" + result.review.review
         else:
-            text += f"; its review: show_run {got['run_id']}"
+            text += f"; its review: show_run {got.run_id}"
         return answer(text, result)
 
     @server.tool()
@@ -428,7 +438,7 @@ def build_server(box: Agentbox) -> ToolServer:
         chain = {} if correlation_id is None else {"correlation_id": correlation_id}
         listed = box.ask(lambda c: c.runs(limit, None if status is None else status.value,
                                                  **chain))
-        found = [summary(r) for r in listed["runs"]]
+        found = [summary(r) for r in listed.runs]
         return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
                       RunList(runs=found))
 
@@ -445,7 +455,7 @@ def build_server(box: Agentbox) -> ToolServer:
         """Runs that failed for good and wait for a decision (replay_run), newest
         first; those discarded on the status page are left out."""
         listed = box.ask(lambda c: c.runs(limit, "dead_lettered", discarded="false"))
-        found = [summary(r) for r in listed["runs"]]
+        found = [summary(r) for r in listed.runs]
         return answer(runs_text(found, "no dead letters waiting for a decision"),
                       RunList(runs=found))
 
@@ -462,8 +472,8 @@ def build_server(box: Agentbox) -> ToolServer:
                         limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
         """A project's exports over time, oldest first, each with its verdict and
         headline figures (the project page's history): how the mix has moved."""
-        exports = box.ask(lambda c: c.exports(project, limit))["exports"]
-        history = ProjectHistory(project=exports[0]["project"] if exports else project,
+        exports = box.ask(lambda c: c.exports(project, limit)).exports
+        history = ProjectHistory(project=exports[0].project if exports else project,
                                  exports=[export_summary(e) for e in reversed(exports)])
         lines = [f"{e.accepted_at[:16].replace('T', ' ')}  {e.file or e.run_id}: "
                  + (f"{e.verdict} · {e.headline}" if e.verdict else e.status)
@@ -475,18 +485,14 @@ def build_server(box: Agentbox) -> ToolServer:
     return server
 
 
-def export_summary(export: Mapping[str, Any]) -> ExportSummary:
-    as_run = {"run_id": export["run_id"], "status": export["status"],
-              "result": export.get("result")}
-    found = summary({**as_run, "event_type": "", "agent": export["agent"], "project": None,
-                     "accepted_at": export["accepted_at"],
-                     "completed_at": export["finished_at"], "retry_count": 0,
-                     "error_code": None})
-    return ExportSummary(run_id=export["run_id"], status=export["status"],
-                         accepted_at=export["accepted_at"], finished_at=export["finished_at"],
-                         file=found.file, verdict=found.verdict, headline=found.headline,
-                         figures=figures(export.get("result")) if found.verdict else {},
-                         archived=bool(export.get("archived")))
+def export_summary(export: ExportView) -> ExportSummary:
+    verdict, headline = verdict_and_headline(export.status, export.result)
+    return ExportSummary(run_id=export.run_id, status=export.status,
+                         accepted_at=export.accepted_at, finished_at=export.finished_at,
+                         file=digest.file_name({"result": export.result}) or None,
+                         verdict=verdict, headline=headline,
+                         figures=figures(export.result) if verdict else {},
+                         archived=export.archived)
 
 
 def _version() -> str:

@@ -30,6 +30,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# Where signed events are POSTed: the receiver's route and every sender's target.
+RECEIVER_PATH = "/webhooks/events"
 HEX_TIMESTAMP_HEADER = "x-webhook-timestamp"
 HEX_SIGNATURE_HEADER = "x-webhook-signature"
 SW_ID_HEADER = "webhook-id"

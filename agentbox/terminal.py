@@ -12,12 +12,14 @@ at the end. Another agent's run is told in its own terms.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import wcwidth
 
 from agentbox.engine.agents import RENAMED_AGENTS
+from agentbox.logs import one_line
+from agentbox.models import RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.figures import local_time
@@ -33,7 +35,7 @@ SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
 def line(value: Any) -> str:
     """Text from a run (an agent's message, an event's data) as one line of output:
     a newline in it cannot make a line of its own that looks like agentbox's."""
-    return digest.one_line(value)
+    return one_line(value)
 
 
 def is_review(result: Any) -> bool:
@@ -43,34 +45,32 @@ def is_review(result: Any) -> bool:
     return as_review(result) is not None
 
 
-def reviews(run: Mapping[str, Any]) -> bool:
+def reviews(run: RunView) -> bool:
     """Whether `run` is the mix review's (told in a musician's words)."""
-    return run.get("agent") in MIX_REVIEW
+    return run.agent in MIX_REVIEW
 
 
-def outcome(run: Mapping[str, Any]) -> present.Outcome:
+def outcome(run: RunView) -> present.Outcome:
     """What became of an export with no verdict (yet), in a musician's words."""
-    return present.outcome(str(run.get("status")), run.get("error_code"),
-                           run.get("error_message"))
+    return present.outcome(run.status, run.error_code, run.error_message)
 
 
-def told(run: dict[str, Any], name: str | None = None) -> list[str]:
+def told(run: RunView, name: str | None = None) -> list[str]:
     """A finished run for people: the review; what became of an export that has none;
     another agent's status and result (as JSON)."""
-    result = run.get("result")
-    if run.get("status") != "succeeded" and reviews(run):
-        named = line(name) if name else digest.file_name(run) or line(run["run_id"])
+    if run.status != "succeeded" and reviews(run):
+        named = line(name) if name else digest.file_name(run.as_json()) or line(run.run_id)
         return [f"{named}: {line(outcome(run).text)}"]
-    if run.get("status") != "succeeded" or result is None or is_review(result):
-        return digest.review_lines(run, name)
-    return [f"{line(name or run['run_id'])}: succeeded", "result: " + json.dumps(result)]
+    if run.status != "succeeded" or run.result is None or is_review(run.result):
+        return digest.review_lines(run.as_json(), name)
+    return [f"{line(name or run.run_id)}: succeeded", "result: " + json.dumps(run.result)]
 
 
-def summary_line(run: dict[str, Any]) -> str:
+def summary_line(run: RunView) -> str:
     """A finished run in one line: `night-drive.wav: pass · -14.2 LUFS · …`, or what
     became of the export (`empty.wav: couldn't review: the file is empty — …`)."""
-    if run.get("status") == "succeeded" or not reviews(run):
-        return digest.short(run)
+    if run.status == "succeeded" or not reviews(run):
+        return digest.short(run.as_json())
     return told(run)[0]
 
 
@@ -89,28 +89,28 @@ MIN_SHRUNK = 12
 NAMES = ("PROJECT", "FILE")  # cut in the middle; a sentence, at its end
 
 
-def verdict_word(run: Mapping[str, Any]) -> str:
+def verdict_word(run: RunView) -> str:
     """The review's verdict (pass, warn, fail), else what became of the export, in a
     word or two; another agent's run: its state in a word."""
-    if run.get("status") == "succeeded":
-        found = present.read(run.get("result"))
+    if run.status == "succeeded":
+        found = present.read(run.result)
         if found is not None and found.verdict:
             return found.verdict
     if reviews(run):
         return OUTCOME_WORDS[outcome(run).kind]
-    return STATE_WORDS.get(str(run.get("status")), line(run.get("status")))
+    return STATE_WORDS.get(run.status, line(run.status))
 
 
-def why(run: Mapping[str, Any]) -> str:
+def why(run: RunView) -> str:
     """Why a run failed, as its readers need it: a musician's words for the review."""
     if reviews(run):
         return line(outcome(run).text)
-    code, message = run.get("error_code"), run.get("error_message")
-    return line(f"{code}: {message}" if code else STATE_WORDS.get(str(run.get("status")), ""))
+    code, message = run.error_code, run.error_message
+    return line(f"{code}: {message}" if code else STATE_WORDS.get(run.status, ""))
 
 
-def figure(run: Mapping[str, Any], key: str, signed: bool = False) -> str:
-    found = present.read(run.get("result"))
+def figure(run: RunView, key: str, signed: bool = False) -> str:
+    found = present.read(run.result)
     value = found.figure(key) if found is not None else None
     return "-" if value is None else f"{value:+.1f}" if signed else f"{value:.1f}"
 
@@ -133,23 +133,28 @@ def _common(a: str, b: str) -> int:
                 min(len(a), len(b)))
 
 
-def runs_table(found: list[dict[str, Any]]) -> list[str]:
+def runs_table(found: Sequence[RunView]) -> list[str]:
     """`agentbox runs`: newest first, when, project, file, the verdict (or what became
     of the export) and the headline figures, and a short id; WIDTH columns at most."""
-    ids = short_ids([run["run_id"] for run in found])
-    rows = [(line(local_time(run["accepted_at"])), digest.project_of(run) or "-",
-             digest.file_name(run) or "-", verdict_word(run),
+    ids = short_ids([run.run_id for run in found])
+    rows = [(*_where(run), verdict_word(run),
              figure(run, "integrated_lufs"), figure(run, "true_peak_dbtp", signed=True),
-             figure(run, "loudness_range_lu"), ids[run["run_id"]]) for run in found]
+             figure(run, "loudness_range_lu"), ids[run.run_id]) for run in found]
     return table(RUN_COLUMNS, rows, right=("LUFS", "PEAK", "LRA"))
 
 
-def why_table(found: list[dict[str, Any]]) -> list[str]:
+def why_table(found: Sequence[RunView]) -> list[str]:
     """`agentbox dead-letters`: when, project, file, why it failed, a short id."""
-    ids = short_ids([run["run_id"] for run in found])
-    rows = [(line(local_time(run["accepted_at"])), digest.project_of(run) or "-",
-             digest.file_name(run) or "-", why(run), ids[run["run_id"]]) for run in found]
+    ids = short_ids([run.run_id for run in found])
+    rows = [(*_where(run), why(run), ids[run.run_id]) for run in found]
     return table(WHY_COLUMNS, rows)
+
+
+def _where(run: RunView) -> tuple[str, str, str]:
+    """A row's WHEN, PROJECT and FILE."""
+    seen = run.as_json()
+    return (line(local_time(run.accepted_at)), digest.project_of(seen) or "-",
+            digest.file_name(seen) or "-")
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
@@ -200,45 +205,44 @@ def _within(text: str, width: int) -> str:
 # -- agentbox show -----------------------------------------------------------------------------
 
 
-def show_lines(run: dict[str, Any]) -> list[str]:
+def show_lines(run: RunDetail) -> list[str]:
     """`agentbox show`: the review (or what became of the export, or another agent's
     result) first, where it came from, then the engine's Details."""
-    result = run.get("result")
-    if reviews(run) or is_review(result):
+    if reviews(run) or is_review(run.result):
         lines = told(run)
     else:
-        lines = [f"{line(run['run_id'])}: {verdict_word(run)}"]
-        if result is not None:
-            lines.append("result: " + json.dumps(result))
-    where = [f"project {digest.project_of(run)}" if digest.project_of(run) else "",
-             f"file {digest.file_name(run)}" if digest.file_name(run) else "",
-             f"sent {line(local_time(run['accepted_at']))}"]
+        lines = [f"{line(run.run_id)}: {verdict_word(run)}"]
+        if run.result is not None:
+            lines.append("result: " + json.dumps(run.result))
+    seen = run.as_json()
+    project, file = digest.project_of(seen), digest.file_name(seen)
+    where = [f"project {project}" if project else "", f"file {file}" if file else "",
+             f"sent {line(local_time(run.accepted_at))}"]
     return [*lines, "", " · ".join(w for w in where if w), "", *details(run)]
 
 
-def details(run: dict[str, Any]) -> list[str]:
+def details(run: RunDetail) -> list[str]:
     """The engine's account of a run: its state, agent, event, history, callbacks."""
     lines = ["Details:",
-             f"  run {run['run_id']}  {run['status']}, attempt {run['attempt']}, "
-             f"retries {run['retry_count']}",
-             f"  agent {line(run['agent'])}",
-             f"  event {line(run['event_type'])} from {line(run['source'])} "
-             f"(event {line(run['event_id'])})"]
-    if run["error_code"]:
-        lines.append(f"  error {line(run['error_code'])}: {line(run['error_message'])}")
-    if run.get("body_removed_at"):
-        lines.append(f"  event body removed by retention at {run['body_removed_at']} "
+             f"  run {run.run_id}  {run.status}, attempt {run.attempt}, "
+             f"retries {run.retry_count}",
+             f"  agent {line(run.agent)}",
+             f"  event {line(run.event_type)} from {line(run.source)} "
+             f"(event {line(run.event_id)})"]
+    if run.error_code:
+        lines.append(f"  error {line(run.error_code)}: {line(run.error_message)}")
+    if run.body_removed_at:
+        lines.append(f"  event body removed by retention at {run.body_removed_at} "
                      "(the run cannot be replayed)")
-    if run["correlation_id"] or run["hop"]:
-        lines.append(f"  chain {run['correlation_id']}, caused by {run['causation_id']}, "
-                     f"hop {run['hop']}")
+    if run.correlation_id or run.hop:
+        lines.append(f"  chain {run.correlation_id}, caused by {run.causation_id}, "
+                     f"hop {run.hop}")
     lines.append("  history:")
-    for change in run.get("history", []):
-        note = f"  ({line(change['note'])})" if change["note"] else ""
-        lines.append(f"    {change['at']}  {change['status']:<16} attempt "
-                     f"{change['attempt']}{note}")
-    for c in run.get("callbacks", []):
-        lines.append(f"  callback {c['notification_id']}: {c['state']} after "
-                     f"{c['attempts']} attempt(s)"
-                     f"{' - ' + line(c['last_error']) if c['last_error'] else ''}")
+    for change in run.history or []:
+        note = f"  ({line(change.note)})" if change.note else ""
+        lines.append(f"    {change.at}  {change.status:<16} attempt {change.attempt}{note}")
+    for c in run.callbacks:
+        lines.append(f"  callback {c.notification_id}: {c.state} after "
+                     f"{c.attempts} attempt(s)"
+                     f"{' - ' + line(c.last_error) if c.last_error else ''}")
     return lines

@@ -43,6 +43,31 @@ def test_send_then_follow_the_run(server: Server) -> None:
     assert f"run {answer['run_id']}  succeeded" in readable and "history:" in readable
 
 
+def test_json_output_is_the_api_s_answer_byte_for_byte(server: Server) -> None:
+    """The client reads answers into models; --json prints them as the API sent them:
+    the same fields in the same order, nulls and all."""
+    run_id = server.post(make_event(project_id="ok")).json()["run_id"]
+    server.wait_terminal(run_id)
+    for args, path, params in (
+            (("show", run_id), f"/runs/{run_id}", {"history": "1"}),
+            (("runs", "--limit", "5"), "/runs", {"limit": "5"}),
+            (("callbacks", "list"), "/callbacks", {"limit": "20"})):
+        printed = agentbox(server, *args, "--url", server.url, "--json")
+        assert printed.returncode == 0, printed.stderr
+        answered = server.client.get(path, params=params).json()
+        shown = answered if args[0] == "show" else answered[path.rsplit("/", 1)[-1]]
+        assert printed.stdout == json.dumps(shown, indent=2) + "\n", args
+    sent = agentbox(server, "send", "--url", server.url, "--event-id", "pinned",
+                    "session.exported", "project_id=ok", "mix_url=/mixes/a.wav")
+    again = agentbox(server, "send", "--url", server.url, "--event-id", "pinned",
+                     "session.exported", "project_id=ok", "mix_url=/mixes/a.wav")
+    first, second = json.loads(sent.stdout), json.loads(again.stdout)
+    assert list(first) == list(second) == ["status", "run_id", "duplicate", "status_url",
+                                           "runs"]
+    assert sent.stdout == json.dumps(first, separators=(",", ":")) + "\n"  # as it came
+    assert second["duplicate"] is True and second["run_id"] == first["run_id"]
+
+
 def test_send_refused_event_exits_non_zero(server: Server) -> None:
     sent = agentbox(server, "send", "--url", server.url, "session.exported", "project_id=ok")
     assert sent.returncode == 1

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from agentbox.logs import one_line
 from agentbox.review import digest
 from tests.conftest import Server, free_port, make_event, wait_until
 
@@ -123,7 +124,7 @@ def test_send_wait_prints_the_review_for_people(server_factory: Any, tmp_path: P
     assert f"LRA {metrics['loudness_range_lu']:.1f} LU" in told[1] and "PLR" in told[1]
     assert "Notes, what to fix first:" in told
     first_note = run["result"]["review_notes"][0]
-    assert any(line.endswith(digest.one_line(first_note)) and line.startswith("  1. ")
+    assert any(line.endswith(one_line(first_note)) and line.startswith("  1. ")
                for line in told)
     assert len(done.stdout.splitlines()) < 40  # not the whole document
     # --json: the document

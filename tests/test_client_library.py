@@ -23,15 +23,20 @@ from agentbox.client import (
     START_HINT,
     AgentboxError,
     Client,
+    FileUnreadable,
     InvalidRunId,
+    Misconfigured,
+    NotAgentbox,
     NotFinished,
     NotFound,
     Refused,
+    UnexpectedAnswer,
     Unreachable,
     build_event,
     check_run_id,
     segment,
 )
+from agentbox.models import RunDetail
 from tests.conftest import SECRET, Server, free_port, make_event
 
 SCRIPT = """
@@ -42,20 +47,22 @@ from agentbox.client import Client, build_event
 with Client(sys.argv[1]) as box:  # the secret and admin token from the configuration
     answer = box.send(build_event("session.exported", "script", "take-1",
                                   {"project_id": "ok", "mix_url": "/mixes/take-1.wav"}))
-    run = box.follow(answer["run_id"], timeout=60)
+    run = box.follow(answer.run_id, timeout=60)
     export = box.send_export(Path(sys.argv[2]))
     again = box.send_export(Path(sys.argv[2]))
     mastered = box.send_export(Path(sys.argv[2]), stage="master")
     dead = box.send(build_event("session.exported", "script", "take-2",
                                 {"project_id": "always-fail", "mix_url": "/m.wav"}))
-    failed = box.follow(dead["run_id"], timeout=60)
-    replayed = box.replay(dead["run_id"])
-    print(json.dumps({"answer": answer, "run": run, "export": export, "again": again,
-                      "mastered": mastered,
-                      "failed": failed, "replayed": replayed,
-                      "listed": box.runs(limit=10)["runs"],
-                      "exports": box.exports("ok")["exports"],
-                      "cli": "agentbox.cli" in sys.modules}))
+    failed = box.follow(dead["run_id"], timeout=60)  # read by name, as before models
+    replayed = box.replay(dead.run_id)
+    found = {"answer": answer, "run": run, "export": export, "again": again,
+             "mastered": mastered, "failed": failed, "replayed": replayed}
+    print(json.dumps({**{name: model.as_json() for name, model in found.items()},
+                      "types": {name: type(model).__name__ for name, model in found.items()},
+                      "listed": [r.as_json() for r in box.runs(limit=10).runs],
+                      "exports": [e.as_json() for e in box.exports("ok").exports],
+                      "cli": "agentbox.cli" in sys.modules,
+                      "digest": "agentbox.review.digest" in sys.modules}))
 """
 
 
@@ -82,7 +89,11 @@ def test_a_script_sends_and_follows_with_the_library_alone(server: Server,
     assert {r["run_id"] for r in told["listed"]} >= {told["answer"]["run_id"],
                                                      told["export"]["run_id"]}
     assert told["exports"][0]["project"] == "ok"
-    assert told["cli"] is False  # the library alone
+    assert told["types"] == {"answer": "Accepted", "run": "RunDetail", "export": "Accepted",
+                             "again": "Accepted", "mastered": "Accepted",
+                             "failed": "RunDetail", "replayed": "RunView"}
+    assert told["run"] == server.run(told["answer"]["run_id"])  # the answer as it came
+    assert told["cli"] is False and told["digest"] is False  # the library alone
 
 
 def test_each_refusal_is_its_own_error(server_factory: Any) -> None:
@@ -103,8 +114,8 @@ def test_each_refusal_is_its_own_error(server_factory: Any) -> None:
         assert no_project.value.error_code == "project_not_found"
         busy = box.send(make_event(project_id="sleep-30"))  # the one run that may wait
         with pytest.raises(NotFinished) as unfinished:
-            box.follow(busy["run_id"], timeout=0.3)
-        assert unfinished.value.run is not None and not unfinished.value.run["terminal"]
+            box.follow(busy.run_id, timeout=0.3)
+        assert unfinished.value.run is not None and not unfinished.value.run.terminal
         with pytest.raises(Unreachable) as full:
             box.send(make_event())
     assert full.value.status == 429 and full.value.error_code == "too_many_pending"
@@ -226,3 +237,85 @@ def test_an_event_is_built_with_its_idempotency_key() -> None:
                         callback_url="https://studio.example/cb")
     assert event["idempotency_key"] == "daw:session.exported:take-1"
     assert event["timestamp"].endswith("Z") and event["callback_url"].startswith("https")
+
+
+# -- typed answers and errors -------------------------------------------------------------
+
+
+def test_a_file_that_cannot_be_read_is_an_agentbox_error(recorder: str,
+                                                         tmp_path: Path) -> None:
+    Recorder.seen.clear()
+    missing = tmp_path / "never rendered.wav"
+    with Client(recorder, secret="s", admin_token="t") as box:
+        for send in (box.send_export, lambda path: box.add_reference(path, "p")):
+            with pytest.raises(FileUnreadable) as unread:
+                send(missing)
+            assert isinstance(unread.value, AgentboxError) and isinstance(unread.value,
+                                                                          OSError)
+            assert unread.value.filename == str(missing)
+            assert str(unread.value) == f"cannot read {missing}: No such file or directory"
+    assert Recorder.seen == []  # nothing was sent
+
+
+class Stranger(Recorder):
+    """JSON that is not agentbox's answer (a field missing)."""
+
+    def _answer(self) -> None:
+        body = json.dumps({"runs": [{"run_id": "run_1"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = _answer
+
+
+def test_json_of_another_shape_is_not_agentbox_s_answer() -> None:
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{served.server_address[1]}") as box, \
+                pytest.raises(UnexpectedAnswer) as odd:
+            box.runs()
+    finally:
+        served.shutdown()
+        served.server_close()
+    assert isinstance(odd.value, NotAgentbox) and isinstance(odd.value, AgentboxError)
+    assert "not agentbox's RunList (runs.0.status: Field required)" in str(odd.value)
+    assert odd.value.answer == {"runs": [{"run_id": "run_1"}]}
+
+
+def test_a_newer_agentbox_s_field_is_kept_and_given_back() -> None:
+    from tests.support.runs import QUIET
+
+    sent = {**QUIET, "file": None, "the_next_field": [1, None]}
+    run = RunDetail.model_validate(sent)
+    assert run.model_extra == {"the_next_field": [1, None]}
+    assert run.as_json() == sent and run["the_next_field"] == [1, None]
+    assert run["status"] == run.status and run.get("attempts") is None
+    with pytest.raises(KeyError):
+        run["attempts"]  # left out of the answer (no ?history=1): not there, as before
+
+
+def test_the_package_says_it_is_typed() -> None:
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "agentbox" / "py.typed").is_file()
+    assert '"py.typed"' in (root / "pyproject.toml").read_text()
+
+
+def test_a_credential_that_cannot_be_kept_is_misconfigured(tmp_path: Path,
+                                                           monkeypatch: Any) -> None:
+    """The secret and the token are made on first use in the config directory: one
+    that cannot be made (a file stands there) is said as Misconfigured, an
+    AgentboxError, naming the variable that gives it instead."""
+    (tmp_path / "config").write_text("a file where the config directory would be")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("AGENTBOX_WEBHOOK_SECRET", "AGENTBOX_ADMIN_TOKEN", "AGENTBOX_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    with Client(f"http://127.0.0.1:{free_port()}", environ={}) as box:
+        for call, variable in ((box.signing_secret, "AGENTBOX_WEBHOOK_SECRET"),
+                               (lambda: box.replay("run_1"), "AGENTBOX_ADMIN_TOKEN")):
+            with pytest.raises(Misconfigured) as unkept:
+                call()
+            assert f"give it in {variable}" in str(unkept.value)

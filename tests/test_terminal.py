@@ -147,17 +147,19 @@ def test_the_server_s_own_reason_reaches_the_sender(server_factory: Any,
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from agentbox.models import RunDetail  # noqa: E402
 from agentbox.review.figures import local_time  # noqa: E402
 from agentbox.terminal import columns, runs_table, short_ids, why_table  # noqa: E402
+from tests.support.runs import made_run  # noqa: E402
 
 REVIEW_AGENT = "agentbox.review.agent:mix_review"
 
 
 def made_up(run_id: str, status: str = "succeeded", project: str = "Night Drive",
-            result: Any = None, **fields: Any) -> dict[str, Any]:
-    return {"run_id": run_id, "status": status, "agent": REVIEW_AGENT, "project": project,
-            "file": f"{project}.wav", "accepted_at": "2026-07-27T14:02:00Z", "result": result,
-            "error_code": None, "error_message": None, **fields}
+            result: Any = None, **fields: Any) -> RunDetail:
+    return made_run(**{"run_id": run_id, "status": status, "agent": REVIEW_AGENT,
+                       "project": project, "file": f"{project}.wav", "result": result,
+                       **fields})
 
 
 def test_runs_fit_a_hundred_columns_with_people_s_words() -> None:

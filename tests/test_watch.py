@@ -21,6 +21,7 @@ import soundfile as sf
 from agentbox.desktop.watch import AUDIO_SUFFIXES, Watcher, reviewed_whole
 from agentbox.review.containers import audio_complete
 from tests.conftest import make_event, wait_until
+from tests.support.runs import made_run
 from tests.test_client import agentbox, tone
 
 
@@ -199,7 +200,7 @@ def test_a_header_that_promises_more_than_is_there_is_waited_for(tmp_path: Path)
     assert watcher.poll() == [empty]
     earlier = watcher.continues(empty)  # the same export, written on: its run, then
     assert earlier is not None and earlier.event_id == "watch-empty"
-    failed = {"status": "failed_permanent", "result": None}  # "the file is empty"
+    failed = made_run(status="failed_permanent")  # "the file is empty"
     assert not reviewed_whole(failed, empty.stat().st_size)  # so: the follow-up, whole
     for fmt, suffix in (("AIFF", ".aiff"), ("RF64", ".rf64")):
         path = tmp_path / f"x{suffix}"

@@ -51,6 +51,7 @@ from agentbox.desktop.watch import (
     reviewed_whole,
     state_file,
 )
+from agentbox.models import RunDetail
 from agentbox.terminal import line, told
 
 DEFAULT_INTERVAL_SECONDS = 1.0  # between scans of a folder
@@ -83,15 +84,16 @@ class News:
     text: str
     problem: bool = False  # waiting, refused, not sent: a warning's place (stderr)
     run_id: str | None = None
-    run: dict[str, Any] | None = None  # the finished run, when its review is told
+    run: RunDetail | None = None  # the finished run, when its review is told
 
 
 Tell = Callable[[News], None]
 
 
 @dataclass
-class Outcome:
-    """How a `FolderWatch.once` ended: files refused, files not sent (unavailable)."""
+class Tally:
+    """How a `FolderWatch.once` ended, counted: files refused, files not sent
+    (unavailable). Not a run's outcome (the store's, the review's): files left over."""
 
     refused: int = 0
     unsent: int = 0
@@ -180,14 +182,14 @@ class FolderWatch:
                 return ""
             reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
         else:
-            what = "duplicate" if answer["duplicate"] else "accepted"
+            what = "duplicate" if answer.duplicate else "accepted"
             if item.grown:  # the same export, written on: its run, not a new one
                 what = "written on after it was sent; still"
             elif item.again_of:
                 what = f"reviewed whole again (run {item.again_of} read it unfinished):"
-            self.tell(News(item.path, f"{name}: {what} {answer['run_id']}",
-                           run_id=str(answer["run_id"])))
-            return str(answer["run_id"])
+            self.tell(News(item.path, f"{name}: {what} {answer.run_id}",
+                           run_id=answer.run_id))
+            return answer.run_id
         if reason != item.said:
             item.said = reason
             self.tell(News(item.path, f"{name}: waiting: {reason}; trying again with backoff",
@@ -206,7 +208,7 @@ class FolderWatch:
                 continue
             except AgentboxError:
                 return again  # asked again at the next turn
-            if not run.get("terminal"):
+            if not run.terminal:
                 continue
             del self.reviewing[run_id]
             if item.grown and not reviewed_whole(run, item.size) and item.path.exists():
@@ -219,12 +221,12 @@ class FolderWatch:
 
     # -- once: until nothing is being written --
 
-    def once(self, retries: int, interval: float = DEFAULT_INTERVAL_SECONDS) -> Outcome:
+    def once(self, retries: int, interval: float = DEFAULT_INTERVAL_SECONDS) -> Tally:
         """Send what finishes until nothing is being written (two quiet scans), each
         file tried `retries` times; after one file found agentbox unavailable, the
         rest are not tried."""
         self.start()
-        idle, outcome = 0, Outcome()
+        idle, outcome = 0, Tally()
         while True:
             ready = self.watcher.poll()
             for path in ready:
@@ -234,7 +236,7 @@ class FolderWatch:
                 return outcome
             time.sleep(interval)
 
-    def _send_once(self, path: Path, retries: int, outcome: Outcome) -> None:
+    def _send_once(self, path: Path, retries: int, outcome: Tally) -> None:
         found = self._event_id(path)
         if found is None:
             return
@@ -252,9 +254,8 @@ class FolderWatch:
             outcome.unsent += 1
             return
         else:
-            what = "duplicate" if answer["duplicate"] else "accepted"
-            self.tell(News(path, f"{name}: {what} {answer['run_id']}",
-                           run_id=str(answer["run_id"])))
+            what = "duplicate" if answer.duplicate else "accepted"
+            self.tell(News(path, f"{name}: {what} {answer.run_id}", run_id=answer.run_id))
         self.watcher.sent(path, event_id)
         self.watcher.taken(path)
 

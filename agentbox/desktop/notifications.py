@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
-from agentbox.logs import get_logger
+from agentbox.logs import get_logger, one_line
 from agentbox.review import digest
 from agentbox.store import Store, Transition
 
@@ -41,7 +41,7 @@ def message(run: Mapping[str, Any], event: Mapping[str, Any] | None = None
     if run.get("status") != "succeeded":
         error = run.get("error_code")
         return (f"Review failed · {name}",
-                digest.one_line(run.get("error_message") or error or run.get("status")))
+                one_line(run.get("error_message") or error or run.get("status")))
     verdict = digest.verdict_of(run)
     title = "Review" if verdict == "succeeded" else f"Review: {verdict}"
     return f"{title} · {name}", digest.headline(run.get("result")) or "reviewed"
@@ -52,7 +52,7 @@ def _file_of(event: Mapping[str, Any] | None) -> str:
     mix_url = payload.get("mix_url") if isinstance(payload, Mapping) else None
     if not isinstance(mix_url, str):
         return ""
-    return digest.one_line(PurePath(mix_url.replace("\\", "/")).name)
+    return one_line(PurePath(mix_url.replace("\\", "/")).name)
 
 
 async def desktop_sender() -> Send | None:
@@ -121,7 +121,7 @@ class ReviewNotifications:
                 self._complained = True
                 log.warning("a desktop notification could not be shown; reviews go on "
                             "(said once)", extra={"error": f"{type(exc).__name__}: "
-                                                           f"{digest.one_line(exc)[:200]}"})
+                                                           f"{one_line(exc)[:200]}"})
 
     async def close(self) -> None:
         """Cancel notifications still on their way (at shutdown)."""

@@ -10,9 +10,9 @@ nothing here is part of a run.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from agentbox.logs import get_logger
+from agentbox.models import RunView
 from agentbox.review.present import mix_name
 from agentbox.store import Store, Transition
 from agentbox.terminal import MIX_REVIEW, summary_line, verdict_word
@@ -41,14 +41,15 @@ class ReviewLog:
             found = await self.store.get_run(run_id)
             if found is None:
                 return
-            run: dict[str, Any] = found.model_dump(mode="json")
-            if not run.get("result"):  # its file, for a review that could not be made
+            run = RunView.model_validate(found.model_dump(mode="json"))
+            if not run.result:  # its file, for a review that could not be made
                 event = await self.store.event_of(run_id)
                 payload = event.get("payload") if isinstance(event, dict) else None
                 url = payload.get("mix_url") if isinstance(payload, dict) else None
-                run["file"] = mix_name(url) if isinstance(url, str) else None
+                run = RunView.model_validate({**run.as_json(), "file": mix_name(url)
+                                              if isinstance(url, str) else None})
             log.info("review finished", extra={
-                "run_id": run_id, "project": run.get("project"), "file": run.get("file"),
+                "run_id": run_id, "project": run.project, "file": run.file,
                 "verdict": verdict_word(run), "told": summary_line(run)})
         except asyncio.CancelledError:
             raise

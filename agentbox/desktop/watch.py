@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox import portable
+from agentbox.models import RunView
 from agentbox.review.containers import audio_complete
 
 # What the review decodes (libsndfile: WAV and its RF64/W64/BWF kin, AIFF, FLAC,
@@ -324,12 +325,11 @@ class Reviewing:
     grown: bool = False
 
 
-def reviewed_whole(run: dict[str, object], size: int) -> bool:
+def reviewed_whole(run: RunView, size: int) -> bool:
     """Whether a finished run's review read `size` bytes (the file as last sent)."""
-    result = run.get("result")
-    file = result.get("file") if isinstance(result, dict) else None
+    file = run.result.get("file") if isinstance(run.result, dict) else None
     read = file.get("size_bytes") if isinstance(file, dict) else None
-    return run.get("status") == "succeeded" and read == size
+    return run.status == "succeeded" and read == size
 
 
 def follow_up_id(event_id: str, size: int) -> str:

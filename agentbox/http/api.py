@@ -22,14 +22,13 @@ from agentbox.events import MAX_ID_LENGTH
 from agentbox.http.access import small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.logs import get_logger
+from agentbox.models import RunDetail, RunView
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,
     DestinationNotFound,
     NotReplayable,
-    RunDetail,
     RunNotFound,
-    RunView,
     StorageUnavailable,
     Store,
 )
@@ -69,20 +68,21 @@ class RunsApi:
         run = await self.store.get_run(run_id)
         if run is None:
             return await self._not_found(run_id)
-        run = (await self._with_files([run]))[0]
-        event = await self.store.event_of(run_id)
-        removed = event.get("body_removed_at") if isinstance(event, dict) else None
-        detail = RunDetail(**dict(run), callbacks=await self.store.notifications(run_id),
-                           body_removed_at=removed if isinstance(removed, str) else None)
         history = request.query_params.get("history", "0")
         if history not in HISTORY_VALUES:
             return error_response(422, "invalid_query", "history must be 1 or true (with the "
                                   "run's attempts and state changes), or 0 or false")
+        found = (await self._with_files([_shown(run)]))[0].model_dump()
+        event = await self.store.event_of(run_id)
+        removed = event.get("body_removed_at") if isinstance(event, dict) else None
+        found.update(callbacks=_dump(await self.store.notifications(run_id)),
+                     body_removed_at=removed if isinstance(removed, str) else None)
         if history in ("1", "true"):
-            detail = detail.model_copy(update={"attempts": await self.store.attempts(run_id),
-                                               "history": await self.store.history(run_id)})
-            return JSONResponse(detail.model_dump(mode="json"))
-        return JSONResponse(detail.model_dump(mode="json", exclude={"attempts", "history"}))
+            found.update(attempts=_dump(await self.store.attempts(run_id)),
+                         history=_dump(await self.store.history(run_id)))
+            return JSONResponse(RunDetail.model_validate(found).model_dump(mode="json"))
+        return JSONResponse(RunDetail.model_validate(found).model_dump(
+            mode="json", exclude={"attempts", "history"}))
 
     async def list_runs(self, request: Request) -> Response:
         status = request.query_params.get("status")
@@ -110,7 +110,7 @@ class RunsApi:
                 status=status, chain=chain, include_discarded=discarded == "true",
                 before=None if prefix is None else prefix + AFTER_EVERY_ID, limit=limit)
             found = [run for run in found if run.run_id.startswith(prefix or "")]
-        return JSONResponse({"runs": _dump(await self._with_files(found))})
+        return JSONResponse({"runs": _dump(await self._with_files([_shown(r) for r in found]))})
 
     async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:
         """Each run with the name of the file its event names, as an app reads it
@@ -187,7 +187,8 @@ class RunsApi:
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
         run = await self.store.get_run(run_id)
-        return JSONResponse(run.model_dump(mode="json") if run else None, status_code=202)
+        return JSONResponse(_shown(run).model_dump(mode="json") if run else None,
+                            status_code=202)
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -252,6 +253,12 @@ class RunsApi:
             if said is not None:
                 return error_response(404, "run_not_found", said)
         return _not_found(run_id)
+
+
+def _shown(run: BaseModel) -> RunView:
+    """The store's view of a run as the API shows a run (agentbox.models: the shape
+    the document and the client read), field by field."""
+    return RunView.model_validate(run.model_dump())
 
 
 def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:

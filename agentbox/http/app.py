@@ -39,12 +39,12 @@ from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_S
 from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
 from agentbox.runs import SteadyClock
+from agentbox.signing import RECEIVER_PATH
 from agentbox.store import RemoteChange, StorageUnavailable, StoreError
 from agentbox.store.engines import create_store
 
 log = get_logger("app")
 GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest generation
-RECEIVER_PATH = "/webhooks/events"
 INGEST_SETTLE_SECONDS = 5.0  # at shutdown, for writes still in flight (milliseconds, usually)
 
 

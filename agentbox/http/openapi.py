@@ -15,16 +15,27 @@ from pydantic.json_schema import models_json_schema
 
 from agentbox.engine.subscriptions import MAX_TOPICS, MAX_URL_CHARS
 from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
-from agentbox.runs import RunStatus
-from agentbox.store import (
-    DestinationView,
-    NotificationView,
+from agentbox.models import (
+    Accepted,
+    Destinations,
+    ErrorAnswer,
+    ExportList,
+    Health,
+    Notifications,
+    Pruned,
+    ReferenceList,
+    ReferenceRemoved,
     RunDetail,
+    RunList,
     RunView,
-    SubscriptionView,
 )
+from agentbox.models import ExportView as ExportView  # the API's, from here as before
+from agentbox.models import ReferenceOut as ReferenceOut  # the references' routes read it
+from agentbox.runs import RunStatus
+from agentbox.store import SubscriptionView
 
 REF = "#/components/schemas/{model}"
+ERROR_ANSWER = "Rejected"  # the document's name for models.ErrorAnswer (its status)
 _B64 = "[A-Za-z0-9+/]"
 # whsec_ and the base64 (padded) of 24 to 64 bytes, as secret_of takes it.
 SECRET_PATTERN = (f"^whsec_(?:(?:{_B64}{{4}}){{8,20}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?"
@@ -36,113 +47,6 @@ def _version() -> str:
         return version("agentbox")
     except PackageNotFoundError:  # run from a checkout that was not installed
         return "0"
-
-
-class Rejected(BaseModel):
-    """Every error answer."""
-
-    status: str = Field(pattern="^rejected$")
-    error_code: str
-    message: str
-    errors: list[dict[str, Any]] | None = None
-
-
-class RunRefOut(BaseModel):
-    run_id: str
-    agent: str
-    status: str
-    status_url: str
-
-
-class Accepted(BaseModel):
-    """202 (stored) or 200 (a known duplicate: the first run's current status)."""
-
-    status: str
-    run_id: str
-    duplicate: bool
-    status_url: str
-    runs: list[RunRefOut]
-
-
-class RunList(BaseModel):
-    runs: list[RunView]
-
-
-class ExportView(BaseModel):
-    """One export of a project (a run of an event naming it) as `GET /exports` shows it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    run_id: str
-    project: str
-    agent: str
-    status: str  # the run's status
-    accepted_at: str  # ISO 8601, UTC
-    finished_at: str | None  # ISO 8601, UTC, when terminal
-    result: dict[str, Any] | None  # the agent's result (the review) when succeeded
-    # Retention removed its run (GET /runs/{run_id} answers 404): what is here is all
-    # that is kept of it.
-    archived: bool = False
-
-    @classmethod
-    def of(cls, export: Any) -> ExportView:
-        """From an app's export record (the review's archive.records.ProjectExport)."""
-        # Field by field from the store's dataclass: one added there and here is shown
-        # without a third list of names to keep in step.
-        return cls.model_validate(export, from_attributes=True)
-
-
-class ExportList(BaseModel):
-    exports: list[ExportView]
-
-
-class OctaveBandOut(BaseModel):
-    hz: float
-    db: float  # the band's share of the track's power
-
-
-class ReferenceOut(BaseModel):
-    """A project's reference track, as `GET /projects/{project}/reference` shows it:
-    its file and what was measured of it, once, when it was added."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    project: str
-    name: str  # its file's name
-    sha256: str  # of its bytes, kept in the archive
-    size_bytes: int
-    added_at: str | None  # ISO 8601, UTC
-    audio_url: str  # its bytes, for the page's A/B player
-    integrated_lufs: float | None
-    loudness_range_lu: float | None
-    true_peak_dbtp: float | None
-    plr_db: float | None
-    stereo_correlation: float | None
-    duration_seconds: float | None
-    sample_rate: int | None
-    channels: int | None
-    octave_bands: list[OctaveBandOut]
-
-
-class ReferenceList(BaseModel):
-    references: list[ReferenceOut]
-
-
-class ReferenceRemoved(BaseModel):
-    removed: ReferenceOut
-
-
-class Health(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    status: str
-
-
-class Notifications(BaseModel):
-    callbacks: list[NotificationView]
-
-
-class Destinations(BaseModel):
-    destinations: list[DestinationView]
 
 
 class ResumeRequest(BaseModel):
@@ -253,7 +157,7 @@ def _audio(description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(code): _json("Rejected", "refused; see error_code") for code in codes}
+    return {str(code): _json(ERROR_ANSWER, "refused; see error_code") for code in codes}
 
 
 def _limit() -> dict[str, Any]:
@@ -262,14 +166,15 @@ def _limit() -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [Envelope, Rejected, Accepted, RunView, RunDetail, RunList,
-                                     ExportView, ExportList, ReferenceOut, ReferenceList,
-                                     ReferenceRemoved, Health,
+    models: list[type[BaseModel]] = [Envelope, ErrorAnswer, Accepted, RunView, RunDetail,
+                                     RunList, ExportView, ExportList, ReferenceOut,
+                                     ReferenceList, ReferenceRemoved, Health, Pruned,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
                                      Subscriptions, Notification, Delivery, Verification,
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+    schemas["$defs"][ERROR_ANSWER] = schemas["$defs"].pop(ErrorAnswer.__name__)
     schemas["$defs"]["SubscriptionRequest"]["properties"]["event_types"]["items"] = {
         "type": "string", "enum": topics()}
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -348,9 +253,8 @@ def document() -> dict[str, Any]:
                 "requestBody": {"required": False, "content": {"application/json": {
                     "schema": {"type": "object", "properties": {
                         "dry_run": {"type": "boolean", "default": False}}}}}},
-                "responses": {"200": {"description": "rows removed (or that would be) per "
-                                                     "table", "content": {
-                    "application/json": {"schema": {"type": "object"}}}},
+                "responses": {"200": _json("Pruned", "rows removed (or that would be) per "
+                                                     "table"),
                               **_errors(401, 422, 503)},
             }},
             "/exports": {"get": {
@@ -458,7 +362,7 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": REF.format(model="SubscriptionRequest")}}}},
                     "responses": {"201": _json("SubscriptionView", "pending verification"),
-                                  "409": _json("Rejected", "too_many_subscriptions: as many "
+                                  "409": _json(ERROR_ANSWER, "too_many_subscriptions: as many "
                                                "as AGENTBOX_MAX_SUBSCRIPTIONS allows exist"),
                                   **_errors(401, 422, 503)},
                 },

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentbox.logs import one_line
 from agentbox.review.figures import FIGURE_NAMES, change_unit, finite, local_time
 from agentbox.review.present import Review, Target, read
 
@@ -23,11 +24,6 @@ HEADLINE = (
     ("loudness_range_lu", "LRA ", "LU"),
     ("plr_db", "PLR ", "dB"),
 )
-
-
-def one_line(value: Any) -> str:
-    """Text from a run as one line of output: control characters written as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 
 def _signed(value: float) -> str:

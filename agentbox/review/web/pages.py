@@ -23,8 +23,8 @@ from agentbox.archive.records import ProjectExport
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.http.api import limit_of
 from agentbox.http.errors import error_response
-from agentbox.http.openapi import ExportView
 from agentbox.http.pages import RUN_FILTERS, StatusPages, age, project_of
+from agentbox.models import ExportView
 from agentbox.review import figures
 from agentbox.review import view as review_view
 from agentbox.review.web.audio import audio_type
@@ -44,6 +44,12 @@ def add_templates(env: Environment) -> Environment:
     env.filters["signed"] = review_view.signed
     env.filters["mmss"] = figures.mmss
     return env
+
+
+def shown(exports: Sequence[ProjectExport]) -> list[dict[str, Any]]:
+    """Exports as `GET /exports` shows them (agentbox.models.ExportView), field by field."""
+    return [ExportView.model_validate(export, from_attributes=True).model_dump(mode="json")
+            for export in exports]
 
 
 class Folders(Protocol):
@@ -206,8 +212,7 @@ class ReviewPages:
         project = request.query_params.get("project")
         if project is None:
             found = await self.history.projects(limit=limit)
-            return JSONResponse({"exports": [ExportView.of(e).model_dump(mode="json")
-                                             for e in found]})
+            return JSONResponse({"exports": shown(found)})
         if not 1 <= len(project) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query",
                                   f"project must be 1 to {MAX_ID_LENGTH} characters")
@@ -219,8 +224,7 @@ class ReviewPages:
         if not found:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": [ExportView.of(e).model_dump(mode="json")
-                                         for e in found]})
+        return JSONResponse({"exports": shown(found)})
 
     async def removed_note(self, run_id: str) -> str | None:
         """For GET /runs/{run_id}'s 404: where a run retention removed is kept."""

@@ -275,7 +275,9 @@ class Pruned(Answer):
     removed: dict[str, int]
     seconds: float
     free_pages: int = 0  # SQLite: free pages left in the file after the pass
-    audio_dropped: int = 0  # exports whose audio the archive let go
+    # What the apps add: the review's archive counts the exports' audio it let go.
+    audio_dropped: int = 0
+    notes: list[str] = []  # what apps kept or let go, in a sentence each
 
 
 class Health(Answer):

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,11 +29,10 @@ from agentbox.engine.subscriptions import Subscriptions
 from agentbox.http import apps as app_hooks
 from agentbox.http.access import Access
 from agentbox.http.api import RunsApi
-from agentbox.http.apps import Host, default_agents, load_apps
+from agentbox.http.apps import Host, api_document, default_agents, load_apps
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.headers import SecurityHeaders, secured
-from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
 from agentbox.http.subscriptions_api import SubscriptionsApi
@@ -192,7 +191,7 @@ def create_app(
             Route("/ui/login", pages.login, methods=["POST"]),
             Route("/ui/logout", pages.logout, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
-            Route("/openapi.json", openapi_json, methods=["GET"]),
+            Route("/openapi.json", openapi_json(apps), methods=["GET"]),
             Route("/docs", manual_pages.contents, methods=["GET"]),
             Route("/docs/{topic}", manual_pages.topic, methods=["GET"]),
         ],
@@ -207,8 +206,13 @@ def create_app(
     return app
 
 
-async def openapi_json(request: Request) -> Response:
-    return JSONResponse(document())
+def openapi_json(apps: Sequence[app_hooks.App]) -> Callable[[Request], Awaitable[Response]]:
+    """`GET /openapi.json`: the engine's document with the apps' parts, made once."""
+    made = api_document(apps)
+
+    async def answer(request: Request) -> Response:
+        return JSONResponse(made)
+    return answer
 
 
 def _quiet_garbage_collector() -> None:

@@ -34,6 +34,7 @@ from agentbox.config import ConfigError, Settings, check_apps
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.dispatcher import Dispatcher, Listener
 from agentbox.engine.retention import REST_RATIO, PruneReport, Retention
+from agentbox.http.openapi import ApiPart, document
 from agentbox.store import RunView, Schema, Store, Tables
 
 if TYPE_CHECKING:
@@ -62,6 +63,11 @@ class App:
     def routes(self) -> Sequence[BaseRoute]:
         """The app's routes; matched before the engine's (an app may own `/`)."""
         return []
+
+    def api(self) -> ApiPart | None:
+        """The app's part of the OpenAPI document (`/openapi.json`): its answers'
+        models and its paths."""
+        return None
 
     async def run_page(self, request: Request, run_id: str, run: RunView | None
                        ) -> Response | None:
@@ -145,6 +151,11 @@ def default_agents(apps: Sequence[App]) -> dict[str, tuple[str, ...]]:
             have = found.setdefault(event_type, [])
             have.extend(target for target in targets if target not in have)
     return {event_type: tuple(targets) for event_type, targets in found.items()}
+
+
+def api_document(apps: Sequence[App]) -> dict[str, Any]:
+    """The OpenAPI document of the engine and these apps."""
+    return document([part for app in apps if (part := app.api()) is not None])
 
 
 def schemas_of(settings: Settings) -> list[Schema]:

@@ -7,6 +7,8 @@ disagree about the contract.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -19,18 +21,13 @@ from agentbox.models import (
     Accepted,
     Destinations,
     ErrorAnswer,
-    ExportList,
     Health,
     Notifications,
     Pruned,
-    ReferenceList,
-    ReferenceRemoved,
     RunDetail,
     RunList,
     RunView,
 )
-from agentbox.models import ExportView as ExportView  # the API's, from here as before
-from agentbox.models import ReferenceOut as ReferenceOut  # the references' routes read it
 from agentbox.runs import RunStatus
 from agentbox.store import SubscriptionView
 
@@ -165,23 +162,29 @@ def _limit() -> dict[str, Any]:
             "schema": {"type": "integer", "minimum": 1, "maximum": 500}}
 
 
-def document() -> dict[str, Any]:
+@dataclass(frozen=True)
+class ApiPart:
+    """What an app adds to the document (App.api): its answers' models and its paths
+    (written with json_answer, audio_answer, errors and limit_parameter)."""
+
+    models: Sequence[type[BaseModel]] = ()
+    paths: Mapping[str, Any] = field(default_factory=dict)
+
+
+def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
+    """The OpenAPI document: the engine's paths, then each app's (`parts`)."""
     models: list[type[BaseModel]] = [Envelope, ErrorAnswer, Accepted, RunView, RunDetail,
-                                     RunList, ExportView, ExportList, ReferenceOut,
-                                     ReferenceList, ReferenceRemoved, Health, Pruned,
+                                     RunList, Health, Pruned,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
                                      Subscriptions, Notification, Delivery, Verification,
+                                     *(m for part in parts for m in part.models),
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
     schemas["$defs"][ERROR_ANSWER] = schemas["$defs"].pop(ErrorAnswer.__name__)
     schemas["$defs"]["SubscriptionRequest"]["properties"]["event_types"]["items"] = {
         "type": "string", "enum": topics()}
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    project = {"name": "project", "in": "path", "required": True,
-               "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
-               "description": "the project's name (payload.project_id), slashes included "
-                             "as %2F"}
     admin: list[dict[str, list[str]]] = [{"admin": []}]
     subscription_id = {"name": "subscription_id", "in": "path", "required": True,
                        "schema": {"type": "string"}}
@@ -257,84 +260,6 @@ def document() -> dict[str, Any]:
                                                      "table"),
                               **_errors(401, 422, 503)},
             }},
-            "/exports": {"get": {
-                "summary": "A project's exports over time; without project, each project's "
-                           "latest",
-                "parameters": [{"name": "project", "in": "query", "required": False,
-                                "schema": {"type": "string", "minLength": 1,
-                                           "maxLength": MAX_ID_LENGTH},
-                                "description": "the project (payload.project_id, compared in "
-                                               "Unicode NFC): its exports, newest first. "
-                                               "Without it: the latest export of every "
-                                               "project, newest first"}, _limit()],
-                "responses": {"200": _json("ExportList", "exports, newest first"),
-                              **_errors(404, 422)},
-            }},
-            "/references": {"get": {
-                "summary": "Every project's reference track",
-                "responses": {"200": _json("ReferenceList", "by project")},
-            }},
-            "/projects/{project}/reference": {
-                "get": {
-                    "summary": "A project's reference track: every review of the project "
-                               "compares with it",
-                    "parameters": [project],
-                    "responses": {"200": _json("ReferenceOut", "the project's reference"),
-                                  **_errors(404)},
-                },
-                "put": {
-                    "summary": "Make an audio file the project's reference track (admin, or "
-                               "the project page's form with its X-CSRF-Token)",
-                    "description": "The body is the file (at most 1 GiB). It is measured "
-                                   "once and kept in the archive; the reference it "
-                                   "replaces goes.",
-                    "security": admin,
-                    "parameters": [project, {"name": "name", "in": "query",
-                                             "required": False,
-                                             "schema": {"type": "string", "maxLength": 256},
-                                             "description": "the file's name"}],
-                    "requestBody": {"required": True, "content": {
-                        "application/octet-stream": {"schema": {"type": "string",
-                                                                "format": "binary"}},
-                        "audio/*": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": {"201": _json("ReferenceOut", "the project's reference now"),
-                                  **_errors(400, 401, 404, 409, 413, 422, 503)},
-                },
-                "delete": {
-                    "summary": "The project no longer has a reference track (admin)",
-                    "security": admin, "parameters": [project],
-                    "responses": {"200": _json("ReferenceRemoved", "the one it had"),
-                                  **_errors(401, 404)},
-                },
-            },
-            "/projects/{project}/reference/audio": {"get": {
-                "summary": "A project's reference track's bytes (the page's A/B player)",
-                "parameters": [project, {"name": "Range", "in": "header", "required": False,
-                                         "schema": {"type": "string"},
-                                         "description": "bytes=first-last"}],
-                "responses": {"200": _audio("the whole file"),
-                              "206": _audio("the range asked for"),
-                              "304": {"description": "unchanged (If-None-Match: its ETag)"},
-                              **_errors(404, 416)},
-            }},
-            "/runs/{run_id}/audio": {"get": {
-                "summary": "The mix a finished mix review listened to (the page's players)",
-                "description": "The bytes the review heard, from the archive of exports "
-                               "(or, with the archive off, the file at the review's path "
-                               "while it is still the one reviewed); never a path the "
-                               "request names. One byte range for seeking; a Range header "
-                               "that is not one range in bytes is ignored (200). 404 "
-                               "audio_gone when the archive let them go or the file "
-                               "changed.",
-                "parameters": [run_id, {"name": "Range", "in": "header", "required": False,
-                                        "schema": {"type": "string"},
-                                        "description": "bytes=first-last"}],
-                "responses": {"200": _audio("the whole file"),
-                              "206": _audio("the range asked for"),
-                              "304": {"description": "unchanged (If-None-Match: its ETag, "
-                                                     "the SHA-256 of its bytes)"},
-                              **_errors(404, 416)},
-            }},
             "/callbacks": {"get": {
                 "summary": "Callback notifications and their delivery",
                 "parameters": [{"name": "state", "in": "query", "required": False,
@@ -398,6 +323,7 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _json("Health", "healthy"),
                               "503": _json("Health", "the store cannot take writes")},
             }},
+            **{path: item for part in parts for path, item in part.paths.items()},
         },
         "components": {
             "schemas": schemas.get("$defs", {}),
@@ -463,3 +389,7 @@ def _webhooks() -> dict[str, Any]:
                                                 "properties": {"challenge": {
                                                     "type": "string"}}}}}}}),
     }
+
+
+# For apps' parts of the document (App.api): the same pieces the engine's paths use.
+json_answer, audio_answer, errors, limit_parameter = _json, _audio, _errors, _limit

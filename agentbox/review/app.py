@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from agentbox.archive.history import SCHEMA, History
 from agentbox.engine.retention import PruneReport
 from agentbox.http.apps import App, Host
+from agentbox.http.openapi import ApiPart
 from agentbox.review.contract import AGENTS, MIX_REVIEW
 from agentbox.store import Tables
 
@@ -89,6 +90,11 @@ class ReviewApp(App):
 
     def routes(self) -> Sequence[BaseRoute]:
         return self._routes
+
+    def api(self) -> ApiPart:
+        from agentbox.review.web.openapi import api
+
+        return api()
 
     async def run_page(self, request: Request, run_id: str, run: RunView | None
                        ) -> Response | None:

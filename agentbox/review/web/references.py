@@ -33,7 +33,7 @@ from agentbox.engine.agents import AgentError
 from agentbox.events import Name, ProjectName
 from agentbox.http.access import Access, from_this_site, token_required
 from agentbox.http.errors import error_response
-from agentbox.http.openapi import ReferenceOut
+from agentbox.models import ReferenceOut
 from agentbox.review.analysis import Analysis
 from agentbox.review.web.audio import answer, audio_type
 from agentbox.store import iso

@@ -1,0 +1,101 @@
+"""The review's part of the OpenAPI document (App.api): a project's exports, its
+reference track, and the audio a review heard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentbox.events import MAX_ID_LENGTH
+from agentbox.http.openapi import ApiPart, audio_answer, errors, json_answer, limit_parameter
+from agentbox.models import ExportList, ExportView, ReferenceList, ReferenceOut, ReferenceRemoved
+
+
+def api() -> ApiPart:
+    run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    project = {"name": "project", "in": "path", "required": True,
+               "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+               "description": "the project's name (payload.project_id), slashes included "
+                             "as %2F"}
+    admin: list[dict[str, list[str]]] = [{"admin": []}]
+    paths: dict[str, Any] = {
+        "/exports": {"get": {
+            "summary": "A project's exports over time; without project, each project's "
+                       "latest",
+            "parameters": [{"name": "project", "in": "query", "required": False,
+                            "schema": {"type": "string", "minLength": 1,
+                                       "maxLength": MAX_ID_LENGTH},
+                            "description": "the project (payload.project_id, compared in "
+                                           "Unicode NFC): its exports, newest first. "
+                                           "Without it: the latest export of every "
+                                           "project, newest first"}, limit_parameter()],
+            "responses": {"200": json_answer("ExportList", "exports, newest first"),
+                          **errors(404, 422)},
+        }},
+        "/references": {"get": {
+            "summary": "Every project's reference track",
+            "responses": {"200": json_answer("ReferenceList", "by project")},
+        }},
+        "/projects/{project}/reference": {
+            "get": {
+                "summary": "A project's reference track: every review of the project "
+                           "compares with it",
+                "parameters": [project],
+                "responses": {"200": json_answer("ReferenceOut", "the project's reference"),
+                              **errors(404)},
+            },
+            "put": {
+                "summary": "Make an audio file the project's reference track (admin, or "
+                           "the project page's form with its X-CSRF-Token)",
+                "description": "The body is the file (at most 1 GiB). It is measured "
+                               "once and kept in the archive; the reference it "
+                               "replaces goes.",
+                "security": admin,
+                "parameters": [project, {"name": "name", "in": "query",
+                                         "required": False,
+                                         "schema": {"type": "string", "maxLength": 256},
+                                         "description": "the file's name"}],
+                "requestBody": {"required": True, "content": {
+                    "application/octet-stream": {"schema": {"type": "string",
+                                                            "format": "binary"}},
+                    "audio/*": {"schema": {"type": "string", "format": "binary"}}}},
+                "responses": {"201": json_answer("ReferenceOut", "the project's reference now"),
+                              **errors(400, 401, 404, 409, 413, 422, 503)},
+            },
+            "delete": {
+                "summary": "The project no longer has a reference track (admin)",
+                "security": admin, "parameters": [project],
+                "responses": {"200": json_answer("ReferenceRemoved", "the one it had"),
+                              **errors(401, 404)},
+            },
+        },
+        "/projects/{project}/reference/audio": {"get": {
+            "summary": "A project's reference track's bytes (the page's A/B player)",
+            "parameters": [project, {"name": "Range", "in": "header", "required": False,
+                                     "schema": {"type": "string"},
+                                     "description": "bytes=first-last"}],
+            "responses": {"200": audio_answer("the whole file"),
+                          "206": audio_answer("the range asked for"),
+                          "304": {"description": "unchanged (If-None-Match: its ETag)"},
+                          **errors(404, 416)},
+        }},
+        "/runs/{run_id}/audio": {"get": {
+            "summary": "The mix a finished mix review listened to (the page's players)",
+            "description": "The bytes the review heard, from the archive of exports "
+                           "(or, with the archive off, the file at the review's path "
+                           "while it is still the one reviewed); never a path the "
+                           "request names. One byte range for seeking; a Range header "
+                           "that is not one range in bytes is ignored (200). 404 "
+                           "audio_gone when the archive let them go or the file "
+                           "changed.",
+            "parameters": [run_id, {"name": "Range", "in": "header", "required": False,
+                                    "schema": {"type": "string"},
+                                    "description": "bytes=first-last"}],
+            "responses": {"200": audio_answer("the whole file"),
+                          "206": audio_answer("the range asked for"),
+                          "304": {"description": "unchanged (If-None-Match: its ETag, "
+                                                 "the SHA-256 of its bytes)"},
+                          **errors(404, 416)},
+        }},
+    }
+    return ApiPart(models=(ExportView, ExportList, ReferenceOut, ReferenceList,
+                           ReferenceRemoved), paths=paths)

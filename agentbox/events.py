@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES
 
 SCHEMA_VERSION = "v1"
@@ -90,6 +91,17 @@ def _a_profile(value: str) -> str:
 # A mix review's delivery profile (agentbox.review.profiles): refused at once when
 # unknown, rather than accepted and failed when the review starts.
 ProfileName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_a_profile)]
+
+
+def _a_genre(value: str) -> str:
+    if value not in GENRES:
+        raise PydanticCustomError("unknown_genre", "unknown genre; use one of {known}",
+                                  {"known": ", ".join(GENRES)})
+    return value
+
+
+# The genre a mix review judges the tonal balance for (agentbox.review.genres).
+GenreName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_genre)]
 # The stage of the work: a mix goes to mastering, a master to its platform.
 StageName = Literal["mix", "master"]
 
@@ -108,6 +120,7 @@ class SessionExported(Strict):
     default_stage: StageName | None = None  # when neither stage nor the project says (watch)
     session_name: Annotated[str, Field(max_length=256)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
+    genre: GenreName | None = None  # the tonal curve and words of the review
 
 
 class MixReviewRequested(Strict):
@@ -121,6 +134,7 @@ class MixReviewRequested(Strict):
     requested_by: Name  # who asks: required, as in the reference design's contract
     note: Annotated[str, Field(max_length=4096)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
+    genre: GenreName | None = None  # the tonal curve and words of the review
 
 
 PAYLOAD_MODELS: dict[str, type[BaseModel]] = {

@@ -44,11 +44,12 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 for _core in CORE:
     MAY_IMPORT[_core] = set(CORE)
-# config and the event contract check a profile's and a stage's name against
-# review.profiles and review.stage, tables that import nothing of agentbox: a core
-# module may read them without standing on the review.
+# config and the event contract check a profile's, a stage's and a genre's name
+# against review.profiles, review.stage and review.genres, tables that import
+# nothing of agentbox but each other: a core module may read them without standing
+# on the review.
 CORE_MAY_READ = {("config", "agentbox.review.profiles"), ("config", "agentbox.review.stage"),
-                 ("events", "agentbox.review.profiles")}
+                 ("events", "agentbox.review.profiles"), ("events", "agentbox.review.genres")}
 
 
 def module_name(path: Path) -> str:

@@ -166,6 +166,11 @@ def source(name: str, folder: Path) -> Path:
     return out
 
 
+def made(name: str, folder: Path) -> Path:
+    """An untouched file of the corpus, or one already made in `folder`."""
+    return source(name, folder) if name in SOURCES_BY_NAME else folder / name
+
+
 # -- derivatives: one known defect each ------------------------------------------------------------
 
 Change = Callable[[np.ndarray, int], np.ndarray]
@@ -197,7 +202,7 @@ def derived(name: str, of: str, change: Change, folder: Path, subtype: str = "PC
     """The corpus file `of`, changed, written as `name` (once)."""
     out = folder / name
     if not out.exists():
-        audio, rate = soundfile.read(source(of, folder), dtype="float64", always_2d=True)
+        audio, rate = soundfile.read(made(of, folder), dtype="float64", always_2d=True)
         partial = out.with_suffix(".partial.wav")
         write(partial, change(audio, rate), rate, subtype)
         partial.replace(out)
@@ -210,7 +215,7 @@ def as_mp3(name: str, of: str, folder: Path) -> Path:
     out = folder / name
     if not out.exists():
         partial = out.with_suffix(".partial.mp3")
-        subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(source(of, folder)),
+        subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(made(of, folder)),
                         "-b:a", "192k", str(partial)], check=True, timeout=120)
         partial.replace(out)
         settled(out)
@@ -246,3 +251,26 @@ def ffmpeg_reading(path: Path) -> Reading:
         return float(line.split(":")[1].split()[0])
 
     return Reading(after("I:"), after("LRA:"), after("Peak:"))
+
+
+def gained(gain_db: float) -> Change:
+    """Gain only (a quiet render brought up as a dynamic master would be)."""
+    return lambda audio, rate: audio * 10 ** (gain_db / 20)
+
+
+def decoded_from_mp3(name: str, of: str, folder: Path, gain_db: float = 0.0) -> Path:
+    """The corpus file `of` (raised `gain_db`) through a 192 kbit/s MP3 and back to a
+    16-bit WAV, as a master is when taken from its lossy copy: the encode's overs
+    become short flat runs at full scale."""
+    out = folder / name
+    if not out.exists():
+        louder = derived(f"{name}.source.wav", of, gained(gain_db), folder, "FLOAT")
+        lossy = as_mp3(f"{name}.mp3", f"{name}.source.wav", folder)
+        partial = out.with_suffix(".partial.wav")
+        subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(lossy), "-c:a",
+                        "pcm_s16le", str(partial)], check=True, timeout=120)
+        partial.replace(out)
+        settled(out)
+        louder.unlink()
+        lossy.unlink()
+    return out

@@ -153,6 +153,9 @@ class MixReview(BaseModel):
     comparison: Comparison = Comparison(previous_run_id=None)
     reference: ReferenceView | None = None
     notes: list[Note] = []  # the rule-based notes, in review_notes' order when "rules"
+    # The genre the tonal balance was judged for (agentbox.review.genres): the event's,
+    # else the last one given for the project; None for none.
+    genre: str | None = None
 
 
 def as_review(result: Any) -> MixReview | None:

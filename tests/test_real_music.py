@@ -251,6 +251,15 @@ def test_clipping_is_named_by_its_evidence(folder: Path) -> None:
     assert "the longest" in pushed.text, pushed
 
 
+def test_a_start_is_cut_only_when_it_sounds_from_the_first_sample(folder: Path) -> None:
+    """A track cut at 20 s sounds from its first sample (its first millisecond as loud
+    as the next 100 ms): cut. Renders that start on their first note rise from
+    silence: not cut (their rows say cut_start must not appear)."""
+    cut = review(next(r for r in CORPUS if r.file == "sing-nebula-cut.wav"), folder)
+    assert "cut_start" in [n.code for n in cut.notes], [n.code for n in cut.notes]
+    assert cut.metrics.start_onset_db is not None and cut.metrics.start_onset_db > -10
+
+
 def test_the_genre_names_what_the_track_has(folder: Path) -> None:
     told = review(next(r for r in CORPUS if r.genre == "orchestral"), folder)
     words = " ".join(n.text for n in told.notes)

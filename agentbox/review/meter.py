@@ -291,7 +291,7 @@ class _Meter:
         self.block_means: list[np.ndarray] = []  # per read block, per channel
         self.onset: float | None = None
         self.lr = np.zeros(3)  # sum L*R, sum L*L, sum R*R
-        self.side_peak = 0.0  # max |L - R|
+        self.side_peak = 0.0  # max |L - R| (until it rules dual mono out)
         self.clipped_samples = 0
         self.clipped_runs = 0
         self.longest_run = 0
@@ -326,8 +326,9 @@ class _Meter:
         if self.channels >= 2:
             left, right = block[:, 0], block[:, 1]
             self.lr += (float(left @ right), float(left @ left), float(right @ right))
-            side = left - right
-            self.side_peak = max(self.side_peak, float(side.max()), -float(side.min()))
+            if self.side_peak <= DUAL_MONO_DIFFERENCE:  # past it, dual mono is ruled out
+                side = left - right
+                self.side_peak = max(self.side_peak, float(side.max()), -float(side.min()))
         if block_peak > self.silence:
             self._loud(block, offset)
         if block_peak >= self.clip_level or (self.run_starts >= 0).any():

@@ -46,13 +46,7 @@ MOST_TRACKS_A_NOTE_FITS = 1 / 3
 def folder() -> Iterator[Path]:
     """The corpus, decoded and rendered once (or skipped, or failed under
     AGENTBOX_TEST_REQUIRE_MUSIC=1, when a package is missing)."""
-    missing = rm.missing()
-    if missing:
-        message = ("the real-music corpus needs the Debian packages "
-                   f"{', '.join(missing)} (scripts/test installs them)")
-        if rm.required():
-            pytest.fail(message)
-        pytest.skip(message)
+    rm.need_corpus()
     yield rm.cache_folder()
     ANALYSIS.shutdown()
 
@@ -278,6 +272,16 @@ def test_the_readings_agree_with_ffmpeg(row: Row, folder: Path) -> None:
     assert m.integrated_lufs == pytest.approx(ffmpeg.integrated_lufs, abs=0.1)
     assert m.true_peak_dbtp == pytest.approx(ffmpeg.true_peak_dbtp, abs=0.1)
     assert m.loudness_range_lu == pytest.approx(ffmpeg.loudness_range_lu, abs=0.2)
+
+
+def test_a_missing_package_skips_and_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(rm.PACKAGES, "no-such-soundtrack", Path("/nonexistent/track.ogg"))
+    monkeypatch.delenv(rm.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no-such-soundtrack"):
+        rm.need_corpus()
+    monkeypatch.setenv(rm.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="no-such-soundtrack"):
+        rm.need_corpus()
 
 
 # -- the table in the manual ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile
 
 REQUIRE_ENV = "AGENTBOX_TEST_REQUIRE_MUSIC"
@@ -102,6 +103,19 @@ def required() -> bool:
     return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
 
 
+def need_corpus() -> None:
+    """Skip the test for want of a package, or fail it under
+    AGENTBOX_TEST_REQUIRE_MUSIC=1 (CI: a corpus that is not there proves nothing)."""
+    absent = missing()
+    if not absent:
+        return
+    message = (f"the real-music corpus needs the Debian packages {', '.join(absent)} "
+               "(scripts/test installs them)")
+    if required():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def cache_folder() -> Path:
     """Where the decoded corpus is kept: named after the packages' versions."""
     versions = []
@@ -123,7 +137,7 @@ def ffmpeg() -> str:
 def decode(path: Path, out: Path) -> Path:
     """A released track as a 24-bit WAV at its own rate: whole, or its first
     EXCERPT_SECONDS faded out over FADE_SECONDS."""
-    raw = out.with_suffix(".decoded.wav")
+    raw = out.with_name(f"{out.stem}.decoded{out.suffix}")
     subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(path), "-t",
                     str(EXCERPT_SECONDS + FADE_SECONDS + 1), "-c:a", "pcm_f32le", str(raw)],
                    check=True, timeout=120)
@@ -159,7 +173,7 @@ def source(name: str, folder: Path) -> Path:
     out = folder / name
     if not out.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = out.with_suffix(".partial.wav")
+        partial = partial_of(out)
         SOURCES_BY_NAME[name].make(partial)
         partial.replace(out)  # whole or not at all: a killed session leaves no half file
         settled(out)
@@ -203,7 +217,7 @@ def derived(name: str, of: str, change: Change, folder: Path, subtype: str = "PC
     out = folder / name
     if not out.exists():
         audio, rate = soundfile.read(made(of, folder), dtype="float64", always_2d=True)
-        partial = out.with_suffix(".partial.wav")
+        partial = partial_of(out)
         write(partial, change(audio, rate), rate, subtype)
         partial.replace(out)
         settled(out)
@@ -214,12 +228,19 @@ def as_mp3(name: str, of: str, folder: Path) -> Path:
     """The corpus file `of` as a 192 kbit/s MP3 (LAME, through ffmpeg)."""
     out = folder / name
     if not out.exists():
-        partial = out.with_suffix(".partial.mp3")
+        partial = partial_of(out)
         subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(made(of, folder)),
                         "-b:a", "192k", str(partial)], check=True, timeout=120)
         partial.replace(out)
         settled(out)
     return out
+
+
+def partial_of(out: Path) -> Path:
+    """Where `out` is written before it is renamed into place: a name of this process's
+    own (two test processes may make the same file at once), with `out`'s suffix (the
+    tools choose the format by it)."""
+    return out.with_name(f"{out.stem}.{os.getpid()}.partial{out.suffix}")
 
 
 def settled(path: Path) -> None:
@@ -264,13 +285,11 @@ def decoded_from_mp3(name: str, of: str, folder: Path, gain_db: float = 0.0) -> 
     become short flat runs at full scale."""
     out = folder / name
     if not out.exists():
-        louder = derived(f"{name}.source.wav", of, gained(gain_db), folder, "FLOAT")
+        derived(f"{name}.source.wav", of, gained(gain_db), folder, "FLOAT")
         lossy = as_mp3(f"{name}.mp3", f"{name}.source.wav", folder)
-        partial = out.with_suffix(".partial.wav")
+        partial = partial_of(out)
         subprocess.run([ffmpeg(), "-loglevel", "error", "-y", "-i", str(lossy), "-c:a",
                         "pcm_s16le", str(partial)], check=True, timeout=120)
         partial.replace(out)
         settled(out)
-        louder.unlink()
-        lossy.unlink()
     return out

@@ -258,13 +258,16 @@ def test_a_masters_level_note_fits_its_target(loudness: float, crest: float,
 def the_rule(t: Target, loudness: float, peak: float) -> str:
     """The manual's rule for a master on a target, said again here: over the ceiling
     fails; within the tolerance passes; louder than a platform that turns it down
-    (or a club's convention) warns; otherwise more than three tolerances off fails."""
+    (or a club's convention) warns; quieter than a platform that turns it up all
+    the way within its ceiling warns; otherwise more than three tolerances off fails."""
     if peak > t.true_peak_max_dbtp + 0.05:
         return "fail"
     off = round(loudness - t.integrated_lufs, 1)
     if abs(off) <= t.tolerance_lu:
         return "pass"
     if off > 0 and t.normalisation != DELIVER:
+        return "warn"
+    if off < 0 and t.normalisation == UP_TO_PEAK and t.true_peak_max_dbtp - peak >= -off - 0.05:
         return "warn"
     return "fail" if abs(off) > 3 * t.tolerance_lu else "warn"
 
@@ -283,10 +286,12 @@ def test_a_masters_verdict_is_the_row_of_its_target(loudness: float, crest: floa
     on_level = verdict_of([n for n in judged.notes if n.code != "low_plr"])
     assert on_level == rows[p.target].verdict == target_verdict(p.delivery, loudness, peak), (
         [n.text for n in judged.notes], rows[p.target].note)
-    # The same distance from the same target, the same verdict, whatever the platform
-    # does with it: Spotify turns a quiet master up (as far as its peaks allow), YouTube
-    # does not, and both fail one three tolerances under -14 LUFS.
-    assert rows["spotify"].verdict == rows["youtube"].verdict
+    # The same distance from the same target, the same verdict, unless the platform
+    # costs it nothing: Spotify turns a quiet master all the way up when its peaks
+    # allow (a warning: YouTube does not), and both fail one it cannot raise.
+    if rows["spotify"].verdict != rows["youtube"].verdict:
+        assert (rows["spotify"].verdict, rows["youtube"].verdict) == ("warn", "fail")
+        assert "to the target" in rows["spotify"].note, rows["spotify"].note
 
 
 @pytest.mark.parametrize(("profile", "verdict", "rows"), [

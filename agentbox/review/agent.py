@@ -27,6 +27,7 @@ from agentbox.review.compare import (
     measure_reference,
     previous_export,
 )
+from agentbox.review.genres import GENRES, Genre
 from agentbox.review.judge import ceiling, judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView
@@ -91,11 +92,12 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     if isinstance(track, Track):
         tonal_reference = tonal.from_bands(f"{track.called} {track.name}",
                                            track.metrics.octave_bands)
-    metrics = with_profile(measured, profile, stage.stage, tonal_reference)
+    told = choose_genre(payload, previous)
+    metrics = with_profile(measured, profile, stage.stage, tonal_reference, told)
     reference = against(metrics, track) if isinstance(track, Track) else track
     comparison = compare_with_previous(previous, metrics, ceiling(profile, stage.stage))
     judged = judge(metrics, profile, stage.stage, comparison, reference,
-                   genre=tonal_reference is None)
+                   genre=tonal_reference is None, told=told)
     texts, source = [n.text for n in judged.notes], "rules"
     llm = LlmSettings.from_settings(settings)
     if llm is not None:
@@ -120,7 +122,16 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         comparison=comparison,
         reference=reference,
         notes=judged.notes,
+        genre=None if told is None else told.name,
     )
+
+
+def choose_genre(payload: Any, previous: Previous) -> Genre | None:
+    """The event's genre, else the last one given for the project (it sticks, as a
+    stage does), else none."""
+    name = getattr(payload, "genre", None) or (
+        None if previous.review is None else previous.review.genre)
+    return GENRES.get(name) if name else None
 
 
 def choose_stage(payload: Any, settings: Settings | None, project: str, previous: Previous,

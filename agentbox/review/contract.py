@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 from agentbox.config import ConfigError, Settings, describe, settings_check
 from agentbox.engine.agents import rename_agent
 from agentbox.events import Name, ProjectName, Strict, Text, register_event_type
+from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES
 from agentbox.review.stage import CONFIG_STAGES, STAGES
 
@@ -28,6 +29,17 @@ def _a_profile(value: str) -> str:
 # A mix review's delivery profile (agentbox.review.profiles): refused at once when
 # unknown, rather than accepted and failed when the review starts.
 ProfileName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_a_profile)]
+
+
+def _a_genre(value: str) -> str:
+    if value not in GENRES:
+        raise PydanticCustomError("unknown_genre", "unknown genre; use one of {known}",
+                                  {"known": ", ".join(GENRES)})
+    return value
+
+
+# The genre a mix review judges the tonal balance for (agentbox.review.genres).
+GenreName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_genre)]
 # The stage of the work: a mix goes to mastering, a master to its platform.
 StageName = Literal["mix", "master"]
 
@@ -42,6 +54,7 @@ class SessionExported(Strict):
     default_stage: StageName | None = None  # when neither stage nor the project says (watch)
     session_name: Annotated[str, Field(max_length=256)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
+    genre: GenreName | None = None  # the tonal curve and words of the review
 
 
 class MixReviewRequested(Strict):
@@ -55,6 +68,7 @@ class MixReviewRequested(Strict):
     requested_by: Name  # who asks: required, as in the reference design's contract
     note: Annotated[str, Field(max_length=4096)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
+    genre: GenreName | None = None  # the tonal curve and words of the review
 
 
 EVENT_TYPES: dict[str, type[BaseModel]] = {

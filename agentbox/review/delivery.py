@@ -10,6 +10,10 @@ The rule, for a master and one target:
 - a master louder than a platform that turns it down (or than a club master)
   is a warning: it plays as loud as everything else, the extra loudness only
   cost it punch;
+- a master quieter than a platform that turns it up as far as its peaks allow,
+  with the peak room to be turned up all the way, is a warning: there it plays at
+  the target and costs nothing; only the platforms that never turn up (YouTube,
+  Tidal, Amazon Music, a listener with normalisation off) play it quieter;
 - otherwise (too quiet anywhere; off a delivery specification) more than three
   tolerances fails and less is a warning. A quiet master plays quieter than the
   rest wherever nothing turns it up (YouTube, Tidal, Amazon Music, a listener
@@ -39,19 +43,29 @@ def distance(t: Target, loudness: float) -> float:
     return round(loudness - t.integrated_lufs, 1)
 
 
-def loudness_verdict(t: Target, loudness: float) -> str:
-    """pass, warn or fail for a master's loudness against `t` (the module's rule)."""
+def loudness_verdict(t: Target, loudness: float, peak: float | None = None) -> str:
+    """pass, warn or fail for a master's loudness (and true peak, when known)
+    against `t` (the module's rule)."""
     delta = distance(t, loudness)
     if abs(delta) <= t.tolerance_lu:
         return "pass"
     if delta > 0 and t.normalisation != DELIVER:
         return "warn"
+    if delta < 0 and raised_to_target(t, -delta, peak):
+        return "warn"
     return "fail" if abs(delta) > OFF_BY_TOLERANCES * t.tolerance_lu else "warn"
+
+
+def raised_to_target(t: Target, by: float, peak: float | None) -> bool:
+    """Whether `t` turns a master `by` LU under its target all the way up (its peaks
+    leave the room under the ceiling)."""
+    return (t.normalisation == UP_TO_PEAK and peak is not None
+            and t.true_peak_max_dbtp - peak >= by - PEAK_SLACK_DB)
 
 
 def target_verdict(t: Target, loudness: float, peak: float) -> str:
     """pass, warn or fail for a master of this loudness and true peak on `t`."""
-    return "fail" if over_ceiling(t, peak) else loudness_verdict(t, loudness)
+    return "fail" if over_ceiling(t, peak) else loudness_verdict(t, loudness, peak)
 
 
 def raise_it(t: Target, by: float, peak: float | None) -> str:

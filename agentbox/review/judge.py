@@ -30,6 +30,7 @@ from agentbox.review.delivery import (
     raise_it,
 )
 from agentbox.review.figures import length, places
+from agentbox.review.genres import Genre
 from agentbox.review.model import (
     SEVERITIES,
     ClippingRange,
@@ -62,6 +63,16 @@ LOW_END_CORRELATION_BELOW = 0.3  # bass this decorrelated thins out or vanishes 
 # An edge (the first or last 100 ms) within this of the song's loudness is music
 # still playing: the render starts or stops in the middle of it.
 CUT_EDGE_LU = 15.0
+# A start is cut only when the sound is there from the first sample: its first
+# millisecond within this of the first 100 ms. A render that starts on its first
+# note rises from silence (an attack), 20 dB and more under it in that millisecond.
+CUT_ONSET_DB = 10.0
+# Clipping a listener hears: flat tops longer than a lossy file's overs leave when
+# decoded to fixed point (3-5 samples), or many of them. A few short ones are the
+# limiter's ceiling set too high, not a clipped render.
+AUDIBLE_RUN_SAMPLES = 6
+AUDIBLE_RUNS = 20
+DC_OFFSET_NOTED = 0.002  # an offset held through the file, 0.2 % of full scale (-54 dBFS)
 # What mastering engineers ask of a mix's peaks: 3-6 dB under full scale, room for
 # their EQ and compression before their own limiter.
 MIX_HEADROOM_DB = (3.0, 6.0)
@@ -84,11 +95,11 @@ class Judgement:
 
 def judge(m: MixMetrics, p: Profile, stage: str = "master",
           comparison: Comparison | None = None, reference: ReferenceView | None = None,
-          genre: bool = True) -> Judgement:
+          genre: bool = True, told: Genre | None = None) -> Judgement:
     """The review of measurements `m` at `stage`, against profile `p`: everything
     the verdict rests on, decided here once. `genre`: the octave bands' reference
-    is a genre's curve (not a reference track)."""
-    notes = notes_for(m, p, comparison, reference, stage, genre)
+    is a genre's curve (not a reference track); `told`: the genre the event gave."""
+    notes = notes_for(m, p, comparison, reference, stage, genre, told)
     return Judgement(summarise(m, p, stage), notes, verdict_of(notes),
                      delivery_targets(m, stage))
 
@@ -103,14 +114,16 @@ def verdict_of(notes: list[Note]) -> str:
 
 
 def with_profile(raw: dict[str, Any], profile: Profile, stage: str = "master",
-                 reference: TonalReference | None = None) -> MixMetrics:
+                 reference: TonalReference | None = None,
+                 genre: Genre | None = None) -> MixMetrics:
     """The measurements as the review's metrics: the tonal reference beside each
-    octave band (the profile's curve unless `reference` is given; see
-    tonal.aligned), the unused
+    octave band (a reference track's when `reference` is given, else the genre's
+    curve, else the profile's; see tonal.aligned), the unused
     headroom (a master: under the profile's ceiling; a mix: under full scale), the
     loudness curves."""
     metrics = MixMetrics(**raw)
-    reference = reference or curve_of(profile)
+    reference = reference or (curve_of(profile) if genre is None else tonal.from_curve(
+        f"the reference curve for {genre.title}", genre.curve))
     levels = tonal.aligned(reference, metrics.octave_bands)
     bands = [band.model_copy(update={"reference_db": levels.get(band.hz)})
              for band in metrics.octave_bands]
@@ -174,7 +187,7 @@ def rule_notes(m: MixMetrics, p: Profile, stage: str = "master") -> list[str]:
 
 def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
               reference: ReferenceView | None = None, stage: str = "master",
-              genre: bool = True) -> list[Note]:
+              genre: bool = True, told: Genre | None = None) -> list[Note]:
     """The review's notes, ordered by severity (fix, consider, info) and, within
     one, by what to change first: clipping in the render (nothing after it can
     undo it), then loudness (it moves everything after it)."""
@@ -189,12 +202,12 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
             "the right tracks and was not muted."))]
     if stage == "mix":
         notes = [*_clipping_notes(m), *_mix_level_notes(m), *_mix_dynamics_notes(m),
-                 *_dc_notes(m), *_stereo_notes(m), *tonal.notes(m, genre), *_cut_notes(m, stage),
-                 *_format_notes(m, stage)]
+                 *_dc_notes(m), *_stereo_notes(m, told), *tonal.notes(m, genre, told),
+                 *_cut_notes(m, stage), *_format_notes(m, stage)]
     else:
-        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m), *_stereo_notes(m),
-                 *tonal.notes(m, genre), *_cut_notes(m, stage), *_silence_notes(m),
-                 *_format_notes(m, stage)]
+        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m),
+                 *_stereo_notes(m, told), *tonal.notes(m, genre, told), *_cut_notes(m, stage),
+                 *_silence_notes(m), *_format_notes(m, stage)]
     if reference is not None:
         notes.append(Note(severity="info", code="reference", text=reference.note))
     if comparison is not None and comparison.previous_run_id is not None:
@@ -286,7 +299,7 @@ def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
     assert m.integrated_lufs is not None
     t = p.delivery
     delta = m.integrated_lufs - t.integrated_lufs
-    verdict = loudness_verdict(t, m.integrated_lufs)
+    verdict = loudness_verdict(t, m.integrated_lufs, m.true_peak_dbtp)
     where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")
@@ -402,25 +415,43 @@ def _silence_notes(m: MixMetrics) -> list[Note]:
 
 
 def _clipping_notes(m: MixMetrics) -> list[Note]:
+    """Clipping named by its evidence: how many flat runs at full scale, how long
+    the longest, and whether that is heard or is a lossy decode's overs."""
     if not m.clipped_runs:
         return []
     clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
     where = f" at {spans(clipped)}" if clipped else ""
+    longest = m.clipped_longest_run
+    evidence = (f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} "
+                f"flat run{'s' if m.clipped_runs != 1 else ''} of 3 or more"
+                + (f" (the longest {longest} samples)" if longest else "") + where)
+    if not audible_clipping(m):
+        return [Note(severity="consider", code="clipping", text=(
+            f"{evidence}: short flat tops, as a lossy file's overs leave when decoded to "
+            "a fixed-point file (or a limiter whose ceiling is at full scale), not "
+            "clipping anyone hears; the first fix is the limiter's ceiling: -1 dBTP in "
+            "true-peak mode."))]
     return [Note(severity="fix", code="clipping", text=(
-        f"{m.clipped_samples} samples sit at full scale in {m.clipped_runs} runs of "
-        f"{3}+ in a row{where}: that is audible clipping in the render, not just a hot "
-        "peak; lower the master fader or the limiter's input there."))]
+        f"{evidence}: that is audible clipping in the render, not just a hot peak; "
+        "lower the master fader or the limiter's input there."))]
+
+
+def audible_clipping(m: MixMetrics) -> bool:
+    """Flat runs long or many enough to be heard (a file measured before the longest
+    run was kept counts as heard, as it was judged then)."""
+    return (not m.clipped_longest_run or m.clipped_longest_run >= AUDIBLE_RUN_SAMPLES
+            or m.clipped_runs > AUDIBLE_RUNS)
 
 
 def _dc_notes(m: MixMetrics) -> list[Note]:
-    if abs(m.dc_offset) < 0.001:
+    if abs(m.dc_offset) < DC_OFFSET_NOTED:
         return []
     return [Note(severity="consider", code="dc_offset", text=(
         f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
         "(or a DC-removal plug-in) on the master would reclaim headroom."))]
 
 
-def _stereo_notes(m: MixMetrics) -> list[Note]:
+def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
     notes = []
     if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
         notes.append(Note(severity="fix", code="out_of_phase", text=(
@@ -435,13 +466,9 @@ def _stereo_notes(m: MixMetrics) -> list[Note]:
             notes.append(Note(severity="consider", code="mono_drop", text=(
                 f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or phasey "
                 "elements will vanish on mono speakers; narrow the widest ones.")))
-    if m.low_end_correlation is not None and m.low_end_correlation < LOW_END_CORRELATION_BELOW:
-        notes.append(Note(
-            severity="fix" if m.low_end_correlation < 0 else "consider", code="low_end_wide",
-            text=(f"Below {LOW_END_HZ:g} Hz left and right correlate at "
-                  f"{m.low_end_correlation:+.2f}: the bass is wide or out of phase and thins "
-                  "out in mono and on club systems; make the low end mono (a mid/side EQ or "
-                  "a mono-maker below 120 Hz).")))
+    wide = _low_end_wide(m, told)
+    if wide is not None:
+        notes.append(wide)
     if m.mono:
         notes.append(Note(severity="info", code="mono", text=(
             "The file is mono (one channel): fine for a mono master; if you meant a stereo "
@@ -469,12 +496,38 @@ def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
             + (", and leave the fade to mastering." if stage == "mix" else
                " (if the song stops dead on purpose, a moment of silence after it still "
                "helps players and crossfades)."))))
-    if m.start_lufs is not None and m.start_lufs > floor and m.leading_silence_seconds < 0.01:
+    if (m.start_lufs is not None and m.start_lufs > floor and m.leading_silence_seconds < 0.01
+            and (m.start_onset_db is None or m.start_onset_db > -CUT_ONSET_DB)):
         notes.append(Note(severity="consider", code="cut_start", text=(
-            f"The render starts in the music (its first 100 ms at {m.start_lufs:.1f} LUFS): "
-            "the first attack may be cut, or click; start the render a moment before the "
-            "music.")))
+            f"The render starts in the music (its first 100 ms at {m.start_lufs:.1f} LUFS, "
+            "sounding from the very first sample, with no attack): the first note is cut, "
+            "or clicks; start the render a moment before the music.")))
     return notes
+
+
+def _low_end_wide(m: MixMetrics, told: Genre | None) -> Note | None:
+    """A wide low end: a fault in a produced record (it thins out in mono and on
+    club systems), natural in a room's recording (an orchestra's basses and its
+    hall), where only a low end out of phase is one."""
+    corr = m.low_end_correlation
+    room = told is not None and not told.mono_low_end
+    if corr is None or corr >= (0.0 if room else LOW_END_CORRELATION_BELOW):
+        return None
+    where = f"Below {LOW_END_HZ:g} Hz left and right correlate at {corr:+.2f}"
+    if room:
+        assert told is not None
+        return Note(severity="fix", code="low_end_wide", text=(
+            f"{where}: out of phase, which even {told.title}'s wide low end is not; the "
+            "bass thins out in mono. Check the polarity of the low instruments' "
+            "microphones."))
+    words = "" if told is not None else (
+        " (a recording in a room, orchestral or acoustic, is often this wide down there: "
+        "send its genre and it is judged as one)")
+    return Note(
+        severity="fix" if corr < 0 else "consider", code="low_end_wide",
+        text=(f"{where}: the bass is wide or out of phase and thins out in mono and on "
+              "club systems; make the low end mono (a mid/side EQ or a mono-maker below "
+              f"120 Hz){words}."))
 
 
 def _format_notes(m: MixMetrics, stage: str) -> list[Note]:

@@ -52,6 +52,12 @@ TRUE_PEAK_CHUNK = 512  # stretches checked against the bound (see _Meter._true_p
 SILENCE_DBFS = -60.0  # quieter than this at the start or the end is silence
 DUAL_MONO_DIFFERENCE = 1e-6  # |L - R| below this everywhere: the same signal twice
 LOW_END_HZ = 120.0  # below this, left and right should agree (mono compatibility)
+# A DC offset is held through the whole file: the offset is the mean that even the
+# most balanced stretches keep (this quantile of the read blocks' means, by size).
+# Music's own asymmetry moves a block's mean both ways and leaves the file's mean
+# off zero without any offset in it.
+DC_QUANTILE = 10
+ONSET_SECONDS = 0.001  # the first millisecond: silent before an attack, loud in a cut
 SPECTRUM_FRAME = 8192  # samples per spectrum frame; a few frames per read block
 SPECTRUM_FRAMES_PER_BLOCK = 4
 OCTAVE_BANDS_HZ = (31.5, 63.0, 125.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
@@ -85,7 +91,7 @@ class Measurements:
     sample_peak_dbfs: float | None
     clipped_samples: int  # samples in runs of CLIP_RUN or more at full scale
     clipped_runs: int
-    dc_offset: float  # the largest per-channel mean, as a fraction of full scale
+    dc_offset: float  # the offset held through the file (DC_QUANTILE), of full scale
     stereo_correlation: float | None  # L/R; None for mono, or with a silent side
     mono_loudness_drop_lu: float | None  # stereo minus its mono fold; None if not stereo
     duration_seconds: float
@@ -110,6 +116,10 @@ class Measurements:
     # the music plays (a cut-off attack or tail) is loud there.
     start_lufs: float | None = None
     end_lufs: float | None = None
+    # The first millisecond's level against the first 100 ms's (RMS, dB): far under
+    # it, the sound starts with an attack; close to it, the file starts mid-sound.
+    start_onset_db: float | None = None
+    clipped_longest_run: int = 0  # samples in the longest run at full scale
     clipping_ranges: list[dict[str, Any]] = field(default_factory=list)
     octave_bands: list[dict[str, float]] = field(default_factory=list)  # hz, db (of total)
     frames_declared: int | None = None  # what the header promises, when it says
@@ -278,10 +288,13 @@ class _Meter:
         self.tap_bound = float(np.abs(self.phases).sum(axis=0).max()) * 1.0001
         self.context = np.zeros((TRUE_PEAK_HALF_TAPS, channels), dtype=np.float32)
         self.sums = np.zeros(channels)
+        self.block_means: list[np.ndarray] = []  # per read block, per channel
+        self.onset: float | None = None
         self.lr = np.zeros(3)  # sum L*R, sum L*L, sum R*R
-        self.side_peak = 0.0  # max |L - R|
+        self.side_peak = 0.0  # max |L - R| (until it rules dual mono out)
         self.clipped_samples = 0
         self.clipped_runs = 0
+        self.longest_run = 0
         self.run_starts = np.full(channels, -1, dtype=np.int64)  # open full-scale run
         # (first sample, after the last) of each stretch of clipping / overs
         self.events: dict[str, list[tuple[int, int]]] = {"clipping": [], "over": []}
@@ -305,13 +318,17 @@ class _Meter:
         offset = self.frames
         self.frames += block.shape[0]
         self.sums += sums
+        self.block_means.append(sums / block.shape[0])
+        if offset == 0:
+            self.onset = _onset(lanes, self.rate)
         block_peak = max(float(block.max()), -float(block.min()))
         self.peak = max(self.peak, block_peak)
         if self.channels >= 2:
             left, right = block[:, 0], block[:, 1]
             self.lr += (float(left @ right), float(left @ left), float(right @ right))
-            side = left - right
-            self.side_peak = max(self.side_peak, float(side.max()), -float(side.min()))
+            if self.side_peak <= DUAL_MONO_DIFFERENCE:  # past it, dual mono is ruled out
+                side = left - right
+                self.side_peak = max(self.side_peak, float(side.max()), -float(side.min()))
         if block_peak > self.silence:
             self._loud(block, offset)
         if block_peak >= self.clip_level or (self.run_starts >= 0).any():
@@ -370,6 +387,7 @@ class _Meter:
         if end - start >= CLIP_RUN:
             self.clipped_samples += end - start
             self.clipped_runs += 1
+            self.longest_run = max(self.longest_run, end - start)
             self._event(start, end, "clipping")
 
     def _event(self, start: int, end: int, kind: str) -> None:
@@ -505,7 +523,8 @@ class _Meter:
             sample_peak_dbfs=_round(_db(self.peak)),
             clipped_samples=self.clipped_samples,
             clipped_runs=self.clipped_runs,
-            dc_offset=_dc(self.sums / max(self.frames, 1)),
+            dc_offset=_dc(np.array(self.block_means) if self.block_means
+                          else np.zeros((1, self.channels))),
             stereo_correlation=correlation,
             mono_loudness_drop_lu=drop,
             duration_seconds=round(self.frames / self.rate, 3),
@@ -531,6 +550,7 @@ class _Meter:
             trailing_silence_seconds=round((self.frames - 1 - self.last_loud) / self.rate, 2)
             if self.first_loud is not None else round(self.frames / self.rate, 2),
             start_lufs=_edge(programme[:1]), end_lufs=_edge(programme[-1:]),
+            start_onset_db=_round(self.onset, 1), clipped_longest_run=self.longest_run,
             clipping_ranges=[{"start": round(a / self.rate, 2), "end": round(b / self.rate, 2),
                               "kind": kind} for kind, events in self.events.items()
                              for a, b in events],
@@ -636,8 +656,24 @@ def _db(linear: float) -> float | None:
 
 
 def _dc(means: np.ndarray) -> float:
-    worst = int(np.argmax(np.abs(means)))
-    return round(float(means[worst]), 6)
+    """The offset held through the file, of the channel with the largest: each
+    channel's DC_QUANTILE of its blocks' means by size, with their usual sign."""
+    held = np.percentile(np.abs(means), DC_QUANTILE, axis=0) * np.sign(np.median(means, axis=0))
+    worst = int(np.argmax(np.abs(held)))
+    return round(float(held[worst]), 6)
+
+
+def _onset(lanes: np.ndarray, rate: int) -> float | None:
+    """The first ONSET_SECONDS's RMS against the first 100 ms's, in dB (loudest
+    channel each); None when the start is silent or the file shorter."""
+    first, window = max(1, round(rate * ONSET_SECONDS)), round(rate * SUB_BLOCK_SECONDS)
+    if lanes.shape[1] < window:
+        return None
+    start = float(np.sqrt((lanes[:, :first] ** 2).mean(axis=1)).max())
+    whole = float(np.sqrt((lanes[:, :window] ** 2).mean(axis=1)).max())
+    if whole <= 10 ** (ABSOLUTE_GATE_LUFS / 20):
+        return None
+    return 20 * math.log10(max(start, 1e-12) / whole)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

@@ -69,6 +69,8 @@ class MixMetrics(BaseModel):
     trailing_silence_seconds: float = 0.0
     start_lufs: float | None = None  # loudness of the first 100 ms
     end_lufs: float | None = None  # loudness of the last 100 ms
+    start_onset_db: float | None = None  # the first ms against the first 100 ms (RMS)
+    clipped_longest_run: int = 0  # samples in the longest run at full scale
     tonal_reference: str | None = None  # what octave_bands' reference_db are: a curve, a track
     clipping_ranges: list[ClippingRange] = []
     octave_bands: list[OctaveBand] = []
@@ -151,6 +153,9 @@ class MixReview(BaseModel):
     comparison: Comparison = Comparison(previous_run_id=None)
     reference: ReferenceView | None = None
     notes: list[Note] = []  # the rule-based notes, in review_notes' order when "rules"
+    # The genre the tonal balance was judged for (agentbox.review.genres): the event's,
+    # else the last one given for the project; None for none.
+    genre: str | None = None
 
 
 def as_review(result: Any) -> MixReview | None:

@@ -9,11 +9,19 @@ and otherwise from the file itself: limited close to full scale at streaming
 loudness with a low peak-to-loudness ratio, it looks mastered; anything else is
 a mix. Every review says in one sentence which stage it judged, why, and how to
 change it.
+
+From the file alone the stage is sometimes ambiguous: a file that peaks at full
+scale like a limited master but is quieter than -16 LUFS, or more open than a
+PLR of 14 dB, may be a hot mix or a dynamic master (orchestral, ambient, much game
+music). It is judged as a mix, and its sentence says that it is ambiguous, the
+first fix under each reading, and how to choose.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES
 
 # What a master looks like to `auto`: its true peak close to full scale (a limiter's
 # ceiling), its loudness at or above the quietest streaming normalisation (Apple
@@ -82,11 +90,34 @@ def inferred(true_peak: float | None, loudness: float | None, plr: float | None)
             f"no stage was given and it looks mastered: limited close to full scale "
             f"(true peak {true_peak:+.1f} dBTP) at streaming loudness ({loudness:.1f} LUFS) "
             f"with a low peak-to-loudness ratio ({plr:.1f} dB)")))
+    if true_peak is not None and loudness is not None and true_peak >= MASTERED_PEAK_DBTP:
+        return Stage("mix", AUTO, ambiguous(true_peak, loudness, plr))
     why = "no stage was given and it does not look mastered"
     if true_peak is not None and loudness is not None:
         why += f" ({loudness:.1f} LUFS, true peak {true_peak:+.1f} dBTP"
         why += f", PLR {plr:.1f} dB)" if plr is not None else ")"
     return Stage("mix", AUTO, _said("mix", why))
+
+
+def ambiguous(true_peak: float, loudness: float, plr: float | None) -> str:
+    """The sentence for a file that peaks like a master but is not as loud or as
+    limited as one: both readings, each one's first fix, and how to choose."""
+    quieter = f"{loudness:.1f} LUFS" + ("" if plr is None else f", PLR {plr:.1f} dB")
+    target = PROFILES[DEFAULT_PROFILE].delivery
+    as_mix = (f"as a mix, lower the mix bus by about {true_peak + 4.5:.0f} dB for "
+              "mastering's headroom")
+    over = true_peak - target.true_peak_max_dbtp
+    as_master = (f"as a master, lower the limiter's ceiling by {over:.1f} dB (true peak "
+                 f"{target.true_peak_max_dbtp:g} dBTP at most for streaming)" if over > 0.05
+                 else f"as a master, nothing to fix in its peaks; the {target.title} "
+                 f"target is {target.integrated_lufs:g} LUFS")
+    return (f"Judged as a mix going to mastering, but from the file alone this is "
+            f"ambiguous: no stage was given, and it peaks at {true_peak:+.1f} dBTP as a "
+            f"limited master does, yet is quieter or more open than most masters "
+            f"({quieter}), as a hot mix or a dynamic master (orchestral, ambient, much "
+            f"game music) is. The first fix: {as_mix}; {as_master}. If it is a finished "
+            "master, send it with stage master (agentbox send --stage master, or "
+            "\"stage\": \"master\" in the payload); a mix needs nothing said.")
 
 
 def _said(stage: str, why: str) -> str:

@@ -15,12 +15,18 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agentbox.review.genres import NO_PARTS, Genre, Parts
 from agentbox.review.model import MixMetrics, Note, OctaveBand
 
 OCTAVES_HZ = (31.5, 63.0, 125.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
 TONAL_MIN_SECONDS = 10.0  # shorter files say little about tonal balance
 TONAL_EXCESS_DB = 4.0  # an octave this far over the reference is a problem
 TONAL_LACK_DB = 6.0  # one this far under it (a lack is heard less than an excess)
+# With no genre and no reference track, the average curve says little about this
+# track: released music departs from it by 5 dB and more in any octave (measured on
+# the real-music corpus), so only departures beyond these are noted.
+EXTREME_EXCESS_DB = 8.0
+EXTREME_LACK_DB = 12.0
 TONAL_NOTES_MAX = 3  # the furthest octaves; more would bury the rest of the review
 EMPTY_DB = -60.0  # an octave this far under the whole holds next to nothing
 
@@ -67,56 +73,73 @@ def from_bands(name: str, bands: Iterable[OctaveBand]) -> TonalReference:
 
 # (code when over, code when under, octaves, what is over, what to try; what is
 # under, what to try), low to high.
+# The advice names the parts of the genre's arrangement ({low}, {low_mids},
+# {presence}, {top}: genres.Parts), none with no genre.
 REGIONS = (
     ("sub_rumble", None, (31.5,),
-     "Sub-bass rumble", "high-pass what does not need it below 30 Hz and check the kick "
-     "and bass tails", "", ""),
+     "Sub-bass rumble", "high-pass what does not need it below 30 Hz and check the tails "
+     "of {low}", "", ""),
     ("low_end_buildup", "thin_low_end", (63.0, 125.0),
-     "Low-end build-up", "cut 2-3 dB there (bass, kick) or high-pass the tracks that do "
+     "Low-end build-up", "cut 2-3 dB there ({low}) or high-pass the tracks that do "
      "not need it",
-     "Thin low end", "bring up the bass and the kick (a low shelf around 80 Hz), or check "
-     "that they are not high-passed"),
+     "Thin low end", "bring up {low} (a low shelf around 80 Hz), or check that they are "
+     "not high-passed"),
     ("muddy", "hollow", (250.0, 500.0),
-     "Muddy low mids", "cut 2-3 dB around 250-500 Hz on guitars, keys and pads",
+     "Muddy low mids", "cut 2-3 dB around 250-500 Hz on {low_mids}",
      "Hollow low mids", "ease the cuts around 250-500 Hz: the body of the mix is missing"),
     ("honky", "scooped", (1000.0,),
      "Honky mids", "a gentle dip around 1 kHz",
-     "Scooped mids", "vocals and guitars may get lost; bring up around 1 kHz"),
+     "Scooped mids", "{presence} may get lost; bring up around 1 kHz"),
     ("harsh", "dull_presence", (2000.0, 4000.0),
-     "Harshness", "a gentle dip there (or de-essing vocals and cymbals) will tame it",
-     "Little presence", "a gentle lift around 2-4 kHz brings vocals and guitars forward"),
+     "Harshness", "a gentle dip there (or de-essing {top}) will tame it",
+     "Little presence", "a gentle lift around 2-4 kHz brings {presence} forward"),
     ("bright", "dull", (8000.0, 16000.0),
-     "Bright top", "de-ess the vocals and soften the cymbals, or a high shelf down a little",
+     "Bright top", "soften {top}, or a high shelf down a little",
      "Dull top", "little air up there: a high shelf, or check for a low-pass on the mix "
      "bus (an MP3 cuts it too)"),
 )
 
 
-def notes(m: MixMetrics, genre: bool = True) -> list[Note]:
+def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None) -> list[Note]:
     """The octaves furthest from the reference the bands carry (`reference_db`),
     named with what to try; none for a file too short to say. `genre`: that
-    reference is a genre's average (the first note says genres differ)."""
+    reference is a genre's average (the first note says genres differ); `told`: the
+    genre the review was told (its curve is that reference), None for none, when
+    only extreme departures are noted."""
     if m.duration_seconds < TONAL_MIN_SECONDS:
         return []
     away = {b.hz: b.db - b.reference_db for b in m.octave_bands if b.reference_db is not None}
+    excess, lack = ((EXTREME_EXCESS_DB, EXTREME_LACK_DB) if genre and told is None
+                    else (TONAL_EXCESS_DB, TONAL_LACK_DB))
+    parts = NO_PARTS if told is None else told.parts
     found: list[tuple[float, Note]] = []
     for over, under, octaves, over_what, over_try, under_what, under_try in REGIONS:
         present = [(away[hz], hz) for hz in octaves if hz in away]
         if not present:
             continue
         high, low = max(present), min(present)
-        if high[0] > TONAL_EXCESS_DB:
-            found.append((high[0], _note(over, over_what, over_try, high, m)))
-        elif under and low[0] < -TONAL_LACK_DB:
-            found.append((-low[0], _note(under, under_what, under_try, low, m)))
+        if high[0] > excess:
+            found.append((high[0], _note(over, over_what, _named(over_try, parts), high, m)))
+        elif under and low[0] < -lack:
+            found.append((-low[0], _note(under, under_what, _named(under_try, parts), low,
+                                         m)))
     found.sort(key=lambda item: -item[0])
     kept = [note for _, note in found[:TONAL_NOTES_MAX]]
     if kept and genre:
         first = kept[0]
         kept[0] = first.model_copy(update={"text": first.text + (
             " Genres differ: the curve is an average of released music, so weigh this "
-            "against records like yours (or send one as the reference track).")})
+            "against records like yours (or send one as the reference track)."
+            if told is not None else
+            " No genre was given, so only this far from the average of released music "
+            "is noted; send the genre (\"genre\" in the payload) to judge the track "
+            "against its own kind, or a reference track.")})
     return kept
+
+
+def _named(advice: str, parts: Parts) -> str:
+    return advice.format(low=parts.low, low_mids=parts.low_mids, presence=parts.presence,
+                         top=parts.top)
 
 
 def _note(code: str, what: str, fix: str, where: tuple[float, float], m: MixMetrics) -> Note:

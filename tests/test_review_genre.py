@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 import soundfile
 
+from agentbox.archive.records import ProjectExport
 from agentbox.engine.agents import AgentContext
 from agentbox.events import InvalidEvent, parse_event
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.review.genres import GENRES
 from agentbox.review.model import MixReview
-from agentbox.store import ProjectExport
 from tests.conftest import encode, in_process, make_event
 from tests.support.corpus import Song, song_audio, write
+from tests.support.history import services_with
 
 ANALYSIS = Analysis()
 
@@ -84,7 +85,7 @@ def context(previous: MixReview | None = None) -> AgentContext:
                              result=previous.model_dump(mode="json"))
     return AgentContext(run_id="run_genre", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        previous_export=previous_export, services={Analysis: ANALYSIS})
+                        services={**services_with(previous_export), Analysis: ANALYSIS})
 
 
 def review(path: Path, ctx: AgentContext, **payload: Any) -> MixReview:

@@ -4,6 +4,20 @@ many share one commit (group commit: one fsync, or one WAL flush, for all).
 An operation is a plain function of a `Db` (the engine's connection, which runs
 named statements) and the `Batch` it commits in. The engine brings `_commit`:
 how it runs a batch in one transaction and commits it.
+
+When an operation raises, every engine answers the same way (the conformance
+test: tests/store/test_failures.py):
+
+- a refusal (`StoreError` and its subclasses, `InvalidTransition`): its caller
+  gets it, whatever the operation wrote is undone, the batch's other
+  operations commit;
+- the storage failing (the engine's driver says the database cannot be reached
+  or written: disk full, I/O error, connection lost): every operation of the
+  batch gets `StorageUnavailable`, and the store is unhealthy until a durable
+  write commits again;
+- anything else is a bug: it is logged with its traceback, its caller gets the
+  exception as raised, whatever the operation wrote is undone, and the batch's
+  other operations commit. A bug is never answered as storage unavailable.
 """
 
 from __future__ import annotations
@@ -16,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agentbox.logs import get_logger
-from agentbox.store.errors import StorageUnavailable
+from agentbox.runs import InvalidTransition
+from agentbox.store.errors import StorageUnavailable, StoreError
 from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
@@ -212,6 +227,19 @@ class GroupCommit(abc.ABC):
     @abc.abstractmethod
     async def _abandon(self) -> None:
         """Roll back whatever the failed batch left open."""
+
+
+REFUSALS = (StoreError, InvalidTransition)
+
+
+def failed(exc: Exception) -> tuple[bool, Exception]:
+    """The answer of an operation that raised `exc` for any reason but the storage's
+    (which fails the whole batch): a refusal as it is; a bug too, once the log
+    holds its traceback (its caller may not say what it was)."""
+    if not isinstance(exc, REFUSALS):
+        log.error("a write operation failed (a bug); only its own writes are undone",
+                  exc_info=exc)
+    return False, exc
 
 
 def named(cursor: Any) -> dict[str, Any] | None:

@@ -19,13 +19,12 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentbox.events import Event
 from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
+    IngestParams,
     IngestResult,
     KeptAudio,
-    Lease,
     Notification,
     Outcome,
     ProjectExport,
@@ -107,10 +106,7 @@ class Store(abc.ABC):
     # -- ingest, claims, outcomes -------------------------------------------------------
 
     @abc.abstractmethod
-    async def ingest(
-        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
-    ) -> IngestResult:
+    async def ingest(self, params: IngestParams) -> IngestResult:
         """Claim the idempotency key and store event + runs atomically and durably.
 
         A key already claimed and not expired returns the first runs with

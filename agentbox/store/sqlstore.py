@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentbox.events import Event
 from agentbox.store import archive, claims, maintenance, outbox, retention, subscriptions
 from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionNotFound
 from agentbox.store.ingest import received
@@ -24,9 +23,9 @@ from agentbox.store.reads import Reads, unaskable
 from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
+    IngestParams,
     IngestResult,
     KeptAudio,
-    Lease,
     Notification,
     Outcome,
     ProjectReference,
@@ -107,13 +106,9 @@ class SqlStore(Reads, GroupCommit, Store):
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 
-    async def ingest(
-        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
-    ) -> IngestResult:
-        op = received(event, body, agents, now=now, ttl=ttl, max_pending=max_pending,
-                      max_hops=max_hops, lease=lease, notify_due=now + self.notification_delay)
-        return await self._write(op, order=event.envelope.idempotency_key, event=True)
+    async def ingest(self, params: IngestParams) -> IngestResult:
+        op = received(params, notify_due=params.now + self.notification_delay)
+        return await self._write(op, order=params.event.envelope.idempotency_key, event=True)
 
     async def claim(
         self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agentbox.events import parse_event
-from agentbox.store import IngestResult, RunNotFound, Store, StoreError
+from agentbox.store import IngestParams, IngestResult, RunNotFound, Store, StoreError
 from agentbox.store.ingest import Ingest, received
 from agentbox.store.writer import Batch, Db, log
 from tests.store.support import MAX_PENDING, T0, TTL, async_test, event_body, ingest
@@ -39,8 +39,8 @@ class Unplannable(Ingest):
 def ingest_op(event_id: str) -> Ingest:
     """The operation `Store.ingest` queues, for a new event."""
     body = event_body(event_id)
-    return received(parse_event(body), body, ["mix_review"], now=T0, ttl=TTL,
-                    max_pending=MAX_PENDING, max_hops=None, lease=None, notify_due=T0)
+    return received(IngestParams(event=parse_event(body), body=body, agents=["mix_review"],
+                                 now=T0, ttl=TTL, max_pending=MAX_PENDING), notify_due=T0)
 
 
 class Logged(logging.Handler):

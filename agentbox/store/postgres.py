@@ -76,7 +76,7 @@ from agentbox.store.records import (
 from agentbox.store.schema import migrate_postgres, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Db, Queued, failed, log
+from agentbox.store.writer import Batch, Db, Queued, log
 
 SQL = load("postgres")
 
@@ -425,7 +425,7 @@ class PostgresStore(SqlStore):
                 if _storage_failed(exc):
                     raise
                 if len(indexes) == 1:
-                    answered[indexes[0]] = failed(exc)
+                    answered[indexes[0]] = (False, exc)
                 else:
                     alone.update(indexes)
                 return None
@@ -443,7 +443,7 @@ class PostgresStore(SqlStore):
             except Exception as exc:
                 if _storage_failed(exc):
                     raise
-                answered[index] = failed(exc)
+                answered[index] = (False, exc)
                 return None
         return results
 

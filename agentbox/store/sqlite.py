@@ -32,7 +32,7 @@ from agentbox.store.records import Finish, Landed, NewEvent
 from agentbox.store.schema import migrate_sqlite, migrations
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Db, Operation, Queued, failed
+from agentbox.store.writer import Batch, Db, Operation, Queued
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # A WAL that grew past this size without starting over (under load it starts over
@@ -439,7 +439,7 @@ class SqliteStore(SqlStore):
                 if conn.total_changes != changes_before:
                     return None
                 state.active = active_before
-                results.append(failed(exc))
+                results.append((False, exc))
                 continue
             results.append((True, value))
         return results
@@ -457,7 +457,7 @@ class SqliteStore(SqlStore):
             conn.execute("ROLLBACK TO op")  # a refusal or a bug: undo this operation only
             conn.execute("RELEASE op")
             state.active = active_before
-            return failed(exc)
+            return False, exc
         conn.execute("RELEASE op")
         return True, value
 

@@ -36,6 +36,9 @@ from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
 log = get_logger("store")
+# What an operation raises to refuse (its caller is told); anything else it raises,
+# but for the storage failing, is a bug (the rule: this module's docstring).
+REFUSALS = (StoreError, InvalidTransition)
 
 
 class Cursor(Protocol):
@@ -200,6 +203,9 @@ class GroupCommit(abc.ABC):
             results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
                        ] * len(batch)
         for queued, (ok, value) in zip(batch, results, strict=True):
+            if not ok and not isinstance(value, REFUSALS):  # its caller may not say what
+                log.error("a write operation failed (a bug); only its own writes were "
+                          "undone", exc_info=value)
             if queued.future.done():
                 continue
             if ok:
@@ -222,24 +228,13 @@ class GroupCommit(abc.ABC):
     async def _commit(self, loop: asyncio.AbstractEventLoop,
                       batch: list[Queued]) -> list[tuple[bool, Any]]:
         """Run the batch's operations in one transaction and commit it: per
-        operation (True, its value) or (False, the exception to raise)."""
+        operation (True, its value) or (False, the exception to raise). An
+        operation that raised has its writes undone, the others commit, unless
+        the storage failed (`StorageUnavailable` for all); the module's rule."""
 
     @abc.abstractmethod
     async def _abandon(self) -> None:
         """Roll back whatever the failed batch left open."""
-
-
-REFUSALS = (StoreError, InvalidTransition)
-
-
-def failed(exc: Exception) -> tuple[bool, Exception]:
-    """The answer of an operation that raised `exc` for any reason but the storage's
-    (which fails the whole batch): a refusal as it is; a bug too, once the log
-    holds its traceback (its caller may not say what it was)."""
-    if not isinstance(exc, REFUSALS):
-        log.error("a write operation failed (a bug); only its own writes are undone",
-                  exc_info=exc)
-    return False, exc
 
 
 def named(cursor: Any) -> dict[str, Any] | None:

@@ -579,16 +579,18 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
 
 
 # What sqlite3 raises for a mistake in the statement or its values (a constraint
-# broken, a parameter missing): a bug of the operation that ran it, which undoing
-# that operation alone leaves the transaction sound after. The rest (disk full,
-# I/O error, a database locked or damaged) is the storage's.
+# broken, a parameter missing, and SQLITE_ERROR: a table or column that does not
+# exist, a syntax error): a bug of the operation that ran it, which undoing that
+# operation alone leaves the transaction sound after. The rest (disk full, I/O
+# error, a database locked or damaged) is the storage's.
 _MISTAKES = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError,
              sqlite3.DataError, sqlite3.NotSupportedError)
 
 
 def _storage_failed(exc: Exception) -> bool:
     """Did an operation fail because the storage did (the whole batch fails)?"""
-    return isinstance(exc, sqlite3.Error) and not isinstance(exc, _MISTAKES)
+    return isinstance(exc, sqlite3.Error) and not (
+        isinstance(exc, _MISTAKES) or getattr(exc, "sqlite_errorname", "") == "SQLITE_ERROR")
 
 
 def _storage_reason(exc: sqlite3.Error) -> str:

@@ -89,18 +89,22 @@ async def test_a_refusal_and_bugs_fail_alone_and_the_batch_commits(
         planned.runs = tuple(dataclasses.replace(run, run_id=taken) for run in planned.runs)
         db.store_events([planned], T0)
 
+    def names_no_table(db: Any, state: Batch) -> None:
+        writes("n1", db, state)
+        db.conn.execute("SELECT missing FROM no_such_table")  # either engine's connection
+
     unplannable = Unplannable(**{field.name: getattr(ingest_op("u1"), field.name)
                                  for field in dataclasses.fields(Ingest)})
     write: Any = store._write  # type: ignore[attr-defined]
     answers = await asyncio.gather(  # queued at once: one batch
         write(healthy), write(refuses), write(raises), write(breaks_a_constraint),
-        ingest(store, "e1"),
+        write(names_no_table), ingest(store, "e1"),
         write(unplannable, order=unplannable.event.envelope.idempotency_key, event=True),
         ingest(store, "e2"), return_exceptions=True)
-    kept, refused, bug, mistake, first, unplanned, second = answers
+    kept, refused, bug, mistake, no_table, first, unplanned, second = answers
 
     # Each failing operation ran beside the healthy one (not in a batch of its own).
-    for name in ("r1", "b1", "m1"):
+    for name in ("r1", "b1", "m1", "n1"):
         assert {id(s) for s in ran_in[name]} & {id(s) for s in ran_in["h1"]}, name
     # What each caller sees: its answer, the refusal, or the bug as it was raised.
     assert kept == "kept"
@@ -108,17 +112,18 @@ async def test_a_refusal_and_bugs_fail_alone_and_the_batch_commits(
     assert isinstance(second, IngestResult) and not second.duplicate
     assert isinstance(refused, RunNotFound)
     assert isinstance(bug, Bug) and isinstance(unplanned, Bug)
-    assert not isinstance(mistake, StoreError)
+    assert not isinstance(mistake, StoreError) and not isinstance(no_table, StoreError)
     assert "IntegrityError" in {kind.__name__ for kind in type(mistake).__mro__}
+    assert "no_such_table" in str(no_table)
     # The healthy operations committed; every failing one's writes were undone.
     for event_id in ("h1", "e1", "e2"):
         assert (await ingest(store, event_id)).duplicate, event_id
-    for event_id in ("r1", "b1", "m1", "u1"):
+    for event_id in ("r1", "b1", "m1", "n1", "u1"):
         assert not (await ingest(store, event_id)).duplicate, event_id
     view = await store.get_run(taken)
     assert view is not None and view["event_id"] == "e0"
     # No bug is taken for the storage failing; each is logged with its traceback.
     assert store.healthy and store.last_error is None
     traced = [record.exc_info[1] for record in logged.records if record.exc_info]
-    assert [traced.count(failure) for failure in (bug, mistake, unplanned, refused)
-            ] == [1, 1, 1, 0]
+    assert [traced.count(failure) for failure in (bug, mistake, no_table, unplanned, refused)
+            ] == [1, 1, 1, 1, 0]

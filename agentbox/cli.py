@@ -131,13 +131,15 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
     from agentbox import files
     from agentbox import store as st
     from agentbox.http.app import create_app
+    from agentbox.http.apps import schemas_of
     from agentbox.store import engines
 
     try:
         settings, secret_path = cfg.ensure_webhook_secret(settings)
         settings, callback_secret_path = cfg.ensure_callback_secret(settings)
         token = cfg.admin_token(settings)
-        engines.migrate(settings)  # a database newer than this code stops us here
+        # A database newer than this code stops us here (the apps' tables too).
+        engines.migrate(settings, schemas_of(settings))
         app = create_app(settings, token)
     except (cfg.ConfigError, st.EngineMissing) as exc:
         _refuse(str(exc), EXIT_USAGE)
@@ -650,12 +652,13 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
     On PostgreSQL, instances starting together take turns on an advisory lock.
     A database written by a newer agentbox is refused, and left as it is.
     """
+    from agentbox.http.apps import schemas_of
     from agentbox.store import StoreError, engines
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
     try:
-        before, after = engines.migrate(settings)
-    except StoreError as exc:
+        before, after = engines.migrate(settings, schemas_of(settings))
+    except (StoreError, cfg.ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     where = engines.describe(settings)
     if before == after:
@@ -683,7 +686,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     """
     import asyncio
 
-    from agentbox.engine.retention import prune_store
+    from agentbox.http.apps import prune_alone
     from agentbox.store import StoreError, StoreInUse
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
@@ -692,7 +695,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
         raise click.ClickException(f"there is no agentbox database at "
                                    f"{settings.database_path}: nothing to prune")
     try:
-        report = asyncio.run(prune_store(settings, dry_run)).as_json()
+        report = asyncio.run(prune_alone(settings, dry_run)).as_json()
     except StoreInUse:
         with _client_errors(), _client(url, config_file) as box:
             report = box.prune(dry_run)

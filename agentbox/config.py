@@ -7,6 +7,7 @@ malformed value refuses to start with a message that names the setting.
 from __future__ import annotations
 
 import base64
+import importlib
 import ipaddress
 import os
 import secrets
@@ -21,8 +22,6 @@ import platformdirs
 
 from agentbox import portable
 from agentbox.addresses import origin_of
-from agentbox.review.profiles import PROFILES
-from agentbox.review.stage import CONFIG_STAGES, STAGES
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -104,8 +103,41 @@ class AgentBinding:
     target: str  # "module:function"
 
 
-# The stages a watched folder may name (PATH=STAGE): how its exports are judged.
-WATCH_STAGES = STAGES
+# The apps the server runs (docs/apps.md), by import string (`module:attribute`): the
+# review, and the desktop side beside it. Importing an app's module registers its event
+# types (agentbox.events.register_event_type) and its checks of the settings below
+# (`settings_check`), so that a setting only an app knows the words of (a profile's
+# name, a stage) is checked at start as the others are.
+DEFAULT_APPS = ("agentbox.review.app:app", "agentbox.desktop.app:app")
+SettingsCheck = Callable[["Settings", Callable[[str], str]], None]
+_SETTINGS_CHECKS: list[SettingsCheck] = []
+
+
+def settings_check(check: SettingsCheck) -> SettingsCheck:
+    """Register an app's check of the settings: it raises ConfigError, naming the
+    setting with the function it is given (the TOML key, variable or flag it came
+    from). Registered once per function, however often its module is imported."""
+    if check not in _SETTINGS_CHECKS:
+        _SETTINGS_CHECKS.append(check)
+    return check
+
+
+def import_apps(targets: tuple[str, ...], where: str = "AGENTBOX_APPS") -> list[Any]:
+    """Import each app (`module:attribute`) and return them, in order; a module that
+    cannot be imported, or lacks the attribute, is a ConfigError naming the setting."""
+    found = []
+    for target in targets:
+        module_name, _, attr = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # any failure to import is the configuration's
+            raise ConfigError(f"{where}: cannot import {module_name!r}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        app = getattr(module, attr or "app", None)
+        if app is None:
+            raise ConfigError(f"{where}: {module_name!r} has no {attr or 'app'!r}")
+        found.append(app)
+    return found
 
 
 @dataclass(frozen=True)
@@ -153,6 +185,7 @@ class Settings:
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
     session_seconds: float = DEFAULT_SESSION_SECONDS
     agents: tuple[AgentBinding, ...] = ()
+    apps: tuple[str, ...] = DEFAULT_APPS  # the apps this server runs, by import string
     log_level: str = "info"
     # auto: text lines for a person when stderr is a terminal, JSON lines otherwise.
     log_format: str = "auto"
@@ -214,6 +247,7 @@ _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worke
                   "subscription_suspend_after_failures", "max_subscriptions",
                   "archive_keep_per_project"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
+          "apps",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
@@ -370,6 +404,11 @@ def _schedule(value: Any, where: str) -> tuple[float, ...]:
     return delays
 
 
+def describe(value: Any) -> str:
+    """A value as a message shows it: its repr, cut at 60 characters."""
+    return _describe(value)
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -430,9 +469,6 @@ def _watched_folder(item: Any, where: str) -> WatchedFolder:
             path, stage = stage, None
     else:
         raise ValueError("expected a path")
-    if stage is not None and stage not in WATCH_STAGES:
-        raise ConfigError(f"{where}: {_describe(item)}: the stage must be "
-                          f"{' or '.join(WATCH_STAGES)} (PATH=STAGE), not {_describe(stage)}")
     folder = Path(str(path).strip()).expanduser()
     if not str(path).strip() or not folder.is_absolute():
         raise ConfigError(f"{where}: {_describe(item)} is not an absolute path (write the "
@@ -460,12 +496,6 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
         raise ConfigError(
             f"{named('retry_base_seconds')} must not exceed {named('retry_max_seconds')}"
         )
-    if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
-        raise ConfigError(f"{named('mix_profile')}: {_describe(settings.mix_profile)} is not "
-                          f"a profile; use one of {', '.join(PROFILES)}")
-    if settings.mix_stage not in CONFIG_STAGES:
-        raise ConfigError(f"{named('mix_stage')}: {_describe(settings.mix_stage)} is not a "
-                          f"stage; use one of {', '.join(CONFIG_STAGES)}")
     if settings.llm_base_url is not None and urlsplit(settings.llm_base_url).scheme not in (
             "http", "https"):
         raise ConfigError(f"{named('llm_base_url')} must be an http(s) URL such as "
@@ -499,6 +529,16 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):
                 raise ConfigError(f"{named(name)}: a secret is empty")
+    check_apps(settings, named)
+
+
+def check_apps(settings: Settings, named: Callable[[str], str] = env_name) -> list[Any]:
+    """Import the settings' apps (their checks register as they do) and run every
+    app's check of the settings; the apps, in order."""
+    apps = import_apps(settings.apps, named("apps"))
+    for check in _SETTINGS_CHECKS:
+        check(settings, named)
+    return apps
 
 
 def _check_retention(settings: Settings, named: Named) -> None:

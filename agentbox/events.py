@@ -23,8 +23,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agentbox.review.profiles import PROFILES
-
 SCHEMA_VERSION = "v1"
 MAX_HOPS_FIELD = 1000
 
@@ -80,53 +78,13 @@ ProjectName = Annotated[Name, AfterValidator(project_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 
-def _a_profile(value: str) -> str:
-    if value not in PROFILES:
-        raise PydanticCustomError("unknown_profile", "unknown profile; use one of {known}",
-                                  {"known": ", ".join(PROFILES)})
-    return value
-
-
-# A mix review's delivery profile (agentbox.review.profiles): refused at once when
-# unknown, rather than accepted and failed when the review starts.
-ProfileName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_a_profile)]
-# The stage of the work: a mix goes to mastering, a master to its platform.
-StageName = Literal["mix", "master"]
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class SessionExported(Strict):
-    """A DAW finished rendering a mix; `mix_url` is a local path or file:// URL."""
-
-    project_id: ProjectName
-    mix_url: Text
-    profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
-    default_stage: StageName | None = None  # when neither stage nor the project says (watch)
-    session_name: Annotated[str, Field(max_length=256)] | None = None
-    reference_url: Text | None = None  # a reference track to compare with (path or file://)
-
-
-class MixReviewRequested(Strict):
-    """Somebody asks for a (new) review of a rendered mix."""
-
-    project_id: ProjectName
-    mix_url: Text
-    profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
-    default_stage: StageName | None = None  # when neither stage nor the project says
-    requested_by: Name  # who asks: required, as in the reference design's contract
-    note: Annotated[str, Field(max_length=4096)] | None = None
-    reference_url: Text | None = None  # a reference track to compare with (path or file://)
-
-
-PAYLOAD_MODELS: dict[str, type[BaseModel]] = {
-    "session.exported": SessionExported,
-    "mix.review_requested": MixReviewRequested,
-}
+# Event types are brought by apps (the review's: agentbox.review.contract), each
+# with its payload model, through register_event_type.
+PAYLOAD_MODELS: dict[str, type[BaseModel]] = {}
 
 
 _REGISTERED: dict[str, type[BaseModel]] = {}  # event type -> the model as its author wrote it
@@ -188,7 +146,7 @@ def _whole_number(value: Any) -> Any:
 
 
 class Envelope(Strict):
-    schema_version: Literal["v1"]
+    schema_version: Literal["v1"]  # SCHEMA_VERSION (a Literal needs it written out)
     event_id: Identifier
     idempotency_key: Annotated[str, Field(min_length=1, max_length=600)]
     event_type: Token

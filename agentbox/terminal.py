@@ -17,13 +17,14 @@ from typing import Any
 
 import wcwidth
 
-from agentbox.engine.agents import BUILTIN_AGENTS, RENAMED_AGENTS
+from agentbox.engine.agents import RENAMED_AGENTS
 from agentbox.review import digest, present
+from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.figures import local_time
 
 # The built-in mix review, by every name its runs carry (the one it had before it
 # moved as well): its runs are told in a musician's words.
-MIX_REVIEW = frozenset(BUILTIN_AGENTS["session.exported"])
+MIX_REVIEW = frozenset(REVIEW_AGENTS["session.exported"])
 MIX_REVIEW |= {old for old, new in RENAMED_AGENTS.items() if new in MIX_REVIEW}
 WIDTH = 100  # `agentbox runs` fits a terminal this wide
 SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them

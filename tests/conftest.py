@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
+import agentbox.review.contract  # noqa: F401 - the review's event types, as its app registers them
 from agentbox.config import Settings, load_settings
 from agentbox.http.app import App, create_app
 from agentbox.signing import sign_headers

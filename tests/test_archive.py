@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from agentbox import config
 from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, copy_in, is_hash, ready
-from agentbox.http.audio import byte_range
-from agentbox.store import KeptAudio, ProjectReference
+from agentbox.archive.records import KeptAudio, ProjectReference
+from agentbox.review.web.audio import byte_range
 from tests.conftest import InProcess, in_process, make_event
 
 RATE = 48_000
@@ -70,7 +70,7 @@ async def test_three_renders_to_one_file_name_leave_three_playable_exports(
             inode = inode or mix.stat().st_ino
             assert mix.stat().st_ino == inode  # rewritten in place
             renders.append((heard, await review(box, mix)))
-        await box.app.state.archive.settled()
+        await box.app.state.apps["review"].archive.settled()
         for heard, run in renders:
             assert run["result"]["file"]["sha256"] == hashlib.sha256(heard).hexdigest()
             whole = await audio(box, run["run_id"])
@@ -106,7 +106,7 @@ async def test_the_same_audio_twice_is_kept_once(tmp_path: Path) -> None:
         render(tmp_path / "b.wav", 7)
         first = await review(box, tmp_path / "a.wav")
         second = await review(box, tmp_path / "b.wav", project="Other")
-        await box.app.state.archive.settled()
+        await box.app.state.apps["review"].archive.settled()
         assert first["result"]["file"]["sha256"] == second["result"]["file"]["sha256"]
         assert len([p for p in box.settings.archive_path.rglob("*") if is_hash(p.name)]) == 1
         for run in (first, second):
@@ -261,7 +261,7 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
     environ = {"AGENTBOX_AGENTS": "", "AGENTBOX_ARCHIVE_MAX_GB": "0.00175",
                "AGENTBOX_ARCHIVE_KEEP_PER_PROJECT": "2"}
     async with in_process(tmp_path, **environ) as box:
-        archive, runs = box.app.state.archive, []
+        archive, runs = box.app.state.apps["review"].archive, []
         for seed, song in enumerate(["A", "B", "A", "A", "B", "A"]):
             heard = render(tmp_path / f"{song}.wav", seed)
             runs.append((heard, await review(box, tmp_path / f"{song}.wav", song)))
@@ -279,9 +279,9 @@ async def test_the_archive_stays_within_its_bounds_when_exports_exceed_them(
                 assert "does not hold it any more" in answer.json()["message"]
         # A0 and A2: past two of A's; B1: the oldest when B4 made four files
         assert played == [404, 404, 404, 200, 200, 200]
-        store = box.app.state.store
+        history = box.app.state.apps["review"].archive.history
         why = {k.run_id: k.dropped_because for song in "AB"
-               for k in await store.kept_audio(song)}
+               for k in await history.kept_audio(song)}
         assert why[runs[0][1]["run_id"]] == budget.over_count(2)
         assert why[runs[1][1]["run_id"]] == budget.over_size(1_750_000)
         page = (await box.client.get("/projects/A")).text
@@ -302,9 +302,11 @@ async def test_instances_sharing_a_database_each_bound_their_own_folder(
     """Two archives (two machines' data directories) on one database: each keeps,
     bounds and deletes only what its own folder holds."""
     from agentbox.archive import Archive
+    from agentbox.archive.history import SCHEMA, History
     from agentbox.store.sqlite import SqliteStore
 
     store = SqliteStore(tmp_path / "shared.sqlite3")
+    history = History(store.add_tables(SCHEMA))
     await store.open()
     try:
         archives = []
@@ -312,7 +314,7 @@ async def test_instances_sharing_a_database_each_bound_their_own_folder(
             settings = config.load_settings(environ={}, overrides={
                 "data_dir": tmp_path / name, "archive_max_gb": 0.000001,
                 "config_dir": tmp_path / "config"})
-            archive = Archive(settings, store)
+            archive = Archive(settings, history)
             await archive.open()
             archives.append(archive)
         studio, laptop = archives
@@ -327,7 +329,7 @@ async def test_instances_sharing_a_database_each_bound_their_own_folder(
             await archive.settled()
         for archive in archives:  # over 1 kB: each keeps its projects' latest only
             assert len(list(archive.blobs.committed())) == 2
-            assert len(await store.live_audio(archive.keeper)) == 2
+            assert len(await history.live_audio(archive.keeper)) == 2
         await studio.bound()
         assert len(list(laptop.blobs.committed())) == 2  # not the studio's to delete
     finally:

@@ -13,12 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agentbox.events import (
-    InvalidEvent,
-    MixReviewRequested,
-    SessionExported,
-    parse_event,
-)
+from agentbox.events import InvalidEvent, parse_event
+from agentbox.review.contract import MixReviewRequested, SessionExported
 from tests.vectors import VECTORS_PATH
 
 VECTOR_BODY = base64.b64decode(

@@ -27,28 +27,26 @@ ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
 
-# What each room may import (its own modules are always allowed). The run engine
-# sits on the store, the HTTP side on both; the client side on the package's core.
+# What each room may import (its own modules are always allowed). The engine (the
+# run engine on the store, the HTTP core on both, the core modules below them) knows
+# no app: the review, its archive and the desktop side are apps on top of it, which
+# reach the engine through agentbox.http.apps (docs/apps.md), never the other way.
+# No exceptions.
+APPS = {"review", "archive", "desktop"}
 MAY_IMPORT: dict[str, set[str]] = {
-    # The server runs the desktop side's notifications (and watched folders).
-    "http": {"engine", "review", "store", "desktop", "archive"} | CORE,
-    "engine": {"store", "review", "archive"} | CORE,
-    "review": {"engine", "store", "archive"} | CORE,  # the review is an agent: the agent API
-    # The archive of exports keeps files and their records: below the review and the
-    # engine, above the store.
-    "archive": {"store"} | CORE,
+    "http": {"engine", "store"} | CORE,
+    "engine": {"store"} | CORE,
     "store": {"events", "runs", "logs", "portable", "signing", "addresses"},
+    # The review is an app: the agent API, the app hook and the pages it stands on.
+    "review": {"engine", "store", "archive", "http"} | CORE,
+    # The archive of exports keeps the review's files and records (its own tables).
+    "archive": {"store"} | CORE,
     "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
     "client": {"review"} | CORE,  # review.digest: one line of a run's text
-    "terminal": {"review", "engine"} | CORE,  # engine.agents: the mix review's names
+    "terminal": {"review", "engine"} | CORE,  # the mix review's names
 }
 for _core in CORE:
     MAY_IMPORT[_core] = set(CORE)
-# config and the event contract check a profile's and a stage's name against
-# review.profiles and review.stage, tables that import nothing of agentbox: a core
-# module may read them without standing on the review.
-CORE_MAY_READ = {("config", "agentbox.review.profiles"), ("config", "agentbox.review.stage"),
-                 ("events", "agentbox.review.profiles")}
 
 
 def module_name(path: Path) -> str:
@@ -143,13 +141,21 @@ def wrong_way(edges: dict[str, frozenset[str]] | None = None) -> set[tuple[str, 
     wrong = set()
     for name, targets in (graph() if edges is None else edges).items():
         allowed = MAY_IMPORT.get(room(name), ANYTHING) | {room(name)}
-        wrong |= {(name, target) for target in targets
-                  if room(target) not in allowed and (room(name), target) not in CORE_MAY_READ}
+        wrong |= {(name, target) for target in targets if room(target) not in allowed}
     return wrong
 
 
 def test_imports_run_one_way() -> None:
     assert sorted(wrong_way()) == []
+
+
+def test_the_engine_imports_no_app() -> None:
+    """The pinned direction, said on its own: agentbox.engine, agentbox.store,
+    agentbox.events, agentbox.config and the HTTP core import nothing of
+    agentbox.review, agentbox.archive or agentbox.desktop."""
+    engine = {"engine", "store", "events", "config", "http"}
+    assert not {(name, target) for name, targets in graph().items() if room(name) in engine
+                for target in targets if room(target) in APPS}
 
 
 def test_the_store_imports_nothing_of_the_configuration() -> None:
@@ -183,7 +189,8 @@ def test_an_import_the_wrong_way_is_found() -> None:
                "agentbox.config": frozenset({"agentbox.review.profiles"})}
     assert wrong_way(made_up) == {("agentbox.engine.dispatcher", "agentbox.http.app"),
                                   ("agentbox.store.ingest", "agentbox.config"),
-                                  ("agentbox.runs", "agentbox.client")}
+                                  ("agentbox.runs", "agentbox.client"),
+                                  ("agentbox.config", "agentbox.review.profiles")}
 
 
 def test_lazy_relative_and_package_imports_are_resolved() -> None:
@@ -205,5 +212,6 @@ def test_lazy_relative_and_package_imports_are_resolved() -> None:
     assert "agentbox.desktop.folders" in graph()["agentbox.cli"]  # inside `watch`
     assert "agentbox.store" in graph()["agentbox.http.api"]
     assert "agentbox.review.digest" in graph()["agentbox.client"]
+    assert "agentbox.review.web.pages" in graph()["agentbox.review.app"]  # in setup
     assert all(target.startswith("agentbox") for targets in graph().values()
                for target in targets)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from agentbox.http import references
+from agentbox.review.web import references
 from tests.conftest import ADMIN_TOKEN, InProcess, in_process, make_event
 
 RATE = 48_000
@@ -101,7 +101,7 @@ async def test_a_projects_reference_is_compared_in_every_review(tmp_path: Path) 
         # removed: later reviews compare with nothing, and its bytes go
         removed = await box.client.delete("/projects/Night%20Drive/reference", headers=TOKEN)
         assert removed.json()["removed"]["name"] == "Their Record.wav"
-        assert not box.app.state.archive.blobs.has(shown["sha256"])
+        assert not box.app.state.apps["review"].archive.blobs.has(shown["sha256"])
         gone = await box.client.get("/projects/Night%20Drive/reference")
         assert (gone.status_code, gone.json()["error_code"]) == (404, "reference_not_found")
         later = await review(box, tmp_path / "mix.wav", "Night Drive")
@@ -146,8 +146,8 @@ async def test_a_reference_that_is_not_audio_or_too_big_is_refused(
         bad = await box.client.put("/projects/%0A/reference", content=b"x", headers=TOKEN)
         assert bad.status_code == 404
         # nothing was kept of any of them
-        assert list(box.app.state.archive.blobs.committed()) == []
-        assert list(box.app.state.archive.blobs.incoming.iterdir()) == []
+        assert list(box.app.state.apps["review"].archive.blobs.committed()) == []
+        assert list(box.app.state.apps["review"].archive.blobs.incoming.iterdir()) == []
         assert (await box.client.get("/references")).json() == {"references": []}
 
 
@@ -171,10 +171,11 @@ async def test_the_archives_bounds_never_drop_a_reference_in_use(tmp_path: Path)
         for seed in (1, 2, 3):
             noise(tmp_path / "mix.wav", 2, 0.3, seed=seed)
             await review(box, tmp_path / "mix.wav", "Song")
-            await box.app.state.archive.settled()
-        archive = box.app.state.archive
+            await box.app.state.apps["review"].archive.settled()
+        archive = box.app.state.apps["review"].archive
         assert archive.blobs.has(shown["sha256"])  # over its size, but in use
-        kept = [k for k in await box.app.state.store.kept_audio("Song") if not k.dropped_at]
+        kept = [k for k in await box.app.state.apps["review"].archive.history.kept_audio(
+            "Song") if not k.dropped_at]
         assert len(kept) == 1  # and the project's latest export
         assert (await box.client.get(shown["audio_url"])).status_code == 200
 

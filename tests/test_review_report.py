@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from agentbox.archive.records import ProjectExport
 from agentbox.engine.agents import (
     AgentContext,
     AttemptGivenBack,
@@ -36,8 +37,8 @@ from agentbox.review.meter import AudioError, measure
 from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
 from agentbox.review.view import Review
-from agentbox.store import ProjectExport
 from tests.conftest import Server, encode, make_event, wait_until_async
+from tests.support.history import services_with
 
 RATE = 48_000
 OLD = time.time() - 3600  # files are "settled": last written an hour ago
@@ -89,7 +90,7 @@ def cut(path: Path, keep_seconds: float, rate: int, frame_bytes: int,
 def context(previous: Callable[[str], Any] | None = None) -> AgentContext:
     return AgentContext(run_id="run_test", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        previous_export=previous, services={Analysis: ANALYSIS})
+                        services={**services_with(previous), Analysis: ANALYSIS})
 
 
 def review(mix_url: str, ctx: AgentContext | None = None, **payload: Any) -> Any:

@@ -20,6 +20,7 @@ import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentbox.archive.records import ProjectExport
 from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext
 from agentbox.events import InvalidEvent, parse_event
@@ -37,9 +38,9 @@ from agentbox.review.profiles import (
     UP_TO_PEAK,
     Target,
 )
-from agentbox.store import ProjectExport
 from tests.conftest import encode, in_process, make_event
 from tests.support.corpus import RATE, Song, limited, song_audio, write
+from tests.support.history import services_with
 
 ANALYSIS = Analysis()
 
@@ -104,8 +105,8 @@ def context(previous: MixReview | None = None, config: str = "auto") -> AgentCon
                              result=previous.model_dump(mode="json"))
     return AgentContext(run_id="run_stage", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        settings=Settings(mix_stage=config), previous_export=previous_export,
-                        services={Analysis: ANALYSIS})
+                        settings=Settings(mix_stage=config),
+                        services={**services_with(previous_export), Analysis: ANALYSIS})
 
 
 def review(path: Path, ctx: AgentContext, **payload: Any) -> MixReview:

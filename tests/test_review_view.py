@@ -18,6 +18,7 @@ from agentbox.review.judge import judge
 from agentbox.review.model import as_review
 from agentbox.review.profiles import PROFILES
 from agentbox.review.view import Previous, Review, signed
+from agentbox.review.web.pages import add_templates
 
 RUN_ID = "run_0123456789abcdef"
 
@@ -80,7 +81,7 @@ def render(doc: dict[str, Any], previous: Previous | None = None,
            "source": "studio", "agent": "agentbox.review.agent:mix_review", "attempt": 1,
            "accepted_at": "2026-12-04T15:00:00.000Z", "error_code": None, "callbacks": [],
            "correlation_id": None, "causation_id": None, "hop": 0, "result": doc}
-    return page_templates().get_template("run.html").render(
+    return add_templates(page_templates()).get_template("review_run.html").render(
         run=run, event={"event_id": "e1", "payload": {"project_id": "night-drive"}},
         review=review, chain=[], project="night-drive", history=[], attempts=[],
         discarded=None, previous=previous, audio_type="audio/wav", csrf="x", alerts=[])

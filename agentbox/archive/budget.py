@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentbox.store import KeptAudio, ProjectReference
+from agentbox.archive.records import KeptAudio, ProjectReference
 
 
 @dataclass(frozen=True)

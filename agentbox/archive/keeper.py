@@ -4,7 +4,7 @@ closes, and lends to the review agent (AgentContext.service).
 A review copies the mix into `incoming` as it reads it (agentbox.archive.blobs);
 `keep` then makes the copy the archive's, in the background (flushed to disk
 first: a file under its hash's name always holds those bytes) and records it in
-the store; the review's run does not wait for it. After each keep, and with each
+the review's history; the run does not wait for it. After each keep, and with each
 retention pass, `bound` lets the oldest go when the archive is over its bounds
 (agentbox.archive.budget) and deletes the files nothing needs any more. Keeping
 and bounding take turns (one lock): a file is never deleted between its copy and
@@ -39,9 +39,10 @@ from typing import Any
 from agentbox import portable
 from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, hash_of, is_hash
+from agentbox.archive.history import History
+from agentbox.archive.records import KeptAudio, ProjectReference
 from agentbox.config import Settings
 from agentbox.logs import get_logger
-from agentbox.store import KeptAudio, ProjectReference, Store
 
 log = get_logger("archive")
 
@@ -82,10 +83,10 @@ class Archive:
     """The archive of exports (or, off, the check of a reviewed file's identity), and
     the projects' reference tracks."""
 
-    def __init__(self, settings: Settings, store: Store,
+    def __init__(self, settings: Settings, history: History,
                  clock: Callable[[], float] = time.time) -> None:
         self.on = settings.archive
-        self.store = store
+        self.history = history
         self.clock = clock
         self.bounds = budget.Bounds(settings.archive_max_bytes,
                                     settings.archive_keep_per_project)
@@ -163,7 +164,7 @@ class Archive:
             async with self._lock:
                 if not await asyncio.to_thread(self.blobs.commit, kept.sha256):
                     return  # no copy was made (the disk was nearly full)
-                await self.store.keep_audio(kept)
+                await self.history.keep_audio(kept)
             await self.bound()
         except Exception:  # never the review's failure: its export is just not kept
             log.warning("a reviewed export could not be kept", exc_info=True,
@@ -175,11 +176,11 @@ class Archive:
         if not self.keeper:
             return 0
         async with self._lock:
-            live = await self.store.live_audio(self.keeper)
+            live = await self.history.live_audio(self.keeper)
             references = await self._references()
             drops = budget.choose(live, references, self.bounds)
             if drops:
-                await self.store.drop_audio(drops, self.clock())
+                await self.history.drop_audio(drops, self.clock())
                 log.info("the archive let exports go",
                          extra={"count": len(drops), "reason": drops[0][1]})
             gone = {run_id for run_id, _ in drops}
@@ -189,7 +190,7 @@ class Archive:
         return len(drops)
 
     async def _references(self) -> list[ProjectReference]:
-        return [r for r in await self.store.references(limit=100_000)
+        return [r for r in await self.history.references(limit=100_000)
                 if r.keeper == self.keeper]
 
     def _delete_unneeded(self, needed: set[str]) -> None:
@@ -201,7 +202,7 @@ class Archive:
         """(bytes the kept files take, the bound), for the page."""
         if not self.keeper:
             return 0, self.bounds.max_bytes
-        live = await self.store.live_audio(self.keeper)
+        live = await self.history.live_audio(self.keeper)
         return budget.total_bytes(live, await self._references()), self.bounds.max_bytes
 
     # -- reference tracks ---------------------------------------------------------------
@@ -219,12 +220,12 @@ class Archive:
                                      added_at=self.clock())
         async with self._lock:
             await asyncio.to_thread(self.blobs.take, upload, sha256)
-            await self.store.set_reference(reference)
+            await self.history.set_reference(reference)
         await self.bound()
         return reference
 
     async def remove_reference(self, project: str) -> ProjectReference | None:
-        removed = await self.store.remove_reference(project)
+        removed = await self.history.remove_reference(project)
         if removed is not None:
             await self.bound()
         return removed

@@ -39,8 +39,8 @@ from agentbox import portable
 from agentbox.client import Client, configured_url
 from agentbox.config import ConfigError, Settings, WatchedFolder, secrets_in_file
 from agentbox.desktop.folders import DEFAULT_INTERVAL_SECONDS, Folder, FolderWatch, News
-from agentbox.events import SessionExported
 from agentbox.logs import get_logger
+from agentbox.review.contract import SessionExported
 from agentbox.terminal import line
 
 log = get_logger("watch")

@@ -20,21 +20,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
 from agentbox.config import AgentBinding, ConfigError, Settings, env_name
 from agentbox.events import (
     PAYLOAD_MODELS,
+    SCHEMA_VERSION,
     Event,
     InvalidEvent,
     parse_event,
     register_event_type,
 )
-
-if TYPE_CHECKING:
-    from agentbox.store import ProjectExport
 
 Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
 # An agent's check of an event before it is accepted: its field errors ({loc, msg,
@@ -44,13 +42,14 @@ Service = TypeVar("Service")
 AgentFunction = TypeVar("AgentFunction", bound=Callable[..., Any])
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
 # Agents that moved: a configuration, or a run stored before the move, may name them
-# by their old import string; both names find the same agent.
-RENAMED_AGENTS = {"agentbox.mix_review:mix_review": "agentbox.review.agent:mix_review"}
+# by their old import string; both names find the same agent. Apps add theirs
+# (`rename_agent`) as their module is imported.
+RENAMED_AGENTS: dict[str, str] = {}
 
-BUILTIN_AGENTS: dict[str, tuple[str, ...]] = {
-    "session.exported": ("agentbox.review.agent:mix_review",),
-    "mix.review_requested": ("agentbox.review.agent:mix_review",),
-}
+
+def rename_agent(old: str, new: str) -> None:
+    """An agent that moved from import string `old` to `new`: both find it."""
+    RENAMED_AGENTS[old] = new
 
 
 class AgentError(Exception):
@@ -97,10 +96,6 @@ class AgentContext:
     emitted: list[tuple[Event, bytes]] = field(default_factory=list)
     # When the run's time (AGENTBOX_RUN_TIMEOUT_SECONDS) is up, on time.monotonic().
     deadline: float | None = None
-    # Given a project name: the most recent succeeded export of that project by the
-    # same agent, accepted before this run (None: the project's first). Set by the
-    # dispatcher; None when the context was made elsewhere (tests, scripts).
-    previous_export: Callable[[str], Awaitable[ProjectExport | None]] | None = None
     # (event_type, subscribed) as subscribe/unsubscribe were called, in order.
     subscriptions: list[tuple[str, bool]] = field(default_factory=list)
     # What the app lends its agents, by type (the review's analysis processes):
@@ -135,7 +130,7 @@ class AgentContext:
         event_id = f"{self.run_id}.e{len(self.emitted)}"
         data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
         envelope = {
-            "schema_version": "v1", "event_id": event_id,
+            "schema_version": SCHEMA_VERSION, "event_id": event_id,
             "idempotency_key": f"{EMIT_SOURCE}:{event_type}:{event_id}",
             "event_type": event_type, "source": EMIT_SOURCE,
             "timestamp": datetime.now(UTC).isoformat(),
@@ -319,9 +314,11 @@ class AgentRegistry:
 
     @classmethod
     def from_bindings(cls, bindings: Sequence[AgentBinding],
-                      plugins: Sequence[tuple[str, AgentPlugin]] | None = None) -> AgentRegistry:
-        """The built-in agents and those of installed plugins, except that an event
-        type named in `bindings` (AGENTBOX_AGENTS) gets exactly the agents named there.
+                      plugins: Sequence[tuple[str, AgentPlugin]] | None = None,
+                      defaults: Mapping[str, Sequence[str]] | None = None) -> AgentRegistry:
+        """The apps' agents (`defaults`: event type -> import strings) and those of
+        installed plugins, except that an event type named in `bindings`
+        (AGENTBOX_AGENTS) gets exactly the agents named there.
 
         Modules named in bindings are imported first: they may register event
         types (events.register_event_type) beside their agents.
@@ -336,7 +333,7 @@ class AgentRegistry:
         named: dict[str, list[str]] = {}
         for binding in bindings:
             named.setdefault(binding.event_type, []).append(binding.target)
-        targets = {k: list(v) for k, v in BUILTIN_AGENTS.items() if k not in named}
+        targets = {k: list(v) for k, v in (defaults or {}).items() if k not in named}
         loaded: dict[str, AgentSpec] = {}
         for target in {t for names in [*named.values(), *targets.values()] for t in names}:
             loaded[target] = load_agent(target)

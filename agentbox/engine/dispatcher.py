@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,6 @@ from agentbox.store import (
     IngestResult,
     Lease,
     Outcome,
-    ProjectExport,
     StorageUnavailable,
     Store,
     Transition,
@@ -277,7 +276,6 @@ class Dispatcher:
                 "run_id": claimed.run_id, "agent": claimed.agent,
                 "event_id": claimed.event_id, "attempt": claimed.attempt}),
             settings=self.settings,
-            previous_export=self._previous_export(claimed),
             services=self.services,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
@@ -285,16 +283,6 @@ class Dispatcher:
         self._busy.set()
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
-
-    def _previous_export(self, claimed: ClaimedRun
-                         ) -> Callable[[str], Awaitable[ProjectExport | None]]:
-        """The run's look-up of its project's previous succeeded export (same agent)."""
-        async def previous(project: str) -> ProjectExport | None:
-            found = await self.store.project_exports(
-                project, agent=claimed.agent, status="succeeded",
-                before_run_id=claimed.run_id, limit=1)
-            return found[0] if found else None
-        return previous
 
     def _finished(self, run_id: str, task: asyncio.Task[None]) -> None:
         # Only its own entry: after a lost lease the run may be claimed here again.

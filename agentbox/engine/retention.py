@@ -1,9 +1,9 @@
 """Retention: finished runs leave the store after AGENTBOX_RETENTION_DAYS, raw
 event bodies after AGENTBOX_BODY_RETENTION_DAYS, and SQLite gives the space
-back; a project's history stays (the store keeps what its pages read), and with
-it the audio the archive keeps of its exports, which each pass then holds to the
-archive's own bounds (agentbox.archive: the oldest go first, never a project's
-latest export nor a reference track).
+back. Apps keep what they need of removed runs in their own tables (the store
+runs their `Schema.before_prune` in the same transaction: the review's project
+history), and hold their own bounds after each pass (`Retention.apps`: the
+review's archive of audio), saying what they kept or let go in the report.
 
 A pass is a series of small steps, each one short transaction of the store's
 writer (a few milliseconds, sized by how long the last one took), oldest
@@ -18,16 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbox.archive import Archive
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.logs import get_logger
 from agentbox.store import PruneStep, StorageUnavailable, Store, iso
 
 log = get_logger("retention")
+# An app's share of a pass (agentbox.http.apps.App.retain), given the report once the
+# store's steps are done (dry too): it holds its own bounds and says what it kept.
+AppShare = Callable[["PruneReport"], Awaitable[None]]
 
 TARGET_STEP_SECONDS = 0.005  # how long one step may hold the writer
 FIRST_SCAN = 200  # candidates the first step looks at; later ones scale by their time
@@ -36,7 +38,7 @@ REST_RATIO = 1.0  # rest after a step as long as it took: at most half the write
 RECLAIM_PAGES = 64  # SQLite pages given back per step (256 KiB at 4 KiB a page)
 # The order a report lists the tables in.
 TABLES = ("runs", "attempts", "run_history", "outbox", "discarded_runs", "events",
-          "idempotency_keys", "bodies", "project_exports")
+          "idempotency_keys", "bodies")
 
 
 @dataclass
@@ -49,14 +51,17 @@ class PruneReport:
     removed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     free_pages: int = 0  # SQLite: free pages left in the file after the pass
-    audio_dropped: int = 0  # exports whose audio the archive let go
+    # What apps add: counts by name (the review's audio_dropped), and sentences for
+    # people ("2 finished exports were kept for their projects' history").
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "runs_before": self.runs_before,
                 "bodies_before": self.bodies_before,
-                "removed": {t: self.removed.get(t, 0) for t in TABLES},
+                "removed": {**{t: 0 for t in TABLES}, **self.removed},
                 "seconds": round(self.seconds, 3), "free_pages": self.free_pages,
-                "audio_dropped": self.audio_dropped}
+                **self.counts, "notes": self.notes}
 
 
 def report_lines(report: dict[str, Any]) -> list[str]:
@@ -66,14 +71,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     head = (f"{'would remove' if dry else 'removed'}: runs finished before "
             f"{report['runs_before']}, raw bodies of events finished before "
             f"{report['bodies_before']}")
-    rows = [f"  {table:<17} {removed.get(table, 0):>10}" for table in TABLES
-            if table != "project_exports"]
-    kept = removed.get("project_exports", 0)
-    tail = [f"  ({kept} finished exports {'would be' if dry else 'were'} kept for their "
-            "projects' history)"] if kept else []
-    dropped = report.get("audio_dropped", 0)
-    tail += [f"  ({dropped} exports' audio let go by the archive, over its bounds)"] \
-        if dropped else []
+    rows = [f"  {table:<17} {removed.get(table, 0):>10}" for table in TABLES]
+    tail = [f"  ({note})" for note in report.get("notes", ())]
     took = [] if dry else [f"  in {report['seconds']:.1f} s"]
     return [head, *rows, *tail, *took]
 
@@ -82,9 +81,9 @@ class Retention:
     """Runs passes over one store with one settings' periods."""
 
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float],
-                 rest_ratio: float = REST_RATIO, archive: Archive | None = None) -> None:
+                 rest_ratio: float = REST_RATIO, apps: Sequence[AppShare] = ()) -> None:
         self.store = store
-        self.archive = archive
+        self.apps = list(apps)  # each app's share of a pass, after the store's steps
         self.settings = settings
         self.clock = clock
         self.rest_ratio = rest_ratio
@@ -113,7 +112,7 @@ class Retention:
         while not self._stop.is_set():
             try:
                 report = await self.prune()
-                if any(report.removed.get(t) for t in TABLES if t != "project_exports"):
+                if any(report.removed.get(t) for t in TABLES):
                     log.info("retention removed old runs and bodies",
                              extra={**report.removed, "seconds": round(report.seconds, 3)})
             except StorageUnavailable:
@@ -144,8 +143,8 @@ class Retention:
                                   self.store.remove_bodies(now=now, before=bodies_before,
                                                            after=after, scan=scan))
                 report.free_pages = await self._reclaim()
-                if self.archive is not None:
-                    report.audio_dropped = await self.archive.bound()
+            for share in self.apps:
+                await share(report)
             report.seconds = time.monotonic() - started
             return report
 
@@ -187,26 +186,3 @@ def _next_scan(scan: int, seconds: float) -> int:
         return min(scan * 2, MAX_SCAN)
     scaled = int(scan * min(TARGET_STEP_SECONDS / seconds, 2.0))
     return max(MIN_SCAN, min(scaled, MAX_SCAN))
-
-
-async def prune_store(settings: Settings, dry_run: bool = False,
-                      clock: Callable[[], float] = time.time) -> PruneReport:
-    """`agentbox prune` on a store no server of this machine holds: a stopped SQLite
-    store, or PostgreSQL (beside running instances: its steps take their locks as
-    theirs do, and rest as the servers' do). StoreInUse: a server holds the
-    SQLite file; ask it (POST /prune). The archive's bounds too, on SQLite (on
-    PostgreSQL each running instance bounds its own folder: this process must not
-    delete a file one of them is keeping)."""
-    from agentbox.store.engines import create_store
-
-    store = create_store(settings, settings.callback_retry_schedule[0], "agentbox-prune")
-    await store.open()
-    try:
-        archive = None if store.shared else Archive(settings, store, clock)
-        if archive is not None:
-            await archive.open()
-        retention = Retention(store, settings, clock,
-                              rest_ratio=REST_RATIO if store.shared else 0.0, archive=archive)
-        return await retention.prune(dry_run=dry_run)
-    finally:
-        await store.close()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
@@ -18,12 +18,10 @@ from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION, CallbackDelivere
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
-from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
+from agentbox.events import MAX_ID_LENGTH
 from agentbox.http.access import small_body, token_required
 from agentbox.http.errors import error_response
-from agentbox.http.openapi import ExportView
 from agentbox.logs import get_logger
-from agentbox.review.present import mix_name
 from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,
@@ -61,6 +59,10 @@ class RunsApi:
         self.deliverer = deliverer
         self._admin_token = admin_token.encode()
         self.retention: Retention | None = None  # POST /prune's (set by the app)
+        # Apps' readings of an event's payload: the file it names (a run's `file`).
+        self.file_namers: list[Callable[[Mapping[str, Any]], str | None]] = []
+        # Apps' word on a run id no run has (any more): where they kept it, or None.
+        self.removed_notes: list[Callable[[str], Awaitable[str | None]]] = []
 
     async def get_run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -87,7 +89,7 @@ class RunsApi:
         if status is not None and status not in {s.value for s in RunStatus}:
             return error_response(422, "invalid_query", f"unknown status {status[:40]!r}; "
                                   f"use one of {', '.join(s.value for s in RunStatus)}")
-        limit = _limit(request)
+        limit = limit_of(request)
         if limit is None:
             return _bad_limit()
         chain = request.query_params.get("correlation_id")
@@ -111,47 +113,26 @@ class RunsApi:
         return JSONResponse({"runs": _dump(await self._with_files(found))})
 
     async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:
-        """Each run with the name of the file its event names (payload.mix_url), so that
-        a run that was not reviewed (queued, retrying, dead-lettered) still says which
-        export it is. One small read per run (GET /runs is no hot path)."""
+        """Each run with the name of the file its event names, as an app reads it
+        (`file_namers`: the review's payload.mix_url), so that a run that was not
+        reviewed (queued, retrying, dead-lettered) still says which export it is. One
+        small read per run (GET /runs is no hot path)."""
+        if not self.file_namers:
+            return list(runs)
         named = []
         for run in runs:
             event = await self.store.event_of(run.run_id)
             payload = event.get("payload") if isinstance(event, dict) else None
-            mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
-            name = mix_name(mix_url) if isinstance(mix_url, str) else None
+            name = self._file_of(payload) if isinstance(payload, dict) else None
             named.append(run.model_copy(update={"file": name}) if name else run)
         return named
-
-    async def exports(self, request: Request) -> Response:
-        """`?project=NAME`: that project's exports, newest first (what its page and the
-        comparison read); without it, the latest export of every project."""
-        limit = _limit(request)
-        if limit is None:
-            return _bad_limit()
-        project = request.query_params.get("project")
-        if project is None:
-            found = await self.store.projects(limit=limit)
-            return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
-        if not 1 <= len(project) <= MAX_ID_LENGTH:
-            return error_response(422, "invalid_query",
-                                  f"project must be 1 to {MAX_ID_LENGTH} characters")
-        name = project_name(project)
-        # A name no event may carry (a control character, a space at an end) names no
-        # project: not asked of the store, where PostgreSQL refuses a NUL.
-        fit = name == name.strip() and not any(unfit_for_a_name(c) for c in name)
-        found = await self.store.project_exports(name, limit=limit) if fit else []
-        if not found:
-            return error_response(404, "project_not_found", "No export of a project named "
-                                  f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": _dump([ExportView.of(e) for e in found])})
 
     async def list_callbacks(self, request: Request) -> Response:
         state = request.query_params.get("state")
         if state is not None and state not in NOTIFICATION_STATES:
             return error_response(422, "invalid_query", f"unknown state {state[:40]!r}; use "
                                   f"one of {', '.join(NOTIFICATION_STATES)}")
-        limit = _limit(request)
+        limit = limit_of(request)
         if limit is None:
             return _bad_limit()
         return JSONResponse({"callbacks": _dump(await self.store.list_notifications(state,
@@ -260,17 +241,17 @@ class RunsApi:
         return scheme.lower() == "bearer" and hmac.compare_digest(
             token.strip().encode(), self._admin_token)
 
+    def _file_of(self, payload: Mapping[str, Any]) -> str | None:
+        return next((name for namer in self.file_namers if (name := namer(payload))), None)
+
     async def _not_found(self, run_id: str) -> Response:
-        """404 run_not_found; for a run retention removed, where its export is kept."""
-        kept = await self.store.archived_export(run_id)
-        if kept is None:
-            return _not_found(run_id)
-        days = self.dispatcher.settings.retention_days
-        return error_response(404, "run_not_found", (
-            f"No run has the id {run_id[:100]!r} any more: retention removed it (it finished "
-            f"{kept.finished_at or kept.accepted_at}; finished runs are kept {days:g} days, "
-            f"AGENTBOX_RETENTION_DAYS). Its export is kept in the history of project "
-            f"{kept.project[:200]!r}: GET /exports?project={quote(kept.project, safe='')}"))
+        """404 run_not_found; for a run retention removed, where an app kept it
+        (`removed_notes`: the review's project history)."""
+        for note in self.removed_notes:
+            said = await note(run_id)
+            if said is not None:
+                return error_response(404, "run_not_found", said)
+        return _not_found(run_id)
 
 
 def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:
@@ -278,7 +259,7 @@ def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:
     return [view.model_dump(mode="json") for view in views]
 
 
-def _limit(request: Request) -> int | None:
+def limit_of(request: Request) -> int | None:
     raw = request.query_params.get("limit", str(DEFAULT_LIST_LIMIT))
     ok = raw.isascii() and raw.isdigit() and len(raw) <= 6
     return int(raw) if ok and 1 <= int(raw) <= MAX_LIST_LIMIT else None

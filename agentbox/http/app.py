@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import socket
@@ -20,31 +19,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentbox.archive import Archive
 from agentbox.config import ConfigError, Settings
-from agentbox.desktop.notifications import ReviewNotifications
-from agentbox.desktop.review_log import ReviewLog
-from agentbox.desktop.watched import WatchedFolders
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
 from agentbox.engine.subscriptions import Subscriptions
+from agentbox.http import apps as app_hooks
 from agentbox.http.access import Access
 from agentbox.http.api import RunsApi
-from agentbox.http.audio import AudioRoutes
+from agentbox.http.apps import Host, default_agents, load_apps
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.headers import SecurityHeaders, secured
 from agentbox.http.openapi import document
 from agentbox.http.pages import StatusPages, TokenGuard, asset
 from agentbox.http.receiver import INTERNAL_ERROR_MESSAGE, STORAGE_RETRY_AFTER_SECONDS, Receiver
-from agentbox.http.references import ReferenceRoutes
 from agentbox.http.subscriptions_api import SubscriptionsApi
 from agentbox.logs import get_logger
-from agentbox.review.agent import mix_review
-from agentbox.review.analysis import Analysis
 from agentbox.runs import SteadyClock
 from agentbox.store import RemoteChange, StorageUnavailable, StoreError
 from agentbox.store.engines import create_store
@@ -87,17 +80,13 @@ def create_app(
     if not settings.webhook_secret or not settings.callback_secret:
         raise ConfigError("no webhook or callback secret: call ensure_webhook_secret and "
                           "ensure_callback_secret first")
-    # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
-    # no process until the lifespan warms one.
-    analysis = Analysis.configured()
-    registry = AgentRegistry.from_bindings(settings.agents)
+    apps = load_apps(settings)  # their event types and checks of the settings register
+    registry = AgentRegistry.from_bindings(settings.agents, defaults=default_agents(apps))
     instance_id = settings.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     owner = f"{instance_id}:{uuid.uuid4().hex[:8]}"  # leases: unique even if names repeat
     store = create_store(settings, settings.callback_retry_schedule[0], owner)
-    archive = Archive(settings, store, clock)
     metrics = Metrics(instance_id, store.engine)
-    dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner,
-                            services={Analysis: analysis, Archive: archive})
+    dispatcher = Dispatcher(store, registry, settings, clock, metrics, owner=owner)
     deliverer = CallbackDeliverer(store, settings, clock, metrics=metrics, owner=owner)
     alerts = OperatorAlerts(store, deliverer, settings.alert_url, clock)
     dispatcher.listeners += [deliverer.on_transition, metrics.transition, alerts.on_transition]
@@ -108,21 +97,16 @@ def create_app(
     receiver = Receiver(settings, store, registry, dispatcher, clock, metrics,
                         wall_clock)
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
-    retention = api.retention = Retention(store, settings, clock, archive=archive)
-
-    watched = WatchedFolders.of(settings, admin_token) if settings.watch else None
+    retention = api.retention = Retention(store, settings, clock,
+                                          apps=[app.retain for app in apps])
     access = Access(settings, admin_token, metrics)
-    pages = StatusPages(settings, store, dispatcher, access, watched)
-    audio = AudioRoutes(store, archive)
-    pages.archive = archive
-    references = ReferenceRoutes(store, archive, analysis, access, pages.csrf, pages.project)
+    pages = StatusPages(settings, store, dispatcher, access)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
-    review_log = ReviewLog(store)
-    dispatcher.listeners.append(review_log.on_transition)
-    notices = ReviewNotifications(store) if settings.notify else None
-    if notices is not None:
-        dispatcher.listeners.append(notices.on_transition)
+    host = Host(settings, store, registry, dispatcher, clock, pages, api, admin_token)
+    for each in apps:
+        each.setup(host)
+        pages.run_pages.append(each.run_page)
 
     def on_remote_change(change: RemoteChange) -> None:
         """Another instance (same PostgreSQL database) committed runs or callbacks."""
@@ -143,24 +127,28 @@ def create_app(
         except StoreError as exc:  # another agentbox on the data directory, say
             app.state.startup_error = str(exc)  # said in a sentence by the server
             raise
-        await archive.open()
-        await dispatcher.start()
+        started: list[app_hooks.App] = []
+        try:
+            for each in apps:
+                await each.start()
+                started.append(each)
+            await dispatcher.start()
+        except BaseException:
+            for each in reversed(started):
+                await each.stop()
+            await store.close()
+            raise
         await deliverer.start()
         retention.start()
         subscriptions.start()
-        if any(spec.function is mix_review for spec in registry.for_event_type(
-                "session.exported")):  # exports are reviewed: warm before the first one
-            analysis.warm()
         _quiet_garbage_collector()
         # Said by the server once its port is bound too ("agentbox is ready").
         app.state.ready = {"database": store.description, "instance_id": instance_id}
-        if watched is not None:
-            watched.start()  # its first scan waits for the server to answer
         try:
             yield
         finally:
-            if watched is not None:  # no new exports while the rest stops
-                await asyncio.to_thread(watched.stop)
+            for each in apps:  # no new work (a watched folder's exports) while the rest stops
+                await each.stopping()
             # Writes of requests the server cancelled commit first, so that their runs
             # start or are given back (one that commits even later stays leased to
             # this instance until its lease ends, then runs as the next attempt).
@@ -169,23 +157,20 @@ def create_app(
             await dispatcher.stop()
             await subscriptions.stop()
             await deliverer.stop()
-            await archive.close()
-            if notices is not None:
-                await notices.close()
-            await review_log.close()
+            for each in reversed(apps):
+                await each.stop()
             await store.close()
-            analysis.shutdown()
             log.info("agentbox stopped")
 
     app = App(
         receiver,
         routes=[
             Route(RECEIVER_PATH, receiver, methods=["POST"]),
+            *(route for each in apps for route in each.routes()),  # before the engine's
             Route("/runs", api.list_runs, methods=["GET"]),
             Route("/runs/{run_id}", api.get_run, methods=["GET"]),
             Route("/runs/{run_id}/replay", api.replay, methods=["POST"]),
             Route("/prune", api.prune, methods=["POST"]),
-            Route("/exports", api.exports, methods=["GET"]),
             Route("/callbacks", api.list_callbacks, methods=["GET"]),
             Route("/callbacks/destinations", api.destinations, methods=["GET"]),
             Route("/callbacks/destinations/resume", api.resume_destination, methods=["POST"]),
@@ -195,14 +180,7 @@ def create_app(
                   methods=["DELETE"]),
             Route("/subscriptions/{subscription_id}/refresh", subscriptions_api.refresh,
                   methods=["POST"]),
-            Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/", pages.home, methods=["GET"]),
-            Route("/references", references.listing, methods=["GET"]),
-            Route("/projects/{project:path}/reference", references.reference,
-                  methods=["GET", "PUT", "DELETE"]),
-            Route("/projects/{project:path}/reference/audio", references.audio,
-                  methods=["GET"]),
-            Route("/projects/{project:path}", pages.project, methods=["GET"]),
             Route("/ui/runs", pages.runs, methods=["GET"]),
             Route("/ui/runs/{run_id}", pages.run, methods=["GET"]),
             Route("/ui/dead-letters", pages.dead_letters, methods=["GET"]),
@@ -224,8 +202,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
-    app.state.receiver, app.state.analysis = receiver, analysis
-    app.state.archive = archive
+    app.state.receiver = receiver
+    app.state.apps = {each.name: each for each in apps}
     return app
 
 

@@ -19,7 +19,6 @@ from agentbox.runs import RunStatus
 from agentbox.store import (
     DestinationView,
     NotificationView,
-    ProjectExport,
     RunDetail,
     RunView,
     SubscriptionView,
@@ -86,7 +85,8 @@ class ExportView(BaseModel):
     archived: bool = False
 
     @classmethod
-    def of(cls, export: ProjectExport) -> ExportView:
+    def of(cls, export: Any) -> ExportView:
+        """From an app's export record (the review's archive.records.ProjectExport)."""
         # Field by field from the store's dataclass: one added there and here is shown
         # without a third list of names to keep in step.
         return cls.model_validate(export, from_attributes=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentbox.archive.history import History
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.review.analysis import Analysis, local_path
 from agentbox.review.figures import local_time
@@ -49,10 +50,12 @@ class Previous:
 async def previous_export(ctx: AgentContext, project: str) -> Previous:
     """The project's previous reviewed export (the comparison's, and the stage's when
     one was given for the project); never an error: the comparison is a bonus."""
-    if ctx.previous_export is None or not project:
+    history = ctx.service(History)
+    if history is None or not project:
         return Previous()
     try:
-        found = await ctx.previous_export(project)
+        found = await history.previous_export(project, agent=ctx.agent,
+                                              before_run_id=ctx.run_id)
     except Exception:
         ctx.log.warning("the previous export could not be read", exc_info=True)
         return Previous(unreadable=True)

@@ -57,7 +57,7 @@ async def project_reference(ctx: AgentContext, project: str) -> Track | None:
     if archive is None or not project:
         return None
     try:
-        found = await archive.store.reference(project)
+        found = await archive.history.reference(project)
         return None if found is None else Track(MixMetrics(**found.measurements), found.name,
                                                 "project")
     except Exception:  # the comparison is a bonus: never fail the review for it

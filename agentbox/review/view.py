@@ -14,11 +14,11 @@ from typing import Any
 
 from markupsafe import Markup
 
+from agentbox.archive.records import ProjectExport
 from agentbox.review import charts, present
 from agentbox.review.figures import FIGURES, SIGNED_UNITS, change_unit, finite, mmss, places
 from agentbox.review.model import MixReview, as_review
 from agentbox.review.present import mix_name
-from agentbox.store import ProjectExport
 
 MINUS = "\N{MINUS SIGN}"
 

@@ -21,6 +21,7 @@ from agentbox.store.errors import (
     TooManySubscriptions,
 )
 from agentbox.store.interface import Store
+from agentbox.store.reads import nfc, unaskable
 from agentbox.store.records import (
     ClaimedRun,
     ClaimResult,
@@ -28,12 +29,9 @@ from agentbox.store.records import (
     Emitted,
     IngestParams,
     IngestResult,
-    KeptAudio,
     Lease,
     Notification,
     Outcome,
-    ProjectExport,
-    ProjectReference,
     PruneStep,
     RemoteChange,
     RunRef,
@@ -44,6 +42,7 @@ from agentbox.store.records import (
     notification,
     project_of,
 )
+from agentbox.store.tables import AppDb, Schema, Tables
 from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
@@ -58,6 +57,7 @@ from agentbox.store.views import (
 __all__ = [
     "AdmissionRefused",
     "AgentSubscriptionView",
+    "AppDb",
     "AttemptView",
     "BodyRemoved",
     "ClaimResult",
@@ -70,21 +70,19 @@ __all__ = [
     "HistoryEntry",
     "IngestParams",
     "IngestResult",
-    "KeptAudio",
     "Lease",
     "NoSubscribedAgent",
     "NotReplayable",
     "Notification",
     "NotificationView",
     "Outcome",
-    "ProjectExport",
-    "ProjectReference",
     "PruneStep",
     "RemoteChange",
     "RunDetail",
     "RunNotFound",
     "RunRef",
     "RunView",
+    "Schema",
     "SchemaTooNew",
     "StorageUnavailable",
     "Store",
@@ -93,10 +91,13 @@ __all__ = [
     "SubscriptionNotFound",
     "SubscriptionTarget",
     "SubscriptionView",
+    "Tables",
     "TooManySubscriptions",
     "Transition",
     "Verification",
     "iso",
+    "nfc",
     "notification",
     "project_of",
+    "unaskable",
 ]

@@ -7,11 +7,13 @@ object that has the two fields of `Location` (agentbox.config.Settings has them)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agentbox.store.errors import EngineMissing
 from agentbox.store.interface import Store
+from agentbox.store.tables import Schema
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -54,14 +56,15 @@ def describe(where: Location) -> str:
     return str(where.database_path)
 
 
-def migrate(where: Location) -> tuple[int, int]:
-    """Bring the schema up to date (what `agentbox migrate` and start-up do): (from, to)."""
+def migrate(where: Location, schemas: Sequence[Schema] = ()) -> tuple[int, int]:
+    """Bring the schema up to date (what `agentbox migrate` and start-up do), the
+    apps' lines (`schemas`) after the store's own: (from, to) of the store's own."""
     if where.database_url:
-        result: tuple[int, int] = _postgres().migrate_url(where.database_url)
+        result: tuple[int, int] = _postgres().migrate_url(where.database_url, schemas)
         return result
     from agentbox.store.sqlite import migrate_file
 
-    return migrate_file(where.database_path)
+    return migrate_file(where.database_path, schemas)
 
 
 def verify(where: Location) -> list[str]:

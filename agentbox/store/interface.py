@@ -24,17 +24,15 @@ from agentbox.store.records import (
     DeliveryResult,
     IngestParams,
     IngestResult,
-    KeptAudio,
     Notification,
     Outcome,
-    ProjectExport,
-    ProjectReference,
     PruneStep,
     RemoteChange,
     SubscriptionTarget,
     Transition,
     Verification,
 )
+from agentbox.store.tables import Schema, Tables
 from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
@@ -78,6 +76,8 @@ class Store(abc.ABC):
         # Told when a commit of this instance queued outbox rows that no announced
         # change says so (a subscriber's delivery of an event just ingested).
         self.outbox_listeners: list[Callable[[], None]] = []
+        # Apps' own tables (`add_tables`), migrated at `open` after the store's own.
+        self.schemas: list[Schema] = []
 
     @property
     @abc.abstractmethod
@@ -102,6 +102,14 @@ class Store(abc.ABC):
     def look_around(self) -> None:  # noqa: B027 - an engine with nothing to look at
         """What `probe` learns without writing or waiting (pages call it before
         they render): e.g. that the database file was removed. Nothing by default."""
+
+    # -- apps' tables (store/tables.py) ------------------------------------------------
+
+    @abc.abstractmethod
+    def add_tables(self, schema: Schema) -> Tables:
+        """Give an app its own tables in this database (before `open`, which migrates
+        its line): the handle its reads and writes go through once the store is open.
+        Again for the same schema: another handle on the same tables."""
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 
@@ -265,23 +273,6 @@ class Store(abc.ABC):
         """Runs that reached a terminal state in each `width`-second slice from `since`."""
 
     @abc.abstractmethod
-    async def projects(self, *, limit: int = 100,
-                       agent: str | None = None) -> list[ProjectExport]:
-        """The latest export of each project (one per project), newest first."""
-
-    @abc.abstractmethod
-    async def project_exports(self, project: str, *, agent: str | None = None,
-                              status: str | None = None, before_run_id: str | None = None,
-                              limit: int = 50) -> list[ProjectExport]:
-        """A project's exports, newest first (accepted_at, then run_id).
-        before_run_id: only runs accepted before that run (for "the previous export")."""
-
-    @abc.abstractmethod
-    async def archived_export(self, run_id: str) -> ProjectExport | None:
-        """What a project's history kept of a run that retention removed (`archived`),
-        or None: the run is stored, or never was, or named no project."""
-
-    @abc.abstractmethod
     async def notifications(self, run_id: str) -> list[NotificationView]:
         """The delivery state of every notification of one run, oldest first."""
 
@@ -296,8 +287,8 @@ class Store(abc.ABC):
 
     # -- retention (store/retention.py) ----------------------------------------------------
     # Bounded steps, oldest first, each one transaction of the writer (off the event
-    # loop); agentbox.engine.retention paces them. What a project's history needs is kept:
-    # `projects` and `project_exports` answer the same before and after.
+    # loop); agentbox.engine.retention paces them. Before runs are removed, each app's
+    # `Schema.before_prune` keeps what it needs of them, in the same transaction.
 
     @abc.abstractmethod
     async def prune_finished(self, *, now: float, before: float,
@@ -390,39 +381,3 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def prune_subscriptions(self, before: float, limit: int) -> int:
         """Remove subscriptions that expired before `before` (as `delete_subscription`)."""
-
-    # -- the archive of exports (agentbox.archive keeps the files) ----------------------
-
-    @abc.abstractmethod
-    async def keep_audio(self, kept: KeptAudio) -> None:
-        """Record the bytes a review heard as kept. Again for the same run (a replay's
-        new review) replaces the row, and makes one the archive had dropped live."""
-
-    @abc.abstractmethod
-    async def drop_audio(self, drops: Sequence[tuple[str, str]], now: float) -> int:
-        """Mark kept audio, (run_id, why) each, as let go by the archive; how many were
-        live."""
-
-    @abc.abstractmethod
-    async def kept_audio(self, project: str, limit: int = 500) -> list[KeptAudio]:
-        """The audio kept of a project's exports, dropped or not, newest first."""
-
-    @abc.abstractmethod
-    async def live_audio(self, keeper: str) -> list[KeptAudio]:
-        """The audio `keeper` keeps (not dropped), oldest first."""
-
-    @abc.abstractmethod
-    async def set_reference(self, reference: ProjectReference) -> ProjectReference | None:
-        """Make `reference` its project's reference track; the one it replaces."""
-
-    @abc.abstractmethod
-    async def remove_reference(self, project: str) -> ProjectReference | None:
-        """A project no longer has a reference track; the one it had."""
-
-    @abc.abstractmethod
-    async def reference(self, project: str) -> ProjectReference | None:
-        """A project's reference track, or None."""
-
-    @abc.abstractmethod
-    async def references(self, limit: int = 500) -> list[ProjectReference]:
-        """Every project's reference track, by project."""

@@ -73,8 +73,9 @@ from agentbox.store.records import (
     RemoteChange,
     Transition,
 )
-from agentbox.store.schema import migrate_postgres, migrations
+from agentbox.store.schema import migrate_line_postgres, migrate_postgres, migrations
 from agentbox.store.sqlstore import SqlStore
+from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
 from agentbox.store.writer import Batch, Db, Queued, log
 
@@ -112,6 +113,10 @@ class PgDb:
     def run_many(self, name: str, params: Iterable[Mapping[str, Any]], /) -> None:
         with self.conn.cursor() as cursor:
             cursor.executemany(SQL[name], params)
+
+    def run_text(self, sql: str, params: Mapping[str, Any] | None = None, /
+                 ) -> psycopg.Cursor[Any]:
+        return self.conn.execute(sql, params or None)
 
     def array(self, values: Sequence[Any], /) -> list[Any]:
         return list(values)
@@ -192,6 +197,7 @@ def redact(text: str, url: str | None = None) -> str:
 
 class PostgresStore(SqlStore):
     engine = "postgresql"
+    dialect = "postgres"
     sql = SQL
     shared = True
     # Each batch waits for network round trips more than for the CPU: several run at
@@ -257,7 +263,7 @@ class PostgresStore(SqlStore):
     def _open_writer(self) -> None:
         conn = self._connect()
         self._idle.put(conn)
-        migrate_postgres(conn, redact(self.url), MIGRATIONS)
+        migrate_url_lines(conn, redact(self.url), self.schemas)
         self._active = conn.execute(SQL["count_active"]).fetchone()[0]  # type: ignore[index]
         self._counted_at = time.monotonic()
         for _ in range(self.writers - 1):
@@ -616,11 +622,20 @@ def _transitions(value: Any) -> list[Transition]:
     return []  # accepted runs show once claimed, as on the instance that accepted them
 
 
-def migrate_url(url: str) -> tuple[int, int]:
+def migrate_url_lines(conn: psycopg.Connection[Any], where: str,
+                      schemas: Sequence[Schema] = ()) -> tuple[int, int]:
+    """The store's own versions, then each app's line; (from, to) of the store's own."""
+    versions = migrate_postgres(conn, where, MIGRATIONS)
+    for schema in schemas:
+        migrate_line_postgres(conn, where, schema.line, schema.migrations("postgres"))
+    return versions
+
+
+def migrate_url(url: str, schemas: Sequence[Schema] = ()) -> tuple[int, int]:
     """`agentbox migrate` for a PostgreSQL store."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
-            return migrate_postgres(conn, redact(url), MIGRATIONS)
+            return migrate_url_lines(conn, redact(url), schemas)
     except psycopg.Error as exc:
         raise StorageUnavailable(f"cannot migrate {redact(url)}: {_reason(exc, url)}") from None
 

@@ -11,14 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentbox.runs import TERMINAL, RunStatus
-from agentbox.store.archive import kept_of, reference_of
-from agentbox.store.records import (
-    KeptAudio,
-    ProjectExport,
-    ProjectReference,
-    SubscriptionTarget,
-    iso,
-)
+from agentbox.store.records import SubscriptionTarget, iso
 from agentbox.store.views import (
     AgentSubscriptionView,
     AttemptView,
@@ -68,14 +61,6 @@ def notification_view(row: Row) -> NotificationView:
         sending=row["lease_owner"] is not None, last_attempt_at=iso(row["last_attempt_at"]),
         delivered_at=iso(row["delivered_at"]), last_error=row["last_error"],
         last_status_code=row["last_status_code"])
-
-
-def project_export(row: Row) -> ProjectExport:
-    return ProjectExport(
-        run_id=row["run_id"], project=row["project"], agent=row["agent"], status=row["status"],
-        accepted_at=iso(row["accepted_at"]) or "", finished_at=iso(row["completed_at"]),
-        result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None,
-        archived=bool(row["archived"]))
 
 
 def _json(text: str | None) -> Any:
@@ -225,29 +210,6 @@ class Reads(abc.ABC):
         return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
                 "active": sum(counts[s] for s in ACTIVE)}
 
-    async def projects(self, *, limit: int = 100,
-                       agent: str | None = None) -> list[ProjectExport]:
-        if unaskable(agent):
-            return []
-        rows = await self._slow_rows(self.sql["projects"], {"agent": agent, "limit": limit})
-        return [project_export(row) for row in rows]
-
-    async def project_exports(self, project: str, *, agent: str | None = None,
-                              status: str | None = None, before_run_id: str | None = None,
-                              limit: int = 50) -> list[ProjectExport]:
-        if unaskable(project, agent, status, before_run_id):
-            return []
-        rows = await self._rows(self.sql["project_exports"], {
-            "project": nfc(project), "agent": agent, "status": status,
-            "before_run_id": before_run_id, "limit": limit})
-        return [project_export(row) for row in rows]
-
-    async def archived_export(self, run_id: str) -> ProjectExport | None:
-        if unaskable(run_id):
-            return None
-        rows = await self._named("archived_export", run_id=run_id)
-        return project_export(rows[0]) if rows else None
-
     async def notifications(self, run_id: str) -> list[NotificationView]:
         return [notification_view(row)
                 for row in await self._named("run_notifications", run_id=run_id)]
@@ -276,25 +238,6 @@ class Reads(abc.ABC):
             subscribed=bool(row["subscribed"]), run_id=row["run_id"],
             changed_at=iso(row["changed_at"]) or "")
             for row in await self._named("agent_subscriptions")]
-
-    async def kept_audio(self, project: str, limit: int = 500) -> list[KeptAudio]:
-        if unaskable(project):
-            return []
-        return [kept_of(row) for row in await self._named(
-            "kept_audio", project=nfc(project), limit=limit)]
-
-    async def live_audio(self, keeper: str) -> list[KeptAudio]:
-        return [kept_of(row) for row in await self._slow_rows(self.sql["live_audio"],
-                                                              {"keeper": keeper})]
-
-    async def reference(self, project: str) -> ProjectReference | None:
-        if unaskable(project):
-            return None
-        rows = await self._named("reference", project=nfc(project))
-        return reference_of(rows[0]) if rows else None
-
-    async def references(self, limit: int = 500) -> list[ProjectReference]:
-        return [reference_of(row) for row in await self._named("references", limit=limit)]
 
     async def subscriptions(self, now: float, limit: int = 500,
                             after: str | None = None) -> list[SubscriptionView]:

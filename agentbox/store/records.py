@@ -219,62 +219,11 @@ class Verification:
 # -- projects and retention ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProjectExport:
-    """One run of an event that names a project (an export), for the project
-    pages and the comparison with the previous export."""
-
-    run_id: str
-    project: str
-    agent: str
-    status: str  # the run's status
-    accepted_at: str  # ISO 8601, UTC
-    finished_at: str | None  # ISO 8601, UTC, when terminal
-    result: dict[str, Any] | None  # the agent's result document when succeeded
-    # Retention removed the run (GET /runs/{id} answers 404): this is what the
-    # project's history kept of it (project_exports). Where it is kept, not what it
-    # is: an export compares equal before and after retention.
-    archived: bool = field(default=False, compare=False)
-
-
 def project_of(event: Event) -> str | None:
     """The project an event names (its payload's `project_id`), NFC-normalised so
     that one name typed two ways is one project; None when it names none."""
     project = getattr(event.payload, "project_id", None)
     return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
-
-
-# -- the archive of exports -------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeptAudio:
-    """The bytes a review heard, kept by the archive (agentbox.archive) under their
-    SHA-256 in the archive folder of `keeper`, the instance that reviewed them."""
-
-    run_id: str
-    project: str
-    sha256: str
-    size: int
-    file_name: str
-    keeper: str
-    kept_at: float
-    dropped_at: float | None = None  # the archive let them go: no longer playable
-    dropped_because: str | None = None  # why, in a few words a page can show
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProjectReference:
-    """A project's reference track: its bytes in `keeper`'s archive, and what the
-    meter measured of it once, when it was added (every review compares with it)."""
-
-    project: str
-    name: str  # its file's name
-    sha256: str
-    size: int
-    keeper: str
-    measurements: dict[str, Any]
-    added_at: float
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ left to the next pass, so a step can never be one side of a deadlock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentbox.store.records import PruneStep
@@ -39,7 +39,10 @@ class Background:
 
 
 def prune_finished(db: Db, state: Batch, *, now: float, before: float,
-                   after: tuple[float, Any] | None, scan: int) -> PruneStep:
+                   after: tuple[float, Any] | None, scan: int,
+                   keep: Sequence[tuple[str, str]] = ()) -> PruneStep:
+    """Remove up to `scan` finished runs due; first, each app's statement in `keep`
+    ((counted as, SQL): Schema.before_prune) keeps what it needs of them (`:ids`)."""
     started = time.perf_counter()
     after_at, after_id = after or START
     examined = db.run("prune_scan", {"before": before, "after_at": after_at,
@@ -53,7 +56,8 @@ def prune_finished(db: Db, state: Batch, *, now: float, before: float,
     if due:
         ids = db.array([row[0] for row in due])
         pks = db.array(sorted({row[1] for row in due}))
-        removed["project_exports"] = max(db.run("prune_runs.archive", {"ids": ids}).rowcount, 0)
+        for kept_in, statement in keep:
+            removed[kept_in] = max(db.run_text(statement, {"ids": ids}).rowcount, 0)
         for table in RUN_TABLES:
             params = {"pks": pks, "now": now} if table in ("idempotency_keys", "events") \
                 else {"ids": ids}

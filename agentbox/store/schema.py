@@ -96,3 +96,53 @@ def migrate_postgres(conn: psycopg.Connection[Any], where: str,
                          (number, time.time()))
             log.info("database schema migrated", extra={"version": number, "database": where})
     return version, len(steps)
+
+
+# -- apps' lines (store/tables.py): each app's versions, recorded by line ---------------
+
+SQL_LINES_TABLE = """
+CREATE TABLE IF NOT EXISTS agentbox_lines (
+    line       TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (line, version)
+)
+"""
+SQL_LINE_VERSION = "SELECT coalesce(max(version), 0) FROM agentbox_lines WHERE line = {p}"
+
+
+def migrate_line_sqlite(conn: sqlite3.Connection, where: str, line: str,
+                        steps: Sequence[str]) -> tuple[int, int]:
+    """Bring an app's line to its newest version, one transaction per version."""
+    conn.execute(SQL_LINES_TABLE)
+    version: int = conn.execute(SQL_LINE_VERSION.format(p="?"), (line,)).fetchone()[0]
+    if version > len(steps):
+        raise SchemaTooNew(f"{where} ({line})", version, len(steps))
+    for number in range(version + 1, len(steps) + 1):
+        # One script, as the store's own versions: executescript commits whatever is
+        # open before it runs. `line` is a checked word (tables.Schema), the rest numbers.
+        record = (f"INSERT INTO agentbox_lines (line, version, applied_at) "
+                  f"VALUES ('{line}', {number}, {time.time()!r})")
+        conn.executescript(f"BEGIN IMMEDIATE;\n{steps[number - 1]}\n;\n{record};\nCOMMIT;")
+        log.info("database schema migrated", extra={"line": line, "version": number,
+                                                   "database": where})
+    return version, len(steps)
+
+
+def migrate_line_postgres(conn: psycopg.Connection[Any], where: str, line: str,
+                          steps: Sequence[str]) -> tuple[int, int]:
+    """As `migrate_line_sqlite`, under the migrations' advisory lock."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(SQL_LINES_TABLE)
+        row = conn.execute(SQL_LINE_VERSION.format(p="%s"), (line,)).fetchone()
+        version: int = row[0] if row else 0
+        if version > len(steps):
+            raise SchemaTooNew(f"{where} ({line})", version, len(steps))
+        for number in range(version + 1, len(steps) + 1):
+            conn.execute(steps[number - 1])
+            conn.execute("INSERT INTO agentbox_lines (line, version, applied_at) "
+                         "VALUES (%s, %s, %s)", (line, number, time.time()))
+            log.info("database schema migrated", extra={"line": line, "version": number,
+                                                       "database": where})
+    return version, len(steps)

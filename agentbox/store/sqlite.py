@@ -29,8 +29,9 @@ from agentbox.logs import get_logger
 from agentbox.store.errors import SchemaTooNew, StorageUnavailable, StoreInUse
 from agentbox.store.queries import load
 from agentbox.store.records import Finish, Landed, NewEvent
-from agentbox.store.schema import migrate_sqlite, migrations
+from agentbox.store.schema import migrate_line_sqlite, migrate_sqlite, migrations
 from agentbox.store.sqlstore import SqlStore
+from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
 from agentbox.store.writer import Batch, Db, Operation, Queued
 
@@ -93,6 +94,9 @@ class SqliteDb:
 
     def run_many(self, name: str, params: Iterable[Mapping[str, Any]], /) -> None:
         self.conn.executemany(SQL[name], params)
+
+    def run_text(self, sql: str, params: Mapping[str, Any] | None = None, /) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params or {})
 
     def array(self, values: Sequence[Any], /) -> str:
         return json.dumps(list(values))  # read back by json_each()
@@ -158,6 +162,7 @@ class SqliteDb:
 
 class SqliteStore(SqlStore):
     engine = "sqlite"
+    dialect = "sqlite"
     sql = SQL
 
     def __init__(self, path: Path, notification_delay: float = 0.0) -> None:
@@ -241,7 +246,7 @@ class SqliteStore(SqlStore):
     def _open_writer(self) -> int:
         conn = _connect(self.path)
         try:
-            migrate(conn, self.path)
+            migrate(conn, self.path, self.schemas)
             reclaimable(conn, self.path)
         except BaseException:
             conn.close()
@@ -480,9 +485,14 @@ class SqliteStore(SqlStore):
         return self._stats_conn.execute(sql, params).fetchall()
 
 
-def migrate(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
-    """Bring the schema to the newest version this code knows; (from, to)."""
-    return migrate_sqlite(conn, str(path), MIGRATIONS)
+def migrate(conn: sqlite3.Connection, path: Path,
+            schemas: Sequence[Schema] = ()) -> tuple[int, int]:
+    """Bring the schema to the newest version this code knows, then each app's line;
+    (from, to) of the store's own."""
+    versions = migrate_sqlite(conn, str(path), MIGRATIONS)
+    for schema in schemas:
+        migrate_line_sqlite(conn, str(path), schema.line, schema.migrations("sqlite"))
+    return versions
 
 
 def reclaimable(conn: sqlite3.Connection, path: Path) -> None:
@@ -506,12 +516,12 @@ def reclaimable(conn: sqlite3.Connection, path: Path) -> None:
                     "bytes": path.stat().st_size})
 
 
-def migrate_file(path: Path) -> tuple[int, int]:
+def migrate_file(path: Path, schemas: Sequence[Schema] = ()) -> tuple[int, int]:
     """`agentbox migrate` for a SQLite store (safe beside a running server)."""
     _private(path)
     conn = _connect(path)
     try:
-        return migrate(conn, path)
+        return migrate(conn, path, schemas)
     except sqlite3.Error as exc:
         raise StorageUnavailable(f"cannot migrate {path}: {exc}") from exc
     finally:

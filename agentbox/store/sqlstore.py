@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from agentbox.store import archive, claims, maintenance, outbox, retention, subscriptions
+from agentbox.store import claims, maintenance, outbox, retention, subscriptions
 from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionNotFound
 from agentbox.store.ingest import received
 from agentbox.store.interface import Store
@@ -25,17 +25,17 @@ from agentbox.store.records import (
     DeliveryResult,
     IngestParams,
     IngestResult,
-    KeptAudio,
     Notification,
     Outcome,
-    ProjectReference,
     PruneStep,
     Transition,
     Verification,
 )
+from agentbox.store.tables import Schema, Tables
 from agentbox.store.views import SubscriptionView
 from agentbox.store.writer import Batch, Db, GroupCommit, log
 
+T = TypeVar("T")
 PROBE_INTERVAL_SECONDS = 1.0
 # A full disk still takes a small write now and then (into room a failed one left):
 # the store has taken writes again once none failed for this long.
@@ -46,6 +46,7 @@ class SqlStore(Reads, GroupCommit, Store):
     """Every `Store` method, as operations and reads; the engine runs them."""
 
     engine = "sql"
+    dialect = "sql"  # the folder of its statements and apps' tables: sqlite, postgres
 
     def __init__(self, notification_delay: float = 0.0) -> None:
         Store.__init__(self)
@@ -103,6 +104,31 @@ class SqlStore(Reads, GroupCommit, Store):
     def _probe_write(self, db: Db, state: Batch) -> None:
         """The smallest write that needs room on the disk and is flushed to it."""
         raise NotImplementedError
+
+    # -- apps' tables ---------------------------------------------------------------------
+
+    def add_tables(self, schema: Schema) -> Tables:
+        known = next((s for s in self.schemas if s.line == schema.line), None)
+        if known is None:
+            self.schemas.append(schema)
+        elif known != schema:
+            raise ValueError(f"two apps' tables on the line {schema.line!r}")
+        return Tables(schema, self.dialect, self._app_rows, self._app_write)
+
+    async def _app_rows(self, sql: str, params: Mapping[str, Any], slow: bool
+                        ) -> list[Mapping[str, Any]]:
+        rows = await (self._slow_rows if slow else self._rows)(sql, params)
+        return [row if isinstance(row, dict) else dict(zip(row.keys(), row, strict=True))
+                for row in rows]
+
+    async def _app_write(self, op: Callable[[Db, Batch], T], durable: bool) -> T:
+        return await self._write(op, durable=durable)
+
+    def _before_prune(self) -> list[tuple[str, str]]:
+        """(what it keeps, statement) each app runs before retention removes runs."""
+        return [(schema.kept_in or schema.line,
+                 schema.statements(self.dialect)[schema.before_prune])
+                for schema in self.schemas if schema.before_prune]
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 
@@ -186,7 +212,8 @@ class SqlStore(Reads, GroupCommit, Store):
     async def prune_finished(self, *, now: float, before: float,
                              after: tuple[float, Any] | None, scan: int) -> PruneStep:
         return await self._write(retention.Background(functools.partial(
-            retention.prune_finished, now=now, before=before, after=after, scan=scan)),
+            retention.prune_finished, now=now, before=before, after=after, scan=scan,
+            keep=self._before_prune())),
             durable=False)
 
     async def remove_bodies(self, *, now: float, before: float,
@@ -247,21 +274,3 @@ class SqlStore(Reads, GroupCommit, Store):
     async def prune_subscriptions(self, before: float, limit: int) -> int:
         return await self._write(functools.partial(subscriptions.prune, before=before,
                                                    limit=limit))
-
-    # -- the archive of exports ---------------------------------------------------------
-
-    async def keep_audio(self, kept: KeptAudio) -> None:
-        await self._write(functools.partial(archive.keep_audio, kept=kept))
-
-    async def drop_audio(self, drops: Sequence[tuple[str, str]], now: float) -> int:
-        return await self._write(functools.partial(archive.drop_audio, drops=drops, now=now))
-
-    async def set_reference(self, reference: ProjectReference) -> ProjectReference | None:
-        return await self._write(functools.partial(archive.set_reference,
-                                                   reference=reference))
-
-    async def remove_reference(self, project: str) -> ProjectReference | None:
-        if unaskable(project):
-            return None
-        return await self._write(functools.partial(archive.remove_reference,
-                                                   project=project))

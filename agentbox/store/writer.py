@@ -58,6 +58,10 @@ class Db(Protocol):
 
     def run_many(self, name: str, params: Iterable[Mapping[str, Any]], /) -> None: ...
 
+    def run_text(self, sql: str, params: Mapping[str, Any] | None = None, /) -> Cursor:
+        """An app's own statement (store/tables.py), given as text."""
+        ...
+
     def array(self, values: Sequence[Any], /) -> Any:
         """A list as this engine's statements take one as a parameter."""
         ...

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from agentbox.archive.history import SCHEMA as HISTORY
+from agentbox.archive.history import History
 from agentbox.events import parse_event
 from agentbox.runs import RunStatus
 from agentbox.store import (
@@ -47,6 +49,12 @@ def async_test(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., 
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def history(store: Store) -> History:
+    """The review's history on `store` (its tables are added by the `store` fixture)."""
+    return History(store.add_tables(HISTORY))
+
 
 
 def event_body(event_id: str, mix_url: str = "/tmp/m.wav",

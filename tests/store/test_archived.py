@@ -9,7 +9,7 @@ from typing import Any
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
 from agentbox.store import Store
-from tests.store.support import PERMANENT, T0, async_test, claim_one
+from tests.store.support import PERMANENT, T0, async_test, claim_one, history
 from tests.store.test_projects import export, succeed
 
 DAY = SECONDS_PER_DAY
@@ -25,25 +25,25 @@ async def test_an_export_whose_run_retention_removed_is_marked_and_found_by_its_
     assert await store.finish(failed, "w1", 1, PERMANENT, T0 + 11)
     now = T0 + 40 * DAY
     [new] = await export(store, "new", "night-drive", now=now)
-    before = await store.project_exports("night-drive")
+    before = await history(store).project_exports("night-drive")
     assert not any(e.archived for e in before)
-    assert await store.archived_export(old) is None  # stored still
+    assert await history(store).archived_export(old) is None  # stored still
 
     settings = Settings(retention_days=30.0, body_retention_days=7.0,
                         idempotency_ttl_seconds=DAY)
     report = await Retention(store, settings, lambda: now, rest_ratio=0.0).prune()
     assert report.removed["runs"] == 2 and report.removed["project_exports"] == 2
 
-    after = await store.project_exports("night-drive")
+    after = await history(store).project_exports("night-drive")
     assert after == before  # the same exports, as the pages read them
     assert {e.run_id: e.archived for e in after} == {new: False, failed: True, old: True}
-    assert [(p.run_id, p.archived) for p in await store.projects()] == [(new, False)]
-    kept = await store.archived_export(old)
+    assert [(p.run_id, p.archived) for p in await history(store).projects()] == [(new, False)]
+    kept = await history(store).archived_export(old)
     assert kept is not None and kept.archived and kept.project == "night-drive"
     assert (kept.status, kept.result) == ("succeeded", {"verdict": "pass"})
     assert kept.finished_at is not None and kept == before[2]
-    gone = await store.archived_export(failed)
+    gone = await history(store).archived_export(failed)
     assert gone is not None and (gone.status, gone.result) == ("failed_permanent", None)
-    assert await store.archived_export(new) is None  # a run still stored
-    assert await store.archived_export("run_never_was") is None
-    assert await store.archived_export("run\x00nul") is None  # PostgreSQL cannot be asked
+    assert await history(store).archived_export(new) is None  # a run still stored
+    assert await history(store).archived_export("run_never_was") is None
+    assert await history(store).archived_export("run\x00nul") is None  # PostgreSQL cannot be asked

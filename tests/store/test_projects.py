@@ -10,12 +10,23 @@ from typing import Any
 
 import pytest
 
+from agentbox.archive.records import ProjectExport
 from agentbox.events import parse_event
 from agentbox.runs import RunStatus
-from agentbox.store import IngestParams, Outcome, ProjectExport, Store
+from agentbox.store import IngestParams, Outcome, Store
 from agentbox.store.sqlite import MIGRATIONS
 from tests.store.conftest import Engine
-from tests.store.support import MAX_PENDING, SUCCEEDED, T0, TTL, async_test, at, claim_one, ms
+from tests.store.support import (
+    MAX_PENDING,
+    SUCCEEDED,
+    T0,
+    TTL,
+    async_test,
+    at,
+    claim_one,
+    history,
+    ms,
+)
 
 DECOMPOSED = unicodedata.normalize("NFD", "Über Nacht")  # U + combining diaeresis
 COMPOSED = unicodedata.normalize("NFC", "Über Nacht")
@@ -69,15 +80,15 @@ async def test_projects_answers_the_latest_export_of_each_project(
     await succeed(store, a1, T0 + 1, {"verdict": "pass"})
     [b1] = await export(store, "b1", "Über Nacht", now=T0 + 10)
     [a2] = await export(store, "a2", "night-drive", now=T0 + 20)
-    found = await store.projects()
+    found = await history(store).projects()
     assert [(p.project, p.run_id) for p in found] == [("night-drive", a2), ("Über Nacht", b1)]
     latest = found[0]
     assert isinstance(latest, ProjectExport)
     assert (latest.agent, latest.status, latest.finished_at, latest.result) == (
         "mix_review", "accepted", None, None)
     assert at(latest.accepted_at) == ms(T0 + 20)
-    assert [p.project for p in await store.projects(limit=1)] == ["night-drive"]
-    assert await store.projects(agent="loudness") == []
+    assert [p.project for p in await history(store).projects(limit=1)] == ["night-drive"]
+    assert await history(store).projects(agent="loudness") == []
 
 
 @async_test
@@ -88,32 +99,32 @@ async def test_project_exports_newest_first_with_the_previous_export(
     [second] = await export(store, "x2", "night-drive", now=T0 + 10)
     await export(store, "y1", "other", now=T0 + 15)
     [third] = await export(store, "x3", "night-drive", now=T0 + 20)
-    exports = await store.project_exports("night-drive")
+    exports = await history(store).project_exports("night-drive")
     assert [e.run_id for e in exports] == [third, second, first]
     done = exports[-1]
     assert done.status == "succeeded" and done.result == {"integrated_lufs": -14.2}
     assert at(done.finished_at) == ms(T0 + 2)
-    previous = await store.project_exports("night-drive", agent="mix_review",
+    previous = await history(store).project_exports("night-drive", agent="mix_review",
                                            status="succeeded", before_run_id=third, limit=1)
     assert [e.run_id for e in previous] == [first]
-    assert [e.run_id for e in await store.project_exports(
+    assert [e.run_id for e in await history(store).project_exports(
         "night-drive", before_run_id=second)] == [first]
-    assert await store.project_exports("night-drive", before_run_id=first) == []
-    assert await store.project_exports("night-drive", agent="loudness") == []
-    assert await store.project_exports("night") == []  # exact
-    assert [e.run_id for e in await store.project_exports("night-drive", limit=2)] == [
+    assert await history(store).project_exports("night-drive", before_run_id=first) == []
+    assert await history(store).project_exports("night-drive", agent="loudness") == []
+    assert await history(store).project_exports("night") == []  # exact
+    assert [e.run_id for e in await history(store).project_exports("night-drive", limit=2)] == [
         third, second]
-    assert await store.project_exports("nul\u0000") == []  # never a failed query
+    assert await history(store).project_exports("nul\u0000") == []  # never a failed query
 
 
 @async_test
 async def test_several_agents_each_have_their_exports(store: Store, aio: Any) -> None:
     runs = await export(store, "e1", "p", now=T0, agents=("mix_review", "loudness"))
-    assert {e.run_id for e in await store.project_exports("p")} == set(runs)
-    assert [e.agent for e in await store.project_exports("p", agent="loudness")] == [
+    assert {e.run_id for e in await history(store).project_exports("p")} == set(runs)
+    assert [e.agent for e in await history(store).project_exports("p", agent="loudness")] == [
         "loudness"]
-    assert [p.agent for p in await store.projects(agent="loudness")] == ["loudness"]
-    assert len(await store.projects()) == 1  # one per project
+    assert [p.agent for p in await history(store).projects(agent="loudness")] == ["loudness"]
+    assert len(await history(store).projects()) == 1  # one per project
 
 
 def test_a_version_2_database_with_runs_is_migrated_and_its_projects_filled(
@@ -140,8 +151,8 @@ def test_a_version_2_database_with_runs_is_migrated_and_its_projects_filled(
     assert [aio(reopened.get_run(r)).project for r in (*night, *uber, *none)] == [
         "night-drive", COMPOSED, None]
     assert [r.run_id for r in aio(reopened.search_runs(project=COMPOSED))] == uber
-    assert [e.run_id for e in aio(reopened.project_exports("night-drive"))] == night
-    assert {p.project for p in aio(reopened.projects())} == {"night-drive", COMPOSED}
+    assert [e.run_id for e in aio(history(reopened).project_exports("night-drive"))] == night
+    assert {p.project for p in aio(history(reopened).projects())} == {"night-drive", COMPOSED}
 
 
 @pytest.mark.parametrize("project", ["night_drive", "50% done", 'say "hi"', "a/b & c"])
@@ -149,5 +160,5 @@ def test_a_version_2_database_with_runs_is_migrated_and_its_projects_filled(
 async def test_a_project_is_compared_exactly(store: Store, aio: Any, project: str) -> None:
     [run_id] = await export(store, "e1", project, now=T0)
     await export(store, "e2", project.upper() + "x", now=T0 + 1)
-    assert [e.run_id for e in await store.project_exports(project)] == [run_id]
+    assert [e.run_id for e in await history(store).project_exports(project)] == [run_id]
     assert [r.run_id for r in await store.search_runs(text=project)] == [run_id]

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentbox.archive.history import SCHEMA as HISTORY
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
 from agentbox.events import parse_event
@@ -43,6 +44,7 @@ from tests.store.support import (
     T0,
     async_test,
     claim_one,
+    history,
     ingest,
     retryable,
 )
@@ -239,15 +241,16 @@ async def settle_callbacks(store: Store, fates: dict[str, str]) -> None:
 
 async def history_of_projects(store: Store) -> Any:
     """Everything the project pages and the comparison read, in one value."""
-    latest = await store.projects()
+    latest = await history(store).projects()
     found: dict[str, Any] = {"latest": latest,
-                             "per_agent": [await store.projects(agent=f"agent{i}")
+                             "per_agent": [await history(store).projects(agent=f"agent{i}")
                                            for i in range(2)]}
     for project in ("alpha", "beta"):
-        exports = await store.project_exports(project, limit=500)
+        exports = await history(store).project_exports(project, limit=500)
         found[project] = exports
-        found[project, "succeeded"] = await store.project_exports(project, status="succeeded")
-        found[project, "previous"] = [await store.project_exports(
+        found[project, "succeeded"] = await history(store).project_exports(
+            project, status="succeeded")
+        found[project, "previous"] = [await history(store).project_exports(
             project, agent=e.agent, status="succeeded", before_run_id=e.run_id, limit=1)
             for e in exports]
     return found
@@ -398,6 +401,7 @@ def test_sqlite_gives_the_space_back(tmp_path: Path) -> None:
 
     async def main() -> tuple[int, int, int, int]:
         store = SqliteStore(path)
+        store.add_tables(HISTORY)
         await store.open()
         for n in range(1500):
             body = export_body(f"big{n}", f"p{n % 10}", False, pad=2000)

@@ -48,14 +48,6 @@ SELECT r.run_id, r.event_pk FROM runs r
 WHERE r.run_id = ANY(%(ids)s) AND {may_go(%(before)s)} AND {unheld()}
 ORDER BY r.run_id FOR UPDATE OF r SKIP LOCKED
 
--- name: prune_runs.archive
--- What the project pages read of a run, kept after it goes.
-INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
-SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
-FROM runs r JOIN events e ON e.pk = r.event_pk
-WHERE r.run_id = ANY(%(ids)s) AND e.project IS NOT NULL
-ON CONFLICT (run_id) DO NOTHING
-
 -- name: prune_runs.attempts
 DELETE FROM attempts WHERE run_id = ANY(%(ids)s)
 

@@ -45,15 +45,6 @@ ORDER BY completed_at, run_id LIMIT :scan
 SELECT r.run_id, r.event_pk FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
 WHERE {may_go(:before)} AND {unheld()}
 
--- name: prune_runs.archive
--- What the project pages read of a run, kept after it goes.
-INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
-SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
-FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
-CROSS JOIN events e ON e.pk = r.event_pk
-WHERE e.project IS NOT NULL
-ON CONFLICT (run_id) DO NOTHING
-
 -- name: prune_runs.attempts
 DELETE FROM attempts WHERE run_id IN (SELECT value FROM json_each(:ids))
 

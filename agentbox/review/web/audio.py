@@ -59,6 +59,7 @@ class AudioRoutes:
     def __init__(self, store: Store, archive: Archive) -> None:
         self.store = store
         self.archive = archive
+        self.history = archive.history
 
     async def run_audio(self, request: Request) -> Response:
         """The mix a review heard: its run's (or, after retention removed the run, its
@@ -67,7 +68,7 @@ class AudioRoutes:
         run = await self.store.get_run(run_id)
         result = run["result"] if run is not None else None
         if run is None:
-            kept = await self.store.archived_export(run_id)
+            kept = await self.history.archived_export(run_id)
             result = kept.result if kept is not None else None
         heard = reviewed(result)
         if heard is None:

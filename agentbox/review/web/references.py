@@ -28,14 +28,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.archive import Archive, Gone
+from agentbox.archive.records import ProjectReference
 from agentbox.engine.agents import AgentError
 from agentbox.events import Name, ProjectName
 from agentbox.http.access import Access, from_this_site, token_required
-from agentbox.http.audio import answer, audio_type
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import ReferenceOut
 from agentbox.review.analysis import Analysis
-from agentbox.store import ProjectReference, Store, iso
+from agentbox.review.web.audio import answer, audio_type
+from agentbox.store import iso
 
 MAX_REFERENCE_BYTES = 1 << 30  # 1 GiB: ten minutes of 96 kHz 32-bit stereo is 460 MB
 WRITE_BYTES = 1 << 20  # an upload is written to disk this much at a time
@@ -64,9 +65,9 @@ class TooLarge(Exception):
 
 
 class ReferenceRoutes:
-    def __init__(self, store: Store, archive: Archive, analysis: Analysis, access: Access,
+    def __init__(self, archive: Archive, analysis: Analysis, access: Access,
                  csrf: str, project_page: Endpoint) -> None:
-        self.store = store
+        self.history = archive.history
         self.archive = archive
         self.analysis = analysis
         self.access = access
@@ -76,7 +77,7 @@ class ReferenceRoutes:
 
     async def listing(self, request: Request) -> Response:
         """`GET /references`: every project's reference track."""
-        return JSONResponse({"references": [view(r) for r in await self.store.references()]})
+        return JSONResponse({"references": [view(r) for r in await self.history.references()]})
 
     async def reference(self, request: Request) -> Response:
         """`GET|PUT|DELETE /projects/{project}/reference`."""
@@ -86,7 +87,7 @@ class ReferenceRoutes:
         if isinstance(project, Response):
             return project
         if request.method == "GET":
-            found = await self.store.reference(project)
+            found = await self.history.reference(project)
             return _not_found(project) if found is None else JSONResponse(view(found))
         if not self._may_change(request):
             return token_required()
@@ -103,7 +104,7 @@ class ReferenceRoutes:
         project = _project(request)
         if isinstance(project, Response):
             return project
-        found = await self.store.reference(project)
+        found = await self.history.reference(project)
         if found is None:
             return _not_found(project)
         played = await self.archive.reference_audio(found)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from agentbox.archive.records import KeptAudio, ProjectReference
 from agentbox.review.view import ExportRow
-from agentbox.store import KeptAudio, ProjectReference
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,169 @@
+"""The review's history, in its own tables beside the engine's (agentbox.store.tables):
+each project's exports (its runs, and what a project keeps of those that retention
+removed), the audio each review heard, and each project's reference track.
+
+The review app gives its store the `SCHEMA` (migration line `review`, statements in
+tables/<engine>/) and makes one `History` on the handle it gets back; the archive,
+the agent (as a service of its context) and the pages read and write through it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentbox.archive.records import KeptAudio, ProjectExport, ProjectReference
+from agentbox.runs import RunStatus
+from agentbox.store import AppDb, Schema, Tables, iso, nfc, unaskable
+
+SCHEMA = Schema(line="review", package="agentbox.archive", before_prune="keep_exports",
+                kept_in="project_exports")
+KEPT_COLUMNS = ("run_id", "project", "sha256", "size", "file_name", "keeper", "kept_at",
+                "dropped_at", "dropped_because")
+REFERENCE_COLUMNS = ("project", "name", "sha256", "size", "keeper", "measurements", "added_at")
+Row = Mapping[str, Any]
+
+
+class History:
+    """Reads and writes of the review's tables; every method answers as the store's
+    did when these were the store's (same rows, same order, NUL-holding names
+    found nowhere)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+
+    # -- a project's exports ----------------------------------------------------------
+
+    async def projects(self, *, limit: int = 100,
+                       agent: str | None = None) -> list[ProjectExport]:
+        """The latest export of each project (one per project), newest first."""
+        if unaskable(agent):
+            return []
+        rows = await self.tables.slow_rows("projects", agent=agent, limit=limit)
+        return [export_of(row) for row in rows]
+
+    async def project_exports(self, project: str, *, agent: str | None = None,
+                              status: str | None = None, before_run_id: str | None = None,
+                              limit: int = 50) -> list[ProjectExport]:
+        """A project's exports, newest first (accepted_at, then run_id).
+        before_run_id: only runs accepted before that run (for "the previous export")."""
+        if unaskable(project, agent, status, before_run_id):
+            return []
+        rows = await self.tables.rows("project_exports", project=nfc(project), agent=agent,
+                                      status=status, before_run_id=before_run_id,
+                                      limit=limit)
+        return [export_of(row) for row in rows]
+
+    async def previous_export(self, project: str, *, agent: str,
+                              before_run_id: str) -> ProjectExport | None:
+        """The most recent succeeded export of `project` by `agent`, accepted before
+        `before_run_id` (None: that run is the project's first)."""
+        found = await self.project_exports(project, agent=agent, before_run_id=before_run_id,
+                                           status=RunStatus.SUCCEEDED.value, limit=1)
+        return found[0] if found else None
+
+    async def archived_export(self, run_id: str) -> ProjectExport | None:
+        """What a project's history kept of a run that retention removed (`archived`),
+        or None: the run is stored, or never was, or named no project."""
+        if unaskable(run_id):
+            return None
+        rows = await self.tables.rows("archived_export", run_id=run_id)
+        return export_of(rows[0]) if rows else None
+
+    # -- the audio each review heard ----------------------------------------------------
+
+    async def keep_audio(self, kept: KeptAudio) -> None:
+        """Record the bytes a review heard as kept. Again for the same run (a replay's
+        new review) replaces the row, and makes one the archive had dropped live."""
+        params = {name: getattr(kept, name) for name in KEPT_COLUMNS[:7]}
+        await self.tables.write(lambda db: db.run("keep_audio", params))
+
+    async def drop_audio(self, drops: Sequence[tuple[str, str]], now: float) -> int:
+        """Mark kept audio, (run_id, why) each, as let go by the archive; how many were
+        live."""
+        def drop(db: AppDb) -> int:
+            return sum(max(db.run("drop_audio", {"run_id": run_id, "because": because,
+                                                 "now": now}).rowcount, 0)
+                       for run_id, because in drops)
+        return await self.tables.write(drop)
+
+    async def kept_audio(self, project: str, limit: int = 500) -> list[KeptAudio]:
+        """The audio kept of a project's exports, dropped or not, newest first."""
+        if unaskable(project):
+            return []
+        return [kept_of(row) for row in await self.tables.rows(
+            "kept_audio", project=nfc(project), limit=limit)]
+
+    async def live_audio(self, keeper: str) -> list[KeptAudio]:
+        """The audio `keeper` keeps (not dropped), oldest first."""
+        return [kept_of(row) for row in await self.tables.slow_rows("live_audio",
+                                                                    keeper=keeper)]
+
+    # -- each project's reference track ----------------------------------------------------
+
+    async def set_reference(self, reference: ProjectReference) -> ProjectReference | None:
+        """Make `reference` its project's reference track; the one it replaces."""
+        def put(db: AppDb) -> ProjectReference | None:
+            previous = db.run("set_reference.previous", {"project": reference.project}
+                              ).fetchone()
+            db.run("set_reference.upsert", {
+                **{name: getattr(reference, name) for name in REFERENCE_COLUMNS},
+                "measurements": json.dumps(reference.measurements, separators=(",", ":"))})
+            return None if previous is None else reference_of(previous)
+        return await self.tables.write(put)
+
+    async def remove_reference(self, project: str) -> ProjectReference | None:
+        """A project no longer has a reference track; the one it had."""
+        if unaskable(project):
+            return None
+
+        def remove(db: AppDb) -> ProjectReference | None:
+            previous = db.run("remove_reference.previous", {"project": project}).fetchone()
+            if previous is None:
+                return None
+            db.run("remove_reference.delete", {"project": project})
+            return reference_of(previous)
+        return await self.tables.write(remove)
+
+    async def reference(self, project: str) -> ProjectReference | None:
+        """A project's reference track, or None."""
+        if unaskable(project):
+            return None
+        rows = await self.tables.rows("reference", project=nfc(project))
+        return reference_of(rows[0]) if rows else None
+
+    async def references(self, limit: int = 500) -> list[ProjectReference]:
+        """Every project's reference track, by project."""
+        return [reference_of(row) for row in await self.tables.rows("references", limit=limit)]
+
+
+def export_of(row: Row) -> ProjectExport:
+    return ProjectExport(
+        run_id=row["run_id"], project=row["project"], agent=row["agent"], status=row["status"],
+        accepted_at=iso(row["accepted_at"]) or "", finished_at=iso(row["completed_at"]),
+        result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None,
+        archived=bool(row["archived"]))
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _named(row: Any, columns: tuple[str, ...]) -> dict[str, Any]:
+    """A row by column name: a reader's rows are read by name, a writer's by place."""
+    return {c: row[c] for c in columns} if hasattr(row, "keys") else dict(zip(
+        columns, row, strict=True))
+
+
+def kept_of(row: Any) -> KeptAudio:
+    found = _named(row, KEPT_COLUMNS)
+    return KeptAudio(**{**found, "size": int(found["size"]),
+                        "kept_at": float(found["kept_at"])})
+
+
+def reference_of(row: Any) -> ProjectReference:
+    found = _named(row, REFERENCE_COLUMNS)
+    return ProjectReference(**{**found, "size": int(found["size"]),
+                               "measurements": json.loads(found["measurements"]),
+                               "added_at": float(found["added_at"])})

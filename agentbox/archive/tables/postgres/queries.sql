@@ -1,0 +1,111 @@
+-- The review's tables (agentbox.archive.history) in PostgreSQL's words: the audio each
+-- review heard, each project's reference track, and what a project's history keeps of
+-- a run retention removed. Named statements (agentbox.store.tables); tables/sqlite/
+-- queries.sql holds the same names in the other engine's words. They read the core
+-- tables `runs` and `events` (docs/apps.md lists the columns an app may read).
+
+-- name: keep_audio
+-- Kept again: a replayed run's new review replaces its row, and one the archive had
+-- dropped is live again.
+INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper, kept_at)
+VALUES (%(run_id)s, %(project)s, %(sha256)s, %(size)s, %(file_name)s, %(keeper)s,
+        %(kept_at)s)
+ON CONFLICT (run_id) DO UPDATE SET project = excluded.project, sha256 = excluded.sha256,
+    size = excluded.size, file_name = excluded.file_name, keeper = excluded.keeper,
+    kept_at = excluded.kept_at, dropped_at = NULL, dropped_because = NULL
+
+-- name: drop_audio
+UPDATE kept_audio SET dropped_at = %(now)s, dropped_because = %(because)s
+WHERE run_id = %(run_id)s AND dropped_at IS NULL
+
+-- name: kept_audio
+-- Every export of a project whose audio was kept, dropped or not, newest first.
+SELECT run_id, project, sha256, size, file_name, keeper, kept_at, dropped_at, dropped_because
+FROM kept_audio WHERE project = %(project)s ORDER BY kept_at DESC, run_id DESC
+LIMIT %(limit)s
+
+-- name: live_audio
+SELECT run_id, project, sha256, size, file_name, keeper, kept_at, dropped_at, dropped_because
+FROM kept_audio WHERE keeper = %(keeper)s AND dropped_at IS NULL ORDER BY kept_at, run_id
+
+-- name: reference
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = %(project)s
+
+-- name: references
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references ORDER BY project LIMIT %(limit)s
+
+-- name: set_reference.previous
+-- The reference it replaces, its row locked (two instances replacing a project's
+-- reference at once each see the one they replace).
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = %(project)s FOR UPDATE
+
+-- name: set_reference.upsert
+INSERT INTO project_references (project, name, sha256, size, keeper, measurements, added_at)
+VALUES (%(project)s, %(name)s, %(sha256)s, %(size)s, %(keeper)s, %(measurements)s,
+        %(added_at)s)
+ON CONFLICT (project) DO UPDATE SET name = excluded.name, sha256 = excluded.sha256,
+    size = excluded.size, keeper = excluded.keeper, measurements = excluded.measurements,
+    added_at = excluded.added_at
+
+-- name: remove_reference.previous
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = %(project)s FOR UPDATE
+
+-- name: remove_reference.delete
+DELETE FROM project_references WHERE project = %(project)s
+
+-- name: projects
+-- The latest run of each project (per agent when %(agent)s is given), newest first:
+-- the runs still stored, and those retention removed (project_exports).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT x.*, row_number() OVER (PARTITION BY x.project
+                                   ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
+    FROM (
+        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
+               r.result, false AS archived
+        FROM events e JOIN runs r ON r.event_pk = e.pk
+        WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+        UNION ALL
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               true AS archived
+        FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
+    ) x
+) latest WHERE n = 1
+ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: project_exports
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           false AS archived
+    FROM events e JOIN runs r ON r.event_pk = e.pk
+    WHERE e.project = %(project)s
+    UNION ALL
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+    FROM project_exports WHERE project = %(project)s
+) x
+WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(before_run_id)s::text IS NULL OR (accepted_at, run_id) < (
+       SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = %(before_run_id)s
+       UNION ALL
+       SELECT a.accepted_at, a.run_id FROM project_exports a
+       WHERE a.run_id = %(before_run_id)s
+       LIMIT 1))
+ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+FROM project_exports WHERE run_id = %(run_id)s
+
+-- name: keep_exports
+-- Run by retention before it removes runs (Schema.before_prune), in the same
+-- transaction: what the project pages read of a run, kept after it goes.
+INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
+SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.run_id = ANY(%(ids)s) AND e.project IS NOT NULL
+ON CONFLICT (run_id) DO NOTHING

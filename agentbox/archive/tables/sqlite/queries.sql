@@ -1,0 +1,108 @@
+-- The review's tables (agentbox.archive.history) in SQLite's words: the audio each
+-- review heard, each project's reference track, and what a project's history keeps of
+-- a run retention removed. Named statements (agentbox.store.tables); tables/postgres/
+-- queries.sql holds the same names in the other engine's words. They read the core
+-- tables `runs` and `events` (docs/apps.md lists the columns an app may read).
+
+-- name: keep_audio
+-- Kept again: a replayed run's new review replaces its row, and one the archive had
+-- dropped is live again.
+INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper, kept_at)
+VALUES (:run_id, :project, :sha256, :size, :file_name, :keeper, :kept_at)
+ON CONFLICT (run_id) DO UPDATE SET project = excluded.project, sha256 = excluded.sha256,
+    size = excluded.size, file_name = excluded.file_name, keeper = excluded.keeper,
+    kept_at = excluded.kept_at, dropped_at = NULL, dropped_because = NULL
+
+-- name: drop_audio
+UPDATE kept_audio SET dropped_at = :now, dropped_because = :because
+WHERE run_id = :run_id AND dropped_at IS NULL
+
+-- name: kept_audio
+-- Every export of a project whose audio was kept, dropped or not, newest first.
+SELECT run_id, project, sha256, size, file_name, keeper, kept_at, dropped_at, dropped_because
+FROM kept_audio WHERE project = :project ORDER BY kept_at DESC, run_id DESC LIMIT :limit
+
+-- name: live_audio
+SELECT run_id, project, sha256, size, file_name, keeper, kept_at, dropped_at, dropped_because
+FROM kept_audio INDEXED BY kept_audio_live
+WHERE keeper = :keeper AND dropped_at IS NULL ORDER BY kept_at, run_id
+
+-- name: reference
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = :project
+
+-- name: references
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references ORDER BY project LIMIT :limit
+
+-- name: set_reference.previous
+-- The reference it replaces.
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = :project
+
+-- name: set_reference.upsert
+INSERT INTO project_references (project, name, sha256, size, keeper, measurements, added_at)
+VALUES (:project, :name, :sha256, :size, :keeper, :measurements, :added_at)
+ON CONFLICT (project) DO UPDATE SET name = excluded.name, sha256 = excluded.sha256,
+    size = excluded.size, keeper = excluded.keeper, measurements = excluded.measurements,
+    added_at = excluded.added_at
+
+-- name: remove_reference.previous
+SELECT project, name, sha256, size, keeper, measurements, added_at
+FROM project_references WHERE project = :project
+
+-- name: remove_reference.delete
+DELETE FROM project_references WHERE project = :project
+
+-- name: projects
+-- The latest run of each project (per agent when :agent is given), newest first:
+-- the runs still stored, and those retention removed (project_exports).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT x.*, row_number() OVER (PARTITION BY x.project
+                                   ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
+    FROM (
+        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
+               r.result, 0 AS archived
+        FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
+        WHERE e.project IS NOT NULL AND (:agent IS NULL OR r.agent = :agent)
+        UNION ALL
+        SELECT run_id, project, agent, status, accepted_at, completed_at, result,
+               1 AS archived
+        FROM project_exports WHERE :agent IS NULL OR agent = :agent
+    ) x
+) WHERE n = 1
+ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
+
+-- name: project_exports
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
+    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+           0 AS archived
+    FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
+    WHERE e.project = :project
+    UNION ALL
+    SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+    FROM project_exports WHERE project = :project
+) x
+WHERE (:agent IS NULL OR agent = :agent)
+  AND (:status IS NULL OR status = :status)
+  AND (:before_run_id IS NULL OR (accepted_at, run_id) < (
+       SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = :before_run_id
+       UNION ALL
+       SELECT a.accepted_at, a.run_id FROM project_exports a WHERE a.run_id = :before_run_id
+       LIMIT 1))
+ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
+
+-- name: archived_export
+-- A run retention removed, as the project pages keep it (no row: not archived).
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+FROM project_exports WHERE run_id = :run_id
+
+-- name: keep_exports
+-- Run by retention before it removes runs (Schema.before_prune), in the same
+-- transaction: what the project pages read of a run, kept after it goes.
+INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
+SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
+CROSS JOIN events e ON e.pk = r.event_pk
+WHERE e.project IS NOT NULL
+ON CONFLICT (run_id) DO NOTHING

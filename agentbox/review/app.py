@@ -1,0 +1,151 @@
+"""The review as an app on the engine (agentbox.http.apps): the mix review agent for
+`session.exported` and `mix.review_requested`, its history in its own tables (the
+archive of exports, references, what a project keeps of removed runs), the
+analysis processes its agent borrows, and its pages: projects on the home page, a
+project's history, a review's run page, the audio and reference routes.
+
+Importing this module registers the review's event types and its checks of the
+settings (agentbox.review.contract); the heavy parts (numpy, the analysis) load in
+`setup`, when a server is assembled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from starlette.routing import BaseRoute, Route
+
+from agentbox.archive.history import SCHEMA, History
+from agentbox.engine.retention import PruneReport
+from agentbox.http.apps import App, Host
+from agentbox.review.contract import AGENTS, MIX_REVIEW
+from agentbox.store import Tables
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from agentbox.archive import Archive
+    from agentbox.config import Settings
+    from agentbox.review.analysis import Analysis
+    from agentbox.review.web.pages import ReviewPages
+    from agentbox.store import RunView
+
+
+
+class ReviewApp(App):
+    name = "review"
+    schemas = (SCHEMA,)
+
+    def __init__(self) -> None:
+        self.host: Host | None = None
+        self.analysis: Analysis | None = None
+        self.archive: Archive | None = None
+        self.web: ReviewPages | None = None
+        self._routes: list[BaseRoute] = []
+
+    def agents(self) -> Mapping[str, Sequence[str]]:
+        return AGENTS
+
+    def setup(self, host: Host) -> None:
+        from agentbox.archive import Archive
+        from agentbox.review.analysis import Analysis
+        from agentbox.review.present import mix_name
+        from agentbox.review.web.audio import AudioRoutes
+        from agentbox.review.web.pages import ReviewPages, add_templates
+        from agentbox.review.web.references import ReferenceRoutes
+
+        self.host = host
+        # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
+        # no process until `start` warms one.
+        self.analysis = Analysis.configured()
+        history = History(host.tables(SCHEMA))
+        self.archive = archive = Archive(host.settings, history, host.clock)
+        host.provide(Analysis, self.analysis)
+        host.provide(Archive, archive)
+        host.provide(History, history)
+        pages = host.pages
+        add_templates(pages.env)
+        self.web = web = ReviewPages(pages, history, archive, self._reviews)
+        host.provide("review pages", web)  # the desktop side tells it its watched folders
+        host.api.file_namers.append(lambda payload: mix_name(payload["mix_url"])
+                                    if isinstance(payload.get("mix_url"), str) else None)
+        host.api.removed_notes.append(web.removed_note)
+        audio = AudioRoutes(host.store, archive)
+        references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
+                                     web.project)
+        self._routes = [
+            Route("/", web.home, methods=["GET"]),
+            Route("/exports", web.exports, methods=["GET"]),
+            Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
+            Route("/references", references.listing, methods=["GET"]),
+            Route("/projects/{project:path}/reference", references.reference,
+                  methods=["GET", "PUT", "DELETE"]),
+            Route("/projects/{project:path}/reference/audio", references.audio,
+                  methods=["GET"]),
+            Route("/projects/{project:path}", web.project, methods=["GET"]),
+        ]
+
+    def routes(self) -> Sequence[BaseRoute]:
+        return self._routes
+
+    async def run_page(self, request: Request, run_id: str, run: RunView | None
+                       ) -> Response | None:
+        return None if self.web is None else await self.web.run_page(request, run_id, run)
+
+    def _reviews(self, agent: str) -> bool:
+        """Whether `agent` (a run's, by name) is the mix review: told in a musician's words."""
+        from agentbox.review.agent import mix_review
+
+        assert self.host is not None
+        spec = self.host.registry.get(agent)
+        return spec is not None and spec.function is mix_review
+
+    async def start(self) -> None:
+        assert self.archive is not None and self.analysis is not None
+        await self.archive.open()
+        if self.host is not None and any(
+                spec.name == MIX_REVIEW
+                for spec in self.host.registry.for_event_type("session.exported")):
+            self.analysis.warm()  # exports are reviewed: warm before the first one
+
+    async def stop(self) -> None:
+        if self.archive is not None:
+            await self.archive.close()
+        if self.analysis is not None:
+            self.analysis.shutdown()
+
+    async def retain(self, report: PruneReport) -> None:
+        said(report, None if report.dry_run or self.archive is None
+             else await self.archive.bound())
+
+    async def retain_alone(self, tables: Mapping[str, Tables], settings: Settings,
+                           report: PruneReport, own_files: bool) -> None:
+        from agentbox.archive import Archive
+
+        dropped = None
+        if own_files and not report.dry_run:
+            archive = Archive(settings, History(tables[SCHEMA.line]))
+            await archive.open()
+            try:
+                dropped = await archive.bound()
+            finally:
+                await archive.close()
+        said(report, dropped)
+
+
+def said(report: PruneReport, dropped: int | None) -> None:
+    """What the review kept of a pass's removed runs (its project history) and what
+    its archive let go, in the report."""
+    kept = report.removed.get("project_exports", 0)
+    if kept:
+        report.notes.append(f"{kept} finished exports {'would be' if report.dry_run else 'were'}"
+                            " kept for their projects' history")
+    report.counts["audio_dropped"] = dropped or 0
+    if dropped:
+        report.notes.append(f"{dropped} exports' audio let go by the archive, over its "
+                                "bounds")
+
+
+app = ReviewApp()

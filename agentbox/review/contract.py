@@ -1,0 +1,96 @@
+"""The review's event contract: the payloads of `session.exported` (a DAW finished a
+render) and `mix.review_requested` (somebody asks for a review), registered with
+the engine's contract (agentbox.events) when this module is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, Field
+from pydantic_core import PydanticCustomError
+
+from agentbox.config import ConfigError, Settings, describe, settings_check
+from agentbox.engine.agents import rename_agent
+from agentbox.events import Name, ProjectName, Strict, Text, register_event_type
+from agentbox.review.profiles import PROFILES
+from agentbox.review.stage import CONFIG_STAGES, STAGES
+
+
+def _a_profile(value: str) -> str:
+    if value not in PROFILES:
+        raise PydanticCustomError("unknown_profile", "unknown profile; use one of {known}",
+                                  {"known": ", ".join(PROFILES)})
+    return value
+
+
+# A mix review's delivery profile (agentbox.review.profiles): refused at once when
+# unknown, rather than accepted and failed when the review starts.
+ProfileName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_a_profile)]
+# The stage of the work: a mix goes to mastering, a master to its platform.
+StageName = Literal["mix", "master"]
+
+
+class SessionExported(Strict):
+    """A DAW finished rendering a mix; `mix_url` is a local path or file:// URL."""
+
+    project_id: ProjectName
+    mix_url: Text
+    profile: ProfileName | None = None
+    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
+    default_stage: StageName | None = None  # when neither stage nor the project says (watch)
+    session_name: Annotated[str, Field(max_length=256)] | None = None
+    reference_url: Text | None = None  # a reference track to compare with (path or file://)
+
+
+class MixReviewRequested(Strict):
+    """Somebody asks for a (new) review of a rendered mix."""
+
+    project_id: ProjectName
+    mix_url: Text
+    profile: ProfileName | None = None
+    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
+    default_stage: StageName | None = None  # when neither stage nor the project says
+    requested_by: Name  # who asks: required, as in the reference design's contract
+    note: Annotated[str, Field(max_length=4096)] | None = None
+    reference_url: Text | None = None  # a reference track to compare with (path or file://)
+
+
+EVENT_TYPES: dict[str, type[BaseModel]] = {
+    "session.exported": SessionExported,
+    "mix.review_requested": MixReviewRequested,
+}
+
+
+def register() -> None:
+    """Make the review's event types known to the receiver (again: harmless)."""
+    for event_type, model in EVENT_TYPES.items():
+        register_event_type(event_type, model)
+
+
+register()
+
+
+@settings_check
+def check_settings(settings: Settings, named: Callable[[str], str]) -> None:
+    """The review's settings, in its words: the default profile and stage, and the
+    stage each watched folder names."""
+    if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
+        raise ConfigError(f"{named('mix_profile')}: {describe(settings.mix_profile)} is not "
+                          f"a profile; use one of {', '.join(PROFILES)}")
+    if settings.mix_stage not in CONFIG_STAGES:
+        raise ConfigError(f"{named('mix_stage')}: {describe(settings.mix_stage)} is not a "
+                          f"stage; use one of {', '.join(CONFIG_STAGES)}")
+    for folder in settings.watch:
+        if folder.stage is not None and folder.stage not in STAGES:
+            raise ConfigError(
+                f"{named('watch')}: {describe(f'{folder.path}={folder.stage}')}: the stage "
+                f"must be {' or '.join(STAGES)} (PATH=STAGE), not {describe(folder.stage)}")
+
+
+# The review's agent, by import string (what a run stores), for each event type it takes.
+MIX_REVIEW = "agentbox.review.agent:mix_review"
+AGENTS: dict[str, tuple[str, ...]] = {"session.exported": (MIX_REVIEW,),
+                                      "mix.review_requested": (MIX_REVIEW,)}
+rename_agent("agentbox.mix_review:mix_review", MIX_REVIEW)  # its name before the review room

@@ -1,0 +1,236 @@
+"""The review's pages: projects and their latest exports (the home page), a
+project's history with its trends and A/B player, a review's own run page, and
+`GET /exports`. They stand on the engine's pages (agentbox.http.pages.StatusPages:
+templates, banners, CSRF) and read the review's history (agentbox.archive.history).
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from agentbox.archive import Archive
+from agentbox.archive.history import History
+from agentbox.archive.records import ProjectExport
+from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
+from agentbox.http.api import limit_of
+from agentbox.http.errors import error_response
+from agentbox.http.openapi import ExportView
+from agentbox.http.pages import RUN_FILTERS, StatusPages, age, project_of
+from agentbox.review import figures
+from agentbox.review import view as review_view
+from agentbox.review.web.audio import audio_type
+from agentbox.review.web.listening import listening, reference_url
+from agentbox.store import RunView, iso
+
+HOME_PROJECTS = 100
+PROJECT_EXPORTS = 200
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def add_templates(env: Environment) -> Environment:
+    """The review's templates and filters, after the engine's (`env`: theirs)."""
+    loader = env.loader
+    assert isinstance(loader, ChoiceLoader)
+    loader.loaders = [*loader.loaders, FileSystemLoader(TEMPLATES)]
+    env.filters["signed"] = review_view.signed
+    env.filters["mmss"] = figures.mmss
+    return env
+
+
+class Folders(Protocol):
+    """The watched folders' state, when the server watches any (the desktop side)."""
+
+    def status(self) -> Sequence[Any]: ...
+
+
+class ReviewPages:
+    def __init__(self, pages: StatusPages, history: History, archive: Archive,
+                 reviews: Callable[[str], bool]) -> None:
+        self.pages = pages
+        self.store = pages.store
+        self.history = history
+        self.archive = archive
+        self.reviews = reviews  # whether an agent (by name) is the mix review
+        self.folders: Folders | None = None  # set by the desktop side, when it watches
+
+    # -- the musician's pages -------------------------------------------------------------
+
+    async def home(self, request: Request) -> Response:
+        """Projects and their latest exports; the operator's runs are one click away."""
+        if any(key in request.query_params for key in RUN_FILTERS):
+            # a link to the runs view from before it moved off the home page
+            return RedirectResponse("/ui/runs?" + request.url.query, status_code=307)
+        await self.pages.refresh_alerts()
+        latest = await self.history.projects(limit=HOME_PROJECTS)
+        stats = await self.store.stats()
+        folders = [] if self.folders is None else self.folders.status()
+        return self.pages.page("home.html", projects=await self._rows(latest),
+                               stats=stats, folders=folders,
+                               oldest_waiting=age(stats["oldest_waiting_accepted_at"],
+                                                  time.time()))
+
+    async def project(self, request: Request) -> Response:
+        """Every export of one project, its trends, and two exports side by side."""
+        await self.pages.refresh_alerts()
+        # Past the longest name there is (cut, it could match a name it is not).
+        name = unicodedata.normalize("NFC", request.path_params["project"][:1024])
+        exports = await self.history.project_exports(name, limit=PROJECT_EXPORTS)
+        if not exports:
+            return self.pages.error(404, f"No export of a project named {name[:200]!r} has "
+                                         "arrived yet.")
+        rows = review_view.numbered(await self._rows(exports))
+        reviewed = [row for row in rows if row.review is not None]
+        q = request.query_params
+        pair = review_view.choose_pair(reviewed, q.get("a"), q.get("b"))
+        kept = {k.run_id: k for k in await self.history.kept_audio(name)}
+        reference = await self.history.reference(name)
+        archive = self.archive
+        listen = listening(rows, kept, reference, archive.keeper, archive.on)
+        used, bound = await archive.usage()
+        use = {"on": archive.on, "keep": archive.bounds.keep_per_project,
+               "max_gb": f"{bound / 1e9:g}", "used_gb": f"{used / 1e9:.2f}"}
+        return self.pages.page("project.html", name=name, rows=rows, reviewed=reviewed,
+                               trends=review_view.trend_charts(reviewed), pair=pair,
+                               comparison=review_view.compare(*pair) if pair else None,
+                               capped=len(exports) == PROJECT_EXPORTS, kept=kept,
+                               listen=listen, reference=reference,
+                               reference_url=reference_url(name),
+                               reference_added=iso(reference.added_at) if reference
+                               else None, archive=use)
+
+    async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
+        """Each export as a row; one without a review is named by its event's file,
+        and says why by its run's error."""
+        rows = []
+        for export in exports:
+            row = review_view.export_row(export)
+            if row.review is None and not export.archived:  # an archived one has no event
+                run = await self.store.get_run(export.run_id)
+                error = (run.error_code, run.error_message) if run else (None, None)
+                row = review_view.export_row(export, await self.store.event_of(export.run_id),
+                                             error)
+            rows.append(row)
+        return rows
+
+    # -- a review's run page ------------------------------------------------------------
+
+    async def run_page(self, request: Request, run_id: str, found_run: RunView | None
+                       ) -> Response | None:
+        """A run of the mix review, told in a musician's words; a run retention removed
+        that its project's history kept; None: another agent's run (the engine's page)."""
+        if found_run is None:
+            archived = await self.history.archived_export(run_id)
+            return None if archived is None else self._removed(archived)
+        review = review_view.Review.of(found_run["result"])
+        if review is None and not self.reviews(found_run.agent):
+            return None
+        context = await self.pages.run_context(found_run)
+        event, run = context["event"], context["run"]
+        project = project_of(event) or found_run.project  # the body may be gone (retention)
+        export = review_view.export_row(ProjectExport(
+            run_id, project or "", found_run.agent, found_run.status, found_run.accepted_at,
+            found_run.completed_at, found_run.result), event,
+            (found_run.error_code, found_run.error_message))
+        return self.pages.page(
+            "review_run.html", **context, review=review, project=project, export=export,
+            previous=await self._previous(review, run, project) if review else None,
+            audio_type=audio_type(review.file_name) if review else None,
+            audio_gone=await self._audio_gone(run_id, project) if review else None)
+
+    async def _audio_gone(self, run_id: str, project: str | None) -> str | None:
+        """Why a review's mix can no longer be played, when the archive says so."""
+        if not self.archive.on or not project:
+            return None
+        kept = next((k for k in await self.history.kept_audio(project) if k.run_id == run_id),
+                    None)
+        if kept is None:
+            return "the archive holds no copy of it (made before the archive, or not kept)"
+        return kept.dropped_because
+
+    async def _previous(self, review: review_view.Review, run: dict[str, Any],
+                        project: str | None) -> review_view.Previous | None:
+        """The export this review is compared with: the one its document names, else
+        the project's last reviewed export before it."""
+        named = review.comparison_run_id
+        if project is None:
+            return None
+        if named is None:  # the review says: the project's first export
+            return review_view.Previous(None, None, None, review)
+        if isinstance(named, str):
+            found = await self.store.get_run(named)
+            if found is not None:
+                return review_view.Previous(named, found["accepted_at"],
+                                            review_view.Review.of(found["result"]), review)
+            kept = await self.history.archived_export(named)  # retention removed the run
+            if kept is None:
+                return review_view.Previous(named, None, None, review)
+            return review_view.Previous(named, kept.accepted_at,
+                                        review_view.Review.of(kept.result), review, True)
+        earlier = await self.history.project_exports(
+            unicodedata.normalize("NFC", project), agent=run["agent"], status="succeeded",
+            before_run_id=run["run_id"], limit=1)
+        if not earlier:
+            return review_view.Previous(None, None, None, review)
+        return review_view.Previous(earlier[0].run_id, earlier[0].accepted_at,
+                                    review_view.Review.of(earlier[0].result), review,
+                                    earlier[0].archived)
+
+    def _removed(self, kept: ProjectExport) -> HTMLResponse:
+        """The page of a run retention removed: gone, but its project's history kept
+        what the project page shows of it."""
+        finished = (kept.finished_at or kept.accepted_at)[:16].replace("T", " ")
+        return self.pages.page("removed.html", status_code=404, run_id=kept.run_id,
+                               finished=finished,
+                               days=f"{self.pages.settings.retention_days:g}",
+                               reviewed=kept.result is not None, project=kept.project,
+                               alerts=[])
+
+    # -- the API ----------------------------------------------------------------------------
+
+    async def exports(self, request: Request) -> Response:
+        """`GET /exports?project=NAME`: that project's exports, newest first (what its page
+        and the comparison read); without it, the latest export of every project."""
+        limit = limit_of(request)
+        if limit is None:
+            return error_response(422, "invalid_query", "limit must be an integer from 1 "
+                                  "to 500")
+        project = request.query_params.get("project")
+        if project is None:
+            found = await self.history.projects(limit=limit)
+            return JSONResponse({"exports": [ExportView.of(e).model_dump(mode="json")
+                                             for e in found]})
+        if not 1 <= len(project) <= MAX_ID_LENGTH:
+            return error_response(422, "invalid_query",
+                                  f"project must be 1 to {MAX_ID_LENGTH} characters")
+        name = project_name(project)
+        # A name no event may carry (a control character, a space at an end) names no
+        # project: not asked of the store, where PostgreSQL refuses a NUL.
+        fit = name == name.strip() and not any(unfit_for_a_name(c) for c in name)
+        found = await self.history.project_exports(name, limit=limit) if fit else []
+        if not found:
+            return error_response(404, "project_not_found", "No export of a project named "
+                                  f"{name[:200]!r} has arrived yet.")
+        return JSONResponse({"exports": [ExportView.of(e).model_dump(mode="json")
+                                         for e in found]})
+
+    async def removed_note(self, run_id: str) -> str | None:
+        """For GET /runs/{run_id}'s 404: where a run retention removed is kept."""
+        kept = await self.history.archived_export(run_id)
+        if kept is None:
+            return None
+        days = self.pages.settings.retention_days
+        return (f"No run has the id {run_id[:100]!r} any more: retention removed it (it "
+                f"finished {kept.finished_at or kept.accepted_at}; finished runs are kept "
+                f"{days:g} days, AGENTBOX_RETENTION_DAYS). Its export is kept in the "
+                f"history of project {kept.project[:200]!r}: "
+                f"GET /exports?project={quote(kept.project, safe='')}")
+

@@ -1,0 +1,269 @@
+"""Apps on the engine (agentbox.http.apps, docs/apps.md): a second app written from the
+manual alone runs beside the review in a real server on both engines (its agent, its
+table, its page); a database made before the review had tables of its own opens with
+everything in place; and the engine runs with no app and no numpy."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentbox.archive.history import SCHEMA, History
+from agentbox.store.sqlite import SqliteStore
+from tests.conftest import ROOT, Server, make_event
+from tests.support.backup_app.app import SCHEMA as BACKUP
+from tests.test_page_reviews import song, write
+
+APPS = "agentbox.review.app:app,agentbox.desktop.app:app,tests.support.backup_app.app:app"
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_a_second_app_runs_beside_the_review(
+        engine: str, server_factory: Callable[..., Server], request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
+    """The backup app of docs/apps.md: each export has two runs (the review and the
+    copy), the copy's bytes are the mix's, its table lists it and its page shows it."""
+    env = {"AGENTBOX_APPS": APPS, "AGENTBOX_AGENTS": ""}  # the apps' own agents
+    if engine == "postgres":
+        env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+    server = server_factory(env).start()
+    mix = write(tmp_path, "take 1.wav", song(4, 0.4, 1))
+    answer = server.post(make_event(project_id="Backed up", payload={
+        "project_id": "Backed up", "mix_url": str(mix)})).json()
+    runs = {run["agent"]: run["run_id"] for run in answer["runs"]}
+    assert set(runs) == {"agentbox.review.agent:mix_review",
+                         "tests.support.backup_app.app:copy"}
+    copied = server.wait_terminal(runs["tests.support.backup_app.app:copy"], timeout=60)
+    assert copied["status"] == "succeeded", (copied["error_code"], copied["error_message"])
+    copy = Path(copied["result"]["saved_to"])
+    assert copy.parent == server.home / "data" / "backup" and copy.read_bytes() == mix.read_bytes()
+    reviewed = server.wait_terminal(runs["agentbox.review.agent:mix_review"], timeout=120)
+    assert reviewed["status"] == "succeeded" and reviewed["result"]["verdict"]
+    page = server.client.get("/backup")
+    assert page.status_code == 200 and page.headers["x-frame-options"] == "DENY"
+    assert f'data-run-id="{runs["tests.support.backup_app.app:copy"]}"' in page.text
+    assert str(mix) in page.text and "succeeded" in page.text
+    # the review's pages are as they were beside it
+    assert 'data-project="Backed up"' in server.client.get("/").text
+
+
+def test_an_app_that_cannot_be_imported_stops_the_start(server_factory: Callable[..., Server]
+                                                        ) -> None:
+    server = server_factory({"AGENTBOX_APPS": "agentbox.review.app:app,no.such.module:app"})
+    done = subprocess.run([sys.executable, "-m", "agentbox", "serve", "--port", "1"],
+                          env=server.env, cwd=server.home, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "AGENTBOX_APPS: cannot import 'no.such.module'" in done.stderr
+
+
+# -- a database of the release before apps -------------------------------------------------
+
+
+def test_a_database_of_the_previous_layout_opens_with_everything_in_place(
+        server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    """A real server reviews two exports and keeps a reference track; then the database
+    is made the previous release's (no line of the review's: it had these tables as the
+    store's own); a server of this code opens it with every export, the reference and
+    the archived audio in place, and its line recorded at version 1."""
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    project = "Night Drive"
+    runs = []
+    for take in (1, 2):
+        mix = write(tmp_path, f"take {take}.wav", song(3, 0.3 * take, 1))
+        runs.append(server.post(make_event(payload={"project_id": project,
+                                                    "mix_url": str(mix)})).json()["run_id"])
+        assert server.wait_terminal(runs[-1], timeout=120)["status"] == "succeeded"
+    reference = write(tmp_path, "reference.wav", song(3, 0.5, 2))
+    put = server.client.put(f"/projects/{project}/reference", params={"name": "reference.wav"},
+                            content=reference.read_bytes(),
+                            headers={"Authorization": f"Bearer {server_token(server)}"})
+    assert put.status_code in (200, 201), put.text
+    before = exports_of(server, project)
+    audio = server.client.get(f"/runs/{runs[0]}/audio").content
+    server.stop()
+    database = server.home / "data" / "agentbox.sqlite3"
+    with sqlite3.connect(database) as conn:  # the previous release's layout
+        assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
+            ("review", 1)]
+        conn.execute("DROP TABLE agentbox_lines")
+    (server.home / "data" / "archive" / "incoming").mkdir(exist_ok=True)
+
+    again = server_factory({"AGENTBOX_AGENTS": ""}, home=server.home).start()
+    assert exports_of(again, project) == before
+    assert again.client.get(f"/runs/{runs[0]}/audio").content == audio
+    assert again.client.get(f"/projects/{project}/reference/audio").content == \
+        reference.read_bytes()
+    assert again.client.get(f"/projects/{project}/reference").json()["name"] == \
+        "reference.wav"
+    again.stop()
+    with sqlite3.connect(database) as conn:
+        assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
+            ("review", 1)]
+
+
+def server_token(server: Server) -> str:
+    return (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
+
+
+def exports_of(server: Server, project: str) -> list[dict[str, object]]:
+    found = server.client.get("/exports", params={"project": project})
+    assert found.status_code == 200, found.text
+    exports: list[dict[str, object]] = found.json()["exports"]
+    return exports
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+async def test_the_review_line_adopts_the_tables_the_store_made(tmp_path: Path,
+                                                                engine_name: str) -> None:
+    """On the store alone: rows written into the tables the store's own versions 4 and
+    7 made (as the release wrote them) are the review's history once its line runs."""
+    path = tmp_path / "agentbox.sqlite3"
+    plain = SqliteStore(path)  # the store's own versions only: the release's schema
+    await plain.open()
+    await plain.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper,"
+                     " kept_at) VALUES ('run_a', 'P', 'ab12', 10, 'a.wav', 'k1', 5.0)")
+        conn.execute("INSERT INTO project_references (project, name, sha256, size, keeper, "
+                     "measurements, added_at) VALUES ('P', 'ref.wav', 'cd34', 20, 'k1', "
+                     "'{\"integrated_lufs\": -14.0}', 6.0)")
+        conn.execute("INSERT INTO project_exports (run_id, project, agent, status, "
+                     "accepted_at, completed_at, result) VALUES ('run_gone', 'P', "
+                     "'agentbox.review.agent:mix_review', 'succeeded', 1.0, 2.0, '{}')")
+    store = SqliteStore(path)
+    history = History(store.add_tables(SCHEMA))
+    await store.open()
+    try:
+        assert [k.run_id for k in await history.kept_audio("P")] == ["run_a"]
+        found = await history.reference("P")
+        assert found is not None and found.measurements == {"integrated_lufs": -14.0}
+        [kept] = await history.project_exports("P")
+        assert kept.run_id == "run_gone" and kept.archived and kept.result == {}
+    finally:
+        await store.close()
+
+
+# -- the engine alone --------------------------------------------------------------------------
+
+NO_NUMPY = textwrap.dedent('''
+    import asyncio, importlib.abc, json, sys, time
+    from pathlib import Path
+
+    BLOCKED = {"numpy", "scipy", "soundfile", "pyebur128", "matplotlib"}
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is not installed here")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    for name in list(sys.modules):
+        if name.split(".")[0] in BLOCKED:
+            del sys.modules[name]
+
+    import httpx
+    from pydantic import BaseModel, ConfigDict
+    from agentbox import register_event_type
+    from agentbox.config import AgentBinding, Settings
+    from agentbox.http.app import create_app
+    from agentbox.signing import sign_headers
+
+    class Ping(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        n: int
+
+    register_event_type("demo.ping", Ping)
+
+    async def pong(event, ctx):
+        return {"n": event.payload.n + 1}
+
+    async def main(home):
+        settings = Settings(data_dir=home, config_dir=home, apps=(), notify=False,
+                            agents=(AgentBinding("demo.ping", "__main__:pong"),),
+                            webhook_secret=("s" * 32,), callback_secret=("c" * 32,))
+        app = create_app(settings, admin_token="t" * 32)
+        body = json.dumps({"schema_version": "v1", "event_id": "p1",
+                           "idempotency_key": "cli:demo.ping:p1", "event_type": "demo.ping",
+                           "source": "cli", "timestamp": "2026-12-06T10:00:00Z",
+                           "payload": {"n": 41}}).encode()
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+            answer = await client.post("/webhooks/events", content=body, headers={
+                "Content-Type": "application/json",
+                **sign_headers("s" * 32, body, int(time.time()))})
+            assert answer.status_code == 202, answer.text
+            run_id = answer.json()["run_id"]
+            for _ in range(400):
+                run = (await client.get(f"/runs/{run_id}")).json()
+                if run["status"] == "succeeded":
+                    break
+                await asyncio.sleep(0.05)
+            home_page = await client.get("/", follow_redirects=True)
+        print(json.dumps({"run": run, "home": home_page.status_code,
+                          "numpy": "numpy" in sys.modules,
+                          "apps": sorted(n for n in sys.modules
+                                         if n.startswith(("agentbox.review",
+                                                          "agentbox.archive",
+                                                          "agentbox.desktop")))}))
+
+    asyncio.run(main(Path(sys.argv[1])))
+''')
+
+
+def test_the_engine_runs_with_no_app_and_no_numpy(tmp_path: Path) -> None:
+    """With `apps` empty and numpy (and the audio libraries) unimportable, the engine
+    takes an event of a type registered beside it, runs its agent and serves its pages:
+    nothing of the review, its archive or the desktop side is imported."""
+    script = tmp_path / "engine_alone.py"
+    script.write_text(NO_NUMPY)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["run"]["status"] == "succeeded" and said["run"]["result"] == {"n": 42}
+    assert said["home"] == 200  # the engine's own page: the runs
+    assert said["numpy"] is False and said["apps"] == []
+
+
+@pytest.mark.anyio
+async def test_two_apps_share_the_store_and_keep_their_own_lines(tmp_path: Path) -> None:
+    """Each app's line is migrated and recorded on its own; the same line twice with
+    another schema is refused."""
+    from agentbox.store import Schema
+
+    store = SqliteStore(tmp_path / "agentbox.sqlite3")
+    store.add_tables(SCHEMA)
+    backup = store.add_tables(BACKUP)
+    with pytest.raises(ValueError, match="two apps' tables on the line 'backup'"):
+        store.add_tables(Schema(line="backup", package="agentbox.archive"))
+    await store.open()
+    try:
+        await backup.write(lambda db: db.run("add_copy", {
+            "run_id": "r1", "source": "/a.wav", "copy": "/b.wav", "copied_at": 1.0}))
+        [row] = await backup.rows("copies", limit=5)
+        assert (row["run_id"], row["copy"], row["status"]) == ("r1", "/b.wav", None)
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / "agentbox.sqlite3") as conn:
+        assert sorted(conn.execute("SELECT line, version FROM agentbox_lines")) == [
+            ("backup", 1), ("review", 1)]
+
+
+def test_a_schema_line_is_a_word() -> None:
+    from agentbox.store import Schema
+
+    for bad in ("", "Review", "agentbox", "two words", "x" * 41):
+        with pytest.raises(ValueError, match="lowercase word"):
+            Schema(line=bad, package="agentbox.archive")
+

@@ -50,13 +50,13 @@ class Store(abc.ABC):
 
     This is what the rest of agentbox sees, not where an engine starts: both
     engines are `sqlstore.SqlStore` (every method here as write operations and
-    reads), and a new SQL engine subclasses it too. It brings its statements
-    (`sql`, from `queries/<engine>/`, the same names as the others') and its
-    migrations, a `writer.Db` for the operations, `_commit` and `_abandon` (a
-    batch in one transaction, answered by the rule in writer.py), `_rows` and
-    `_slow_rows` (reads), `_probe_write`, `open`, `close` and `description`;
-    `engines.py` chooses it, and one harness class in tests/store/conftest.py
-    runs the conformance suite against it."""
+    reads), and a new SQL engine subclasses it too. It brings its `dialect` (the
+    folder of its statements, its migrations and apps' tables), its statements
+    (`sql`: the same names as the others'), a `writer.Db` for the operations,
+    `_commit` and `_abandon` (a batch in one transaction, answered by the rule
+    in writer.py), `_rows` and `_slow_rows` (reads), `_probe_write`, `open`,
+    `close` and `description`; `engines.py` chooses it, and one harness class
+    in tests/store/conftest.py runs the conformance suite against it."""
 
     engine = "store"  # its name, for /healthz and metrics
     # Several processes may use the database at once (PostgreSQL). If not, every

@@ -1,8 +1,8 @@
 """The `Store` both SQL engines share: each write queues an operation (from the
 modules named by topic: ingest, claims, outcomes, maintenance, outbox) for the
 engine's writer; each read is in `reads`. An engine is a subclass that brings
-its connections and life cycle (`open`, `close`, `description`), its statements
-(`sql`), the `writer.Db` its operations run on, `_commit` and `_abandon` (the
+its connections and life cycle (`open`, `close`, `description`), its `dialect`
+and statements (`sql`), the `writer.Db` its operations run on, `_commit` and `_abandon` (the
 writer's: one transaction per batch, an operation that raises answered by the
 rule in writer.py), `_rows`/`_slow_rows` (`reads`) and `_probe_write`."""
 

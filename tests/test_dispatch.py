@@ -16,6 +16,7 @@ import pytest
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.events import parse_event
 from agentbox.http.app import App, create_app
+from agentbox.store import IngestParams
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import (
     Server,
@@ -98,7 +99,9 @@ def test_new_events_are_not_claimed_ahead_of_runs_already_waiting(tmp_path: Path
         await waiting.open()
         for _ in range(6):  # accepted while no dispatcher ran
             body = encode(make_event(project_id="sleep-0.05"))
-            await waiting.ingest(parse_event(body), body, [agent.name], time.time(), 60, 100)
+            await waiting.ingest(IngestParams(event=parse_event(body), body=body,
+                                              agents=[agent.name], now=time.time(), ttl=60,
+                                              max_pending=100))
         await waiting.close()
         assert dispatcher.lease_for(1) is None  # not yet looked at the store
         async with app.router.lifespan_context(app):

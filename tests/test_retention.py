@@ -23,7 +23,7 @@ from agentbox.config import (
 from agentbox.events import parse_event
 from agentbox.review.view import Review
 from agentbox.runs import RunStatus
-from agentbox.store import Outcome, Store
+from agentbox.store import IngestParams, Outcome, Store
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import ROOT, Server, make_event, wait_until
 from tests.test_client import tone
@@ -126,8 +126,9 @@ async def old_history(store: Store) -> list[str]:
     try:
         for n, outcome in enumerate(outcomes):
             body = json.dumps(make_event(f"old{n}", project_id="Night Drive")).encode()
-            result = await store.ingest(parse_event(body), body, ["mix_review"], T0 + n, 60,
-                                        100)
+            result = await store.ingest(IngestParams(
+                event=parse_event(body), body=body, agents=["mix_review"], now=T0 + n, ttl=60,
+                max_pending=100))
             run_id = result.runs[0].run_id
             claimed = await store.claim("w", 1, T0 + n, 60, 3)
             assert [c.run_id for c in claimed.claimed] == [run_id]

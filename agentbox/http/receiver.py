@@ -34,6 +34,7 @@ from agentbox.logs import get_logger
 from agentbox.signing import SignatureError, Verifier
 from agentbox.store import (
     AdmissionRefused,
+    IngestParams,
     IngestResult,
     Lease,
     NoSubscribedAgent,
@@ -256,9 +257,10 @@ class Receiver:
                       lease: Lease | None) -> IngestResult:
         s = self.settings
         try:
-            return await self.store.ingest(event, body, agents, self.clock(),
-                                           s.idempotency_ttl_seconds, s.max_pending,
-                                           s.max_hops, lease)
+            return await self.store.ingest(IngestParams(
+                event=event, body=body, agents=agents, now=self.clock(),
+                ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
+                max_hops=s.max_hops, lease=lease))
         except NoSubscribedAgent:
             raise Rejected(422, "no_agent", f"No agent is configured for "
                            f"{event.envelope.event_type} (or every one unsubscribed); see "

@@ -23,6 +23,7 @@ from agentbox.store.records import (
     Callback,
     ClaimedRun,
     Emitted,
+    IngestParams,
     IngestResult,
     Lease,
     NewEvent,
@@ -204,18 +205,17 @@ def _claimed_at_acceptance(env: Envelope, item: Ingest, refs: list[RunRef]) -> I
     return IngestResult(runs=refs, duplicate=False, claimed=claimed, transitions=transitions)
 
 
-def received(event: Event, body: bytes, agents: Sequence[str], *, now: float, ttl: float,
-             max_pending: int, max_hops: int | None, lease: Lease | None,
-             notify_due: float) -> Ingest:
+def received(params: IngestParams, *, notify_due: float) -> Ingest:
     """The ingest of an event received: past `max_hops`, every run is stopped."""
-    hop = event.envelope.hop
+    hop, max_hops = params.event.envelope.hop, params.max_hops
     too_far = None
     if max_hops is not None and hop > max_hops:
         too_far = f"the event is {hop} hops down its chain; AGENTBOX_MAX_HOPS is {max_hops}"
-    return Ingest(event=event, body=body, agents=tuple(agents),
-                  stop_reasons=(too_far,) * len(agents), now=now, expires_at=now + ttl,
-                  max_pending=max_pending, lease=None if too_far else lease,
-                  notify_due=notify_due, stop_all=too_far)
+    return Ingest(event=params.event, body=params.body, agents=tuple(params.agents),
+                  stop_reasons=(too_far,) * len(params.agents), now=params.now,
+                  expires_at=params.now + params.ttl, max_pending=params.max_pending,
+                  lease=None if too_far else params.lease, notify_due=notify_due,
+                  stop_all=too_far)
 
 
 def store_emitted(db: Db, state: Batch, emitted: Sequence[Emitted], *, parent_pk: int,

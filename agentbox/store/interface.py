@@ -19,12 +19,11 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentbox.events import Event
 from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
+    IngestParams,
     IngestResult,
-    Lease,
     Notification,
     Outcome,
     PruneStep,
@@ -47,8 +46,17 @@ from agentbox.store.views import (
 
 class Store(abc.ABC):
     """Durable events, idempotency claims, runs, their attempt history and the
-    callback outbox. A new engine implements every abstract method here (the
-    conformance suite in tests/store/ runs against it) and nothing else."""
+    callback outbox.
+
+    This is what the rest of agentbox sees, not where an engine starts: both
+    engines are `sqlstore.SqlStore` (every method here as write operations and
+    reads), and a new SQL engine subclasses it too. It brings its `dialect` (the
+    folder of its statements, its migrations and apps' tables), its statements
+    (`sql`: the same names as the others'), a `writer.Db` for the operations,
+    `_commit` and `_abandon` (a batch in one transaction, answered by the rule
+    in writer.py), `_rows` and `_slow_rows` (reads), `_probe_write`, `open`,
+    `close` and `description`; `engines.py` chooses it, and one harness class
+    in tests/store/conftest.py runs the conformance suite against it."""
 
     engine = "store"  # its name, for /healthz and metrics
     # Several processes may use the database at once (PostgreSQL). If not, every
@@ -106,10 +114,7 @@ class Store(abc.ABC):
     # -- ingest, claims, outcomes -------------------------------------------------------
 
     @abc.abstractmethod
-    async def ingest(
-        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
-    ) -> IngestResult:
+    async def ingest(self, params: IngestParams) -> IngestResult:
         """Claim the idempotency key and store event + runs atomically and durably.
 
         A key already claimed and not expired returns the first runs with

@@ -15,6 +15,9 @@ are this engine's own (`queries/postgres/`). What differs:
   duplicate. A batch's keys are taken in sorted order, so two writers never
   wait on each other in a cycle; a deadlock or serialization failure (from
   anything else) makes the writer run the batch again.
+- An operation that raises (a refusal or a bug: writer.py says the rule) is
+  undone by running the batch again without it: PostgreSQL takes back one
+  operation's writes only with a savepoint around each, a round trip apiece.
 - Claims take rows `FOR UPDATE SKIP LOCKED`: instances never claim the same run
   or notification, and never wait for each other to claim.
 - Every commit that made runs claimable, queued callbacks or changed runs
@@ -57,8 +60,7 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from agentbox.runs import InvalidTransition
-from agentbox.store.errors import StorageUnavailable, StoreError
+from agentbox.store.errors import StorageUnavailable
 from agentbox.store.ingest import Ingest, ingest_batch
 from agentbox.store.outcomes import FinishRun, finish_batch
 from agentbox.store.queries import load
@@ -350,7 +352,8 @@ class PostgresStore(SqlStore):
 
     def _commit_on(self, conn: psycopg.Connection[Any], batch: list[Queued]
                    ) -> tuple[list[tuple[bool, Any]], Batch]:
-        failed: dict[int, Exception] = {}
+        answered: dict[int, tuple[bool, Exception]] = {}  # left out of the next round
+        alone: set[int] = set()  # run one by one, not with the rest of their kind
         durable = any(queued.durable for queued in batch)
         db = PgDb(conn)
         # The transaction's edges share round trips with their neighbours (several
@@ -360,12 +363,13 @@ class PostgresStore(SqlStore):
         # statement seeing what committed before it, and a 202 waits for the WAL flush.
         begin = ("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO "
                  + ("ON" if durable else "OFF"))
-        for attempt in range(1, BATCH_TRIES + len(batch) + 1):
+        deadlocks = 0
+        while True:  # each round that fails an operation leaves more of them out
             try:
                 try:
                     conn.execute(begin)
                     state = self._batch_state(conn)
-                    results = self._run_ops(db, state, batch, failed)
+                    results = self._run_ops(db, state, batch, answered, alone)
                     if results is None:
                         raise _RunAgain
                     announcement = self._announcement(conn, state, results)
@@ -381,11 +385,11 @@ class PostgresStore(SqlStore):
             except _RunAgain:
                 continue
             except (errors.DeadlockDetected, errors.SerializationFailure):
-                if attempt >= BATCH_TRIES:
+                deadlocks += 1
+                if deadlocks >= BATCH_TRIES:
                     raise
                 log.info("a write batch met another's; running it again",
-                         extra={"operations": len(batch), "attempt": attempt})
-        raise StorageUnavailable("a write batch kept failing")  # pragma: no cover
+                         extra={"operations": len(batch), "attempt": deadlocks})
 
     def _announce(self, conn: psycopg.Connection[Any], announcement: str) -> None:
         """Send the announcement after the commit; the batch committed whatever
@@ -407,47 +411,45 @@ class PostgresStore(SqlStore):
 
     @staticmethod
     def _run_ops(db: PgDb, state: Batch, batch: list[Queued],
-                 failed: dict[int, Exception]) -> list[tuple[bool, Any]] | None:
-        """Each operation's answer; None when one failed unexpectedly (then the
-        transaction is rolled back and the batch runs again without it: unlike
-        a refusal, such a failure may come after the operation wrote).
-
-        Ingests and plain outcomes go first, each kind in a few set-wise
-        statements for the whole batch (the hot path); the rest one by one.
+                 answered: dict[int, tuple[bool, Exception]],
+                 alone: set[int]) -> list[tuple[bool, Any]] | None:
+        """Each operation's answer; None when one raised (a refusal or a bug): it
+        is `answered` and the batch runs again without it. Ingests and plain
+        outcomes go first, each kind in a few set-wise statements for the whole
+        batch (the hot path); the rest one by one, and so do those of a kind
+        that raised together (which of them is at fault, only alone they say).
         """
         done: dict[int, tuple[bool, Any]] = {}
         for kind, run_together in ((Ingest, ingest_batch), (FinishRun, finish_batch)):
-            indexes = [i for i, queued in enumerate(batch)
-                       if isinstance(queued.op, kind) and i not in failed]
+            indexes = [i for i, queued in enumerate(batch) if isinstance(queued.op, kind)
+                       and i not in answered and i not in alone]
             if not indexes:
                 continue
             try:
                 answers = run_together(db, state, [batch[i].op for i in indexes])  # type: ignore[misc]
-            except psycopg.Error:
-                raise
             except Exception as exc:
-                log.exception("a write operation failed")
-                for index in indexes:
-                    failed[index] = StorageUnavailable(f"write failed: {type(exc).__name__}")
+                if _storage_failed(exc):
+                    raise
+                if len(indexes) == 1:
+                    answered[indexes[0]] = (False, exc)
+                else:
+                    alone.update(indexes)
                 return None
             done.update(zip(indexes, answers, strict=True))
         results: list[tuple[bool, Any]] = []
         for index, queued in enumerate(batch):
-            if index in failed:
-                results.append((False, failed[index]))
+            if index in answered:
+                results.append(answered[index])
                 continue
             if index in done:
                 results.append(done[index])
                 continue
             try:
                 results.append((True, queued.op(db, state)))
-            except (StoreError, InvalidTransition) as exc:  # refused before writing
-                results.append((False, exc))
-            except psycopg.Error:
-                raise
             except Exception as exc:
-                log.exception("a write operation failed")
-                failed[index] = StorageUnavailable(f"write failed: {type(exc).__name__}")
+                if _storage_failed(exc):
+                    raise
+                answered[index] = (False, exc)
                 return None
         return results
 
@@ -548,6 +550,19 @@ def _reason(exc: BaseException, url: str) -> str:
 
 class _RunAgain(Exception):
     pass
+
+
+# What psycopg raises for a mistake in the statement or its values (a constraint
+# broken, a type that does not fit, a parameter missing): a bug of the operation
+# that ran it; the batch runs again without it. The rest (connection lost, disk
+# full, the server shutting down, a read-only database) is the storage's.
+_MISTAKES = (psycopg.IntegrityError, psycopg.ProgrammingError, psycopg.DataError,
+             psycopg.NotSupportedError)
+
+
+def _storage_failed(exc: Exception) -> bool:
+    """Did an operation fail because the storage did (the whole batch fails)?"""
+    return isinstance(exc, psycopg.Error) and not isinstance(exc, _MISTAKES)
 
 
 def _announced(transition: Transition) -> dict[str, Any]:

@@ -68,10 +68,24 @@ class Transition:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IngestParams:
+    """What `Store.ingest` stores, by name."""
+
+    event: Event
+    body: bytes  # as received, byte for byte
+    agents: Sequence[str]  # one run each
+    now: float
+    ttl: float  # how long the idempotency key stays claimed
+    max_pending: int  # admission: refused while this many runs are not terminal
+    max_hops: int | None = None  # past it, every run is stopped (loop_detected)
+    lease: Lease | None = None  # claim the runs as they are accepted
+
+
+@dataclass(frozen=True, kw_only=True)
 class IngestResult:
     runs: Sequence[RunRef]  # as accepted: the 202 reports them so
     duplicate: bool
-    # Runs that went straight to processing under the caller's lease (`ingest(lease=)`),
+    # Runs that went straight to processing under the caller's lease (`IngestParams.lease`),
     # and those changes, for the caller to start and announce.
     claimed: Sequence[ClaimedRun] = ()
     transitions: Sequence[Transition] = ()

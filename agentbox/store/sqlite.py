@@ -3,10 +3,11 @@
 Every write is an operation queued to the writer. The writer takes everything
 queued, runs it in one `BEGIN IMMEDIATE ... COMMIT` and answers all of them
 after the commit's fsync (`synchronous=FULL`). Many requests thus share one
-fsync, and a 202 is only ever sent for data that is on disk. One refusal never
-undoes its neighbours: an operation that fails before it wrote anything (a
-refusal) is simply answered with its error; one that fails after writing sends
-the batch round again with each operation inside its own savepoint.
+fsync, and a 202 is only ever sent for data that is on disk. One failing
+operation never undoes its neighbours (the rule: writer.py): one that fails
+before it wrote anything is simply answered with its error; one that fails
+after writing sends the batch round again with each operation inside its own
+savepoint.
 """
 
 from __future__ import annotations
@@ -437,9 +438,9 @@ class SqliteStore(SqlStore):
             active_before, changes_before = state.active, conn.total_changes
             try:
                 value = queued.op(db, state)
-            except sqlite3.Error:
-                raise  # the whole transaction is suspect: fail the batch
-            except Exception as exc:  # a refusal or a bug
+            except Exception as exc:
+                if _storage_failed(exc):
+                    raise  # the whole transaction is suspect: fail the batch
                 if conn.total_changes != changes_before:
                     return None
                 state.active = active_before
@@ -455,10 +456,10 @@ class SqliteStore(SqlStore):
         conn.execute("SAVEPOINT op")
         try:
             value = op(db, state)
-        except sqlite3.Error:
-            raise  # the whole transaction is suspect: fail the batch
-        except Exception as exc:  # a refusal or a bug: undo this operation only
-            conn.execute("ROLLBACK TO op")
+        except Exception as exc:
+            if _storage_failed(exc):
+                raise  # the whole transaction is suspect: fail the batch
+            conn.execute("ROLLBACK TO op")  # a refusal or a bug: undo this operation only
             conn.execute("RELEASE op")
             state.active = active_before
             return False, exc
@@ -585,6 +586,21 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
         return
     with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
         conn.execute("ROLLBACK")
+
+
+# What sqlite3 raises for a mistake in the statement or its values (a constraint
+# broken, a parameter missing, and SQLITE_ERROR: a table or column that does not
+# exist, a syntax error): a bug of the operation that ran it, which undoing that
+# operation alone leaves the transaction sound after. The rest (disk full, I/O
+# error, a database locked or damaged) is the storage's.
+_MISTAKES = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError,
+             sqlite3.DataError, sqlite3.NotSupportedError)
+
+
+def _storage_failed(exc: Exception) -> bool:
+    """Did an operation fail because the storage did (the whole batch fails)?"""
+    return isinstance(exc, sqlite3.Error) and not (
+        isinstance(exc, _MISTAKES) or getattr(exc, "sqlite_errorname", "") == "SQLITE_ERROR")
 
 
 def _storage_reason(exc: sqlite3.Error) -> str:

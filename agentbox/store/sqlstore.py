@@ -1,7 +1,10 @@
 """The `Store` both SQL engines share: each write queues an operation (from the
 modules named by topic: ingest, claims, outcomes, maintenance, outbox) for the
-engine's writer; each read is in `reads`. An engine brings its connections,
-its statements (`sql`), `_commit`, and `_rows`/`_slow_rows`."""
+engine's writer; each read is in `reads`. An engine is a subclass that brings
+its connections and life cycle (`open`, `close`, `description`), its `dialect`
+and statements (`sql`), the `writer.Db` its operations run on, `_commit` and `_abandon` (the
+writer's: one transaction per batch, an operation that raises answered by the
+rule in writer.py), `_rows`/`_slow_rows` (`reads`) and `_probe_write`."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agentbox.events import Event
 from agentbox.store import claims, maintenance, outbox, retention, subscriptions
 from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionNotFound
 from agentbox.store.ingest import received
@@ -21,8 +23,8 @@ from agentbox.store.reads import Reads, unaskable
 from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
+    IngestParams,
     IngestResult,
-    Lease,
     Notification,
     Outcome,
     PruneStep,
@@ -130,13 +132,9 @@ class SqlStore(Reads, GroupCommit, Store):
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 
-    async def ingest(
-        self, event: Event, body: bytes, agents: Sequence[str], now: float, ttl: float,
-        max_pending: int, max_hops: int | None = None, lease: Lease | None = None,
-    ) -> IngestResult:
-        op = received(event, body, agents, now=now, ttl=ttl, max_pending=max_pending,
-                      max_hops=max_hops, lease=lease, notify_due=now + self.notification_delay)
-        return await self._write(op, order=event.envelope.idempotency_key, event=True)
+    async def ingest(self, params: IngestParams) -> IngestResult:
+        op = received(params, notify_due=params.now + self.notification_delay)
+        return await self._write(op, order=params.event.envelope.idempotency_key, event=True)
 
     async def claim(
         self, owner: str, limit: int, now: float, lease_seconds: float, max_attempts: int

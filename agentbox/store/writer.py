@@ -4,6 +4,20 @@ many share one commit (group commit: one fsync, or one WAL flush, for all).
 An operation is a plain function of a `Db` (the engine's connection, which runs
 named statements) and the `Batch` it commits in. The engine brings `_commit`:
 how it runs a batch in one transaction and commits it.
+
+When an operation raises, every engine answers the same way (the conformance
+test: tests/store/test_failures.py):
+
+- a refusal (`StoreError` and its subclasses, `InvalidTransition`): its caller
+  gets it, whatever the operation wrote is undone, the batch's other
+  operations commit;
+- the storage failing (the engine's driver says the database cannot be reached
+  or written: disk full, I/O error, connection lost): every operation of the
+  batch gets `StorageUnavailable`, and the store is unhealthy until a durable
+  write commits again;
+- anything else is a bug: it is logged with its traceback, its caller gets the
+  exception as raised, whatever the operation wrote is undone, and the batch's
+  other operations commit. A bug is never answered as storage unavailable.
 """
 
 from __future__ import annotations
@@ -16,11 +30,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agentbox.logs import get_logger
-from agentbox.store.errors import StorageUnavailable
+from agentbox.runs import InvalidTransition
+from agentbox.store.errors import StorageUnavailable, StoreError
 from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
 log = get_logger("store")
+# What an operation raises to refuse (its caller is told); anything else it raises,
+# but for the storage failing, is a bug (the rule: this module's docstring).
+REFUSALS = (StoreError, InvalidTransition)
 
 
 class Cursor(Protocol):
@@ -189,6 +207,9 @@ class GroupCommit(abc.ABC):
             results = [(False, StorageUnavailable(f"write failed: {type(exc).__name__}"))
                        ] * len(batch)
         for queued, (ok, value) in zip(batch, results, strict=True):
+            if not ok and not isinstance(value, REFUSALS):  # its caller may not say what
+                log.error("a write operation failed (a bug); only its own writes were "
+                          "undone", exc_info=value)
             if queued.future.done():
                 continue
             if ok:
@@ -211,7 +232,9 @@ class GroupCommit(abc.ABC):
     async def _commit(self, loop: asyncio.AbstractEventLoop,
                       batch: list[Queued]) -> list[tuple[bool, Any]]:
         """Run the batch's operations in one transaction and commit it: per
-        operation (True, its value) or (False, the exception to raise)."""
+        operation (True, its value) or (False, the exception to raise). An
+        operation that raised has its writes undone, the others commit, unless
+        the storage failed (`StorageUnavailable` for all); the module's rule."""
 
     @abc.abstractmethod
     async def _abandon(self) -> None:

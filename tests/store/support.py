@@ -19,6 +19,7 @@ from agentbox.store import (
     ClaimedRun,
     ClaimResult,
     DeliveryResult,
+    IngestParams,
     IngestResult,
     Lease,
     Notification,
@@ -78,8 +79,9 @@ async def ingest(
     callback_url: str | None = None, lease: Lease | None = None,
 ) -> IngestResult:
     body = event_body(event_id, mix_url, callback_url)
-    return await store.ingest(parse_event(body), body, list(agents), now, ttl, max_pending,
-                              lease=lease)
+    return await store.ingest(IngestParams(
+        event=parse_event(body), body=body, agents=agents, now=now, ttl=ttl,
+        max_pending=max_pending, lease=lease))
 
 
 async def claim(

@@ -10,6 +10,7 @@ from agentbox.events import parse_event
 from agentbox.runs import RunStatus
 from agentbox.store import (
     Emitted,
+    IngestParams,
     Outcome,
     Store,
 )
@@ -100,7 +101,8 @@ async def test_only_ancestors_count_as_a_loop(store: Store, aio: Any) -> None:
     assert [t.status for t in done.spawned] == ["accepted", "accepted"]
     # another render with the same correlation id: z may handle its follow-up too
     body = event_body("e2").replace(b'"source"', b'"correlation_id": "e1", "source"')
-    await store.ingest(parse_event(body), body, ["mix_review"], T0 + 2, TTL, MAX_PENDING)
+    await store.ingest(IngestParams(event=parse_event(body), body=body, agents=["mix_review"],
+                                    now=T0 + 2, ttl=TTL, max_pending=MAX_PENDING))
     second = await claim(store, "w2", now=T0 + 2, limit=10)
     render = next(c for c in second.claimed if c.agent == "mix_review")
     outcome = Outcome(RunStatus.SUCCEEDED, result={}, emitted=(
@@ -122,7 +124,8 @@ async def test_an_incoming_event_past_the_hop_limit_is_stored_stopped(
         store: Store, aio: Any) -> None:
     event = emitted("outside", 0, hop=9).event
     body = event.envelope.model_dump_json().encode()
-    result = await store.ingest(event, body, ["a"], T0, TTL, MAX_PENDING, max_hops=8)
+    result = await store.ingest(IngestParams(event=event, body=body, agents=["a"], now=T0,
+                                             ttl=TTL, max_pending=MAX_PENDING, max_hops=8))
     (ref,) = result.runs
     assert ref.status == "dead_lettered"
     view = await store.get_run(ref.run_id)

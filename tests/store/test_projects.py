@@ -13,7 +13,7 @@ import pytest
 from agentbox.archive.records import ProjectExport
 from agentbox.events import parse_event
 from agentbox.runs import RunStatus
-from agentbox.store import Outcome, Store
+from agentbox.store import IngestParams, Outcome, Store
 from agentbox.store.sqlite import MIGRATIONS
 from tests.store.conftest import Engine
 from tests.store.support import (
@@ -49,7 +49,8 @@ def export_body(event_id: str, project: str | None) -> bytes:
 async def export(store: Store, event_id: str, project: str, *, now: float,
                  agents: tuple[str, ...] = ("mix_review",)) -> list[str]:
     body = export_body(event_id, project)
-    result = await store.ingest(parse_event(body), body, list(agents), now, TTL, MAX_PENDING)
+    result = await store.ingest(IngestParams(event=parse_event(body), body=body, agents=agents,
+                                             now=now, ttl=TTL, max_pending=MAX_PENDING))
     return [ref.run_id for ref in result.runs]
 
 
@@ -134,9 +135,9 @@ def test_a_version_2_database_with_runs_is_migrated_and_its_projects_filled(
     uber = aio(export(store, "e2", DECOMPOSED, now=T0 + 1))
     # A body that names no project (a plugin's event type may have none), stored
     # beside a valid event: the backfill reads what was stored.
-    none = [r.run_id for r in aio(store.ingest(
-        parse_event(export_body("e3", "p")), export_body("e3", None), ["mix_review"],
-        T0 + 2, TTL, MAX_PENDING)).runs]
+    none = [r.run_id for r in aio(store.ingest(IngestParams(
+        event=parse_event(export_body("e3", "p")), body=export_body("e3", None),
+        agents=["mix_review"], now=T0 + 2, ttl=TTL, max_pending=MAX_PENDING))).runs]
     claimed = aio(claim_one(store, now=T0 + 3))
     aio(store.finish(claimed.run_id, "w1", 1, SUCCEEDED, T0 + 4))
     aio(store.close())

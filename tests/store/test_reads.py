@@ -14,6 +14,7 @@ import pytest
 from agentbox.events import parse_event
 from agentbox.runs import RunStatus
 from agentbox.store import (
+    IngestParams,
     Outcome,
     RunNotFound,
     Store,
@@ -139,8 +140,9 @@ async def test_runs_are_found_by_project_however_the_sender_spelled_it(
                 "timestamp": "2026-07-27T15:42:00Z",
                 "payload": {"project_id": name, "mix_url": "/m.wav",
                             "session_name": "a NUL \u0000 elsewhere"}}).encode()
-            result = await store.ingest(parse_event(body), body, ["mix_review"], T0, TTL,
-                                        MAX_PENDING)
+            result = await store.ingest(IngestParams(
+                event=parse_event(body), body=body, agents=["mix_review"], now=T0, ttl=TTL,
+                max_pending=MAX_PENDING))
             runs[name].add(result.runs[0].run_id)
     # A plugin's free-text project may hold a NUL, which PostgreSQL's JSON refuses:
     # no search fails for it (what "nul" finds differs: SQLite ends the text at the
@@ -149,7 +151,9 @@ async def test_runs_are_found_by_project_however_the_sender_spelled_it(
     valid = event_body(event_id)
     stored = valid.replace(b'"project_id": "p"', b'"project_id": "nul\\u0000"')
     assert stored != valid
-    await store.ingest(parse_event(valid), stored, ["mix_review"], T0, TTL, MAX_PENDING)
+    await store.ingest(IngestParams(event=parse_event(valid), body=stored,
+                                    agents=["mix_review"], now=T0, ttl=TTL,
+                                    max_pending=MAX_PENDING))
     assert len(await store.search_runs(project="nul")) <= 1
     assert await store.search_runs(text="nul\u0000") == []  # asked with a NUL: nothing
     assert await store.get_run("run_\u0000") is None

@@ -28,6 +28,7 @@ from agentbox.runs import RunStatus
 from agentbox.store import (
     BodyRemoved,
     DeliveryResult,
+    IngestParams,
     NotReplayable,
     Outcome,
     Store,
@@ -75,6 +76,13 @@ def export_body(event_id: str, project: str, callback: bool, pad: int = 0) -> by
     if callback:
         event["callback_url"] = HOOK
     return json.dumps(event).encode()
+
+
+def export(body: bytes, now: float, ttl: float, max_pending: int = MAX_PENDING
+           ) -> IngestParams:
+    """An export's ingest, for the mix_review agent."""
+    return IngestParams(event=parse_event(body), body=body, agents=["mix_review"], now=now,
+                        ttl=ttl, max_pending=max_pending)
 
 
 # -- a raw look at the database: the test's own oracle, in Python ------------------------------
@@ -181,8 +189,9 @@ async def build(store: Store, plans: list[dict[str, Any]]) -> dict[str, str]:
         at = NOW - plan["age_days"] * DAY - number
         body = export_body(f"e{number}", plan["project"], plan["callback"] is not None)
         agents = [f"agent{i}" for i in range(len(finals))]
-        result = await store.ingest(parse_event(body), body, agents, at,
-                                    plan["ttl_days"] * DAY, MAX_PENDING)
+        result = await store.ingest(IngestParams(
+            event=parse_event(body), body=body, agents=agents, now=at,
+            ttl=plan["ttl_days"] * DAY, max_pending=MAX_PENDING))
         runs = [ref.run_id for ref in result.runs]
         for run_id in runs:
             fates[run_id] = plan["callback"] or ""
@@ -332,22 +341,20 @@ async def test_a_duplicate_within_the_idempotency_window_still_finds_its_run(
         store: Store, aio: Any) -> None:
     ttl = 10 * DAY
     body = export_body("dup", "alpha", False)
-    first = await store.ingest(parse_event(body), body, ["mix_review"], T0, ttl, MAX_PENDING)
+    first = await store.ingest(export(body, T0, ttl))
     claimed = await claim_one(store, now=T0)
     assert await store.finish(claimed.run_id, "w1", 1,
                               Outcome(RunStatus.SUCCEEDED, result={}), T0 + 1)
     # Retention shorter than the claim (a window widened after the fact): the run stays.
     early = await retention(store, T0 + 5 * DAY, days=1.0, body_days=1.0).prune()
     assert early.removed.get("runs", 0) == 0
-    again = await store.ingest(parse_event(body), body, ["mix_review"], T0 + 5 * DAY, ttl,
-                               MAX_PENDING)
+    again = await store.ingest(export(body, T0 + 5 * DAY, ttl))
     assert again.duplicate and [r.run_id for r in again.runs] == [first.runs[0].run_id]
     # Past the window and the retention: the run goes, and the key is free again.
     late = await retention(store, T0 + 12 * DAY, days=1.0, body_days=1.0).prune()
     assert late.removed["runs"] == 1 and late.removed["idempotency_keys"] == 1
     assert await store.get_run(first.runs[0].run_id) is None
-    fresh = await store.ingest(parse_event(body), body, ["mix_review"], T0 + 12 * DAY, ttl,
-                               MAX_PENDING)
+    fresh = await store.ingest(export(body, T0 + 12 * DAY, ttl))
     assert not fresh.duplicate and fresh.runs[0].run_id != first.runs[0].run_id
 
 
@@ -355,7 +362,7 @@ async def test_a_duplicate_within_the_idempotency_window_still_finds_its_run(
 async def test_a_run_whose_body_is_gone_still_shows_and_refuses_a_replay(
         store: Store, aio: Any) -> None:
     body = export_body("gone", "alpha", False)
-    result = await store.ingest(parse_event(body), body, ["mix_review"], T0, 60, MAX_PENDING)
+    result = await store.ingest(export(body, T0, 60))
     run_id = result.runs[0].run_id
     await claim_one(store, now=T0)
     assert await store.finish(run_id, "w1", 1, PERMANENT, T0 + 1)
@@ -398,7 +405,7 @@ def test_sqlite_gives_the_space_back(tmp_path: Path) -> None:
         await store.open()
         for n in range(1500):
             body = export_body(f"big{n}", f"p{n % 10}", False, pad=2000)
-            await store.ingest(parse_event(body), body, ["mix_review"], T0 + n, 60, 10**6)
+            await store.ingest(export(body, T0 + n, 60, max_pending=10**6))
         done = 0
         while done < 1500:
             claimed = await store.claim("w1", 500, T0 + 2000, 60, MAX_ATTEMPTS)
@@ -504,7 +511,9 @@ async def race(engine: Engine) -> None:
         n = 0
         while not stop.is_set():
             body = export_body(f"{name}-{n}", f"p{n % 7}", n % 3 == 0)
-            await store.ingest(parse_event(body), body, ["a", "b"], clock(), 0.5, 10**6)
+            await store.ingest(IngestParams(event=parse_event(body), body=body,
+                                            agents=["a", "b"], now=clock(), ttl=0.5,
+                                            max_pending=10**6))
             done["ingested"] += 1
             n += 1
 

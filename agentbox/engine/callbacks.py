@@ -32,6 +32,7 @@ import httpx
 
 from agentbox.addresses import IPAddress, is_public, origin_of, parse_address
 from agentbox.config import Settings, is_loopback_host
+from agentbox.engine.loop import AGAIN, Loop
 from agentbox.engine.metrics import Metrics
 from agentbox.logs import get_logger
 from agentbox.signing import callback_headers
@@ -220,11 +221,10 @@ class CallbackDeliverer:
                 verify=ssl_context or ssl.create_default_context(), trust_env=False,
                 limits=httpx.Limits(max_keepalive_connections=0)),
             trust_env=False, follow_redirects=False, timeout=httpx.Timeout(timeout))
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
+        self.loop = Loop("agentbox-callbacks", self._claim_round, clock=clock,
+                         max_wait=MAX_IDLE_WAIT_SECONDS if store.shared
+                         else MAX_LOCAL_IDLE_WAIT_SECONDS, failure="claiming callbacks failed")
         self.subscriptions: Signer | None = None  # subscriptions' deliveries (set by the app)
 
     # -- life cycle -----------------------------------------------------------------
@@ -234,13 +234,12 @@ class CallbackDeliverer:
         # instances share the database: theirs may be in flight).
         if recover_all_leases and not self.store.shared:
             await self.store.release_notification_leases("*", self.clock())
-        self._loop_task = asyncio.create_task(self._loop(), name="agentbox-callbacks")
+        self.loop.start()
 
     async def stop(self) -> None:
         """Stop sending. Deliveries cut short stay pending and go out at the next start."""
-        self._stop.set()
-        self._wake.set()
-        tasks = [*self._inflight, *([self._loop_task] if self._loop_task else [])]
+        await self.loop.stop()
+        tasks = list(self._inflight)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -249,44 +248,31 @@ class CallbackDeliverer:
         await self._client.aclose()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     def on_transition(self, transition: Transition) -> None:
         if transition.notify:
-            self._wake.set()
+            self.loop.wake()
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def _loop(self) -> None:
+    async def _claim_round(self) -> float | None:
+        """Lease the notifications due, as many as sends are free, and send each."""
         s = self.settings
-        while not self._stop.is_set():
-            self._wake.clear()
-            free = s.callback_concurrency - len(self._inflight)
-            due: float | None = None
-            if free > 0:
-                try:
-                    claimed, due = await self.store.claim_notifications(
-                        self.owner, free, self.clock(),
-                        s.callback_timeout_seconds + LEASE_GRACE_SECONDS)
-                except StorageUnavailable:
-                    claimed, due = [], self.clock() + 1.0
-                except Exception:  # a bug: say so, keep the loop alive
-                    log.exception("claiming callbacks failed")
-                    claimed, due = [], self.clock() + 1.0
-                for notification in claimed:
-                    task = asyncio.create_task(self._deliver(notification))
-                    self._inflight.add(task)
-                    task.add_done_callback(self._finished)
-                if len(claimed) == free:
-                    continue  # more may be due
-            wait = self._max_wait if due is None else min(
-                self._max_wait, max(0.001, due - self.clock()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+        free = s.callback_concurrency - len(self._inflight)
+        if free <= 0:
+            return None  # a finishing send wakes us
+        claimed, due = await self.store.claim_notifications(
+            self.owner, free, self.clock(), s.callback_timeout_seconds + LEASE_GRACE_SECONDS)
+        for notification in claimed:
+            task = asyncio.create_task(self._deliver(notification))
+            self._inflight.add(task)
+            task.add_done_callback(self._finished)
+        return AGAIN if len(claimed) == free else due  # all taken: more may be due
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
-        self._wake.set()
+        self.loop.wake()
 
     async def _deliver(self, notification: Notification) -> None:
         started = time.monotonic()

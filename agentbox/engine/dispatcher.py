@@ -5,8 +5,9 @@ and otherwise sleeps until the next retry time or lease end. Retries are
 scheduled in the store (a next-attempt time), never by sleeping in a worker.
 
 When it has slots free and knows of nothing older waiting, the receiver stores
-a new event's runs already claimed (`lease_for`, then `started`): the agent
-starts as the 202 goes out, and the run costs no claim of its own.
+a new event's runs already claimed (`lease_for`, then `started`, both called
+through `agentbox.engine.handover.Handover`, which keeps their contract): the
+agent starts as the 202 goes out, and the run costs no claim of its own.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class Dispatcher:
         """A lease under which a new event's `runs` runs are stored already claimed,
         if they can start here at once: slots free, and nothing older known to be
         waiting (that goes first). Else None: they are stored accepted and claimed
-        in turn. Every lease asked for is settled by one `started` call."""
+        in turn. Every lease asked for is settled by one `started` call (`Handover`)."""
         if self._stop.is_set() or self._claiming or self._waiting() or self._free() < runs:
             return None
         self._reserved += runs

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import os
 import random
@@ -107,6 +108,15 @@ class Signer(Protocol):
         ...
 
 
+class UrlProblem(enum.Enum):
+    """Why a URL given as a destination (an event's callback_url, a subscriber's
+    url) is refused; each route says it in its own wire words."""
+
+    MALFORMED = "malformed"  # not an absolute http(s) URL in printable ASCII
+    CREDENTIALS = "credentials"  # user:password@ in it
+    NOT_ALLOWED = "not_allowed"  # an origin the policy does not allow
+
+
 class DestinationPolicy:
     """Which callback URLs may be sent to, and at which addresses (the SSRF rules).
 
@@ -115,11 +125,38 @@ class DestinationPolicy:
     except: a loopback origin (127.0.0.1, [::1], localhost) listed explicitly
     may reach loopback addresses only, and an origin listed in
     AGENTBOX_CALLBACK_ALLOWED_LOCAL may reach any unicast address.
+
+    `check` judges a URL when it is given, `refusal` and `permits` again before
+    every attempt: the receiver, the subscriptions' routes and the deliverer all
+    ask one policy (the callbacks' or the subscriptions').
     """
+
+    fragments = True  # a callback URL may carry a #fragment (it is never sent)
 
     def __init__(self, allowed: Sequence[str], allowed_local: Sequence[str]) -> None:
         self.local = frozenset(origin_of(o) for o in allowed_local)
         self.allowed = frozenset(origin_of(o) for o in allowed) | self.local
+
+    @classmethod
+    def callbacks(cls, settings: Settings) -> DestinationPolicy:
+        """The callbacks' policy, by AGENTBOX_CALLBACK_ALLOWED(_LOCAL)."""
+        return cls(settings.callback_allowed, settings.callback_allowed_local)
+
+    def check(self, url: str) -> UrlProblem | None:
+        """What is wrong with `url` as a destination, or None: its form first, then
+        credentials, then its origin (`refusal`)."""
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port out of range raises here)
+        except ValueError:  # "http://[": not a URL
+            parts = urlsplit("")
+        if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
+                or not url.isprintable()  # no control characters (NUL, newlines, ...)
+                or (parts.fragment and not self.fragments)):
+            return UrlProblem.MALFORMED
+        if parts.username is not None or parts.password is not None:
+            return UrlProblem.CREDENTIALS
+        return UrlProblem.NOT_ALLOWED if self.refusal(url) is not None else None
 
     def refusal(self, url: str) -> str | None:
         """Why `url` may not be used at all (an error category), or None."""
@@ -209,7 +246,7 @@ class CallbackDeliverer:
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
-        self.policy = DestinationPolicy(settings.callback_allowed, settings.callback_allowed_local)
+        self.policy = DestinationPolicy.callbacks(settings)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._rng = rng or random.Random()
         timeout = settings.callback_timeout_seconds

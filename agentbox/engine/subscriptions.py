@@ -89,6 +89,8 @@ class SubscriptionPolicy(DestinationPolicy):
     AGENTBOX_SUBSCRIPTION_ALLOWED, which may then reach loopback addresses only.
     The address checks are the callbacks' (`DestinationPolicy.permits`)."""
 
+    fragments = False  # a subscriber's URL is its identity: nothing left unsent in it
+
     def __init__(self, allowed: tuple[str, ...]) -> None:
         super().__init__(allowed, ())
 

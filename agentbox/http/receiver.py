@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from agentbox import logs
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
 from agentbox.engine.agents import AgentRegistry
-from agentbox.engine.callbacks import DestinationPolicy
+from agentbox.engine.callbacks import DestinationPolicy, UrlProblem
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.handover import Handover
 from agentbox.engine.metrics import Metrics
@@ -88,8 +88,7 @@ class Receiver:
         self._secret_seen = self._secret_stamp()
         self._secret_checked = time.monotonic()
         # The same rules the callback deliverer applies again before every attempt.
-        self.destinations = DestinationPolicy(settings.callback_allowed,
-                                              settings.callback_allowed_local)
+        self.destinations = DestinationPolicy.callbacks(settings)
         # New events' runs go to the dispatcher through it: stored claimed when they
         # can start at once, each write handed over once, cancelled requests' too.
         self.handover = Handover(dispatcher, self._stored)
@@ -182,23 +181,19 @@ class Receiver:
     def _check_callback(self, url: str | None) -> None:
         if url is None:
             return
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 (a port out of range raises here)
-        except ValueError:  # "http://[": not a URL (it was a 500)
-            parts = urlsplit("")
-        if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
-                or not url.isprintable()):  # no control characters (NUL, newlines, ...)
+        problem = self.destinations.check(url)
+        if problem is UrlProblem.MALFORMED:
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", [{"loc": ["callback_url"], "type": "url_invalid",
                                             "msg": "must be an absolute http(s) URL in ASCII "
                                                    "(an international host name in its xn-- "
                                                    "form, the path percent-encoded)"}])
-        if parts.username is not None or parts.password is not None:
+        if problem is UrlProblem.CREDENTIALS:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url must not carry credentials.")
-        if self.destinations.refusal(url) is not None:
-            hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname)
+        if problem is UrlProblem.NOT_ALLOWED:
+            parts = urlsplit(url)
+            hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname or "")
                     else " Callbacks use https (plain http only for a listed loopback origin).")
             raise Rejected(403, "callback_not_allowed",
                            "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)

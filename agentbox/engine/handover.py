@@ -21,7 +21,7 @@ from agentbox.events import Event
 from agentbox.logs import get_logger
 from agentbox.store import IngestResult, Lease
 
-log = get_logger("receiver")
+log = get_logger("receiver")  # its lines are the receiver's, as when it kept the contract
 
 Write = Callable[[Lease | None], Awaitable[IngestResult]]  # the ingest, under the lease
 Stored = Callable[[Event, IngestResult], None]  # told of each committed write, first

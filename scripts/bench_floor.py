@@ -33,7 +33,7 @@ def _finished_without_sql(self: Any, items: Sequence[Any]) -> list[Landed | None
 
 
 async def _never_claim(self: Any) -> None:
-    await self._stop.wait()
+    return None  # the claim loop's round, idle whenever woken
 
 
 def take_out(floors: set[str]) -> None:
@@ -44,7 +44,7 @@ def take_out(floors: set[str]) -> None:
         sqlite.SqliteDb.finish_runs = _finished_without_sql  # type: ignore[method-assign]
     if "no-runs" in floors:
         dispatcher.Dispatcher.lease_for = lambda self, runs: None  # type: ignore[method-assign]
-        dispatcher.Dispatcher._claim_loop = _never_claim  # type: ignore[method-assign]
+        dispatcher.Dispatcher._claim_round = _never_claim  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ from agentbox.engine.callbacks import (
     Attempt,
     CallbackDeliverer,
     DestinationPolicy,
+    UrlProblem,
     retry_after_seconds,
 )
+from agentbox.engine.subscriptions import SubscriptionPolicy
 from agentbox.signing import SignatureError, callback_headers, verify_callback
 from agentbox.store import Notification
 from agentbox.store.sqlite import SqliteStore
@@ -244,6 +246,27 @@ def test_an_origin_allowlisted_as_local_may_resolve_to_a_private_address(
                   callback_allowed_local=("https://nas.studio.example",))
     assert attempt(d, "https://nas.studio.example/cb") == Attempt(None, 200)
     assert [str(r.url) for r in guard.requests] == ["https://192.168.1.20/cb"]
+
+
+@pytest.mark.parametrize(("url", "callbacks", "subscriptions"), [
+    ("https://hooks.example.com/cb", None, None),
+    ("https://hooks.example.com/cb#part", None, UrlProblem.MALFORMED),
+    ("http://[", UrlProblem.MALFORMED, UrlProblem.MALFORMED),
+    ("ftp://hooks.example.com/cb", UrlProblem.MALFORMED, UrlProblem.MALFORMED),
+    ("https://hooks.example.com:99999/", UrlProblem.MALFORMED, UrlProblem.MALFORMED),
+    ("https://hooks.example.com/c\nb", UrlProblem.MALFORMED, UrlProblem.MALFORMED),
+    ("https://h\u00f6oks.example.com/cb", UrlProblem.MALFORMED, UrlProblem.MALFORMED),
+    ("https://u:p@hooks.example.com/cb", UrlProblem.CREDENTIALS, UrlProblem.CREDENTIALS),
+    ("https://other.example.com/cb", UrlProblem.NOT_ALLOWED, None),
+    ("http://hooks.example.com/cb", UrlProblem.NOT_ALLOWED, UrlProblem.NOT_ALLOWED),
+    ("https://10.0.0.1/cb", UrlProblem.NOT_ALLOWED, UrlProblem.NOT_ALLOWED),
+])
+def test_one_policy_judges_every_destination_given(
+        url: str, callbacks: UrlProblem | None, subscriptions: UrlProblem | None) -> None:
+    """The receiver's callback_url and the subscriptions' url are judged by one
+    `DestinationPolicy.check`, each by its own allowlist (the routes word the answer)."""
+    assert DestinationPolicy(("https://hooks.example.com",), ()).check(url) is callbacks
+    assert SubscriptionPolicy(()).check(url) is subscriptions
 
 
 class LoopbackOnly(GuardTransport):

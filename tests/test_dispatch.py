@@ -245,8 +245,10 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
             await receiver._store(parse_event(first), first)
             await receiver._store(parse_event(second), second)  # waits for the slot
             await wait_until_async(journal.exists, 5, "the first agent to start")
-            offset[0] = 31.0  # both leases ran out, unrenewed
             dispatcher = app.state.dispatcher
+            await wait_until_async(lambda: len(dispatcher._inflight) == 2, 5,
+                                   "the second run to be claimed, waiting for the slot")
+            offset[0] = 31.0  # both leases ran out, unrenewed
             [waiting] = [run_id for run_id in dispatcher._inflight
                          if not any(run_id in line for line in journal.read_text().splitlines())]
             if taken_by == "another instance":

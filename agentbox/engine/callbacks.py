@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import os
 import random
@@ -32,6 +33,7 @@ import httpx
 
 from agentbox.addresses import IPAddress, is_public, origin_of, parse_address
 from agentbox.config import Settings, is_loopback_host
+from agentbox.engine.loop import AGAIN, Loop
 from agentbox.engine.metrics import Metrics
 from agentbox.logs import get_logger
 from agentbox.signing import callback_headers
@@ -106,6 +108,15 @@ class Signer(Protocol):
         ...
 
 
+class UrlProblem(enum.Enum):
+    """Why a URL given as a destination (an event's callback_url, a subscriber's
+    url) is refused; each route says it in its own wire words."""
+
+    MALFORMED = "malformed"  # not an absolute http(s) URL in printable ASCII
+    CREDENTIALS = "credentials"  # user:password@ in it
+    NOT_ALLOWED = "not_allowed"  # an origin the policy does not allow
+
+
 class DestinationPolicy:
     """Which callback URLs may be sent to, and at which addresses (the SSRF rules).
 
@@ -114,11 +125,38 @@ class DestinationPolicy:
     except: a loopback origin (127.0.0.1, [::1], localhost) listed explicitly
     may reach loopback addresses only, and an origin listed in
     AGENTBOX_CALLBACK_ALLOWED_LOCAL may reach any unicast address.
+
+    `check` judges a URL when it is given, `refusal` and `permits` again before
+    every attempt: the receiver, the subscriptions' routes and the deliverer all
+    ask one policy (the callbacks' or the subscriptions').
     """
+
+    fragments = True  # a callback URL may carry a #fragment (it is never sent)
 
     def __init__(self, allowed: Sequence[str], allowed_local: Sequence[str]) -> None:
         self.local = frozenset(origin_of(o) for o in allowed_local)
         self.allowed = frozenset(origin_of(o) for o in allowed) | self.local
+
+    @classmethod
+    def callbacks(cls, settings: Settings) -> DestinationPolicy:
+        """The callbacks' policy, by AGENTBOX_CALLBACK_ALLOWED(_LOCAL)."""
+        return cls(settings.callback_allowed, settings.callback_allowed_local)
+
+    def check(self, url: str) -> UrlProblem | None:
+        """What is wrong with `url` as a destination, or None: its form first, then
+        credentials, then its origin (`refusal`)."""
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port out of range raises here)
+        except ValueError:  # "http://[": not a URL
+            parts = urlsplit("")
+        if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
+                or not url.isprintable()  # no control characters (NUL, newlines, ...)
+                or (parts.fragment and not self.fragments)):
+            return UrlProblem.MALFORMED
+        if parts.username is not None or parts.password is not None:
+            return UrlProblem.CREDENTIALS
+        return UrlProblem.NOT_ALLOWED if self.refusal(url) is not None else None
 
     def refusal(self, url: str) -> str | None:
         """Why `url` may not be used at all (an error category), or None."""
@@ -208,7 +246,7 @@ class CallbackDeliverer:
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
-        self.policy = DestinationPolicy(settings.callback_allowed, settings.callback_allowed_local)
+        self.policy = DestinationPolicy.callbacks(settings)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._rng = rng or random.Random()
         timeout = settings.callback_timeout_seconds
@@ -220,11 +258,10 @@ class CallbackDeliverer:
                 verify=ssl_context or ssl.create_default_context(), trust_env=False,
                 limits=httpx.Limits(max_keepalive_connections=0)),
             trust_env=False, follow_redirects=False, timeout=httpx.Timeout(timeout))
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
+        self.loop = Loop("agentbox-callbacks", self._claim_round, clock=clock,
+                         max_wait=MAX_IDLE_WAIT_SECONDS if store.shared
+                         else MAX_LOCAL_IDLE_WAIT_SECONDS, failure="claiming callbacks failed")
         self.subscriptions: Signer | None = None  # subscriptions' deliveries (set by the app)
 
     # -- life cycle -----------------------------------------------------------------
@@ -234,13 +271,12 @@ class CallbackDeliverer:
         # instances share the database: theirs may be in flight).
         if recover_all_leases and not self.store.shared:
             await self.store.release_notification_leases("*", self.clock())
-        self._loop_task = asyncio.create_task(self._loop(), name="agentbox-callbacks")
+        self.loop.start()
 
     async def stop(self) -> None:
         """Stop sending. Deliveries cut short stay pending and go out at the next start."""
-        self._stop.set()
-        self._wake.set()
-        tasks = [*self._inflight, *([self._loop_task] if self._loop_task else [])]
+        await self.loop.stop()
+        tasks = list(self._inflight)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -249,44 +285,31 @@ class CallbackDeliverer:
         await self._client.aclose()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     def on_transition(self, transition: Transition) -> None:
         if transition.notify:
-            self._wake.set()
+            self.loop.wake()
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def _loop(self) -> None:
+    async def _claim_round(self) -> float | None:
+        """Lease the notifications due, as many as sends are free, and send each."""
         s = self.settings
-        while not self._stop.is_set():
-            self._wake.clear()
-            free = s.callback_concurrency - len(self._inflight)
-            due: float | None = None
-            if free > 0:
-                try:
-                    claimed, due = await self.store.claim_notifications(
-                        self.owner, free, self.clock(),
-                        s.callback_timeout_seconds + LEASE_GRACE_SECONDS)
-                except StorageUnavailable:
-                    claimed, due = [], self.clock() + 1.0
-                except Exception:  # a bug: say so, keep the loop alive
-                    log.exception("claiming callbacks failed")
-                    claimed, due = [], self.clock() + 1.0
-                for notification in claimed:
-                    task = asyncio.create_task(self._deliver(notification))
-                    self._inflight.add(task)
-                    task.add_done_callback(self._finished)
-                if len(claimed) == free:
-                    continue  # more may be due
-            wait = self._max_wait if due is None else min(
-                self._max_wait, max(0.001, due - self.clock()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+        free = s.callback_concurrency - len(self._inflight)
+        if free <= 0:
+            return None  # a finishing send wakes us
+        claimed, due = await self.store.claim_notifications(
+            self.owner, free, self.clock(), s.callback_timeout_seconds + LEASE_GRACE_SECONDS)
+        for notification in claimed:
+            task = asyncio.create_task(self._deliver(notification))
+            self._inflight.add(task)
+            task.add_done_callback(self._finished)
+        return AGAIN if len(claimed) == free else due  # all taken: more may be due
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
-        self._wake.set()
+        self.loop.wake()
 
     async def _deliver(self, notification: Notification) -> None:
         started = time.monotonic()

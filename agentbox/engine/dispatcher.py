@@ -5,8 +5,9 @@ and otherwise sleeps until the next retry time or lease end. Retries are
 scheduled in the store (a next-attempt time), never by sleeping in a worker.
 
 When it has slots free and knows of nothing older waiting, the receiver stores
-a new event's runs already claimed (`lease_for`, then `started`): the agent
-starts as the 202 goes out, and the run costs no claim of its own.
+a new event's runs already claimed (`lease_for`, then `started`, both called
+through `agentbox.engine.handover.Handover`, which keeps their contract): the
+agent starts as the 202 goes out, and the run costs no claim of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from agentbox.engine.agents import (
     PermanentAgentError,
     RetryableAgentError,
 )
+from agentbox.engine.loop import AGAIN, IDLE, Loop
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
@@ -95,7 +97,6 @@ class Dispatcher:
         self.clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.listeners: list[Listener] = []
-        self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         # Attempts claimed here, by run_id (their leases are renewed).
         self._inflight: dict[str, InFlight] = {}
@@ -104,7 +105,6 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._held = 0  # claimed runs whose agent has not returned (waiting or running)
         self._unstarted: list[tuple[str, int]] = []  # claimed, never started (at shutdown)
-        self._loops: list[asyncio.Task[None]] = []
         self._events: dict[str, Event] = {}  # run_id -> event, for runs not yet claimed
         self._reserved = 0  # slots promised to leases handed out by `lease_for`
         self._claiming = False
@@ -112,8 +112,16 @@ class Dispatcher:
         # then wait their turn as accepted rather than being claimed as they arrive.
         self._backlog = True
         self._next_due: float | None = None  # when the next retry or lease end falls due
-        self._max_wait = MAX_IDLE_WAIT_SECONDS if store.shared else MAX_LOCAL_IDLE_WAIT_SECONDS
-        self._busy = asyncio.Event()  # attempts are in flight (their leases need renewing)
+        # The claims' due times are read on `clock` (the store's); the renewals' and the
+        # upkeep's are intervals, read on the monotonic clock.
+        self.claims = Loop("agentbox-claim", self._claim_round, clock=clock,
+                           max_wait=MAX_IDLE_WAIT_SECONDS if store.shared
+                           else MAX_LOCAL_IDLE_WAIT_SECONDS, failure="claiming runs failed")
+        # No net: while nothing runs, nothing is renewed and no timer is set.
+        self.heartbeat = Loop("agentbox-heartbeat", self._heartbeat_round, max_wait=None)
+        self.maintenance = Loop("agentbox-maintenance", self._maintenance_round,
+                                max_wait=None, failure="maintenance failed",
+                                retry=settings.maintenance_interval_seconds)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -126,17 +134,14 @@ class Dispatcher:
             if released:
                 log.info("recovering runs left processing by a previous process",
                          extra={"runs": released})
-        self._loops = [
-            asyncio.create_task(self._claim_loop(), name="agentbox-claim"),
-            asyncio.create_task(self._heartbeat_loop(), name="agentbox-heartbeat"),
-            asyncio.create_task(self._maintenance_loop(), name="agentbox-maintenance"),
-        ]
+        for loop in (self.claims, self.heartbeat, self.maintenance):
+            loop.start()
 
     async def stop(self) -> None:
         """Stop taking work, let running agents finish within the grace period,
         and leave the rest to lease recovery."""
         self._stop.set()
-        self._wake.set()
+        self.claims.wake()
         for attempt in self._inflight.values():
             attempt.ctx.cancelled.set()  # agents that watch it can wrap up within the grace
         running = [attempt.task for attempt in self._inflight.values()]
@@ -146,9 +151,8 @@ class Dispatcher:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        for loop in self._loops:
-            loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        for loop in (self.claims, self.heartbeat, self.maintenance):
+            await loop.stop()
         with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
             given_back = await self.store.release_leases(self.owner, self.clock(),
                                                          self._unstarted)
@@ -159,7 +163,7 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._backlog = True
-        self._wake.set()
+        self.claims.wake()
 
     async def replay(self, run_id: str) -> None:
         """Send a dead-lettered or failed run back to accepted (the API and the page)."""
@@ -184,7 +188,7 @@ class Dispatcher:
         """A lease under which a new event's `runs` runs are stored already claimed,
         if they can start here at once: slots free, and nothing older known to be
         waiting (that goes first). Else None: they are stored accepted and claimed
-        in turn. Every lease asked for is settled by one `started` call."""
+        in turn. Every lease asked for is settled by one `started` call (`Handover`)."""
         if self._stop.is_set() or self._claiming or self._waiting() or self._free() < runs:
             return None
         self._reserved += runs
@@ -225,47 +229,28 @@ class Dispatcher:
 
     # -- claiming -------------------------------------------------------------------
 
-    async def _claim_loop(self) -> None:
+    async def _claim_round(self) -> float | None:
+        """Claim what is due, as many as slots are free; when the next round is due."""
         s = self.settings
-        while not self._stop.is_set():
-            self._wake.clear()
-            free = self._free()
-            if free > 0:
-                self._claiming = True
-                now = self.clock()
-                try:
-                    result = await self.store.claim(
-                        self.owner, free, now, s.lease_seconds, s.max_retries + 1
-                    )
-                except StorageUnavailable:
-                    await self._sleep(1.0)
-                    continue
-                except Exception:  # a bug: say so loudly, but keep dispatching
-                    log.exception("claiming runs failed")
-                    await self._sleep(1.0)
-                    continue
-                finally:
-                    self._claiming = False
-                for transition in result.transitions:
-                    self._announce(transition)
-                for claimed in result.claimed:
-                    self._spawn(claimed, now + s.lease_seconds)
-                # All slots filled: more may be due (claim again once slots free up).
-                self._backlog = len(result.claimed) == free or self._wake.is_set()
-                self._next_due = result.next_due_at
-                if not self._backlog:
-                    await self._sleep(self._until(result.next_due_at))
-            else:
-                await self._sleep(self._max_wait)  # a finishing run wakes us
-
-    def _until(self, due: float | None) -> float:
-        if due is None:
-            return self._max_wait
-        return min(self._max_wait, max(0.001, due - self.clock()))
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        free = self._free()
+        if free <= 0 or self._stop.is_set():
+            return IDLE  # a finishing run wakes us (stopping: nothing more is claimed)
+        self._claiming = True
+        now = self.clock()
+        try:
+            result = await self.store.claim(
+                self.owner, free, now, s.lease_seconds, s.max_retries + 1
+            )
+        finally:
+            self._claiming = False
+        for transition in result.transitions:
+            self._announce(transition)
+        for claimed in result.claimed:
+            self._spawn(claimed, now + s.lease_seconds)
+        # All slots filled: more may be due (claim again once slots free up).
+        self._backlog = len(result.claimed) == free or self.claims.woken
+        self._next_due = result.next_due_at
+        return AGAIN if self._backlog else result.next_due_at
 
     def _spawn(self, claimed: ClaimedRun, leased_until: float) -> None:
         ctx = AgentContext(
@@ -280,7 +265,7 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)
-        self._busy.set()
+        self.heartbeat.due(time.monotonic() + self.settings.lease_seconds / 3)
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
 
@@ -288,8 +273,6 @@ class Dispatcher:
         # Only its own entry: after a lost lease the run may be claimed here again.
         if run_id in self._inflight and self._inflight[run_id].task is task:
             del self._inflight[run_id]
-        if not self._inflight:
-            self._busy.clear()
 
     # -- running one attempt ----------------------------------------------------------
 
@@ -315,7 +298,7 @@ class Dispatcher:
             if not ran and not lost:  # shutting down (or cancelled) before a slot came
                 self._unstarted.append((claimed.run_id, claimed.attempt))
             if self._waiting():  # room to claim what waits
-                self._wake.set()
+                self.claims.wake()
         try:
             transition = await self._record(claimed, outcome)
         except Exception:  # a bug; the lease runs out and the run is attempted again
@@ -329,7 +312,7 @@ class Dispatcher:
             due = outcome.next_attempt_at
             self._next_due = due if self._next_due is None else min(self._next_due, due)
         if transition is None or not RunStatus(transition.status).terminal:
-            self._wake.set()  # lost, or a retry: when it falls due, the claim loop knows
+            self.claims.wake()  # lost, or a retry: when it falls due, the claim loop knows
         if transition is not None:
             self._announce(transition, duration_ms=round(duration_ms, 3))
             for spawned in transition.spawned:
@@ -472,17 +455,15 @@ class Dispatcher:
 
     # -- background upkeep ------------------------------------------------------------
 
-    async def _heartbeat_loop(self) -> None:
-        interval = self.settings.lease_seconds / 3
-        while not self._stop.is_set():
-            await self._busy.wait()  # nothing to renew while nothing runs: no timer either
-            await asyncio.sleep(interval)
-            if not self._inflight:
-                continue
-            # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
-            # (and keeps a run still waiting for a slot from starting: `_still_held`).
-            with contextlib.suppress(StorageUnavailable):
-                await self._renew(dict(self._inflight))
+    async def _heartbeat_round(self) -> float | None:
+        """Renew the leases of the attempts in flight, every third of a lease."""
+        if not self._inflight:
+            return IDLE  # nothing to renew while nothing runs: no timer either
+        # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
+        # (and keeps a run still waiting for a slot from starting: `_still_held`).
+        with contextlib.suppress(StorageUnavailable):
+            await self._renew(dict(self._inflight))
+        return time.monotonic() + self.settings.lease_seconds / 3
 
     async def _renew(self, attempts: dict[str, InFlight]) -> list[str]:
         """Extend these attempts' leases and note the new end on each still held (on
@@ -494,20 +475,14 @@ class Dispatcher:
             attempts[run_id].leased_until = until
         return held
 
-    async def _maintenance_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pruned = await self.prune()
-            except StorageUnavailable:
-                pruned = 0
-            except Exception:  # a bug: report it and try again next round
-                log.exception("maintenance failed")
-                pruned = 0
-            if pruned:
-                log.info("pruned expired idempotency keys", extra={"keys": pruned})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(),
-                                       self.settings.maintenance_interval_seconds)
+    async def _maintenance_round(self) -> float | None:
+        try:
+            pruned = await self.prune()
+        except StorageUnavailable:  # tried again next round, not sooner
+            pruned = 0
+        if pruned:
+            log.info("pruned expired idempotency keys", extra={"keys": pruned})
+        return time.monotonic() + self.settings.maintenance_interval_seconds
 
     async def prune(self) -> int:
         total = 0

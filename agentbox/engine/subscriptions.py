@@ -15,7 +15,6 @@ meanwhile wait for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -35,6 +34,7 @@ from agentbox.engine.callbacks import (
     DestinationPolicy,
     how_to_resume,
 )
+from agentbox.engine.loop import Loop
 from agentbox.events import PAYLOAD_MODELS
 from agentbox.logs import get_logger
 from agentbox.runs import RunStatus
@@ -47,7 +47,6 @@ from agentbox.signing import (
 )
 from agentbox.store import (
     Notification,
-    StorageUnavailable,
     Store,
     Verification,
 )
@@ -89,6 +88,8 @@ class SubscriptionPolicy(DestinationPolicy):
     plain http (or a loopback https origin) only for a loopback origin listed in
     AGENTBOX_SUBSCRIPTION_ALLOWED, which may then reach loopback addresses only.
     The address checks are the callbacks' (`DestinationPolicy.permits`)."""
+
+    fragments = False  # a subscriber's URL is its identity: nothing left unsent in it
 
     def __init__(self, allowed: tuple[str, ...]) -> None:
         super().__init__(allowed, ())
@@ -167,9 +168,9 @@ class Subscriptions:
         self.store, self.deliverer, self.settings, self.clock = store, deliverer, settings, clock
         self.policy = SubscriptionPolicy(settings.subscription_allowed)
         self.pause_after_failures = settings.subscription_suspend_after_failures
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self.loop = Loop("agentbox-subscriptions", self._upkeep_round, clock=clock,
+                         max_wait=MAX_IDLE_WAIT_SECONDS, failure="subscription upkeep failed")
+        self._next_prune = 0.0
         deliverer.subscriptions = self
 
     async def prepare(self, notification: Notification, now: float
@@ -186,38 +187,22 @@ class Subscriptions:
     # -- the loop ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="agentbox-subscriptions")
+        self.loop.start()
 
     async def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.loop.stop()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
-    async def _loop(self) -> None:
-        next_prune = 0.0
-        while not self._stop.is_set():
-            self._wake.clear()
-            due: float | None = None
-            try:
-                due = await self._verify_due()
-                if self.clock() >= next_prune:
-                    next_prune = self.clock() + self.settings.maintenance_interval_seconds
-                    await self.store.prune_subscriptions(
-                        self.clock() - REMOVE_EXPIRED_AFTER_SECONDS, PRUNE_BATCH)
-            except StorageUnavailable:
-                due = self.clock() + 1.0
-            except Exception:  # a bug: say so, keep the loop alive
-                log.exception("subscription upkeep failed")
-                due = self.clock() + 1.0
-            wait = MAX_IDLE_WAIT_SECONDS if due is None else min(
-                MAX_IDLE_WAIT_SECONDS, max(0.001, due - self.clock()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+    async def _upkeep_round(self) -> float | None:
+        """Verify the subscriptions due, and now and then remove expired ones."""
+        due = await self._verify_due()
+        if self.clock() >= self._next_prune:
+            self._next_prune = self.clock() + self.settings.maintenance_interval_seconds
+            await self.store.prune_subscriptions(
+                self.clock() - REMOVE_EXPIRED_AFTER_SECONDS, PRUNE_BATCH)
+        return due
 
     async def _verify_due(self) -> float | None:
         lease = self.settings.callback_timeout_seconds + LEASE_GRACE_SECONDS

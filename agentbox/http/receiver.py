@@ -12,7 +12,6 @@ verifying the signature and validating the event together.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -24,8 +23,9 @@ from starlette.types import Receive, Scope, Send
 from agentbox import logs
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
 from agentbox.engine.agents import AgentRegistry
-from agentbox.engine.callbacks import DestinationPolicy
+from agentbox.engine.callbacks import DestinationPolicy, UrlProblem
 from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.handover import Handover
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
@@ -89,16 +89,15 @@ class Receiver:
         self._secret_seen = self._secret_stamp()
         self._secret_checked = time.monotonic()
         # The same rules the callback deliverer applies again before every attempt.
-        self.destinations = DestinationPolicy(settings.callback_allowed,
-                                              settings.callback_allowed_local)
-        self._writing: set[asyncio.Future[IngestResult]] = set()  # ingests not yet settled
+        self.destinations = DestinationPolicy.callbacks(settings)
+        # New events' runs go to the dispatcher through it: stored claimed when they
+        # can start at once, each write handed over once, cancelled requests' too.
+        self.handover = Handover(dispatcher, self._stored)
 
     async def settle(self, timeout: float) -> None:
         """Wait for ingests still writing (their requests may have been cancelled by
-        the server's shutdown): at shutdown, before the dispatcher stops, so that
-        the runs they commit start or are given back, not left leased."""
-        if self._writing:
-            await asyncio.wait(self._writing, timeout=timeout)
+        the server's shutdown): `Handover.settle`."""
+        await self.handover.settle(timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -183,23 +182,19 @@ class Receiver:
     def _check_callback(self, url: str | None) -> None:
         if url is None:
             return
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 (a port out of range raises here)
-        except ValueError:  # "http://[": not a URL (it was a 500)
-            parts = urlsplit("")
-        if (parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii()
-                or not url.isprintable()):  # no control characters (NUL, newlines, ...)
+        problem = self.destinations.check(url)
+        if problem is UrlProblem.MALFORMED:
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", [{"loc": ["callback_url"], "type": "url_invalid",
                                             "msg": "must be an absolute http(s) URL in ASCII "
                                                    "(an international host name in its xn-- "
                                                    "form, the path percent-encoded)"}])
-        if parts.username is not None or parts.password is not None:
+        if problem is UrlProblem.CREDENTIALS:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url must not carry credentials.")
-        if self.destinations.refusal(url) is not None:
-            hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname)
+        if problem is UrlProblem.NOT_ALLOWED:
+            parts = urlsplit(url)
+            hint = ("" if parts.scheme == "https" or is_loopback_host(parts.hostname or "")
                     else " Callbacks use https (plain http only for a listed loopback origin).")
             raise Rejected(403, "callback_not_allowed",
                            "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)
@@ -208,50 +203,20 @@ class Receiver:
         # The configuration's routing; the store routes by the agents' current
         # subscriptions in the ingest's transaction (no agent at all: no_agent).
         agents = [spec.name for spec in self.registry.for_event_type(event.envelope.event_type)]
-        # Runs that can start here at once are stored already claimed.
-        lease = self.dispatcher.lease_for(len(agents))
-        ingest = asyncio.ensure_future(self._ingest(event, body, agents, lease))
-        self._writing.add(ingest)
-        try:
-            result = await asyncio.shield(ingest)
-        except asyncio.CancelledError:
-            # The request is gone (a dropped connection, the server's shutdown), but a
-            # write already queued still commits: its runs must start when it does,
-            # not wait leased until the lease runs out.
-            ingest.add_done_callback(lambda done: self._stored(event, lease, len(agents), done))
-            raise
-        except BaseException:
-            self._stored(event, lease, len(agents), ingest)
-            raise
-        # Here, not in a callback: the agents start once this task has sent the answer.
-        self._stored(event, lease, len(agents), ingest)
-        return result
+        return await self.handover.store(
+            event, len(agents), lambda lease: self._ingest(event, body, agents, lease))
 
-    def _stored(self, event: Event, lease: Lease | None, runs: int,
-                ingest: asyncio.Future[IngestResult]) -> None:
-        self._writing.discard(ingest)
-        result = None
-        try:
-            if ingest.cancelled() or ingest.exception() is not None:
-                return  # nothing stored: the request answers why (if it is still there)
-            result = ingest.result()
-            env = event.envelope
-            if log.isEnabledFor(logging.INFO):
-                logs.info(log, "event duplicate" if result.duplicate else "event accepted", {
-                    "event_id": env.event_id, "event_type": env.event_type,
-                    "source": env.source, "run_ids": [run.run_id for run in result.runs]})
-            if result.duplicate:
-                self.metrics.duplicates.inc()
-            else:
-                self.metrics.event_accepted(env.event_type)
-        except Exception:  # a bug: in a callback, nobody else would say so
-            log.exception("settling an ingest failed")
-        finally:  # whatever happens, the lease is settled and the runs it claimed start
-            try:
-                self.dispatcher.started(event, lease, runs, result)
-            except Exception:
-                log.exception("starting an event's runs failed; they run once their "
-                              "lease ends", extra={"event_id": event.envelope.event_id})
+    def _stored(self, event: Event, result: IngestResult) -> None:
+        """Log and count a committed write (its request may be gone)."""
+        env = event.envelope
+        if log.isEnabledFor(logging.INFO):
+            logs.info(log, "event duplicate" if result.duplicate else "event accepted", {
+                "event_id": env.event_id, "event_type": env.event_type,
+                "source": env.source, "run_ids": [run.run_id for run in result.runs]})
+        if result.duplicate:
+            self.metrics.duplicates.inc()
+        else:
+            self.metrics.event_accepted(env.event_type)
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],
                       lease: Lease | None) -> IngestResult:

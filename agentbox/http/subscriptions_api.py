@@ -16,13 +16,13 @@ import re
 import secrets
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.config import Settings, env_name
 from agentbox.engine.agents import AgentRegistry
+from agentbox.engine.callbacks import UrlProblem
 from agentbox.engine.subscriptions import (
     CREATE_BODY,
     FIELDS,
@@ -167,18 +167,13 @@ class SubscriptionsApi:
         if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
             raise Invalid("invalid_url", f"url must be an absolute https URL of at most "
                           f"{MAX_URL_CHARS} characters.")
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 (a port out of range raises here)
-        except ValueError:  # "http://[": not a URL
-            parts = urlsplit("")
-        if (parts.scheme not in ("http", "https") or not parts.hostname or not value.isascii()
-                or not value.isprintable() or parts.fragment):
+        problem = self.subscriptions.policy.check(value)
+        if problem is UrlProblem.MALFORMED:
             raise Invalid("invalid_url", "url must be an absolute https URL in ASCII (an "
                           "international host name in its xn-- form), without a fragment.")
-        if parts.username is not None or parts.password is not None:
+        if problem is UrlProblem.CREDENTIALS:
             raise Invalid("url_not_allowed", "url must not carry credentials.")
-        if self.subscriptions.policy.refusal(value) is not None:
+        if problem is UrlProblem.NOT_ALLOWED:
             raise Invalid("url_not_allowed", "url must be https (to a public address); plain "
                           "http, or a loopback host, only for an origin listed in "
                           f"{env_name('subscription_allowed')}.")

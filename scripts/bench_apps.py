@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import agentbox.review.contract  # noqa: F401 - the event types the review app brings
 from agentbox import AgentContext, Event
 from agentbox.events import InvalidEvent, parse_event
 from agentbox.signing import SignatureError, Verifier

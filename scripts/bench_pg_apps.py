@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+import agentbox.review.contract  # noqa: F401 - the event types the review app brings
 from agentbox.events import parse_event
 
 URL = os.environ.get("BENCH_DATABASE_URL", "")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentbox.archive.history import SCHEMA as HISTORY
 from agentbox.config import (
     DEFAULT_BODY_RETENTION_DAYS,
     DEFAULT_RETENTION_DAYS,
@@ -256,8 +257,10 @@ def figure_as_shown(review: Review, key: str) -> str:
 
 async def prune_everything(database: Path) -> None:
     """Retention a year from now, on the real file (the server stopped): every
-    finished run goes, its export kept for the project's history."""
+    finished run goes, its export kept for the project's history (the review's
+    tables, as the server's review app adds them)."""
     store = SqliteStore(database)
+    store.add_tables(HISTORY)
     await store.open()
     try:
         later = T0 + 10 * 365 * 86_400.0

@@ -16,15 +16,15 @@ maintenance interval; `agentbox prune` runs one at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentbox.config import SECONDS_PER_DAY, Settings
+from agentbox.engine.loop import Loop
 from agentbox.logs import get_logger
-from agentbox.store import PruneStep, StorageUnavailable, Store, iso
+from agentbox.store import PruneStep, Store, iso
 
 log = get_logger("retention")
 # An app's share of a pass (agentbox.http.apps.App.retain), given the report once the
@@ -88,7 +88,7 @@ class Retention:
         self.clock = clock
         self.rest_ratio = rest_ratio
         self._lock = asyncio.Lock()  # one pass at a time
-        self._task: asyncio.Task[None] | None = None
+        self._loop: Loop | None = None
         self._stop = asyncio.Event()
         self._scan: dict[str, int] = {}  # per kind of step, the last size that fit
 
@@ -99,29 +99,26 @@ class Retention:
     # -- the server's background pass ---------------------------------------------------
 
     def start(self) -> None:
+        """A pass now and every maintenance interval after (engine/loop.py's shape; a
+        pass that fails is tried again at the next interval)."""
         self._stop.clear()
-        self._task = asyncio.create_task(self._loop(), name="agentbox-retention")
+        interval = self.settings.maintenance_interval_seconds
+        self._loop = Loop("agentbox-retention", self._round, max_wait=interval,
+                          clock=self.clock, failure="retention failed", retry=interval)
+        self._loop.start()
 
     async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._stop.set()  # a pass in progress ends after its current step
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None
 
-    async def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                report = await self.prune()
-                if any(report.removed.get(t) for t in TABLES):
-                    log.info("retention removed old runs and bodies",
-                             extra={**report.removed, "seconds": round(report.seconds, 3)})
-            except StorageUnavailable:
-                pass  # the store says so on /healthz; next round
-            except Exception:  # a bug: report it and try again next round
-                log.exception("retention failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(),
-                                       self.settings.maintenance_interval_seconds)
+    async def _round(self) -> float:
+        report = await self.prune()
+        if any(report.removed.get(t) for t in TABLES):
+            log.info("retention removed old runs and bodies",
+                     extra={**report.removed, "seconds": round(report.seconds, 3)})
+        return self.clock() + self.settings.maintenance_interval_seconds
 
     # -- a pass -------------------------------------------------------------------------
 

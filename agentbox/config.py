@@ -107,7 +107,8 @@ class AgentBinding:
 # review, and the desktop side beside it. Importing an app's module registers its event
 # types (agentbox.events.register_event_type) and its checks of the settings below
 # (`settings_check`), so that a setting only an app knows the words of (a profile's
-# name, a stage) is checked at start as the others are.
+# name, a stage) is checked at start as the others are: the server imports its apps
+# before it starts; reading the settings runs the checks of the apps imported so far.
 DEFAULT_APPS = ("agentbox.review.app:app", "agentbox.desktop.app:app")
 SettingsCheck = Callable[["Settings", Callable[[str], str]], None]
 _SETTINGS_CHECKS: list[SettingsCheck] = []
@@ -529,15 +530,21 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
         for secret in getattr(settings, name):
             if not all(secret_keys(secret)):
                 raise ConfigError(f"{named(name)}: a secret is empty")
-    check_apps(settings, named)
+    run_settings_checks(settings, named)
+
+
+def run_settings_checks(settings: Settings, named: Callable[[str], str] = env_name) -> None:
+    """Every registered app check of the settings (those of the apps imported so far:
+    reading settings imports no app, so that a client of agentbox stays light)."""
+    for check in _SETTINGS_CHECKS:
+        check(settings, named)
 
 
 def check_apps(settings: Settings, named: Callable[[str], str] = env_name) -> list[Any]:
     """Import the settings' apps (their checks register as they do) and run every
     app's check of the settings; the apps, in order."""
     apps = import_apps(settings.apps, named("apps"))
-    for check in _SETTINGS_CHECKS:
-        check(settings, named)
+    run_settings_checks(settings, named)
     return apps
 
 

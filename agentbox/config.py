@@ -83,6 +83,10 @@ DEFAULT_MAX_SUBSCRIPTIONS = 100
 DEFAULT_ARCHIVE_MAX_GB = 5.0
 DEFAULT_ARCHIVE_KEEP_PER_PROJECT = 20
 MAX_KEEP_PER_PROJECT = 200
+# Free space the archive and reference uploads leave on the data directory's disk:
+# below it they are refused (507 insufficient_storage), so that the database, whose
+# writes are the promise of every 202, and the DAW's own renders still find room.
+DEFAULT_MIN_FREE_MB = 500
 
 
 class ConfigError(Exception):
@@ -210,6 +214,7 @@ class Settings:
     archive: bool = True
     archive_max_gb: float = DEFAULT_ARCHIVE_MAX_GB
     archive_keep_per_project: int = DEFAULT_ARCHIVE_KEEP_PER_PROJECT
+    min_free_mb: int = DEFAULT_MIN_FREE_MB  # left free by the archive and uploads
     # -- subscriptions (other programs' webhook subscriptions) --
     # Loopback origins a subscription may use over plain http (else https only).
     subscription_allowed: tuple[str, ...] = ()
@@ -231,6 +236,10 @@ class Settings:
     def archive_max_bytes(self) -> int:
         return int(self.archive_max_gb * 1_000_000_000)
 
+    @property
+    def min_free_bytes(self) -> int:
+        return self.min_free_mb * 1_000_000
+
 
 # How each setting is read from text (env var or TOML string); None = not settable there.
 _POSITIVE_FLOATS = {
@@ -245,7 +254,7 @@ _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worke
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
                   "max_connections", "max_idle_connections", "max_head_bytes",
                   "subscription_suspend_after_failures", "max_subscriptions",
-                  "archive_keep_per_project"}
+                  "archive_keep_per_project", "min_free_mb"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "apps",
           "subscription_allowed"}

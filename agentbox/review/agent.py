@@ -77,7 +77,7 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
                              or (settings.mix_profile if settings else None))
     archive = ctx.service(Archive)  # keeps the bytes reviewed, when the app has one
     measured, file = await analysis.measure(local_path(mix_url), mix_url, ctx,
-                                            archive.incoming if archive else None)
+                                            archive.keeping if archive else None)
     if archive is not None and file.sha256 and file.size_bytes is not None:
         archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
                      size=file.size_bytes, file_name=file.name)

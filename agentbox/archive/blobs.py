@@ -20,8 +20,10 @@ leaves no partial copy: the file is then only hashed.
 The copy becomes the archive's in `commit`: flushed to disk, then renamed to its
 name, so that a file under a hash's name always holds bytes of that hash, even
 after a power cut. With the archive off, `fingerprint` only hashes the file (the
-identity the audio route checks later). This module uses only the standard
-library: the analysis processes import it.
+identity the audio route checks later). A sender's file is opened as itself, never
+through a symbolic link and never blocking on a FIFO swapped in
+(portable.open_unfollowed). This module uses only the standard library: the
+analysis processes import it.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def copy_in(source: Path, keep: Keep) -> tuple[Identity, Path | None]:
     identity and the copy's path (to be measured, then `ready`). No copy (None)
     when it does not fit (Keep.refusal) or the disk fills while it is written: then
     only hashed. Raises OSError, SourceChanged."""
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    fd = portable.open_unfollowed(source)
     try:
         before = os.fstat(fd)
         if keep.refusal(before.st_size) is not None:
@@ -147,7 +149,7 @@ def ready(part: Path, sha256: str) -> None:
 
 def fingerprint(source: Path) -> Identity:
     """The identity of the file at `source` (its bytes hashed, nothing kept)."""
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    fd = portable.open_unfollowed(source)
     try:
         return _read(fd, os.fstat(fd), None)
     finally:

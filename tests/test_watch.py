@@ -5,6 +5,7 @@ reads is picked up, and each review is printed when it finishes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -497,7 +498,8 @@ def test_a_link_out_of_the_folder_is_skipped_and_one_inside_is_watched(
         tmp_path: Path) -> None:
     """Another account that may write in the watched folder plants links: one to the
     user's private mix outside it is never picked up (agentbox would review it and
-    serve its bytes), nor a folder link out; a link to a render inside it is."""
+    serve its bytes), nor a folder link out, nor a FIFO; a link to a render inside
+    it is."""
     folder, private = tmp_path / "exports", tmp_path / "private"
     (folder / "takes").mkdir(parents=True)
     private.mkdir()
@@ -509,6 +511,7 @@ def test_a_link_out_of_the_folder_is_skipped_and_one_inside_is_watched(
     (folder / "relative.wav").symlink_to(Path("..") / "private" / "unreleased.wav")
     (folder / "elsewhere").symlink_to(private, target_is_directory=True)
     (folder / "take.wav").symlink_to(folder / "takes" / "take1.wav")
+    os.mkfifo(folder / "pipe.wav")  # reading it would wait for a writer for ever
     now = [0.0]
     watcher = Watcher(folder, settle=1.0, include_existing=True, clock=lambda: now[0])
     watcher.poll()

@@ -153,3 +153,36 @@ async def test_a_mix_outside_the_mix_roots_is_refused_naming_the_field(tmp_path:
             assert run["status"] == "succeeded", run
     finally:
         confine_mixes(())
+
+
+# -- what the audio routes answer ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_audio_routes_answer_only_audio_types(tmp_path: Path) -> None:
+    """The sender names the file: a WAV named evil.html is downloaded, never shown as
+    a page of this site; a .wav is audio/wav, to be played."""
+    from tests.conftest import ADMIN_TOKEN, in_process
+    from tests.test_archive import render, review
+
+    async with in_process(tmp_path, AGENTBOX_AGENTS="") as box:
+        for name, project in (("evil.html", "Evil"), ("mix.wav", "Song")):
+            heard = render(tmp_path / name, 1)
+            run = await review(box, tmp_path / name, project)
+            await box.app.state.apps["review"].archive.settled()
+            played = await box.client.get(f"/runs/{run['run_id']}/audio")
+            assert played.status_code == 200 and played.content == heard
+            if name == "mix.wav":
+                assert played.headers["content-type"] == "audio/wav"
+                assert "content-disposition" not in played.headers
+            else:
+                assert played.headers["content-type"] == "application/octet-stream"
+                assert played.headers["content-disposition"].startswith("attachment")
+        put = await box.client.put("/projects/Evil/reference", params={"name": "ref.svg"},
+                                   content=(tmp_path / "mix.wav").read_bytes(),
+                                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert put.status_code == 201, put.text
+        reference = await box.client.get("/projects/Evil/reference/audio")
+        assert reference.headers["content-type"] == "application/octet-stream"
+        assert reference.headers["content-disposition"] == (
+            "attachment; filename*=UTF-8''ref.svg")

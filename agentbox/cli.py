@@ -151,15 +151,27 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
         _refuse(f"{exc.filename or 'a file'} cannot be written "
                 f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED)
     for warning in files.tighten(settings):  # what an older version or a copy left open
-        click.echo(f"agentbox: {warning}", err=True)
+        _at_start(settings, warning, problem=True)
     if secret_path is not None:
-        click.echo(f"agentbox: webhook secret is in {secret_path} "
-                   "(show it with: agentbox secret)", err=True)
+        _at_start(settings, f"webhook secret is in {secret_path} "
+                  "(show it with: agentbox secret)")
     if callback_secret_path is not None and settings.callback_allowed + \
             settings.callback_allowed_local:
-        click.echo(f"agentbox: callbacks are signed with the secret in {callback_secret_path} "
-                   "(show it with: agentbox secret --callback)", err=True)
+        _at_start(settings, f"callbacks are signed with the secret in {callback_secret_path} "
+                  "(show it with: agentbox secret --callback)")
     return settings, app
+
+
+def _at_start(settings: cfg.Settings, sentence: str, problem: bool = False) -> None:
+    """A line `serve` says as it starts: to a person as `agentbox: ...`; in a JSON
+    log, a JSON line as every other (a plain one stops `jq` reading the stream)."""
+    from agentbox import logs
+
+    if logs.text_lines(settings.log_format):
+        click.echo(f"agentbox: {sentence}", err=True)
+        return
+    logger = logs.get_logger("server")
+    (logger.warning if problem else logger.info)(sentence)
 
 
 @main.group(invoke_without_command=True)

@@ -13,6 +13,7 @@ there.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +38,8 @@ from agentbox.client import (
     export_event,
     export_id,
 )
-from agentbox.logs import one_line
+from agentbox.config import ConfigError, load_settings
+from agentbox.logs import one_line, setup_logging
 from agentbox.models import Accepted, ExportView, RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
@@ -517,6 +519,18 @@ def _version() -> str:
 
 
 def serve(url: str, config_file: Path | None = None) -> None:
-    """Serve the tools on stdin/stdout until the client closes them."""
-    build_server(Agentbox(url, config_file)).run("stdio")
+    """Serve the tools on stdin/stdout until the client closes them. The log (stderr)
+    is agentbox's, JSON lines unless a person reads it: the SDK's own handler, which
+    writes plain lines, is taken off."""
+    root = logging.getLogger()
+    before = set(root.handlers)
+    server = build_server(Agentbox(url, config_file))
+    for handler in set(root.handlers) - before:
+        root.removeHandler(handler)
+    try:
+        settings = load_settings(config_file)
+        setup_logging(settings.log_level, settings.log_format)
+    except ConfigError:  # (said by the first tool that needs the configuration)
+        setup_logging()
+    server.run("stdio")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from agentbox import logs
 from tests.conftest import ROOT
 
-NAMES = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
+NAMES = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error", "")  # ("": the root logger)
 
 
 @pytest.fixture
@@ -388,3 +388,12 @@ async def test_the_review_finished_line_names_the_file(
         line = await wait_until_async(finished, 30, "the review finished line")
     assert line.file == "night-drive.wav", vars(line)
     assert line.told.startswith("night-drive.wav: ")
+
+
+def test_a_librarys_lines_are_json_lines_too(stderr: io.StringIO) -> None:
+    """psycopg_pool says it cannot reach the database on its own logger, which reaches
+    only the root logger: a JSON line as every other, not the last resort's text."""
+    logging.getLogger("psycopg.pool").warning("error connecting in 'pool-1': refused")
+    line = json.loads(stderr.getvalue().splitlines()[-1])
+    assert (line["level"], line["logger"], line["msg"]) == (
+        "warning", "psycopg.pool", "error connecting in 'pool-1': refused")

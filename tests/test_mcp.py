@@ -246,6 +246,9 @@ async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
         assert {t.name for t in (await session.list_tools()).tools} == TOOLS
     log = (tmp_path / "mcp.log").read_text()
     assert "Traceback" not in log and SECRET not in log
+    # stderr is a log of JSON lines, the SDK's own (each tool that failed) included
+    said = [json.loads(line) for line in log.splitlines()]
+    assert any("Tool 'show_run' failed" in line["msg"] for line in said), said
 
 
 @slow

@@ -4,6 +4,7 @@ agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -151,15 +152,27 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
         _refuse(f"{exc.filename or 'a file'} cannot be written "
                 f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED)
     for warning in files.tighten(settings):  # what an older version or a copy left open
-        click.echo(f"agentbox: {warning}", err=True)
+        _at_start(settings, warning, problem=True)
     if secret_path is not None:
-        click.echo(f"agentbox: webhook secret is in {secret_path} "
-                   "(show it with: agentbox secret)", err=True)
+        _at_start(settings, f"webhook secret is in {secret_path} "
+                  "(show it with: agentbox secret)")
     if callback_secret_path is not None and settings.callback_allowed + \
             settings.callback_allowed_local:
-        click.echo(f"agentbox: callbacks are signed with the secret in {callback_secret_path} "
-                   "(show it with: agentbox secret --callback)", err=True)
+        _at_start(settings, f"callbacks are signed with the secret in {callback_secret_path} "
+                  "(show it with: agentbox secret --callback)")
     return settings, app
+
+
+def _at_start(settings: cfg.Settings, sentence: str, problem: bool = False) -> None:
+    """A line `serve` says as it starts: to a person as `agentbox: ...`; in a JSON
+    log, a JSON line as every other (a plain one stops `jq` reading the stream)."""
+    from agentbox import logs
+
+    if logs.text_lines(settings.log_format):
+        click.echo(f"agentbox: {sentence}", err=True)
+        return
+    logger = logs.get_logger("server")
+    (logger.warning if problem else logger.info)(sentence)
 
 
 @main.group(invoke_without_command=True)
@@ -170,7 +183,8 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
 @click.pass_context
 def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
            callback: bool) -> None:
-    """Print the webhook secret that senders sign with (made on first use).
+    """Print the webhook secret that senders sign with (agentbox serve makes it at
+    its first start; with none yet, where it was looked for is said).
 
     \b
     Rotation without downtime:
@@ -184,6 +198,7 @@ def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
     if ctx.invoked_subcommand is not None:
         return
     settings = _settings(config_file)
+    _secret_made(settings, config_file, callback, show_path)
     if callback:
         settings, path = cfg.ensure_callback_secret(settings)
         value = settings.callback_secret[0]
@@ -194,6 +209,34 @@ def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
         click.echo(path if path is not None else "set by configuration, not kept in a file")
     else:
         click.echo(value)
+
+
+def _secret_made(settings: cfg.Settings, config_file: Path | None, callback: bool,
+                 show_path: bool) -> None:
+    """Refuse to make a secret here: one made by this command, under a configuration
+    the server may not share (another config file, a service's environment), signs
+    what the server then refuses. Say where it was looked for instead (with --path,
+    where it will be)."""
+    name = "callback" if callback else "webhook"
+    if settings.callback_secret if callback else settings.webhook_secret:
+        return
+    kept = settings.config_dir / (cfg.CALLBACK_SECRET_FILE if callback
+                                  else cfg.WEBHOOK_SECRET_FILE)
+    if kept.exists():
+        return
+    if show_path:
+        click.echo(kept)
+        raise click.exceptions.Exit(0)
+    variable = cfg.env_name(f"{name}_secret")
+    toml = config_file or (Path(os.environ[cfg.env_name("config")])
+                           if os.environ.get(cfg.env_name("config"))
+                           else cfg.default_config_dir() / cfg.CONFIG_FILE_NAME)
+    raise click.ClickException(
+        f"no {name} secret yet. Looked in {variable} (not set), for {name}_secret in "
+        f"{toml} ({'not there' if toml.exists() else 'no such file'}) and in {kept} (no "
+        "such file). agentbox serve makes it there at its first start; if agentbox runs "
+        "with another configuration (a service, another config file), ask with the "
+        "same: agentbox secret --config FILE")
 
 
 def _secret_file(chosen: tuple[Path | None, bool]) -> Path:

@@ -83,6 +83,10 @@ DEFAULT_MAX_SUBSCRIPTIONS = 100
 DEFAULT_ARCHIVE_MAX_GB = 5.0
 DEFAULT_ARCHIVE_KEEP_PER_PROJECT = 20
 MAX_KEEP_PER_PROJECT = 200
+# Free space the archive and reference uploads leave on the data directory's disk:
+# below it they are refused (507 insufficient_storage), so that the database, whose
+# writes are the promise of every 202, and the DAW's own renders still find room.
+DEFAULT_MIN_FREE_MB = 500
 
 
 class ConfigError(Exception):
@@ -211,6 +215,10 @@ class Settings:
     archive: bool = True
     archive_max_gb: float = DEFAULT_ARCHIVE_MAX_GB
     archive_keep_per_project: int = DEFAULT_ARCHIVE_KEEP_PER_PROJECT
+    min_free_mb: int = DEFAULT_MIN_FREE_MB  # left free by the archive and uploads
+    # Folders a mix_url must be in (empty: any file the user can read): a signed
+    # sender can otherwise have any such file reviewed, and then played on the page.
+    mix_roots: tuple[Path, ...] = ()
     # -- subscriptions (other programs' webhook subscriptions) --
     # Loopback origins a subscription may use over plain http (else https only).
     subscription_allowed: tuple[str, ...] = ()
@@ -232,6 +240,10 @@ class Settings:
     def archive_max_bytes(self) -> int:
         return int(self.archive_max_gb * 1_000_000_000)
 
+    @property
+    def min_free_bytes(self) -> int:
+        return self.min_free_mb * 1_000_000
+
 
 # How each setting is read from text (env var or TOML string); None = not settable there.
 _POSITIVE_FLOATS = {
@@ -246,7 +258,7 @@ _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worke
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
                   "max_connections", "max_idle_connections", "max_head_bytes",
                   "subscription_suspend_after_failures", "max_subscriptions",
-                  "archive_keep_per_project"}
+                  "archive_keep_per_project", "min_free_mb"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "apps",
           "subscription_allowed"}
@@ -258,7 +270,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _STRINGS = {"host", "log_level", "log_format", "mix_profile", "mix_stage", "llm_base_url",
             "llm_model", "alert_url", "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
-             | _BOOLS | {"agents", "database_url", "watch"})
+             | _BOOLS | {"agents", "database_url", "watch", "mix_roots"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "text", "json")
 
@@ -333,6 +345,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return parse_agents(value, where)
         if name == "watch":
             return parse_watch(value, where)
+        if name == "mix_roots":
+            return parse_mix_roots(value, where)
         if name == "database_url":
             return _database_url(value, where)
         if name == "log_level":
@@ -436,6 +450,27 @@ def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBind
             )
         bindings.append(AgentBinding(event_type, target))
     return tuple(bindings)
+
+
+def parse_mix_roots(value: Any, where: str = env_name("mix_roots")) -> tuple[Path, ...]:
+    """The folders a mix_url must be in: a TOML list of paths, or in the environment
+    paths separated by the OS's path separator (`:`, on Windows `;`); absolute (or
+    `~/...`), each taken as it resolves (its links followed once, here)."""
+    if isinstance(value, str):
+        items: list[Any] = [item for item in value.split(os.pathsep) if item.strip()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise ValueError("expected a list of folders")
+    roots = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError("expected a path")
+        path = Path(item.strip()).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"{where}: {item.strip()!r} is not an absolute path")
+        roots.append(Path(os.path.realpath(path)))
+    return tuple(roots)
 
 
 def parse_watch(value: Any, where: str = env_name("watch")) -> tuple[WatchedFolder, ...]:

@@ -224,6 +224,8 @@ _TRACEBACKS = logging.Formatter()
 
 
 def setup_logging(level: str = "info", log_format: str = "json") -> None:
+    """agentbox's lines, uvicorn's, asyncio's and any library's, through one handler:
+    JSON lines, or text lines for a person (`log_format`)."""
     # A line holds none of a record's process and thread fields: not worth looking up
     # for each of the several lines a request logs at INFO.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
@@ -241,6 +243,13 @@ def setup_logging(level: str = "info", log_format: str = "json") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.propagate = False
+    # Every other library's lines (psycopg_pool's reconnections, at WARNING, the root
+    # logger's level) reach the root logger: the same handler there, in place of one
+    # an earlier call put (pytest's capture handlers, on the root too, stay).
+    top = logging.getLogger()
+    for found in [h for h in top.handlers if isinstance(h, JsonLines | TextLines)]:
+        top.removeHandler(found)
+    top.addHandler(handler)
 
 
 def text_lines(log_format: str, stream: Any = None) -> bool:

@@ -13,6 +13,7 @@ there.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from mcp.types import CallToolResult, InputRequiredResult, TextContent
+from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from agentbox import terminal
@@ -37,7 +38,8 @@ from agentbox.client import (
     export_event,
     export_id,
 )
-from agentbox.logs import one_line
+from agentbox.config import ConfigError, load_settings
+from agentbox.logs import one_line, setup_logging
 from agentbox.models import Accepted, ExportView, RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
@@ -351,6 +353,20 @@ def _mix_file(mix_path: str) -> Path:
     return path
 
 
+# What each tool does to agentbox, for clients that ask before a call (the MCP
+# tool annotations): reading changes nothing; sending adds a run, and the same
+# export or event sent again is a duplicate answering the first, while every review
+# requested is a run of its own; a replay gives a run that failed for good another
+# go (nothing is deleted, but it runs the agent again). None reaches beyond agentbox.
+READS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+SENDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                        open_world_hint=False)
+REQUESTS = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                           idempotent_hint=False, open_world_hint=False)  # each a new run
+REPLAYS = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                          idempotent_hint=False, open_world_hint=False)
+
+
 def build_server(box: Agentbox) -> ToolServer:
     """The MCP server and its tools, each a thin shell over agentbox's HTTP API."""
     server = ToolServer(name="agentbox", version=_version(), instructions=INSTRUCTIONS)
@@ -377,7 +393,7 @@ def build_server(box: Agentbox) -> ToolServer:
             text += f"; its review: show_run {got.run_id}"
         return answer(text, result)
 
-    @server.tool()
+    @server.tool(annotations=SENDS)
     def send_export(mix_path: MixPath,
                     project: Annotated[str | None, Field(
                         description="the project (song) it belongs to; default: the file's "
@@ -394,7 +410,7 @@ def build_server(box: Agentbox) -> ToolServer:
                              **asked)
         return sent(event, wait_seconds)
 
-    @server.tool()
+    @server.tool(annotations=REQUESTS)
     def request_review(mix_path: MixPath,
                        project: Annotated[str, Field(min_length=1, max_length=256)],
                        requested_by: Annotated[str, Field(
@@ -414,7 +430,7 @@ def build_server(box: Agentbox) -> ToolServer:
         event = build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
         return sent(event, wait_seconds)
 
-    @server.tool()
+    @server.tool(annotations=SENDS)
     def send_event(event: Annotated[dict[str, Any], Field(description=(
                        "a complete v1 envelope: schema_version, event_id, idempotency_key "
                        "(source:event_type:event_id), event_type, source, timestamp "
@@ -425,7 +441,7 @@ def build_server(box: Agentbox) -> ToolServer:
         configured secret. A refusal names each field to fix."""
         return sent(event, wait_seconds)
 
-    @server.tool()
+    @server.tool(annotations=READS)
     def list_runs(status: Annotated[RunStatus | None, Field(
                       description="only runs in this state")] = None,
                   limit: Limit = 20,
@@ -442,7 +458,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
                       RunList(runs=found))
 
-    @server.tool()
+    @server.tool(annotations=READS)
     def show_run(run_id: RunId) -> Annotated[CallToolResult, RunReport]:
         """One run and its review: the verdict, the headline figures and the notes in
         order (what the musician reads), the comparison with the project's previous
@@ -450,7 +466,7 @@ def build_server(box: Agentbox) -> ToolServer:
         found = report(box.ask(lambda c: c.run(run_id, history=True)))
         return answer(found.review, found)
 
-    @server.tool()
+    @server.tool(annotations=READS)
     def list_dead_letters(limit: Limit = 50) -> Annotated[CallToolResult, RunList]:
         """Runs that failed for good and wait for a decision (replay_run), newest
         first; those discarded on the status page are left out."""
@@ -459,7 +475,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(runs_text(found, "no dead letters waiting for a decision"),
                       RunList(runs=found))
 
-    @server.tool()
+    @server.tool(annotations=REPLAYS)
     def replay_run(run_id: RunId) -> Annotated[CallToolResult, RunSummary]:
         """Send a dead-lettered or permanently failed run back to the queue (same run
         id, a new attempt), as `agentbox replay` does."""
@@ -467,7 +483,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(f"{found.run_id} is {found.status} again: follow it with show_run",
                       found)
 
-    @server.tool()
+    @server.tool(annotations=READS)
     def project_history(project: Annotated[str, Field(min_length=1, max_length=256)],
                         limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
         """A project's exports over time, oldest first, each with its verdict and
@@ -503,6 +519,18 @@ def _version() -> str:
 
 
 def serve(url: str, config_file: Path | None = None) -> None:
-    """Serve the tools on stdin/stdout until the client closes them."""
-    build_server(Agentbox(url, config_file)).run("stdio")
+    """Serve the tools on stdin/stdout until the client closes them. The log (stderr)
+    is agentbox's, JSON lines unless a person reads it: the SDK's own handler, which
+    writes plain lines, is taken off."""
+    root = logging.getLogger()
+    before = set(root.handlers)
+    server = build_server(Agentbox(url, config_file))
+    for handler in set(root.handlers) - before:
+        root.removeHandler(handler)
+    try:
+        settings = load_settings(config_file)
+        setup_logging(settings.log_level, settings.log_format)
+    except ConfigError:  # (said by the first tool that needs the configuration)
+        setup_logging()
+    server.run("stdio")
 

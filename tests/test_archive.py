@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from agentbox import config
 from agentbox.archive import budget
-from agentbox.archive.blobs import Blobs, copy_in, is_hash, ready
+from agentbox.archive.blobs import Blobs, Keep, copy_in, is_hash, ready
 from agentbox.archive.records import KeptAudio, ProjectReference
 from agentbox.review.web.audio import byte_range
 from tests.conftest import InProcess, in_process, make_event
@@ -167,7 +167,7 @@ def test_a_copy_is_private_and_named_by_its_hash_once_measured(tmp_path: Path) -
     blobs.prepare()
     source = tmp_path / "mix.wav"
     data = render(source, 4)
-    identity, copy = copy_in(source, blobs.incoming)
+    identity, copy = copy_in(source, Keep(blobs.incoming, 1 << 40, 0))
     assert copy is not None and copy.read_bytes() == data and identity.kept
     assert stat.S_IMODE(copy.stat().st_mode) == 0o600
     assert identity.sha256 == hashlib.sha256(data).hexdigest()
@@ -228,7 +228,7 @@ kept_rows = st.lists(st.tuples(st.sampled_from(["Song", "Other", "Third"]),
 
 @given(kept_rows, st.lists(st.integers(0, 5), max_size=2), st.integers(0, 200),
        st.integers(1, 6))
-def test_the_bounds_drop_the_oldest_but_never_a_latest_export_or_a_reference(
+def test_the_bounds_hold_dropping_the_oldest_and_a_latest_export_only_last(
         rows: list[tuple[str, int, int]], referenced: list[int], max_bytes: int,
         keep: int) -> None:
     live = [KeptAudio(run_id=f"r{i:02}", project=project, sha256=f"{audio:064x}",
@@ -242,14 +242,19 @@ def test_the_bounds_drop_the_oldest_but_never_a_latest_export_or_a_reference(
     latest = {max((k for k in live if k.project == p), key=lambda k: order[k.run_id]).run_id
               for p in {k.project for k in live}}
     left = [k for k in live if k.run_id not in drops]
-    assert not latest & drops.keys()
+    referenced = {r.sha256 for r in references}
     for project in {k.project for k in live}:
         assert len([k for k in left if k.project == project]) <= keep
-    if budget.total_bytes(left, references) > max_bytes:  # only what may not go is left
-        assert all(k.run_id in latest for k in left)
+    # every kept byte counts: over the size, only what a reference holds is left
+    if budget.total_bytes(left, references) > max_bytes:
+        assert all(k.sha256 in referenced for k in left)
     by_size = [run_id for run_id, why in drops.items() if why == budget.over_size(max_bytes)]
     for run_id in by_size:  # oldest first: nothing older that could go was kept instead
-        assert all(order[k.run_id] > order[run_id] for k in left if k.run_id not in latest)
+        could_go = [k for k in left if k.sha256 not in referenced
+                    and (k.run_id in latest) == (run_id in latest)]
+        assert all(order[k.run_id] > order[run_id] for k in could_go)
+        if run_id in latest:  # a project's latest goes only once no older one is left
+            assert all(k.run_id in latest or k.sha256 in referenced for k in left)
 
 
 @pytest.mark.anyio
@@ -312,7 +317,7 @@ async def test_instances_sharing_a_database_each_bound_their_own_folder(
         archives = []
         for name in ("studio", "laptop"):
             settings = config.load_settings(environ={}, overrides={
-                "data_dir": tmp_path / name, "archive_max_gb": 0.000001,
+                "data_dir": tmp_path / name, "archive_max_gb": 0.00012,
                 "config_dir": tmp_path / "config"})
             archive = Archive(settings, history)
             await archive.open()
@@ -327,7 +332,7 @@ async def test_instances_sharing_a_database_each_bound_their_own_folder(
                 archive.keep(run_id=f"r{n}{seed}", project=f"p{seed}", sha256=sha,
                              size=len(data), file_name="m.wav")
             await archive.settled()
-        for archive in archives:  # over 1 kB: each keeps its projects' latest only
+        for archive in archives:  # 120 kB each: two files, the four together over it
             assert len(list(archive.blobs.committed())) == 2
             assert len(await history.live_audio(archive.keeper)) == 2
         await studio.bound()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Server, make_event, wait_until
+from tests.conftest import ROOT, Server, make_event, wait_until
 
 
 def agentbox(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
@@ -418,3 +418,29 @@ def test_send_wait_looks_less_often_as_the_run_goes_on(server: Server) -> None:
     assert slept[0] == cli.FOLLOW_FIRST_SECONDS  # a short review is told at once
     assert slept == sorted(slept) and max(slept) <= cli.FOLLOW_MAX_SECONDS
     assert len(slept) <= 10  # about 4 s: 0.1, 0.15, 0.23 ... 1, 1 (20 at 0.2 s before)
+
+
+def test_secret_without_a_configuration_says_where_it_looked(tmp_path: Path) -> None:
+    """It once made a secret there and then, which a server started under another
+    configuration never used: senders signed with it and were refused."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
+    env |= {"PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "HOME": str(tmp_path)}
+
+    def secret(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentbox", "secret", *args], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    kept = tmp_path / "config" / "agentbox" / "webhook_secret"
+    none = secret()
+    assert none.returncode == 1 and none.stdout == ""
+    assert "AGENTBOX_WEBHOOK_SECRET (not set)" in none.stderr
+    assert str(tmp_path / "config" / "agentbox" / "agentbox.toml") in none.stderr
+    assert str(kept) in none.stderr and "agentbox serve makes it" in none.stderr
+    assert not kept.exists()
+    assert secret("--path").stdout.strip() == str(kept) and not kept.exists()
+    kept.parent.mkdir(parents=True)
+    kept.write_text("whsec_made-by-serve\n")
+    assert secret().stdout.strip() == "whsec_made-by-serve"
+    env["AGENTBOX_WEBHOOK_SECRET"] = "from-the-environment"
+    assert secret().stdout.strip() == "from-the-environment"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from agentbox import logs
 from tests.conftest import ROOT
 
-NAMES = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
+NAMES = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error", "")  # ("": the root logger)
 
 
 @pytest.fixture
@@ -366,3 +366,34 @@ def test_the_format_is_chosen_by_the_setting_and_the_stream(log_format: str, tty
                                                             text: bool) -> None:
     stream = Terminal() if tty else io.StringIO()
     assert logs.text_lines(log_format, stream) is text
+
+
+@pytest.mark.anyio
+async def test_the_review_finished_line_names_the_file(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its `file` was always null: the store's view of a run names no file."""
+    from tests.conftest import in_process, make_event, wait_until_async
+    from tests.test_archive import render
+
+    render(tmp_path / "night-drive.wav", 1)
+    caplog.set_level(logging.INFO, logger="agentbox.reviews")
+    async with in_process(tmp_path, AGENTBOX_AGENTS="") as box:
+        answer = await box.post(make_event(payload={
+            "project_id": "Night Drive", "mix_url": str(tmp_path / "night-drive.wav")}))
+        await box.wait_status(answer.json()["run_id"], "succeeded", timeout=60)
+
+        async def finished() -> logging.LogRecord | None:
+            return next((r for r in caplog.records if r.getMessage() == "review finished"),
+                        None)
+        line = await wait_until_async(finished, 30, "the review finished line")
+    assert line.file == "night-drive.wav", vars(line)
+    assert line.told.startswith("night-drive.wav: ")
+
+
+def test_a_librarys_lines_are_json_lines_too(stderr: io.StringIO) -> None:
+    """psycopg_pool says it cannot reach the database on its own logger, which reaches
+    only the root logger: a JSON line as every other, not the last resort's text."""
+    logging.getLogger("psycopg.pool").warning("error connecting in 'pool-1': refused")
+    line = json.loads(stderr.getvalue().splitlines()[-1])
+    assert (line["level"], line["logger"], line["msg"]) == (
+        "warning", "psycopg.pool", "error connecting in 'pool-1': refused")

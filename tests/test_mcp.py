@@ -121,6 +121,13 @@ async def test_tools_are_listed_with_their_schemas(server_factory: Callable[...,
     assert runs["properties"]["limit"]["maximum"] == 500
     assert set(runs["$defs"]["RunStatus"]["enum"]) == {s.value for s in RunStatus}
     assert tools["show_run"].input_schema["required"] == ["run_id"]
+    # what a client may call without asking: the reading tools, and nothing destroys
+    hints = {name: tool.annotations for name, tool in tools.items()}
+    assert all(h is not None and h.destructive_hint is not True for h in hints.values())
+    assert {name for name, h in hints.items() if h and h.read_only_hint} == {
+        "list_runs", "show_run", "list_dead_letters", "project_history"}
+    assert hints["send_export"] and hints["send_export"].idempotent_hint
+    assert hints["request_review"] and hints["request_review"].idempotent_hint is False
     assert {"verdict", "figures", "notes", "review", "run"} <= set(
         tools["show_run"].output_schema["properties"])
 
@@ -239,6 +246,9 @@ async def test_a_dead_letter_is_listed_and_replayed_and_errors_are_told(
         assert {t.name for t in (await session.list_tools()).tools} == TOOLS
     log = (tmp_path / "mcp.log").read_text()
     assert "Traceback" not in log and SECRET not in log
+    # stderr is a log of JSON lines, the SDK's own (each tool that failed) included
+    said = [json.loads(line) for line in log.splitlines()]
+    assert any("Tool 'show_run' failed" in line["msg"] for line in said), said
 
 
 @slow

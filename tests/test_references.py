@@ -164,7 +164,8 @@ async def test_a_project_named_like_a_reference_keeps_its_page(tmp_path: Path) -
 
 @pytest.mark.anyio
 async def test_the_archives_bounds_never_drop_a_reference_in_use(tmp_path: Path) -> None:
-    environ = {"AGENTBOX_AGENTS": "", "AGENTBOX_ARCHIVE_MAX_GB": "0.000001"}
+    # room for the reference and one export (576 kB each): the older exports go
+    environ = {"AGENTBOX_AGENTS": "", "AGENTBOX_ARCHIVE_MAX_GB": "0.0012"}
     async with in_process(tmp_path, **environ) as box:
         noise(tmp_path / "ref.wav", 2, 0.5)
         shown = (await add(box, "Song", tmp_path / "ref.wav")).json()
@@ -173,7 +174,7 @@ async def test_the_archives_bounds_never_drop_a_reference_in_use(tmp_path: Path)
             await review(box, tmp_path / "mix.wav", "Song")
             await box.app.state.apps["review"].archive.settled()
         archive = box.app.state.apps["review"].archive
-        assert archive.blobs.has(shown["sha256"])  # over its size, but in use
+        assert archive.blobs.has(shown["sha256"])  # in use, never let go
         kept = [k for k in await box.app.state.apps["review"].archive.history.kept_audio(
             "Song") if not k.dropped_at]
         assert len(kept) == 1  # and the project's latest export

@@ -128,3 +128,21 @@ def test_json_lines_when_not_on_a_terminal(server: Server) -> None:
     ready = next(json.loads(line) for line in server.log_path.read_text().splitlines()
                  if "agentbox is ready" in line)
     assert ready["url"] == server.url and ready["database"].endswith("agentbox.sqlite3")
+
+
+def test_json_logs_are_json_on_every_line_from_the_first(server_factory: Any) -> None:
+    """A first start that makes the webhook secret and tightens a database file left
+    readable by others: what it says of both is a JSON line too (plain lines there
+    stopped `jq` reading the stream), and so is every other line."""
+    server = server_factory()
+    del server.env["AGENTBOX_WEBHOOK_SECRET"]  # made at this start
+    (server.home / "data").mkdir(mode=0o700)
+    database = server.home / "data" / "agentbox.sqlite3"
+    database.touch()
+    database.chmod(0o644)
+    server.start()
+    wait_until(lambda: "agentbox is ready" in server.log_path.read_text(), 30, "ready")
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()]
+    said = {line["msg"]: line["level"] for line in lines}
+    assert said[f"{database} could be read by other users (644); now 600"] == "warning"
+    assert any(msg.startswith("webhook secret is in ") for msg in said), said

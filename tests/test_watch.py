@@ -5,6 +5,7 @@ reads is picked up, and each review is printed when it finishes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -491,3 +492,29 @@ def test_what_a_watcher_sent_is_kept_for_the_next_one(tmp_path: Path) -> None:
     third.sent(taken, "watch-again")
     assert len(said) == 1 and "cannot be read" in said[0] and "starting afresh" in said[0]
     assert json.loads(state.read_text())["exports"]["taken.wav"]["event_id"] == "watch-again"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and symlinks: POSIX")
+def test_a_link_out_of_the_folder_is_skipped_and_one_inside_is_watched(
+        tmp_path: Path) -> None:
+    """Another account that may write in the watched folder plants links: one to the
+    user's private mix outside it is never picked up (agentbox would review it and
+    serve its bytes), nor a folder link out, nor a FIFO; a link to a render inside
+    it is."""
+    folder, private = tmp_path / "exports", tmp_path / "private"
+    (folder / "takes").mkdir(parents=True)
+    private.mkdir()
+    rate = 48_000
+    audio = np.zeros((rate // 2, 2), dtype="float32")
+    sf.write(private / "unreleased.wav", audio, rate)
+    sf.write(folder / "takes" / "take1.wav", audio, rate)
+    (folder / "x.wav").symlink_to(private / "unreleased.wav")
+    (folder / "relative.wav").symlink_to(Path("..") / "private" / "unreleased.wav")
+    (folder / "elsewhere").symlink_to(private, target_is_directory=True)
+    (folder / "take.wav").symlink_to(folder / "takes" / "take1.wav")
+    os.mkfifo(folder / "pipe.wav")  # reading it would wait for a writer for ever
+    now = [0.0]
+    watcher = Watcher(folder, settle=1.0, include_existing=True, clock=lambda: now[0])
+    watcher.poll()
+    now[0] = 2.0
+    assert sorted(watcher.poll()) == [folder / "take.wav", folder / "takes" / "take1.wav"]

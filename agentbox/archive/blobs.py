@@ -11,16 +11,25 @@ rewrites the same file (inode), and a link's bytes would change with it. A
 reflink (a copy-on-write clone) would, where the file system has them; the copy
 costs a little more disk work and works everywhere.
 
+A copy is made only when it fits: no bigger than the archive's whole size, and
+leaving the disk its free-space margin afterwards (`Keep`). Both are judged by the
+file's size, the bytes a copy writes, not by the blocks the source takes: a sparse
+file costs what its copy will. A disk that fills anyway while the copy is written
+leaves no partial copy: the file is then only hashed.
+
 The copy becomes the archive's in `commit`: flushed to disk, then renamed to its
 name, so that a file under a hash's name always holds bytes of that hash, even
 after a power cut. With the archive off, `fingerprint` only hashes the file (the
-identity the audio route checks later). This module uses only the standard
-library: the analysis processes import it.
+identity the audio route checks later). A sender's file is opened as itself, never
+through a symbolic link and never blocking on a FIFO swapped in
+(portable.open_unfollowed). This module uses only the standard library: the
+analysis processes import it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -35,9 +44,8 @@ from typing import BinaryIO
 from agentbox import portable
 
 READ_BYTES = 1 << 20  # read and written at a time: a few system calls per second of audio
-# A copy is not made when it would leave less than this free on the archive's disk:
-# the database and the DAW's own renders come first.
-MIN_FREE_BYTES = 1 << 30
+# The errors of a disk that has no room (or a user over their quota).
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 INCOMING = "incoming"
 PART = ".part"  # a copy being written (its hash not yet known)
 # Copies in incoming/ older than this were left by a review that never finished
@@ -48,6 +56,39 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 class SourceChanged(OSError):
     """The file was written to while it was read: what was read is no one file."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether an error is the disk (or the user's quota) having no room."""
+    return isinstance(exc, OSError) and exc.errno in FULL_DISK
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Where a review copies the mix it reads, and when it may not: a file bigger
+    than `max_bytes` (the archive's size), or one that would leave less than
+    `min_free_bytes` free on the disk, is only hashed."""
+
+    folder: Path
+    max_bytes: int
+    min_free_bytes: int
+
+    def refusal(self, size: int) -> str | None:
+        """Why a file of `size` bytes is not copied, in a few words; None: it may be."""
+        if size > self.max_bytes:
+            return too_big(self.max_bytes)
+        if shutil.disk_usage(self.folder).free - size < self.min_free_bytes:
+            return too_full(self.min_free_bytes)
+        return None
+
+
+def too_big(max_bytes: int) -> str:
+    return f"it is bigger than the archive's whole size ({max_bytes / 1e9:g} GB)"
+
+
+def too_full(min_free_bytes: int) -> str:
+    return (f"keeping it would have left less than {min_free_bytes // 1_000_000} MB free on "
+            "the disk")
 
 
 @dataclass(frozen=True)
@@ -64,29 +105,39 @@ def is_hash(text: str) -> bool:
     return bool(_SHA256.fullmatch(text))
 
 
-def copy_in(source: Path, incoming: Path) -> tuple[Identity, Path | None]:
-    """Read the file at `source` once, into a new private file in `incoming`; its
+def copy_in(source: Path, keep: Keep) -> tuple[Identity, Path | None]:
+    """Read the file at `source` once, into a new private file in `keep.folder`; its
     identity and the copy's path (to be measured, then `ready`). No copy (None)
-    when it would leave the disk too full: then only hashed. Raises OSError,
-    SourceChanged."""
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    when it does not fit (Keep.refusal) or the disk fills while it is written: then
+    only hashed. Raises OSError, SourceChanged."""
+    fd = portable.open_unfollowed(source)
     try:
         before = os.fstat(fd)
-        if shutil.disk_usage(incoming).free - before.st_size < MIN_FREE_BYTES:
+        if keep.refusal(before.st_size) is not None:
             return _read(fd, before, None), None
-        part = incoming / f"{uuid.uuid4().hex}{PART}"
-        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                      portable.PRIVATE_FILE)
+        part = keep.folder / f"{uuid.uuid4().hex}{PART}"
         try:
-            with os.fdopen(out, "wb") as sink:
-                found = _read(fd, before, sink)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                part.unlink()
-            raise
+            found = _copy(fd, before, part)
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            os.lseek(fd, 0, os.SEEK_SET)  # the disk filled: hashed only, nothing kept
+            return _read(fd, before, None), None
         return Identity(found.sha256, found.size, found.modified_ns, kept=True), part
     finally:
         os.close(fd)
+
+
+def _copy(fd: int, before: os.stat_result, part: Path) -> Identity:
+    out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                  portable.PRIVATE_FILE)
+    try:
+        with os.fdopen(out, "wb") as sink:
+            return _read(fd, before, sink)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise
 
 
 def ready(part: Path, sha256: str) -> None:
@@ -98,7 +149,7 @@ def ready(part: Path, sha256: str) -> None:
 
 def fingerprint(source: Path) -> Identity:
     """The identity of the file at `source` (its bytes hashed, nothing kept)."""
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    fd = portable.open_unfollowed(source)
     try:
         return _read(fd, os.fstat(fd), None)
     finally:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import threading
 import time
@@ -38,7 +39,7 @@ from typing import Any
 
 from agentbox import portable
 from agentbox.archive import budget
-from agentbox.archive.blobs import Blobs, hash_of, is_hash
+from agentbox.archive.blobs import Blobs, Keep, disk_full, hash_of, is_hash, too_big, too_full
 from agentbox.archive.history import History
 from agentbox.archive.records import KeptAudio, ProjectReference
 from agentbox.config import Settings
@@ -91,6 +92,7 @@ class Archive:
         self.bounds = budget.Bounds(settings.archive_max_bytes,
                                     settings.archive_keep_per_project)
         self.blobs = Blobs(settings.archive_path)
+        self.min_free_bytes = settings.min_free_bytes  # left free on the archive's disk
         self.keeper = ""  # the folder's id, once it is made
         self._lock = asyncio.Lock()  # keeping and bounding take turns
         self._pending: dict[str, set[asyncio.Task[None]]] = {}  # hash -> keeps under way
@@ -141,6 +143,14 @@ class Archive:
         """Where a review copies the mix it reads; None: exports are not kept."""
         return self.blobs.incoming if self.on and self.keeper else None
 
+    @property
+    def keeping(self) -> Keep | None:
+        """Where a review copies the mix it reads, and what fits there; None: exports
+        are not kept."""
+        incoming = self.incoming
+        return None if incoming is None else Keep(incoming, self.bounds.max_bytes,
+                                                  self.min_free_bytes)
+
     def keep(self, *, run_id: str, project: str, sha256: str, size: int,
              file_name: str) -> None:
         """Make the copy a review left in incoming/ the archive's, and record it, in
@@ -162,13 +172,31 @@ class Archive:
     async def _keep(self, kept: KeptAudio) -> None:
         try:
             async with self._lock:
-                if not await asyncio.to_thread(self.blobs.commit, kept.sha256):
-                    return  # no copy was made (the disk was nearly full)
+                try:
+                    committed = await asyncio.to_thread(self.blobs.commit, kept.sha256)
+                except OSError as exc:
+                    if not disk_full(exc):
+                        raise
+                    committed = False
+                if not committed:  # no copy was made: the review says why
+                    await self._not_kept(kept)
+                    return
                 await self.history.keep_audio(kept)
             await self.bound()
         except Exception:  # never the review's failure: its export is just not kept
             log.warning("a reviewed export could not be kept", exc_info=True,
                         extra={"run_id": kept.run_id})
+
+    async def _not_kept(self, kept: KeptAudio) -> None:
+        """Record an export the archive could not copy as let go at once, with why (the
+        size it is judged by is the one it was copied by: Keep.refusal)."""
+        why = too_big(self.bounds.max_bytes) if kept.size > self.bounds.max_bytes \
+            else too_full(self.min_free_bytes)
+        await self.history.keep_audio(kept)
+        await self.history.drop_audio([(kept.run_id, f"the archive kept no copy: {why}")],
+                                      self.clock())
+        log.warning("a reviewed export was not kept", extra={"run_id": kept.run_id,
+                                                              "reason": why})
 
     async def bound(self) -> int:
         """Let go what is over the bounds, oldest first, and delete the files nothing
@@ -210,6 +238,25 @@ class Archive:
     async def upload_folder(self) -> Path | None:
         """Where an upload is written before it is measured; None: no folder."""
         return self.blobs.incoming if await self._ready() else None
+
+    async def reference_refusal(self, project: str, size: int, arrived: bool = False
+                                ) -> str | None:
+        """Why a reference track of `size` bytes cannot be kept for `project`, in a
+        sentence; None: it can. References are never let go, so they must fit in the
+        archive's size together; and the upload must leave the disk its margin (once
+        `arrived`, it was held to it as it was written)."""
+        others = {r.sha256: r.size for r in await self._references() if r.project != project}
+        if sum(others.values()) + size > self.bounds.max_bytes:
+            return (f"the archive's size ({self.bounds.max_bytes / 1e9:g} GB, "
+                    "AGENTBOX_ARCHIVE_MAX_GB) cannot hold it beside the other projects' "
+                    "reference tracks")
+        if arrived:
+            return None
+        free = (await asyncio.to_thread(shutil.disk_usage, self.blobs.root)).free
+        if free - size < self.min_free_bytes:
+            return (f"keeping it would leave less than {self.min_free_bytes // 1_000_000} MB "
+                    "free on the disk (AGENTBOX_MIN_FREE_MB)")
+        return None
 
     async def add_reference(self, *, project: str, name: str, upload: Path, sha256: str,
                             size: int, measurements: dict[str, Any]) -> ProjectReference:

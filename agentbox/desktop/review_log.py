@@ -42,7 +42,7 @@ class ReviewLog:
             if found is None:
                 return
             run = RunView.model_validate(found.model_dump(mode="json"))
-            if not run.result:  # its file, for a review that could not be made
+            if run.file is None:  # (the store's view names no file: the event does)
                 event = await self.store.event_of(run_id)
                 payload = event.get("payload") if isinstance(event, dict) else None
                 url = payload.get("mix_url") if isinstance(payload, dict) else None

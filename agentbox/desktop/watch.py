@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,17 +75,31 @@ Stamp = tuple[int, int]  # size, mtime_ns
 
 
 def audio_files(folder: Path) -> Iterator[tuple[Path, Stamp]]:
+    """The audio files in `folder` and its folders (not hidden ones), with their
+    stamps. A symbolic link is one of them only if it resolves inside the folder:
+    one that leads out of it (to another of the user's files, planted by whoever
+    may write here) is skipped, and links to folders are not walked. Only regular
+    files: reading a FIFO named like a render would wait for ever."""
+    inside = os.path.realpath(folder)
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
             path = Path(root, name)
             if name.startswith(".") or path.suffix.lower() not in AUDIO_SUFFIXES:
                 continue
+            if path.is_symlink() and not _resolves_inside(path, inside):
+                continue
             try:
                 found = path.stat()
             except OSError:
                 continue  # gone meanwhile
-            yield path, (found.st_size, found.st_mtime_ns)
+            if stat.S_ISREG(found.st_mode):
+                yield path, (found.st_size, found.st_mtime_ns)
+
+
+def _resolves_inside(link: Path, inside: str) -> bool:
+    target = os.path.realpath(link)
+    return os.path.commonpath([target, inside]) == inside and target != inside
 
 
 # -- which files are finished ---------------------------------------------------------------

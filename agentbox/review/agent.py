@@ -12,6 +12,8 @@ in prose (agentbox.review.llm).
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 from agentbox.archive import Archive
@@ -35,19 +37,53 @@ from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from agentbox.review.reference import Track, against, project_reference
 from agentbox.review.stage import AUTO, Given, Stage
 
+# The folders a sender's files must be in (AGENTBOX_MIX_ROOTS), for the admission
+# check, which is given the event only: the app sets them at its setup
+# (confine_mixes); the review checks them again from its own settings.
+_mix_roots: tuple[Path, ...] = ()
+
+
+def confine_mixes(roots: tuple[Path, ...]) -> None:
+    global _mix_roots
+    _mix_roots = roots
+
+
+def outside_roots(path: Path, roots: tuple[Path, ...]) -> str | None:
+    """Why `path` may not be read (outside every root, its links followed); None: it
+    may, or no roots are set."""
+    if not roots:
+        return None
+    real = os.path.realpath(path)
+    if any(os.path.commonpath([real, str(root)]) == str(root) for root in roots):
+        return None
+    return ("is outside the folders agentbox may read mixes from (AGENTBOX_MIX_ROOTS: "
+            f"{os.pathsep.join(str(root) for root in roots)})")
+
 
 async def mix_file_is_there(event: Event) -> list[dict[str, Any]]:
     """Refused before it is accepted: a mix_url that names no local file, as the
-    review would find it (a look at the path, not a read of the file)."""
+    review would find it (a look at the path, not a read of the file), or one (or a
+    reference_url) outside AGENTBOX_MIX_ROOTS."""
     mix_url = getattr(event.payload, "mix_url", None)
     if not isinstance(mix_url, str):
         return []
-    try:
-        path = local_path(mix_url)
-    except PermanentAgentError as exc:
-        return [{"loc": ["payload", "mix_url"], "msg": str(exc), "type": exc.code}]
+    errors = []
+    for field in ("mix_url", "reference_url"):
+        url = getattr(event.payload, field, None)
+        if url is None:
+            continue
+        try:
+            path = local_path(str(url))
+        except PermanentAgentError as exc:
+            return [{"loc": ["payload", field], "msg": str(exc), "type": exc.code}]
+        outside = await asyncio.to_thread(outside_roots, path, _mix_roots)
+        if outside is not None:
+            errors.append({"loc": ["payload", field], "type": "mix_outside_roots",
+                           "msg": outside})
+    if errors:
+        return errors
     # In a thread: a path on a sleeping disk or a network share may take its time.
-    if await asyncio.to_thread(path.exists):
+    if await asyncio.to_thread(local_path(mix_url).exists):
         return []
     return [{"loc": ["payload", "mix_url"], "type": "mix_not_found", "msg": (
         "names no file on the machine agentbox runs on: check the path (an absolute path "
@@ -75,9 +111,14 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     settings = ctx.settings
     profile = choose_profile(getattr(payload, "profile", None)
                              or (settings.mix_profile if settings else None))
+    roots = settings.mix_roots if settings else ()
+    for url in (mix_url, getattr(payload, "reference_url", None)):
+        outside = None if url is None else outside_roots(local_path(str(url)), roots)
+        if outside is not None:
+            raise PermanentAgentError(f"{url} {outside}", "mix_outside_roots")
     archive = ctx.service(Archive)  # keeps the bytes reviewed, when the app has one
     measured, file = await analysis.measure(local_path(mix_url), mix_url, ctx,
-                                            archive.incoming if archive else None)
+                                            archive.keeping if archive else None)
     if archive is not None and file.sha256 and file.size_bytes is not None:
         archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
                      size=file.size_bytes, file_name=file.name)

@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agentbox import portable
@@ -29,6 +29,9 @@ from agentbox.engine.agents import (
     RetryableAgentError,
 )
 from agentbox.review.model import FileInfo
+
+if TYPE_CHECKING:
+    from agentbox.archive.blobs import Keep
 
 SETTLE_SECONDS = 2.0  # a file modified more recently may still be being written
 SETTLE_MARGIN_SECONDS = 0.05
@@ -95,12 +98,12 @@ class Analysis:
             self._idle.append(_Worker(self._starters))
 
     async def measure(self, path: Path, url: str, ctx: AgentContext | None,
-                      keep_in: Path | None = None) -> tuple[dict[str, Any], FileInfo]:
+                      keep_in: Keep | None = None) -> tuple[dict[str, Any], FileInfo]:
         """The measurements of the file at `path`, or the agent error that says why not.
         The file's identity (the SHA-256 of the bytes measured, size, modification
-        time) is in its FileInfo. With `keep_in` (the archive's incoming folder) the
-        file is copied there as it is read, and the copy is what is measured: it then
-        waits there under its hash (agentbox.archive.blobs).
+        time) is in its FileInfo. With `keep_in` (the archive's incoming folder, and
+        what fits there) the file is copied there as it is read, and the copy is what
+        is measured: it then waits there under its hash (agentbox.archive.blobs).
 
         A render cut short that was modified less than TRUNCATED_RETRY_SECONDS ago
         may be a renderer that stalled: the attempt waits for the rest and measures
@@ -110,7 +113,7 @@ class Analysis:
             await _settle(path)
             _check_settled(path)
             before = _stat(path)
-            outcome = await self.run((str(path), None if keep_in is None else str(keep_in)),
+            outcome = await self.run((str(path), keep_in),
                                      None if ctx is None else ctx.cancelled)
             if outcome[0] != "error" or outcome[1] != "mix_truncated":
                 break
@@ -129,7 +132,7 @@ class Analysis:
         raw: dict[str, Any] = outcome[1]
         return raw, _file_info(path, raw, outcome[2])
 
-    async def run(self, path: str | tuple[str, str | None],
+    async def run(self, path: str | tuple[str, Keep | None],
                   cancelled: asyncio.Event | None = None) -> tuple[Any, ...]:
         """One analysis in a process (of a path, or of a path and the folder to copy it
         into): ("ok", measurements, identity) or ("error", code, message)."""
@@ -279,7 +282,7 @@ def serve_analyses(conn: Any) -> None:
         conn.close()
 
 
-def analyse(request: str | tuple[str, str | None]) -> tuple[Any, ...]:
+def analyse(request: str | tuple[str, Keep | None]) -> tuple[Any, ...]:
     """Runs in an analysis process: ("ok", metrics, identity) or ("error", code,
     message). The file is read once to hash it (and, given a folder to keep it in,
     to copy it there: then the copy is measured)."""
@@ -291,7 +294,7 @@ def analyse(request: str | tuple[str, str | None]) -> tuple[Any, ...]:
         if keep_in is None:
             identity, copy = blobs.fingerprint(Path(path)), None
         else:
-            identity, copy = blobs.copy_in(Path(path), Path(keep_in))
+            identity, copy = blobs.copy_in(Path(path), keep_in)
     except FileNotFoundError:
         return ("error", "mix_not_found", f"no file at {path}")
     except blobs.SourceChanged as exc:

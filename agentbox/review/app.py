@@ -51,6 +51,7 @@ class ReviewApp(App):
 
     def setup(self, host: Host) -> None:
         from agentbox.archive import Archive
+        from agentbox.review.agent import confine_mixes
         from agentbox.review.analysis import Analysis
         from agentbox.review.present import mix_name
         from agentbox.review.web.audio import AudioRoutes
@@ -58,6 +59,7 @@ class ReviewApp(App):
         from agentbox.review.web.references import ReferenceRoutes
 
         self.host = host
+        confine_mixes(host.settings.mix_roots)  # for the receiver's admission check
         # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
         # no process until `start` warms one.
         self.analysis = Analysis.configured()

@@ -11,6 +11,7 @@ that WAV and AIFF share is written once (`_chunks`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from collections.abc import Iterator
@@ -193,12 +194,15 @@ def _data_complete(f: BinaryIO, size: int, data_id: bytes, big_endian: bool) -> 
 # -- frames promised and frames there ------------------------------------------------------------
 
 
-def declared_frames(path: str | Path) -> tuple[int, int] | None:
+def declared_frames(path: str | Path | BinaryIO) -> tuple[int, int] | None:
     """(frames the header promises, frames the file's data holds) for WAV and AIFF,
     read from the chunks themselves. None when the header does not say (streamed
-    writes, RF64, other formats)."""
+    writes, RF64, other formats). Given an open file, reads it from its start (and
+    leaves it open)."""
     try:
-        with open(path, "rb") as f:
+        with contextlib.nullcontext(path) if not isinstance(path, (str, Path)) \
+                else open(path, "rb") as f:
+            f.seek(0)
             head = f.read(12)
             size = os.fstat(f.fileno()).st_size
             if head[:4] == b"RIFF" and head[8:12] == b"WAVE":

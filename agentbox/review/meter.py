@@ -19,6 +19,11 @@ mean squares, which is all BS.1770 and Tech 3342 need: 400 ms blocks are four
 of them (75 % overlap), 3 s windows thirty.
 
 This module runs in an analysis process: it takes a path and returns plain data.
+The file is opened once, as itself (never through a symbolic link swapped in,
+never blocking on a FIFO: portable.open_unfollowed), and everything is read from
+that one open file. Its channels, sample rate and declared length are held to
+the limits below before a sample is decoded: a file made to exhaust the analysis
+(a thousand channels, an hour declared in a header) is refused, naming the limit.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile
 from numpy.lib.stride_tricks import sliding_window_view
 
+from agentbox import portable
 from agentbox.review.containers import declared_frames
 from agentbox.review.figures import mmss
 
@@ -57,6 +63,12 @@ LOW_END_HZ = 120.0  # below this, left and right should agree (mono compatibilit
 # Music's own asymmetry moves a block's mean both ways and leaves the file's mean
 # off zero without any offset in it.
 DC_QUANTILE = 10
+# What a mix may be (beyond them a review would cost minutes and gigabytes): a 7.1.4
+# bed has 12 channels; DXD is 352.8 kHz; a DJ set or a live recording a few hours.
+MAX_CHANNELS = 16
+MIN_SAMPLE_RATE = 8_000
+MAX_SAMPLE_RATE = 384_000
+MAX_DURATION_SECONDS = 4 * 3600.0
 ONSET_SECONDS = 0.001  # the first millisecond: silent before an attack, loud in a cut
 SPECTRUM_FRAME = 8192  # samples per spectrum frame; a few frames per read block
 SPECTRUM_FRAMES_PER_BLOCK = 4
@@ -225,24 +237,41 @@ def truncated(declared: int, present: int, rate: int) -> AudioError:
 def measure(path: str) -> Measurements:
     """Measure the audio file at `path` in one pass. Raises AudioError."""
     try:
-        info = soundfile.info(path)
+        fd = portable.open_unfollowed(Path(path))
     except FileNotFoundError:
         raise AudioError("mix_not_found", f"no file at {path}") from None
+    except portable.NotTheFile as exc:
+        raise AudioError("mix_unreadable", (
+            f"{exc}: agentbox reads a regular file itself, never through a link (name "
+            "the file a link points to)")) from None
+    except OSError as exc:
+        raise AudioError("mix_unreadable", (
+            f"the file cannot be read: {exc.strerror or exc}")) from None
+    with os.fdopen(fd, "rb") as file:
+        return _measure(file, path)
+
+
+def _measure(file: BinaryIO, path: str) -> Measurements:
+    try:
+        info = soundfile.info(file)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
-        if not os.path.exists(path):
-            raise AudioError("mix_not_found", f"no file at {path}") from None
-        if os.path.getsize(path) == 0:  # what a render that failed at once leaves
+        if os.fstat(file.fileno()).st_size == 0:  # what a render that failed at once leaves
             raise AudioError("mix_unreadable", "the file is empty (0 bytes): nothing was "
                              "rendered into it; export it again") from None
         raise AudioError("mix_unreadable", f"not a readable audio file: {exc}") from None
-    header = declared_frames(path)
+    within_limits(info.channels, info.samplerate, info.frames)
+    file.seek(0)
+    header = declared_frames(file)
+    if header is not None:
+        within_limits(info.channels, info.samplerate, header[0])
     if header is not None and header[1] < header[0]:
         raise truncated(header[0], header[1], info.samplerate)
     if info.frames <= 0 or info.channels <= 0:
         raise AudioError("mix_unreadable", "the file holds no audio")
+    file.seek(0)
     meter = _Meter(info.samplerate, info.channels, BIT_DEPTHS.get(info.subtype))
     try:
-        for block in soundfile.blocks(path, blocksize=meter.sub * round(READ_SECONDS * 10),
+        for block in soundfile.blocks(file, blocksize=meter.sub * round(READ_SECONDS * 10),
                                       dtype="float32", always_2d=True):
             meter.feed(block)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
@@ -261,6 +290,21 @@ def measure(path: str) -> Measurements:
             "not the audio its header describes (a cut-off or corrupt render); export it "
             "again"))
     return measured
+
+
+def within_limits(channels: int, rate: int, frames: int) -> None:
+    """Refuse, before decoding, a file that no mix is (AudioError naming the limit)."""
+    if channels > MAX_CHANNELS:
+        raise AudioError("mix_out_of_limits", (
+            f"the file has {channels} channels; agentbox reviews at most {MAX_CHANNELS}"))
+    if rate > 0 and not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise AudioError("mix_out_of_limits", (
+            f"the file's sample rate is {rate} Hz; agentbox reviews {MIN_SAMPLE_RATE} to "
+            f"{MAX_SAMPLE_RATE} Hz"))
+    if rate > 0 and frames / rate > MAX_DURATION_SECONDS:
+        raise AudioError("mix_out_of_limits", (
+            f"the file declares {mmss(frames / rate)} of audio; agentbox reviews at most "
+            f"{mmss(MAX_DURATION_SECONDS)}"))
 
 
 class _Meter:

@@ -5,6 +5,11 @@ player asks for them.
 Only what a review recorded is served, never a path a request names; and never
 an open path: the file is opened once, as it is checked (no symlink followed),
 and served from that descriptor.
+
+The answer's type comes from the file's name, which the sender chose: only an
+audio type is ever answered as such. Anything else (a WAV named `evil.html`) is
+`application/octet-stream` with `Content-Disposition: attachment`, so that no
+browser renders a sender's bytes as a page of this site.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,9 +41,14 @@ CHUNK_BYTES = 256 * 1024  # read and sent at a time
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
+DOWNLOAD_TYPE = "application/octet-stream"  # what is not audio: saved, never shown
+
+
 def audio_type(name: str) -> str:
+    """The type a file of this name is served as: an audio type, else DOWNLOAD_TYPE."""
     suffix = Path(name).suffix.lower()
-    return AUDIO_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    guessed = AUDIO_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or DOWNLOAD_TYPE
+    return guessed if guessed.startswith("audio/") else DOWNLOAD_TYPE
 
 
 def reviewed(result: Any) -> Reviewed | None:
@@ -115,6 +126,9 @@ class OpenFileResponse(Response):
         self.headers["etag"] = tag
         self.headers["cache-control"] = "private, no-cache"
         self.headers["x-content-type-options"] = "nosniff"
+        if not media_type.startswith("audio/"):
+            self.headers["content-disposition"] = (
+                f"attachment; filename*=UTF-8''{quote(file.name, safe='')}")
         self.start, self.end = 0, file.size  # [start, end)
         if headers.get("if-none-match") == tag:
             self.status_code, self.end = 304, 0

@@ -59,7 +59,7 @@ def api() -> ApiPart:
                                                             "format": "binary"}},
                     "audio/*": {"schema": {"type": "string", "format": "binary"}}}},
                 "responses": {"201": json_answer("ReferenceOut", "the project's reference now"),
-                              **errors(400, 401, 404, 409, 413, 422, 503)},
+                              **errors(400, 401, 404, 409, 413, 422, 503, 507)},
             },
             "delete": {
                 "summary": "The project no longer has a reference track (admin)",

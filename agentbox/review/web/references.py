@@ -7,6 +7,13 @@ token), at most MAX_REFERENCE_BYTES. It is written into the archive's incoming
 folder as it arrives (hashed on the way), measured once by the analysis
 processes, kept under its hash, and made the project's reference: every later
 review of the project compares with those measurements.
+
+A reference counts in the archive's size and is never let go, so one the archive
+cannot hold beside the other references is refused, as is one that would leave the
+disk less free space than its margin (AGENTBOX_MIN_FREE_MB): 507
+insufficient_storage, before its body is read when its length is declared, else as
+soon as it would, and for a disk that fills anyway. Never a 500: the database needs
+that room for the promise of every 202.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import shutil
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable
@@ -28,6 +36,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.archive import Archive, Gone
+from agentbox.archive.blobs import disk_full
 from agentbox.archive.records import ProjectReference
 from agentbox.engine.agents import AgentError
 from agentbox.events import Name, ProjectName
@@ -62,6 +71,10 @@ def view(reference: ProjectReference) -> dict[str, Any]:
 
 class TooLarge(Exception):
     pass
+
+
+class NoRoom(Exception):
+    """The upload would leave the disk less free than its margin (or filled it)."""
 
 
 class ReferenceRoutes:
@@ -141,9 +154,17 @@ class ReferenceRoutes:
         if folder is None:
             return error_response(503, "archive_unavailable", (
                 "The archive's folder cannot be made or written: see agentbox's log."))
+        declared = _declared_length(request)
+        if declared is not None:
+            refused = await self.archive.reference_refusal(project, declared)
+            if refused is not None:
+                return _no_room(name, refused)
         upload = self.archive.blobs.new_upload()
         try:
-            sha256, size = await receive(request, upload)
+            sha256, size = await receive(request, upload, self.archive.min_free_bytes)
+            refused = await self.archive.reference_refusal(project, size, arrived=True)
+            if refused is not None:
+                return _no_room(name, refused)
             measured = await self._measure(upload, name, sha256)
             if isinstance(measured, Response):
                 return measured
@@ -156,6 +177,14 @@ class ReferenceRoutes:
                 "a shorter or compressed (FLAC) file."))
         except ClientDisconnect:
             return error_response(400, "upload_incomplete", "The file did not arrive whole.")
+        except NoRoom:
+            return _no_room(name, (
+                f"it would leave less than {self.archive.min_free_bytes // 1_000_000} MB free "
+                "on the disk (AGENTBOX_MIN_FREE_MB)"))
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            return _no_room(name, "the disk is full")
         finally:
             with contextlib.suppress(OSError):
                 upload.unlink()  # kept, it was moved; refused, it goes
@@ -178,10 +207,13 @@ class ReferenceRoutes:
         return raw
 
 
-async def receive(request: Request, path: Path) -> tuple[str, int]:
+async def receive(request: Request, path: Path, min_free_bytes: int = 0) -> tuple[str, int]:
     """Write a request's body to `path` (private), hashing it on the way, in blocks
-    written off the event loop; (SHA-256, size). TooLarge past MAX_REFERENCE_BYTES."""
+    written off the event loop; (SHA-256, size). TooLarge past MAX_REFERENCE_BYTES;
+    NoRoom when a block would leave less than `min_free_bytes` free on the disk, or
+    the disk has no room for it."""
     digest, size, pending = hashlib.sha256(), 0, bytearray()
+    room = (path.parent, min_free_bytes)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                  0o600)
     with os.fdopen(fd, "wb") as out:
@@ -191,15 +223,46 @@ async def receive(request: Request, path: Path) -> tuple[str, int]:
                 raise TooLarge
             pending += chunk
             if len(pending) >= WRITE_BYTES:
-                await asyncio.to_thread(_write, out, digest, bytes(pending))
+                await asyncio.to_thread(_write, out, digest, bytes(pending), room)
                 pending.clear()
-        await asyncio.to_thread(_write, out, digest, bytes(pending))
+        await asyncio.to_thread(_write, out, digest, bytes(pending), room)
+        await asyncio.to_thread(_flush, out)
     return digest.hexdigest(), size
 
 
-def _write(out: Any, digest: Any, block: bytes) -> None:
+def _write(out: Any, digest: Any, block: bytes, room: tuple[Path, int]) -> None:
+    folder, min_free_bytes = room
+    if shutil.disk_usage(folder).free - len(block) < min_free_bytes:
+        raise NoRoom
     digest.update(block)
-    out.write(block)
+    try:
+        out.write(block)
+    except OSError as exc:
+        if disk_full(exc):
+            raise NoRoom from exc
+        raise
+
+
+def _flush(out: Any) -> None:
+    try:
+        out.flush()
+    except OSError as exc:
+        if disk_full(exc):
+            raise NoRoom from exc
+        raise
+
+
+def _declared_length(request: Request) -> int | None:
+    try:
+        return max(int(request.headers.get("content-length", "")), 0)
+    except ValueError:
+        return None
+
+
+def _no_room(name: str, why: str) -> Response:
+    return error_response(507, "insufficient_storage", (
+        f"{name} cannot be kept as a reference track: {why}. Free some space, or remove "
+        "another project's reference."))
 
 
 def _routed_to(request: Request, tail: bytes) -> bool:

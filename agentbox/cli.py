@@ -878,8 +878,23 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
     click.echo(f"valid: {note.get('notification_id')} ({note.get('status')})")
 
 
+class FolderOrAction(click.Path):
+    """`agentbox watch`'s argument: a folder to watch, or `pause` / `resume` (the
+    server's own watched folders); a folder named so is `./pause`."""
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        return value if value in WATCH_ACTIONS else super().convert(value, param, ctx)
+
+
+WATCH_ACTIONS = ("pause", "resume")
+
+
 @main.command()
-@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("folder", type=FolderOrAction())
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
@@ -898,7 +913,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def watch(folder: Path, url: str | None, project: str | None, profile: str | None,
+def watch(folder: Path | str, url: str | None, project: str | None, profile: str | None,
           stage: str | None,
           source: str, settle: float, headerless_settle: float, interval: float,
           existing: bool, once: bool, retries: int, config_file: Path | None) -> None:
@@ -924,9 +939,16 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     backoff, signed with the secret as it is then. With --once a file is given
     up instead, and the exit status says so as `send`'s does (1: a file was
     refused, 3: agentbox unreachable or busy).
+
+    `agentbox watch pause` pauses the folders the server watches (the `watch`
+    setting) until `agentbox watch resume`: renders written meanwhile are sent on
+    resume, the newest last; the pause outlives a restart.
     """
     from agentbox.desktop.folders import Folder, FolderWatch
 
+    if isinstance(folder, str):
+        _pause_or_resume(folder == "pause", url, config_file)
+        return
     box = _client(url, config_file)
     folder_watch = FolderWatch(
         Folder(folder, project, profile, {"default_stage": stage} if stage else {},
@@ -947,6 +969,15 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
                 time.sleep(interval)
     except KeyboardInterrupt:
         return
+
+
+def _pause_or_resume(paused: bool, url: str | None, config_file: Path | None) -> None:
+    with _client_errors(), _client(url, config_file) as box:
+        state = box.pause_watch() if paused else box.resume_watch()
+    folders = len(state.folders)
+    what = "paused" if state.paused else "watching again"
+    click.echo(f"agentbox: watched folders {what} ({folders} folder"
+               f"{'' if folders == 1 else 's'})")
 
 
 def _print_news(news: Any) -> None:

@@ -57,6 +57,7 @@ from agentbox.models import (
     RunDetail,
     RunList,
     RunView,
+    WatchState,
 )
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
@@ -646,6 +647,23 @@ class Client:
             raise refusal(response.status_code, answer if isinstance(answer, dict) else {},
                           response.text)
         return answer
+
+    # -- the watched folders (the desktop app's routes) --
+
+    def watch_state(self) -> WatchState:
+        """`GET /watch`: whether the server's watched folders are paused, and each one."""
+        return self._read(WatchState, self._get("/watch"))
+
+    def pause_watch(self) -> WatchState:
+        """`POST /watch/pause` (admin): renders are found but not sent until resumed;
+        the pause outlives a restart of the server."""
+        return self._read(WatchState, self._call("POST", "/watch/pause",
+                                                 headers=self._admin_headers()))
+
+    def resume_watch(self) -> WatchState:
+        """`POST /watch/resume` (admin): what was written meanwhile is sent, newest last."""
+        return self._read(WatchState, self._call("POST", "/watch/resume",
+                                                 headers=self._admin_headers()))
 
 
 START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "

@@ -984,6 +984,30 @@ def _print_news(news: Any) -> None:
     click.echo(news.text, err=news.problem)
 
 
+@main.command()
+@URL_OPTION
+@CONFIG_OPTION
+def tray(url: str | None, config_file: Path | None) -> None:
+    """Show agentbox in the menu bar or notification area: whether it runs, reviews or
+    idles, the last verdict, and a menu of the last five reviews (one opens its page),
+    open agentbox, pause or resume the watched folders, start agentbox, quit.
+
+    It follows the running agentbox's live updates; started at login beside the
+    server by `agentbox service install`. A desktop without a tray says so and exits 2.
+    Its log (a line per change of the icon) goes to stderr."""
+    from agentbox.desktop.tray import NoTray, Tray, check_tray
+    from agentbox.logs import setup_logging
+
+    try:
+        check_tray()
+    except NoTray as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_USAGE)
+    setup_logging("info", "auto")
+    with _client(url, config_file) as box:
+        Tray(box).run()
+
+
 MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install it with\n"
                "    pip install 'agentbox[mcp]'\n"
                "(in the environment agentbox is installed in; from a checkout: "

@@ -1058,12 +1058,18 @@ def service() -> None:
 
 
 def _service(action: Callable[[Any], list[str]], config_file: Path | None = None,
-             data_dir: Path | None = None) -> None:
+             data_dir: Path | None = None,
+             tray: Callable[[Any], list[str]] | None = None) -> None:
+    """`action` on this OS's service manager; `tray` on its way to start the tray icon
+    at login (install and uninstall do both)."""
     from agentbox.desktop import service as svc
 
     manager = svc.manager_for(svc.Installation.this(config_file), data_dir=data_dir)
     try:
-        click.echo("\n".join(action(manager)))
+        said = action(manager)
+        if tray is not None:
+            said += tray(svc.tray_for(manager.installation))
+        click.echo("\n".join(said))
     except svc.ServiceError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -1074,15 +1080,18 @@ def _service(action: Callable[[Any], list[str]], config_file: Path | None = None
 @click.option("--dry-run", is_flag=True, help="Print the file it would write, and where; "
               "write nothing.")
 def service_install(config_file: Path | None, dry_run: bool) -> None:
-    """Start this agentbox at login (and now), with this config."""
+    """Start this agentbox at login (and now), with this config, and its tray icon
+    (agentbox tray) at login beside it."""
     settings = _settings(config_file)  # a config that cannot serve is refused now
-    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir)
+    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir,
+             tray=lambda t: t.install(dry_run=dry_run))
 
 
 @service.command("uninstall")
 def service_uninstall() -> None:
-    """Stop starting agentbox at login; stop it and remove the service's file."""
-    _service(lambda m: m.uninstall())
+    """Stop starting agentbox and its tray icon at login; stop it and remove the
+    service's files."""
+    _service(lambda m: m.uninstall(), tray=lambda t: t.uninstall())
 
 
 @service.command("status")

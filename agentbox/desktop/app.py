@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from starlette.routing import BaseRoute, Route
 
+from agentbox.client import configured_url
 from agentbox.desktop.notifications import ReviewNotifications
 from agentbox.desktop.review_log import ReviewLog
 from agentbox.desktop.watch_api import WatchRoutes
@@ -36,7 +37,7 @@ class DesktopApp(App):
         self.review_log = ReviewLog(host.store)
         host.on_transition(self.review_log.on_transition)
         if settings.notify:
-            self.notices = ReviewNotifications(host.store)
+            self.notices = ReviewNotifications(host.store, pages=configured_url(settings))
             host.on_transition(self.notices.on_transition)
         if settings.watch:
             self.watched = watched = WatchedFolders.of(settings, host.admin_token)

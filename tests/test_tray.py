@@ -283,3 +283,39 @@ def test_the_look_says_the_state_the_last_verdict_and_the_menu() -> None:
     assert Look(running=True, reviews=(failed, review)).state == "fail"
     assert look.menu_lines()[:3] == ["mix.wav · warn · 14:02", "Open agentbox",
                                      "Pause watch folders"]
+
+
+def test_the_menus_items_do_what_they_say(server: Server,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The menu as pystray holds it (its dummy backend, in this process): a review opens
+    its page, Pause and Resume reach the server, Start agentbox when it is not running."""
+    monkeypatch.setenv("PYSTRAY_BACKEND", "dummy")
+    monkeypatch.delitem(sys.modules, "pystray", raising=False)
+    from agentbox.client import Client
+    from agentbox.desktop.tray import Tray
+    from tests.conftest import make_event
+
+    run_id = server.post(make_event(payload={"project_id": "menu", "mix_url": "/x/a.wav"})
+                         ).json()["run_id"]
+    server.wait_terminal(run_id)
+    opened: list[str] = []
+    started: list[bool] = []
+    token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
+    with Client(server.url, admin_token=token) as box:
+        tray = Tray(box, start_server=lambda: started.append(True), open_url=opened.append)
+        tray.follower.show(Look(running=True, reviews=(Review(run_id, "a.wav", "pass", ""),)))
+
+        def item(text: str) -> Any:
+            return next(i for i in tray.icon.menu.items if str(i.text).startswith(text))
+
+        item("a.wav")(tray.icon)
+        item("Open agentbox")(tray.icon)
+        assert opened == [f"{server.url}/ui/runs/{run_id}", f"{server.url}/"]
+        item("Pause watch folders")(tray.icon)
+        assert server.client.get("/watch").json()["paused"] is True
+        assert tray.follower.look.paused
+        item("Resume watch folders")(tray.icon)
+        assert server.client.get("/watch").json()["paused"] is False
+        tray.follower.show(Look())
+        item("Start agentbox")(tray.icon)
+        assert started == [True]

@@ -30,6 +30,7 @@ import threading
 import webbrowser
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from agentbox.client import AgentboxError, Client, LiveUpdate
@@ -314,7 +315,7 @@ class Tray:
 
         self.client = client
         self.open_url = open_url
-        self.start_server = start_server or start_agentbox
+        self.start_server = start_server or (lambda: start_agentbox(client.config_file))
         self.follower = Follower(client, self._changed)
         self.icon = pystray.Icon("agentbox", picture("down"), "agentbox: not running",
                                  menu=pystray.Menu(self._items))
@@ -393,10 +394,12 @@ class Tray:
                                     folders=folders_of(state)))
 
 
-def start_agentbox() -> None:
-    """`agentbox serve` in the background, as the service would (the one-file build is
-    agentbox itself)."""
+def start_agentbox(config_file: Path | None = None) -> None:
+    """`agentbox serve` in the background with the tray's config, as the service would
+    (the one-file build is agentbox itself)."""
     command = ([sys.executable, "serve"] if getattr(sys, "frozen", False)
                else [sys.executable, "-m", "agentbox", "serve"])
+    if config_file is not None:
+        command += ["--config", str(config_file)]
     subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agentbox import portable
 from agentbox.client import AgentboxError, Client, LiveUpdate
 from agentbox.logs import get_logger, one_line
 from agentbox.models import RunView, WatchState
@@ -263,7 +264,7 @@ def check_tray(environ: dict[str, str] | None = None) -> None:
     """NoTray, with the reason in one sentence, when this desktop has no tray; else the
     tray library is importable (on macOS and Windows a tray is always there)."""
     env = os.environ if environ is None else environ
-    if sys.platform.startswith("linux"):
+    if portable.PLATFORM.startswith("linux"):
         if not env.get("DISPLAY"):
             raise NoTray("agentbox tray: this session has no desktop with a tray (no X "
                          "display: DISPLAY is not set).")

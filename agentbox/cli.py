@@ -921,8 +921,23 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
     click.echo(f"valid: {note.get('notification_id')} ({note.get('status')})")
 
 
+class FolderOrAction(click.Path):
+    """`agentbox watch`'s argument: a folder to watch, or `pause` / `resume` (the
+    server's own watched folders); a folder named so is `./pause`."""
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        return value if value in WATCH_ACTIONS else super().convert(value, param, ctx)
+
+
+WATCH_ACTIONS = ("pause", "resume")
+
+
 @main.command()
-@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("folder", type=FolderOrAction())
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
@@ -941,7 +956,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
-def watch(folder: Path, url: str | None, project: str | None, profile: str | None,
+def watch(folder: Path | str, url: str | None, project: str | None, profile: str | None,
           stage: str | None,
           source: str, settle: float, headerless_settle: float, interval: float,
           existing: bool, once: bool, retries: int, config_file: Path | None) -> None:
@@ -967,9 +982,16 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
     backoff, signed with the secret as it is then. With --once a file is given
     up instead, and the exit status says so as `send`'s does (1: a file was
     refused, 3: agentbox unreachable or busy).
+
+    `agentbox watch pause` pauses the folders the server watches (the `watch`
+    setting) until `agentbox watch resume`: renders written meanwhile are sent on
+    resume, the newest last; the pause outlives a restart.
     """
     from agentbox.desktop.folders import Folder, FolderWatch
 
+    if isinstance(folder, str):
+        _pause_or_resume(folder == "pause", url, config_file)
+        return
     box = _client(url, config_file)
     folder_watch = FolderWatch(
         Folder(folder, project, profile, {"default_stage": stage} if stage else {},
@@ -992,8 +1014,41 @@ def watch(folder: Path, url: str | None, project: str | None, profile: str | Non
         return
 
 
+def _pause_or_resume(paused: bool, url: str | None, config_file: Path | None) -> None:
+    with _client_errors(), _client(url, config_file) as box:
+        state = box.pause_watch() if paused else box.resume_watch()
+    folders = len(state.folders)
+    what = "paused" if state.paused else "watching again"
+    click.echo(f"agentbox: watched folders {what} ({folders} folder"
+               f"{'' if folders == 1 else 's'})")
+
+
 def _print_news(news: Any) -> None:
     click.echo(news.text, err=news.problem)
+
+
+@main.command()
+@URL_OPTION
+@CONFIG_OPTION
+def tray(url: str | None, config_file: Path | None) -> None:
+    """Show agentbox in the menu bar or notification area: whether it runs, reviews or
+    idles, the last verdict, and a menu of the last five reviews (one opens its page),
+    open agentbox, pause or resume the watched folders, start agentbox, quit.
+
+    It follows the running agentbox's live updates; started at login beside the
+    server by `agentbox service install`. A desktop without a tray says so and exits 2.
+    Its log (a line per change of the icon) goes to stderr."""
+    from agentbox.desktop.tray import NoTray, Tray, check_tray
+    from agentbox.logs import setup_logging
+
+    try:
+        check_tray()
+    except NoTray as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_USAGE)
+    setup_logging("info", "auto")
+    with _client(url, config_file) as box:
+        Tray(box).run()
 
 
 MCP_INSTALL = ("agentbox mcp needs the MCP Python SDK, an optional part: install it with\n"
@@ -1046,12 +1101,18 @@ def service() -> None:
 
 
 def _service(action: Callable[[Any], list[str]], config_file: Path | None = None,
-             data_dir: Path | None = None) -> None:
+             data_dir: Path | None = None,
+             tray: Callable[[Any], list[str]] | None = None) -> None:
+    """`action` on this OS's service manager; `tray` on its way to start the tray icon
+    at login (install and uninstall do both)."""
     from agentbox.desktop import service as svc
 
     manager = svc.manager_for(svc.Installation.this(config_file), data_dir=data_dir)
     try:
-        click.echo("\n".join(action(manager)))
+        said = action(manager)
+        if tray is not None:
+            said += tray(svc.tray_for(manager.installation))
+        click.echo("\n".join(said))
     except svc.ServiceError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -1062,15 +1123,18 @@ def _service(action: Callable[[Any], list[str]], config_file: Path | None = None
 @click.option("--dry-run", is_flag=True, help="Print the file it would write, and where; "
               "write nothing.")
 def service_install(config_file: Path | None, dry_run: bool) -> None:
-    """Start this agentbox at login (and now), with this config."""
+    """Start this agentbox at login (and now), with this config, and its tray icon
+    (agentbox tray) at login beside it."""
     settings = _settings(config_file)  # a config that cannot serve is refused now
-    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir)
+    _service(lambda m: m.install(dry_run=dry_run), config_file, settings.data_dir,
+             tray=lambda t: t.install(dry_run=dry_run))
 
 
 @service.command("uninstall")
 def service_uninstall() -> None:
-    """Stop starting agentbox at login; stop it and remove the service's file."""
-    _service(lambda m: m.uninstall())
+    """Stop starting agentbox and its tray icon at login; stop it and remove the
+    service's files."""
+    _service(lambda m: m.uninstall(), tray=lambda t: t.uninstall())
 
 
 @service.command("status")

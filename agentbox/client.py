@@ -30,7 +30,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -57,6 +58,7 @@ from agentbox.models import (
     RunDetail,
     RunList,
     RunView,
+    WatchState,
 )
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
@@ -65,6 +67,7 @@ DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
+LIVE_TIMEOUT = 60.0  # the page's stream pings every 15 s: silent this long, it is lost
 # Sending a reference track: the file goes up whole, then agentbox measures it before
 # it answers (a long track takes a few seconds of the analysis process).
 REFERENCE_TIMEOUT = 300.0
@@ -647,6 +650,50 @@ class Client:
                           response.text)
         return answer
 
+    # -- the watched folders (the desktop app's routes) --
+
+    def watch_state(self) -> WatchState:
+        """`GET /watch`: whether the server's watched folders are paused, and each one."""
+        return self._read(WatchState, self._get("/watch"))
+
+    def pause_watch(self) -> WatchState:
+        """`POST /watch/pause` (admin): renders are found but not sent until resumed;
+        the pause outlives a restart of the server."""
+        return self._read(WatchState, self._call("POST", "/watch/pause",
+                                                 headers=self._admin_headers()))
+
+    def resume_watch(self) -> WatchState:
+        """`POST /watch/resume` (admin): what was written meanwhile is sent, newest last."""
+        return self._read(WatchState, self._call("POST", "/watch/resume",
+                                                 headers=self._admin_headers()))
+
+    # -- live updates (the page's stream) --
+
+    def live(self, timeout: float = LIVE_TIMEOUT) -> Iterator[LiveUpdate]:
+        """The page's live updates (`GET /ui/stream`, Server-Sent Events) as they come:
+        `stats` (the run counts, `active`, the apps' figures) at once and every few
+        seconds, `run` at each run transition. Waits without polling; ends when the
+        server closes the stream (a stop), `Unreachable` when nothing answers or the
+        stream goes silent for `timeout` seconds (its keep-alive pings are 15 s apart)."""
+        try:
+            with self._http.stream("GET", self.url + "/ui/stream",
+                                   headers={"Accept": "text/event-stream",
+                                            **self._optional_token()},
+                                   timeout=httpx.Timeout(DEFAULT_TIMEOUT, read=timeout)
+                                   ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    self._answer(response)  # the refusal, raised
+                    raise NotAgentbox(f"{self.url}/ui/stream answered "
+                                      f"{response.status_code}, not a stream")
+                yield from _events(response.iter_lines())
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+
+    def _optional_token(self) -> dict[str, str]:
+        return {} if self._admin_token is None else {
+            "Authorization": f"Bearer {self._admin_token}"}
+
 
 START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "
               "every login: agentbox service install). Running elsewhere: --url or "
@@ -673,3 +720,34 @@ def _busy(response: httpx.Response, url: str) -> Unreachable:
     return Unreachable(f"agentbox at {url} is {what} ({reason}): "
                        f"{detail or 'try again later'}", reason,
                        response.status_code, code, wait, detail)
+
+
+@dataclass(frozen=True)
+class LiveUpdate:
+    """One event of the page's stream: `kind` (stats, run) and its JSON `data`."""
+
+    kind: str
+    data: Any
+
+
+def _events(lines: Iterator[str]) -> Iterator[LiveUpdate]:
+    """Server-Sent Events as updates: `event:` and `data:` lines up to a blank line;
+    comments (the pings) and `retry:` are the transport's."""
+    kind, data = "message", list[str]()
+    for text in lines:
+        if not text:
+            found = _json_or_none("\n".join(data)) if data else None
+            if found is not None:  # else not one of agentbox's updates
+                yield LiveUpdate(kind, found)
+            kind, data = "message", []
+        elif text.startswith("event:"):
+            kind = text[6:].strip()
+        elif text.startswith("data:"):
+            data.append(text[5:].removeprefix(" "))
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -26,10 +27,12 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from tests import test_notifications
 from tests.conftest import ROOT, free_port, wait_until
 from tests.test_notifications import notifications
+from tests.test_tray import HOST_SECONDS, Desktop, desktop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 session_bus = test_notifications.session_bus  # a real D-Bus session bus, and on it
 received = test_notifications.received  # the test's own notification server
+tray_desktop = desktop  # Xvfb and a tray host (tests/test_tray.py)
 BUILD_SECONDS = 1500
 START_SECONDS = 120.0  # unpacking ~90 MB on a busy machine; typically a few seconds
 
@@ -178,6 +181,31 @@ def test_the_executables_service_runs_the_executable(executable: Path,
                              capture_output=True, text=True, timeout=300, check=False)
     assert planned.returncode == 0, planned.stderr
     assert f"ExecStart={executable} serve\n" in planned.stdout
+    assert f"Exec={executable} tray\n" in planned.stdout  # the tray icon at login
+
+
+def test_the_executables_tray_docks_in_a_tray_host(
+        executable: Path, server: str, home: dict[str, str], tray_desktop: Desktop,
+        tmp_path: Path) -> None:
+    """pystray and its XEmbed backend (python-xlib) are in the file: the executable's
+    tray docks in a real tray host and says the server is idle."""
+    with (tmp_path / "tray.log").open("w") as log:
+        tray = subprocess.Popen([str(executable), "tray", "--url", server],
+                                env={**home, "DISPLAY": tray_desktop.name}, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        docked = wait_until(lambda: tray_desktop.title() or tray.poll() is not None,
+                            START_SECONDS, "the icon docked")
+        assert tray.poll() is None, (tmp_path / "tray.log").read_text()
+        assert str(docked).startswith("agentbox: ")
+        # It finds the server at once, or at its next look (backoff: 30 s at most).
+        if not wait_until_or_none(lambda: tray_desktop.title().startswith("agentbox: idle"),
+                                  START_SECONDS):
+            raise AssertionError(f"the icon says {tray_desktop.title()!r}:\n"
+                                 + (tmp_path / "tray.log").read_text())
+    finally:
+        tray.terminate()
+        tray.wait(HOST_SECONDS)
 
 
 def test_the_executable_carries_the_manual(executable: Path, server: str,
@@ -193,3 +221,10 @@ def test_the_executable_carries_the_manual(executable: Path, server: str,
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout == (ROOT / "agentbox" / "docs" / "configuration.md").read_text(
         encoding="utf-8") + "\n"
+
+
+def wait_until_or_none(condition: Any, timeout: float) -> Any:
+    try:
+        return wait_until(condition, timeout, "")
+    except AssertionError:
+        return None

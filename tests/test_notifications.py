@@ -139,3 +139,33 @@ def test_no_notification_server_never_fails_a_review(server_factory: Any,
                server.log_path.read_text(), 20, "the failure to be logged")
     server.stop()
     assert server.log_path.read_text().count("a desktop notification could not be shown") == 1
+
+
+def test_clicking_a_notification_opens_the_review_it_speaks_of(
+        server_factory: Any, session_bus: str, tmp_path: Path) -> None:
+    """The test's notification server clicks each notification as it comes; the
+    server opens the run's page with the browser $BROWSER names (a script here)."""
+    found, opened = tmp_path / "clicked.jsonl", tmp_path / "opened.txt"
+    browser = tmp_path / "browser"
+    browser.write_text(f'#!/bin/sh\nprintf "%s\\n" "$1" >> "{opened}"\n')
+    browser.chmod(0o755)
+    clicker = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.notification_server", str(found), "--click"],
+        env={**os.environ, "DBUS_SESSION_BUS_ADDRESS": session_bus,
+             "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert clicker.stdout is not None and clicker.stdout.readline().strip() == "ready"
+        server = review_server(server_factory, tmp_path / "home", session_bus,
+                               BROWSER=str(browser))
+        run = review(server, tone(tmp_path / "night-drive.wav"))
+        note = wait_until(lambda: notifications(found), 20, "the notification")[0]
+        assert note["actions"][:1] == ["default"]  # the body clicks
+        page = wait_until(lambda: opened.exists() and opened.read_text().split(), 20,
+                          "the browser to be asked for the review")
+        assert page == [f"{server.url}/ui/runs/{run['run_id']}"]
+        assert server.client.get(page[0]).status_code == 200
+    finally:
+        clicker.terminate()
+        clicker.wait(10)
+        assert clicker.stdout is not None
+        clicker.stdout.close()

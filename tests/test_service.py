@@ -329,8 +329,11 @@ def test_the_cli_installs_reports_and_uninstalls_a_unit(tmp_path: Path) -> None:
     assert dry.exit_code == 0, dry.output
     assert dry.output.startswith(f"would write the systemd user unit {unit}:")
     assert "ExecStart=" in dry.output and files_under(home) == before
+    autostart = home / ".config" / "autostart" / svc.AUTOSTART_FILE
+    assert f"would write the XDG autostart entry {autostart}:" in dry.output
     done = runner.invoke(main, ["service", "install"], env=env)
     assert done.exit_code == 0 and unit.read_text() in dry.output, done.output
+    assert autostart.read_text() in dry.output  # the tray icon, at login beside it
     # Here systemd's user manager may or may not run; either way the answer says which.
     status = runner.invoke(main, ["service", "status"], env=env)
     assert status.output.startswith(f"installed: yes ({unit})\nrunning: "), status.output
@@ -373,3 +376,91 @@ def test_each_os_gets_its_own_manager_and_places(tmp_path: Path) -> None:
     windows = svc.manager_for(inst, "win32", home, env, data_dir=tmp_path / "data")
     assert isinstance(windows, svc.TaskScheduler) and windows.user == "STUDIO\\ana"
     assert windows.log_file == tmp_path / "data" / "logs" / "agentbox.log"
+
+
+# -- the tray icon at login, beside the server ----------------------------------------------
+
+
+def exec_argv(entry: Path) -> list[str]:
+    """A desktop entry's Exec as the session starts it: the string escapes, then the
+    quoting (shlex's POSIX double quotes escape the same four), then %% as %."""
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(entry.read_text())
+    value = parser["Desktop Entry"]["Exec"].replace("\\\\", "\\")  # the string escape
+    args, arg, quoted, chars = [], "", False, iter(value)
+    for c in chars:  # the spec's quoting: in double quotes, \ escapes " ` $ and \
+        if c == '"':
+            quoted = not quoted
+        elif c == "\\" and quoted:
+            arg += next(chars)
+        elif c == " " and not quoted:
+            args, arg = [*args, arg], ""
+        else:
+            arg += c
+    return [a.replace("%%", "%") for a in [*args, arg]]
+
+
+def test_the_autostart_entry_starts_the_tray_with_the_config(tmp_path: Path) -> None:
+    home = a_home(tmp_path)
+    before = files_under(home)
+    tray = svc.tray_for(installation(tmp_path, "a \\ b \"q\" `x` %h $HOME.toml"),
+                        "linux", home, {})
+    assert isinstance(tray, svc.XdgAutostart)
+    assert tray.install()[0] == f"wrote {tray.path}"
+    assert tray.install()[0] == f"unchanged: {tray.path}"
+    assert exec_argv(tray.path) == tray.installation.tray_argv()
+    assert exec_argv(tray.path)[-3:-1] == ["tray", "--config"]
+    assert "Type=Application" in tray.path.read_text()
+    assert tray.uninstall() == [f"removed {tray.path}"]
+    assert tray.uninstall() == [f"tray not started at login (no {tray.path})"]
+    assert files_under(home) == before
+
+
+def test_the_tray_launchd_agent_runs_in_the_graphical_session(tmp_path: Path) -> None:
+    home, launchctl = a_home(tmp_path), FakeLaunchctl()
+    before = files_under(home)
+    tray = svc.tray_for(installation(tmp_path), "darwin", home, {}, launchctl)
+    assert isinstance(tray, svc.LaunchdTray)
+    for _ in range(2):
+        assert tray.install()[1] == "tray icon started; it starts at login"
+    agent = launchctl.loaded[svc.TRAY_LAUNCHD_LABEL]
+    assert agent["ProgramArguments"] == tray.installation.tray_argv()
+    assert agent["LimitLoadToSessionType"] == "Aqua" and agent["RunAtLoad"] is True
+    assert tray.uninstall() == [f"removed {tray.path}"]
+    assert launchctl.loaded == {} and files_under(home) == before
+
+
+class FakeReg(Recorder):
+    """The Run key's values (Windows cannot run here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, str] = {}
+
+    def answer(self, args: list[str]) -> svc.CommandResult:
+        verb, key, name = args[1], args[2], args[args.index("/v") + 1]
+        assert key == svc.RUN_KEY
+        if verb == "add":
+            self.values[name] = args[args.index("/d") + 1]
+        elif name not in self.values:
+            return svc.CommandResult(1, "ERROR: The system was unable to find the specified "
+                                        "registry key or value.")
+        elif verb == "delete":
+            del self.values[name]
+        return svc.CommandResult(0, "The operation completed successfully.")
+
+
+def test_the_run_key_starts_the_tray_at_logon(tmp_path: Path) -> None:
+    reg = FakeReg()
+    tray = svc.tray_for(installation(tmp_path), "win32", a_home(tmp_path), {}, reg)
+    assert isinstance(tray, svc.RunKey)
+    tray.install()
+    tray.install()
+    assert reg.values == {svc.RUN_VALUE: subprocess.list2cmdline(
+        tray.installation.tray_argv())}  # no pythonw.exe beside this python
+    assert tray.uninstall() == [f"removed {tray.where}"]
+    assert tray.uninstall() == [f"tray not started at login (no {tray.where})"]
+    assert reg.values == {}

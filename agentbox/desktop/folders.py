@@ -128,12 +128,16 @@ class FolderWatch:
 
     # -- watching for ever --
 
-    def turn(self) -> None:
+    def turn(self, hold: bool = False) -> None:
         """One scan: finished files become pending, pending ones due are tried, and
-        the reviews that finished are told."""
+        the reviews that finished are told. `hold` (paused): scanned, nothing sent;
+        what finished meanwhile is sent at the first turn not held, oldest first."""
         self.start()
         now = time.monotonic()
-        for path in self.watcher.poll():
+        ready = self.watcher.poll()  # kept as found until sent: a restart still sends them
+        if hold:
+            return
+        for path in sorted(ready, key=_written_at):
             found = self._event_id(path)
             if found is None:
                 continue
@@ -289,6 +293,14 @@ class FolderWatch:
             event = build_event("mix.review_requested", self.source, event_id, payload)
             event["causation_id"] = again_of
         return json.dumps(event, separators=(",", ":")).encode()
+
+
+def _written_at(path: Path) -> int:
+    """When a file was last written (0 if gone): the newest render is reviewed last."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def watch_folders(folders: Iterable[Folder], client: Client, tell: Tell, *,

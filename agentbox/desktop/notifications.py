@@ -2,7 +2,8 @@
 
 Sent by the server process through desktop-notifier (D-Bus on Linux, the
 notification centre on macOS and Windows). Opt out with `notify = false` in
-agentbox.toml or AGENTBOX_NOTIFY=0.
+agentbox.toml or AGENTBOX_NOTIFY=0. Clicking one opens the review it speaks of
+(the run's page) in the browser, where the desktop tells a click.
 
 A notification is a courtesy, never part of a run: it is sent from a task of
 its own after the run's state is stored, with a time limit, and whatever
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import webbrowser
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import PurePath
 from typing import Any
@@ -30,7 +33,8 @@ MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 SEND_TIMEOUT_SECONDS = 5.0
 TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
 
-Send = Callable[[str, str], Awaitable[None]]
+# title, body, and the page a click on it opens (None: a click opens nothing)
+Send = Callable[[str, str, str | None], Awaitable[None]]
 
 
 def message(run: Mapping[str, Any], event: Mapping[str, Any] | None = None
@@ -65,15 +69,23 @@ async def desktop_sender() -> Send | None:
     logging.getLogger("desktop_notifier").setLevel(logging.CRITICAL)
     notifier = DesktopNotifier(app_name=APP_NAME)
 
-    async def send(title: str, body: str) -> None:
+    async def send(title: str, body: str, link: str | None = None) -> None:
         dispatched: list[bool] = []
         await notifier.send(title=title, message=body,
-                            on_dispatched=lambda: dispatched.append(True))
+                            on_dispatched=lambda: dispatched.append(True),
+                            on_clicked=None if link is None else lambda: open_page(link))
         if not dispatched:
             raise NotificationUnavailable("no notification server took it (no desktop "
                                           "session, or its notifications are off)")
 
     return send
+
+
+def open_page(url: str) -> None:
+    """Open `url` in the browser from a thread of its own: finding and starting the
+    browser blocks, and the click is told on the server's event loop."""
+    threading.Thread(target=webbrowser.open, args=(url,), name="agentbox-open",
+                     daemon=True).start()
 
 
 class NotificationUnavailable(Exception):
@@ -85,8 +97,9 @@ class ReviewNotifications:
     terminal state (succeeded, failed for good, dead-lettered)."""
 
     def __init__(self, store: Store, sender: Callable[[], Awaitable[Send | None]]
-                 = desktop_sender) -> None:
+                 = desktop_sender, pages: str | None = None) -> None:
         self.store = store
+        self.pages = pages  # this server's address: a click opens the run's page there
         self._make_sender = sender
         self._send: Send | None = None
         self._ready = False
@@ -113,7 +126,9 @@ class ReviewNotifications:
                     log.info("desktop notifications need desktop-notifier: pip install "
                              "desktop-notifier (or set notify = false)")
             if self._send is not None:
-                await asyncio.wait_for(self._send(*message(run, event)), SEND_TIMEOUT_SECONDS)
+                link = None if self.pages is None else f"{self.pages}/ui/runs/{run_id}"
+                await asyncio.wait_for(self._send(*message(run, event), link),
+                                       SEND_TIMEOUT_SECONDS)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # no session bus, no server, a slow one: never the run's

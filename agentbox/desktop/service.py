@@ -7,6 +7,11 @@ takes (`render`), where that goes (`where`), and `install`, `uninstall` and
 launchctl, schtasks) to load or unload it. Every call of those tools goes through
 one `Runner`, so that tests can record them: launchctl and schtasks cannot run
 on Linux.
+
+The tray icon (`agentbox tray`) starts at login beside the server, each OS's own
+way for a program of the desktop session (`tray_for`): an XDG autostart entry on
+Linux (the desktop session starts it, with its display), a second launchd agent
+on macOS limited to the graphical session, a value of the Run key on Windows.
 """
 
 from __future__ import annotations
@@ -96,6 +101,11 @@ class Installation:
 
     def argv(self) -> list[str]:
         return [*self.program, *self.serve_args()]
+
+    def tray_argv(self) -> list[str]:
+        """`agentbox tray`, reading the same config (where the server is)."""
+        config = [] if self.config_file is None else ["--config", str(self.config_file)]
+        return [*self.program, "tray", *config]
 
 
 @dataclass(frozen=True)
@@ -435,6 +445,188 @@ def _first_line(text: str) -> str:
 def _remove_if_empty(folder: Path) -> None:
     with contextlib.suppress(OSError):  # not empty (or not there): those files stay
         folder.rmdir()
+
+
+# -- the tray icon at login, beside the server ------------------------------------------------
+
+TRAY_LAUNCHD_LABEL = "local.agentbox.tray"
+AUTOSTART_FILE = "agentbox-tray.desktop"
+RUN_KEY = r"HKCU\Software\Microsoft\Windows\CurrentVersion\Run"
+RUN_VALUE = "agentbox tray"
+TRAY_DESCRIPTION = "agentbox in the tray: the last review, one click to it"
+
+
+class TrayAtLogin:
+    """One OS's way to start `agentbox tray` when the desktop session starts."""
+
+    def __init__(self, installation: Installation, runner: Runner = run_command) -> None:
+        self.installation = installation
+        self.run = runner
+
+    @property
+    def where(self) -> str:
+        raise NotImplementedError
+
+    def install(self, dry_run: bool = False) -> list[str]:
+        raise NotImplementedError
+
+    def uninstall(self) -> list[str]:
+        raise NotImplementedError
+
+
+class XdgAutostart(TrayAtLogin):
+    """An XDG autostart entry: the desktop session (GNOME, KDE, Xfce, ...) starts it at
+    login, with the session's display; a session manager without autostart does not."""
+
+    def __init__(self, installation: Installation, config_home: Path,
+                 runner: Runner = run_command) -> None:
+        super().__init__(installation, runner)
+        self.path = config_home / "autostart" / AUTOSTART_FILE
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def render(self) -> str:
+        exec_line = " ".join(desktop_quote(a) for a in self.installation.tray_argv())
+        return "\n".join([
+            "# Written by `agentbox service install`; `agentbox service uninstall` removes it.",
+            "[Desktop Entry]",
+            "Type=Application",
+            "Name=agentbox tray",
+            f"Comment={TRAY_DESCRIPTION}",
+            f"Exec={exec_line}",
+            "Terminal=false",
+            "X-GNOME-Autostart-enabled=true",
+            "",
+        ])
+
+    def install(self, dry_run: bool = False) -> list[str]:
+        if dry_run:
+            return [f"would write the XDG autostart entry {self.where}:", "", self.render()]
+        changed = _write_file(self.path, self.render())
+        return [f"{'wrote' if changed else 'unchanged:'} {self.path}",
+                "the tray icon starts at your next login (now: agentbox tray)"]
+
+    def uninstall(self) -> list[str]:
+        if not self.path.exists():
+            return [f"tray not started at login (no {self.path})"]
+        self.path.unlink()
+        _remove_if_empty(self.path.parent)
+        return [f"removed {self.path}"]
+
+
+class LaunchdTray(TrayAtLogin):
+    """A second launchd agent, for the graphical session only (Aqua)."""
+
+    def __init__(self, installation: Installation, home: Path, uid: int,
+                 runner: Runner = run_command) -> None:
+        super().__init__(installation, runner)
+        self.path = home / "Library" / "LaunchAgents" / f"{TRAY_LAUNCHD_LABEL}.plist"
+        self.domain = f"gui/{uid}"
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def render(self) -> str:
+        return plistlib.dumps({
+            "Label": TRAY_LAUNCHD_LABEL,
+            "ProgramArguments": self.installation.tray_argv(),
+            "RunAtLoad": True,
+            "LimitLoadToSessionType": "Aqua",  # a menu bar icon needs the user's desktop
+            "ProcessType": "Interactive",
+            "KeepAlive": {"SuccessfulExit": False},  # Quit is a success: it stays quit
+        }, fmt=plistlib.FMT_XML).decode()
+
+    def install(self, dry_run: bool = False) -> list[str]:
+        if dry_run:
+            return [f"would write the launchd agent {self.where}:", "", self.render()]
+        changed = _write_file(self.path, self.render())
+        self.run(["launchctl", "bootout", f"{self.domain}/{TRAY_LAUNCHD_LABEL}"])
+        loaded = self.run(["launchctl", "bootstrap", self.domain, str(self.path)])
+        now = "started" if loaded.ok else f"not started now ({_first_line(loaded.output)})"
+        return [f"{'wrote' if changed else 'unchanged:'} {self.path}",
+                f"tray icon {now}; it starts at login"]
+
+    def uninstall(self) -> list[str]:
+        if not self.path.exists():
+            return [f"tray not started at login (no {self.path})"]
+        self.run(["launchctl", "bootout", f"{self.domain}/{TRAY_LAUNCHD_LABEL}"])
+        self.path.unlink()
+        return [f"removed {self.path}"]
+
+
+class RunKey(TrayAtLogin):
+    """A value of the current user's Run key: Windows starts it at logon (no admin)."""
+
+    @property
+    def where(self) -> str:
+        return f"{RUN_KEY}\\{RUN_VALUE}"
+
+    def command(self) -> str:
+        program, *rest = self.installation.tray_argv()
+        windowless = Path(program).with_name("pythonw.exe")
+        if Path(program).name.lower() == "python.exe" and windowless.exists():
+            program = str(windowless)  # no console window beside the icon
+        return subprocess.list2cmdline([program, *rest])
+
+    def install(self, dry_run: bool = False) -> list[str]:
+        if dry_run:
+            return [f"would set {self.where} to:", "", self.command()]
+        added = self.run(["reg", "add", RUN_KEY, "/v", RUN_VALUE, "/t", "REG_SZ", "/d",
+                          self.command(), "/f"])
+        if not added.ok:
+            raise ServiceError(f"reg add {RUN_KEY} failed: {added.output}")
+        return [f"set {self.where}", "the tray icon starts at your next logon "
+                "(now: agentbox tray)"]
+
+    def uninstall(self) -> list[str]:
+        if not self.run(["reg", "query", RUN_KEY, "/v", RUN_VALUE]).ok:
+            return [f"tray not started at login (no {self.where})"]
+        removed = self.run(["reg", "delete", RUN_KEY, "/v", RUN_VALUE, "/f"])
+        if not removed.ok:
+            raise ServiceError(f"reg delete {RUN_KEY} failed: {removed.output}")
+        return [f"removed {self.where}"]
+
+
+def desktop_quote(arg: str) -> str:
+    """One argument of a desktop entry's Exec key: quoted when it has to be, with the
+    spec's escapes (and % doubled, a field code otherwise)."""
+    arg = arg.replace("%", "%%")
+    if arg and not any(c in arg for c in ' \t\n"\'\\><~|&;$*?#()`='):
+        return arg
+    # The string escapes (\\ is one backslash) apply before the quoting's, so a
+    # backslash in a quoted argument is written four times.
+    escaped = "".join("\\" * 4 if c == "\\" else "\\" + c if c in '"`$' else c
+                      for c in arg)
+    return f'"{escaped}"'
+
+
+def _write_file(path: Path, text: str) -> bool:
+    """Write `path` atomically; False when it was already there as it is."""
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)
+    return True
+
+
+def tray_for(installation: Installation, platform: str | None = None,
+             home: Path | None = None, environ: Mapping[str, str] | None = None,
+             runner: Runner = run_command) -> TrayAtLogin:
+    """How this OS (or `platform`, for tests) starts the tray icon at login."""
+    platform = portable.PLATFORM if platform is None else platform
+    environ = os.environ if environ is None else environ
+    home = Path.home() if home is None else home
+    if platform == "darwin":
+        return LaunchdTray(installation, home, portable.user_id() or 501, runner)
+    if platform == "win32":
+        return RunKey(installation, runner)
+    config_home = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
+    return XdgAutostart(installation, config_home, runner)
 
 
 # -- choosing one, and the Windows task's logging -------------------------------------------

@@ -22,6 +22,12 @@ there (an unplugged drive, one not made yet) is looked for at each turn and
 watched once it appears; one that goes away is let go until it is back, so the
 files on a drive plugged in again are not taken for new exports. `status()` says
 how each folder is, for the page.
+
+Paused (`POST /watch/pause`, the tray, `agentbox watch pause`), the folders are
+still scanned but nothing is sent: the renders written meanwhile are kept as found
+(in the same state file, so a restart still sends them) and sent on resume, oldest
+first so that the newest is reviewed last. The pause is a file in the data
+directory (`Pause`): it survives a restart of the server.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ SOURCE = "watch"  # the events' source, as `agentbox watch` sends them
 STAGE_FIELD = "default_stage"  # the payload field a folder's stage travels in
 READY_WAIT_SECONDS = 0.5  # between looks at whether this server answers yet
 JOIN_SECONDS = 10.0  # at shutdown: a turn in progress is given this long to end
+PAUSE_FILE = "paused"  # in the data directory's watch/: there while the folders are paused
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,29 @@ STATES = {"starting": "starting…", "watching": "watching",
           "unreadable": "cannot be read: check that agentbox may open it"}
 
 
+class Pause:
+    """Whether the watched folders are paused: a file in the data directory, so that a
+    pause outlives the server (a musician who paused for a long session of takes does
+    not want them all reviewed after a reboot)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "watch" / PAUSE_FILE
+        self._paused = self.path.exists()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def set(self, paused: bool) -> None:
+        """Pause or resume; kept on disk before this returns (OSError if it cannot be)."""
+        if paused:
+            portable.private_directory(self.path.parent)
+            portable.write_durably(self.path, "paused\n")
+        else:
+            self.path.unlink(missing_ok=True)
+        self._paused = paused
+
+
 class ServerClient(Client):
     """This server, reached over loopback, signing with its current secret (read
     afresh from its file, so a rotation needs no restart here either)."""
@@ -110,10 +140,12 @@ class WatchedFolders:
     """The configured folders, watched by one low-priority thread until `stop`."""
 
     def __init__(self, folders: Sequence[WatchedFolder], client: ServerClient,
-                 data_dir: Path, interval: float = DEFAULT_INTERVAL_SECONDS) -> None:
+                 data_dir: Path, interval: float = DEFAULT_INTERVAL_SECONDS,
+                 pause: Pause | None = None) -> None:
         self.client = client
         self.data_dir = data_dir
         self.interval = interval
+        self.pause = pause or Pause(data_dir)
         self._status = {f.path: FolderStatus(f.path, f.stage, "starting") for f in folders}
         self._stages = {f.path: f.stage for f in folders}
         self._watches: dict[Path, FolderWatch] = {}
@@ -124,6 +156,10 @@ class WatchedFolders:
     @classmethod
     def of(cls, settings: Settings, admin_token: str) -> WatchedFolders:
         return cls(settings.watch, ServerClient(settings, admin_token), settings.data_dir)
+
+    @property
+    def paused(self) -> bool:
+        return self.pause.paused
 
     def status(self) -> list[FolderStatus]:
         with self._lock:
@@ -164,7 +200,7 @@ class WatchedFolders:
             return
         watch = self._watches.get(path) or self._watch(path)
         try:
-            watch.turn()
+            watch.turn(hold=self.pause.paused)
         except Exception as exc:  # one folder's trouble never stops the others
             self._watches.pop(path, None)
             self._set(path, state="unreadable", note=f"{type(exc).__name__}: "

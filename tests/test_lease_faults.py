@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import signal
+import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import postgres
 from tests.conftest import Server, make_event, wait_until
 
 pytestmark = pytest.mark.postgres
 
 DEADLINE = 60.0  # for each condition waited on: far above what any should take
+OUTAGE_SECONDS = 2.5  # how long the crashed database stays down (plus its recovery)
 
 
 def two_instances(factory: Callable[..., Server], tmp_path: Path, database_url: str,
@@ -79,3 +83,40 @@ def test_a_paused_instance_stale_agents_never_reach_their_end(
     for run_id in run_ids:
         assert any(run_id in line and "lease_lost" in line and "WARNING" in line.upper()
                    for line in log.splitlines()), (run_id, log[-3000:])
+
+
+def test_a_database_crash_shorter_than_the_lease_runs_no_finished_attempt_again(
+        server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    """The server stopped as a crash would (`pg_ctl stop -m immediate`) while agents
+    run and outcomes are being written: the outcomes that finished during the outage
+    wait, their leases still this instance's, and land when the database is back."""
+    try:
+        database = postgres.start_server()  # its own: this test stops it
+    except postgres.PostgresUnavailable as exc:
+        postgres.skip_or_fail(str(exc))
+    with database:
+        url = postgres.fresh_database(database.admin_url)
+        lease = 12.0  # renewed every 4 s: at least 8 s left when the outage begins
+        a, b, journal = two_instances(server_factory, tmp_path, url,
+                                      AGENTBOX_LEASE_SECONDS=str(lease),
+                                      AGENTBOX_WORKER_CONCURRENCY="8")
+        run_ids = [server.post(make_event(project_id="sleep-1")).json()["run_id"]
+                   for _ in range(24) for server in (a, b)]
+        wait_until(lambda: sum(line["kind"] == "start" for line in journal_lines(journal)) >= 16,
+                   DEADLINE, "agents to be running on both instances")
+        crashed_at = time.time()
+        database.crash()
+        time.sleep(max(0.0, crashed_at + OUTAGE_SECONDS - time.time()))  # the outage itself
+        database.relaunch()
+        back_at = time.time()
+        finished = [a.wait_terminal(run_id, timeout=DEADLINE) for run_id in run_ids]
+
+    outage = back_at - crashed_at  # 4 to 6 s here: the hold, then the crash recovery
+    assert outage < lease * 2 / 3, f"the outage ({outage:.1f} s) outlasted the promise's bound"
+    assert {(run["status"], run["attempt"]) for run in finished} == {("succeeded", 1)}
+    lines = journal_lines(journal)
+    starts = Counter(line["run_id"] for line in lines if line["kind"] == "start")
+    assert starts == Counter({run_id: 1 for run_id in run_ids})  # no run ran twice
+    waited = [line for line in lines if line["kind"] == "return"
+              and crashed_at <= line["t"] <= back_at]
+    assert waited, "no agent finished during the outage: the test saw no outcome wait"

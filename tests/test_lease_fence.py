@@ -6,6 +6,7 @@ would), or another claim takes it (found by the next heartbeat)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -14,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from agentbox.engine.dispatcher import Dispatcher
+from agentbox import portable
+from agentbox.engine import dispatcher as dispatching
+from agentbox.engine.dispatcher import Dispatcher, InFlight
 from agentbox.events import parse_event
 from agentbox.http.app import create_app
 from agentbox.store import RunView
@@ -112,3 +115,24 @@ def test_a_lease_taken_by_another_claim_cancels_the_agent_within_a_heartbeat(
     with caplog.at_level(logging.WARNING, logger="agentbox"):
         run_id = asyncio.run(scenario())
     assert lease_lost_warnings(caplog) == [(run_id, 1)]
+
+
+def test_an_outcome_waiting_for_the_storage_is_tried_again_before_its_lease_ends(
+        monkeypatch: Any) -> None:
+    """The retry schedule of an outcome the storage refused (`_record`): whenever the
+    storage comes back before the lease's end, the next try falls before that end too,
+    however long the backoff had grown; past the end, tries stay frequent."""
+    now = [1000.0]
+    monkeypatch.setattr(portable, "since_boot", lambda: now[0])
+    lease = 10.0
+    attempt = InFlight(task=None, ctx=None, leased_until=0.0, fence=now[0] + lease)  # type: ignore[arg-type]
+    tries, backoff = [now[0]], dispatching.RECORD_RETRY_SECONDS
+    while now[0] < attempt.fence + 5:
+        now[0] += dispatching._within_lease(backoff, attempt)
+        backoff = min(backoff * 2, dispatching.RECORD_RETRY_MAX_SECONDS)
+        tries.append(now[0])
+    before_end = [t for t in tries if t < attempt.fence]
+    for back in (attempt.fence - lease + step / 10 for step in range(int(lease * 10) - 1)):
+        assert any(back <= t < attempt.fence for t in before_end), back  # lands in time
+    gaps_after = [b - a for a, b in itertools.pairwise(tries) if a >= attempt.fence]
+    assert gaps_after and max(gaps_after) <= dispatching.RECORD_RETRY_LATE_SECONDS

@@ -77,6 +77,17 @@ PREFETCH = 4
 # (CLOCK_MONOTONIC) stops while the machine sleeps: after waking, a lease lost over the
 # night is found within this long.
 FENCE_CHECK_SECONDS = 1.0
+# An outcome (or a renewal) the storage refused is tried again after a backoff from
+# RECORD_RETRY_SECONDS up to RECORD_RETRY_MAX_SECONDS, but never later than a quarter
+# of what is left of the attempt's lease (at least RECORD_RETRY_MIN_SECONDS): the
+# tries get denser as the lease's end nears, so a storage back before it hears of
+# the outcome before another claim can take the finished run and run it again.
+# Past the end the run is claimable; the outcome is tried every
+# RECORD_RETRY_LATE_SECONDS at most, the first to land keeps the run.
+RECORD_RETRY_SECONDS = 0.1
+RECORD_RETRY_MAX_SECONDS = 5.0
+RECORD_RETRY_MIN_SECONDS = 0.05
+RECORD_RETRY_LATE_SECONDS = 0.25
 
 Listener = Callable[[Transition], None]
 
@@ -501,7 +512,7 @@ class Dispatcher:
     async def _record(self, claimed: ClaimedRun, outcome: Outcome) -> Transition | None:
         """Write the outcome, retrying while the storage is unavailable: the outcome
         only exists in memory until then."""
-        delay = 0.1
+        backoff = RECORD_RETRY_SECONDS
         while True:
             try:
                 transition = await self.store.finish(
@@ -509,8 +520,9 @@ class Dispatcher:
             except StorageUnavailable:
                 if self._stop.is_set():
                     return None  # lease recovery will run the attempt again
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                attempt = self._inflight.get(claimed.run_id)
+                await asyncio.sleep(_within_lease(backoff, attempt))
+                backoff = min(backoff * 2, RECORD_RETRY_MAX_SECONDS)
                 continue
             if transition is None:
                 _stale(claimed.run_id, claimed.attempt, "the attempt's outcome is refused: "
@@ -544,14 +556,20 @@ class Dispatcher:
         # (and keeps a run still waiting for a slot from starting: `_still_held`), and
         # a running agent's fence cancels it at the deadline.
         attempts = {k: a for k, a in self._inflight.items() if not a.ctx.lease_lost}
-        with contextlib.suppress(StorageUnavailable):
+        beat = self.settings.lease_seconds / 3
+        if not attempts:  # every one lost: their tasks are ending
+            return time.monotonic() + beat
+        try:
             held = set(await self._renew(attempts))
-            for run_id, attempt in attempts.items():
-                if (run_id not in held and attempt.running and not attempt.ctx.lease_lost
-                        and self._inflight.get(run_id) is attempt):
-                    self._lose(attempt, "a running attempt's lease was taken by another "
-                               "claim; its agent is cancelled")
-        return time.monotonic() + self.settings.lease_seconds / 3
+        except StorageUnavailable:  # tried again sooner as the leases' ends near
+            soonest = min(attempts.values(), key=lambda a: a.fence, default=None)
+            return time.monotonic() + _within_lease(beat, soonest)
+        for run_id, attempt in attempts.items():
+            if (run_id not in held and attempt.running and not attempt.ctx.lease_lost
+                    and self._inflight.get(run_id) is attempt):
+                self._lose(attempt, "a running attempt's lease was taken by another "
+                           "claim; its agent is cancelled")
+        return time.monotonic() + beat
 
     async def _renew(self, attempts: dict[str, InFlight]) -> list[str]:
         """Extend these attempts' leases and note the new end on each still held (on
@@ -581,6 +599,17 @@ class Dispatcher:
             total += pruned
             if pruned < PRUNE_BATCH:
                 return total
+
+
+def _within_lease(delay: float, attempt: InFlight | None) -> float:
+    """`delay`, shortened to a quarter of what is left of `attempt`'s lease (the
+    RECORD_RETRY_* rule)."""
+    if attempt is None:
+        return delay
+    left = attempt.fence - portable.since_boot()
+    if left <= 0:
+        return min(delay, RECORD_RETRY_LATE_SECONDS)
+    return min(delay, max(RECORD_RETRY_MIN_SECONDS, left / 4))
 
 
 def _stale(run_id: str, attempt: int, message: str) -> None:

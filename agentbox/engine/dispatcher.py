@@ -433,6 +433,7 @@ class Dispatcher:
 
     def _lose(self, attempt: InFlight, why: str) -> None:
         attempt.ctx.lease_lost = True
+        attempt.ctx.cancelled.set()  # for work in threads, which no cancellation reaches
         attempt.task.cancel()
         _stale(attempt.ctx.run_id, attempt.ctx.attempt, why)
 

@@ -140,6 +140,7 @@ class Dispatcher:
         self._backlog = True
         self._next_due: float | None = None  # when the next retry or lease end falls due
         self._fence_timer: asyncio.TimerHandle | None = None  # while agents run
+        self._fence_by = -math.inf  # when that timer fires, on since_boot
         # The claims' due times are read on `clock` (the store's); the renewals' and the
         # upkeep's are intervals, read on the monotonic clock.
         self.claims = Loop("agentbox-claim", self._claim_round, clock=clock,
@@ -410,12 +411,15 @@ class Dispatcher:
     def _arm_fence(self, fence: float) -> None:
         """Check the running agents' fences by `fence` (since_boot) at the latest, and
         every FENCE_CHECK_SECONDS while any runs."""
+        if self._fence_timer is not None and fence >= self._fence_by:
+            return  # the usual case, as an agent starts: no clock read
+        now = portable.since_boot()
+        wait = min(FENCE_CHECK_SECONDS, max(0.0, fence - now))
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
         loop = asyncio.get_running_loop()
-        when = loop.time() + min(FENCE_CHECK_SECONDS, max(0.0, fence - portable.since_boot()))
-        if self._fence_timer is None or when < self._fence_timer.when():
-            if self._fence_timer is not None:
-                self._fence_timer.cancel()
-            self._fence_timer = loop.call_at(when, self._check_fences)
+        self._fence_timer = loop.call_at(loop.time() + wait, self._check_fences)
+        self._fence_by = now + wait
 
     def _check_fences(self) -> None:
         """Cancel every running agent whose lease was not renewed by its deadline. A

@@ -318,6 +318,20 @@ class PostgresServer:
                         f"the end of its log:\n{self.log_tail()}") from exc
             time.sleep(0.02)
 
+    def crash(self) -> None:
+        """Stop the server as a crash would (`pg_ctl stop -m immediate`: no shutdown
+        checkpoint, the next start recovers from the WAL), keeping its data."""
+        process, self.process = self.process, None
+        assert process is not None, "the server is not running"
+        self._run([str(self.bindir / "pg_ctl"), "stop", "-D", str(self.data_dir),
+                   "-m", "immediate", "-w", "-t", str(int(STOP_SECONDS))],
+                  timeout=STOP_SECONDS + 5)
+        process.wait(STOP_SECONDS)
+
+    def relaunch(self) -> None:
+        """Start the crashed server again, on its port, with its data."""
+        self._launch(last_try=True)
+
     def stop(self) -> None:
         """Stop the server (immediate: the data is thrown away) and remove its directory."""
         process, self.process = self.process, None

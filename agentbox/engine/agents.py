@@ -101,6 +101,10 @@ class AgentContext:
     # What the app lends its agents, by type (the review's analysis processes):
     # objects it owns, starts and stops, shared by every run.
     services: Mapping[type, object] = field(default_factory=dict)
+    # Set when this attempt's lease was lost (not renewed by its deadline, or taken by
+    # another claim): the agent is then cancelled (asyncio.CancelledError) and its
+    # outcome refused. An agent that cleans up on cancellation reads it to know why.
+    lease_lost: bool = False
 
     def service(self, kind: type[Service]) -> Service | None:
         """The app's `kind` of service, or None (a context made elsewhere: the agent

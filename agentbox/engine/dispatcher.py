@@ -4,6 +4,12 @@ It is woken in-process when a run is committed (no polling delay when idle)
 and otherwise sleeps until the next retry time or lease end. Retries are
 scheduled in the store (a next-attempt time), never by sleeping in a worker.
 
+Every running agent is fenced by its lease: when the lease was not renewed by
+its deadline (read on `portable.since_boot`, which a pause or a sleep of the
+machine does not stop) or a renewal finds it taken, the agent is cancelled (an
+asyncio.CancelledError inside it, `ctx.lease_lost` set) and its outcome refused,
+because another instance may be running the same attempt's successor.
+
 When it has slots free and knows of nothing older waiting, the receiver stores
 a new event's runs already claimed (`lease_for`, then `started`, both called
 through `agentbox.engine.handover.Handover`, which keeps their contract): the
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -23,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentbox import logs
+from agentbox import logs, portable
 from agentbox.config import Settings
 from agentbox.engine.agents import (
     AgentContext,
@@ -65,6 +72,22 @@ EVENT_CACHE_SIZE = 10_000  # beyond it (a backlog), claimed runs parse their sto
 # An instance holds up to this many times AGENTBOX_WORKER_CONCURRENCY runs claimed:
 # the next ones are claimed while agents run, and start, in claim order, as slots free.
 PREFETCH = 4
+# While agents run, their lease deadlines are checked at least this often. A timer due
+# at the deadline alone would be enough through a SIGSTOP, but the event loop's clock
+# (CLOCK_MONOTONIC) stops while the machine sleeps: after waking, a lease lost over the
+# night is found within this long.
+FENCE_CHECK_SECONDS = 1.0
+# An outcome (or a renewal) the storage refused is tried again after a backoff from
+# RECORD_RETRY_SECONDS up to RECORD_RETRY_MAX_SECONDS, but never later than a quarter
+# of what is left of the attempt's lease (at least RECORD_RETRY_MIN_SECONDS): the
+# tries get denser as the lease's end nears, so a storage back before it hears of
+# the outcome before another claim can take the finished run and run it again.
+# Past the end the run is claimable; the outcome is tried every
+# RECORD_RETRY_LATE_SECONDS at most, the first to land keeps the run.
+RECORD_RETRY_SECONDS = 0.1
+RECORD_RETRY_MAX_SECONDS = 5.0
+RECORD_RETRY_MIN_SECONDS = 0.05
+RECORD_RETRY_LATE_SECONDS = 0.25
 
 Listener = Callable[[Transition], None]
 
@@ -76,6 +99,10 @@ class InFlight:
     task: asyncio.Task[None]
     ctx: AgentContext
     leased_until: float  # as far as this instance knows: its claim, or the last renewal
+    # The same end on `portable.since_boot`, counted from before the claim or renewal
+    # was sent (so never later than the end the database holds): the agent's fence.
+    fence: float = math.inf
+    running: bool = False  # the agent is running (a lost lease cancels it)
 
 
 class Dispatcher:
@@ -112,6 +139,8 @@ class Dispatcher:
         # then wait their turn as accepted rather than being claimed as they arrive.
         self._backlog = True
         self._next_due: float | None = None  # when the next retry or lease end falls due
+        self._fence_timer: asyncio.TimerHandle | None = None  # while agents run
+        self._fence_by = -math.inf  # when that timer fires, on since_boot
         # The claims' due times are read on `clock` (the store's); the renewals' and the
         # upkeep's are intervals, read on the monotonic clock.
         self.claims = Loop("agentbox-claim", self._claim_round, clock=clock,
@@ -153,6 +182,8 @@ class Dispatcher:
             await asyncio.gather(*pending, return_exceptions=True)
         for loop in (self.claims, self.heartbeat, self.maintenance):
             await loop.stop()
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
         with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
             given_back = await self.store.release_leases(self.owner, self.clock(),
                                                          self._unstarted)
@@ -209,8 +240,10 @@ class Dispatcher:
             self._unstarted += [(run.run_id, run.attempt) for run in result.claimed]
         elif claimed and lease is not None:
             self._keep(event, list(claimed))
+            # The lease's end, on since_boot: both clocks read now (lease_for read the store's)
+            fence = portable.since_boot() + lease.until - self.clock()
             for run in result.claimed:
-                self._spawn(run, lease.until)
+                self._spawn(run, lease.until, fence)
         waiting = [ref.run_id for ref in result.runs
                    if ref.status == RunStatus.ACCEPTED and ref.run_id not in claimed]
         if waiting:
@@ -236,7 +269,7 @@ class Dispatcher:
         if free <= 0 or self._stop.is_set():
             return IDLE  # a finishing run wakes us (stopping: nothing more is claimed)
         self._claiming = True
-        now = self.clock()
+        now, steady = self.clock(), portable.since_boot()
         try:
             result = await self.store.claim(
                 self.owner, free, now, s.lease_seconds, s.max_retries + 1
@@ -246,13 +279,13 @@ class Dispatcher:
         for transition in result.transitions:
             self._announce(transition)
         for claimed in result.claimed:
-            self._spawn(claimed, now + s.lease_seconds)
+            self._spawn(claimed, now + s.lease_seconds, steady + s.lease_seconds)
         # All slots filled: more may be due (claim again once slots free up).
         self._backlog = len(result.claimed) == free or self.claims.woken
         self._next_due = result.next_due_at
         return AGAIN if self._backlog else result.next_due_at
 
-    def _spawn(self, claimed: ClaimedRun, leased_until: float) -> None:
+    def _spawn(self, claimed: ClaimedRun, leased_until: float, fence: float) -> None:
         ctx = AgentContext(
             run_id=claimed.run_id,
             attempt=claimed.attempt,
@@ -264,7 +297,7 @@ class Dispatcher:
             services=self.services,
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
-        self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until)
+        self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until, fence)
         self.heartbeat.due(time.monotonic() + self.settings.lease_seconds / 3)
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
@@ -288,7 +321,7 @@ class Dispatcher:
                 ran = True
                 started = time.monotonic()
                 try:
-                    outcome = await self._attempt(claimed, ctx)
+                    fenced = await self._fenced(claimed, ctx)
                 except AttemptGivenBack:
                     ran = False  # waited for a resource until the stop: not started
                     return
@@ -299,6 +332,10 @@ class Dispatcher:
                 self._unstarted.append((claimed.run_id, claimed.attempt))
             if self._waiting():  # room to claim what waits
                 self.claims.wake()
+        if fenced is None:  # the lease was lost: the run is another attempt's now
+            self.claims.wake()
+            return
+        outcome = fenced
         try:
             transition = await self._record(claimed, outcome)
         except Exception:  # a bug; the lease runs out and the run is attempted again
@@ -348,6 +385,61 @@ class Dispatcher:
         log.warning("a claimed run's lease ran out while it waited for a slot; not "
                     "starting it here", extra={"run_id": run_id, "attempt": claimed.attempt})
         return False
+
+    async def _fenced(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome | None:
+        """The attempt, under its lease's fence: None when the lease was lost while
+        the agent ran (it was cancelled, or it returned anyway: its outcome is stale)."""
+        attempt = self._inflight[claimed.run_id]  # held: `_still_held` said so
+        attempt.running = True
+        self._arm_fence(attempt.fence)
+        try:
+            outcome: Outcome | None = await self._attempt(claimed, ctx)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not ctx.lease_lost or task is None:
+                raise  # the shutdown's (or the caller's) cancellation
+            task.uncancel()
+            return None  # `_lose` said so as it cancelled
+        finally:
+            attempt.running = False
+        if ctx.lease_lost:  # it went on after its cancellation, and returned
+            _stale(claimed.run_id, claimed.attempt, "the attempt's outcome is refused: "
+                   "its lease was lost while the agent ran")
+            return None
+        return outcome
+
+    def _arm_fence(self, fence: float) -> None:
+        """Check the running agents' fences by `fence` (since_boot) at the latest, and
+        every FENCE_CHECK_SECONDS while any runs."""
+        if self._fence_timer is not None and fence >= self._fence_by:
+            return  # the usual case, as an agent starts: no clock read
+        now = portable.since_boot()
+        wait = min(FENCE_CHECK_SECONDS, max(0.0, fence - now))
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._fence_timer = loop.call_at(loop.time() + wait, self._check_fences)
+        self._fence_by = now + wait
+
+    def _check_fences(self) -> None:
+        """Cancel every running agent whose lease was not renewed by its deadline. A
+        timer runs this: after a pause, it comes before the agents' own next steps."""
+        self._fence_timer = None
+        now = portable.since_boot()
+        running = [a for a in self._inflight.values() if a.running and not a.ctx.lease_lost]
+        for attempt in running:
+            if attempt.fence <= now:
+                self._lose(attempt, "a running attempt's lease was not renewed by its "
+                           "deadline; its agent is cancelled")
+        fences = [a.fence for a in running if not a.ctx.lease_lost]
+        if fences:
+            self._arm_fence(min(fences))
+
+    def _lose(self, attempt: InFlight, why: str) -> None:
+        attempt.ctx.lease_lost = True
+        attempt.ctx.cancelled.set()  # for work in threads, which no cancellation reaches
+        attempt.task.cancel()
+        _stale(attempt.ctx.run_id, attempt.ctx.attempt, why)
 
     async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
         spec = self.registry.get(claimed.agent)
@@ -425,16 +517,22 @@ class Dispatcher:
     async def _record(self, claimed: ClaimedRun, outcome: Outcome) -> Transition | None:
         """Write the outcome, retrying while the storage is unavailable: the outcome
         only exists in memory until then."""
-        delay = 0.1
+        backoff = RECORD_RETRY_SECONDS
         while True:
             try:
-                return await self.store.finish(
+                transition = await self.store.finish(
                     claimed.run_id, self.owner, claimed.attempt, outcome, self.clock())
             except StorageUnavailable:
                 if self._stop.is_set():
                     return None  # lease recovery will run the attempt again
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                attempt = self._inflight.get(claimed.run_id)
+                await asyncio.sleep(_within_lease(backoff, attempt))
+                backoff = min(backoff * 2, RECORD_RETRY_MAX_SECONDS)
+                continue
+            if transition is None:
+                _stale(claimed.run_id, claimed.attempt, "the attempt's outcome is refused: "
+                       "its lease was taken by another claim")
+            return transition
 
     def _announce(self, transition: Transition, **timings: Any) -> None:
         if log.isEnabledFor(logging.INFO):  # else not even the fields are gathered
@@ -460,19 +558,34 @@ class Dispatcher:
         if not self._inflight:
             return IDLE  # nothing to renew while nothing runs: no timer either
         # On failure, try again next beat; a lease lost meanwhile makes finish a no-op
-        # (and keeps a run still waiting for a slot from starting: `_still_held`).
-        with contextlib.suppress(StorageUnavailable):
-            await self._renew(dict(self._inflight))
-        return time.monotonic() + self.settings.lease_seconds / 3
+        # (and keeps a run still waiting for a slot from starting: `_still_held`), and
+        # a running agent's fence cancels it at the deadline.
+        attempts = {k: a for k, a in self._inflight.items() if not a.ctx.lease_lost}
+        beat = self.settings.lease_seconds / 3
+        if not attempts:  # every one lost: their tasks are ending
+            return time.monotonic() + beat
+        try:
+            held = set(await self._renew(attempts))
+        except StorageUnavailable:  # tried again sooner as the leases' ends near
+            soonest = min(attempts.values(), key=lambda a: a.fence, default=None)
+            return time.monotonic() + _within_lease(beat, soonest)
+        for run_id, attempt in attempts.items():
+            if (run_id not in held and attempt.running and not attempt.ctx.lease_lost
+                    and self._inflight.get(run_id) is attempt):
+                self._lose(attempt, "a running attempt's lease was taken by another "
+                           "claim; its agent is cancelled")
+        return time.monotonic() + beat
 
     async def _renew(self, attempts: dict[str, InFlight]) -> list[str]:
         """Extend these attempts' leases and note the new end on each still held (on
         one that finished or was replaced meanwhile: harmless). The run_ids held."""
         until = self.clock() + self.settings.lease_seconds
+        fence = portable.since_boot() + self.settings.lease_seconds
         held = await self.store.extend_leases(
             self.owner, [(run_id, a.ctx.attempt) for run_id, a in attempts.items()], until)
         for run_id in held:
             attempts[run_id].leased_until = until
+            attempts[run_id].fence = fence
         return held
 
     async def _maintenance_round(self) -> float | None:
@@ -491,6 +604,21 @@ class Dispatcher:
             total += pruned
             if pruned < PRUNE_BATCH:
                 return total
+
+
+def _within_lease(delay: float, attempt: InFlight | None) -> float:
+    """`delay`, shortened to a quarter of what is left of `attempt`'s lease (the
+    RECORD_RETRY_* rule)."""
+    if attempt is None:
+        return delay
+    left = attempt.fence - portable.since_boot()
+    if left <= 0:
+        return min(delay, RECORD_RETRY_LATE_SECONDS)
+    return min(delay, max(RECORD_RETRY_MIN_SECONDS, left / 4))
+
+
+def _stale(run_id: str, attempt: int, message: str) -> None:
+    log.warning(message, extra={"run_id": run_id, "attempt": attempt, "reason": "lease_lost"})
 
 
 def _clip(message: str) -> str:

@@ -39,7 +39,8 @@ def journal(kind: str, ctx: AgentContext) -> None:
     if not path:
         return
     line = json.dumps({"kind": kind, "run_id": ctx.run_id, "attempt": ctx.attempt,
-                       "pid": os.getpid(), "t": time.time()}) + "\n"
+                       "pid": os.getpid(), "t": time.time(),
+                       "lease_lost": ctx.lease_lost}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())

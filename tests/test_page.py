@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from agentbox import manual
 from tests.conftest import Server, make_event
-from tests.support.browser import chromium, fresh_page
+from tests.support.browser import as_the_user, chromium, fresh_page
 
 # The resolver rule plays a DNS rebinding: that name answers 127.0.0.1, as an
 # attacker's would after the page loaded (nothing leaves this machine).
@@ -284,7 +284,7 @@ def test_no_secret_appears_in_any_output(server_factory: Callable[..., Server],
 def test_every_topic_of_the_manual_fits_a_phone(server: Server, browser: Browser) -> None:
     """At 390 px a topic's long code lines scroll in their block and its tables in
     their box: the page itself is never wider than the phone."""
-    context = browser.new_context(viewport={"width": 390, "height": 844})
+    context = browser.new_context(**as_the_user(viewport={"width": 390, "height": 844}))
     try:
         page = context.new_page()
         for topic in ["index", *(t.name for t in manual.topics())]:
@@ -319,7 +319,7 @@ def test_exports_of_one_file_in_one_minute_are_told_apart_everywhere(
         runs.append(server.wait_terminal(answer.json()["run_id"], timeout=120))
     assert [run["status"] for run in runs] == ["succeeded"] * 2
     assert len({run["accepted_at"][:16] for run in runs}) == 1, "not in one minute"
-    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page = browser.new_page(**as_the_user(viewport={"width": 390, "height": 844}))
     try:
         page.goto(server.url + "/projects/Night%20Drive")
         expect(page.locator("#live")).to_have_text("live", timeout=10_000)

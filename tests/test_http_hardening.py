@@ -4,9 +4,13 @@ unsigned bodies, and answers another site could misread."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from tests.conftest import Server, wait_until
 
@@ -35,3 +39,56 @@ def test_forwarded_for_is_believed_only_from_a_trusted_proxy(
                            headers={"X-Forwarded-For": SPOOFED})
     said = wait_until(lambda: failed_logins(proxied)[1:], 10, "the second failed login")
     assert said[0]["client"] == SPOOFED
+
+
+def _answer_of(server: Server, request: bytes) -> bytes:
+    """What the server sends back to `request`, sent whole (one write) on a new
+    connection, until it closes or 10 s pass."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(request)
+        received = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while not received.endswith(b"}") and (chunk := connection.recv(65536)):
+                received += chunk
+        return received
+
+
+def test_a_large_head_in_one_read_is_refused_before_it_is_parsed(server: Server) -> None:
+    """40-100 KB heads that arrived whole in one read were parsed and served: the head
+    limit (32 KiB) was checked only after the parser had taken them."""
+    for size in (40_000, 100_000):
+        head = (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"v" * size
+                + b"\r\n\r\n")
+        answer = _answer_of(server, head)
+        assert answer.startswith(b"HTTP/1.1 431") and b"head_too_large" in answer, answer[:200]
+    small = _answer_of(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Connection: close\r\n\r\n")
+    assert small.startswith(b"HTTP/1.1 200")
+
+
+def test_the_servers_own_error_answer_carries_the_security_headers(server: Server) -> None:
+    answer = _answer_of(server, b"NOT HTTP AT ALL\r\n\r\n")
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 400"), answer[:200]
+    for name in (b"content-security-policy", b"x-frame-options", b"x-content-type-options",
+                 b"referrer-policy"):
+        assert name + b":" in head, (name, answer[:400])
+    assert b"invalid_http_request" in answer
+
+
+@pytest.mark.parametrize("headers", [
+    b"",  # unsigned
+    b"X-Webhook-Timestamp: 1000000000\r\nX-Webhook-Signature: 00\r\n",  # stale
+], ids=["unsigned", "stale"])
+def test_an_unsigned_or_stale_request_is_refused_before_its_body(
+        server: Server, headers: bytes) -> None:
+    """It declares a 1 MB body and sends none: the 401 comes from its headers, at once,
+    not after the body's timeout (1,100 such sockets once made /healthz 503)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(b"POST /webhooks/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: 1000000\r\n"
+                           + headers + b"\r\n")
+        connection.settimeout(5)  # far below the body's timeout (10 s)
+        answer = connection.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert b"signature_missing" in answer or b"signature_expired" in answer

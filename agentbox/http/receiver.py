@@ -1,6 +1,7 @@
 """`POST /webhooks/events`: verify, validate, check the callback, admit, store, answer.
 
-The order matters: the body's size is checked before it is read whole, the
+The order matters: the signature's headers (present, timestamp fresh) are
+checked before the body is read, the body's size before it is read whole, the
 signature before the body is parsed (unauthenticated senders learn nothing of
 the contract), and the 202 is sent only after the store's commit is durable.
 No agent work and no outbound calls happen here.
@@ -144,6 +145,12 @@ class Receiver:
         # the verifier read Starlette's headers as a dict).
         headers = {name.decode("latin-1"): value.decode("latin-1")
                    for name, value in scope["headers"]}
+        try:
+            # From the headers first: an unsigned or stale request is refused before
+            # its body is read, so it cannot hold a connection for the body's timeout.
+            self.verifier.check_headers(headers, self.wall_clock())
+        except SignatureError as exc:
+            raise Rejected(401, exc.code, exc.message, headers={"Connection": "close"}) from None
         body = await self._read_body(headers, receive)
         try:
             self.verifier.verify(headers, body, self.wall_clock())

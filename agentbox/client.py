@@ -494,9 +494,10 @@ class Client:
         deadline = time.monotonic() + timeout
         interval, lost_since = FOLLOW_FIRST_SECONDS, None
         run: RunDetail | None = None
+        headers = self._read_headers()
         while True:
             try:
-                response = self._http.get(self.url + path)
+                response = self._http.get(self.url + path, headers=headers)
             except httpx.TransportError as exc:
                 lost_since = self._lost(exc, lost_since, unreachable_timeout)
             else:
@@ -607,13 +608,15 @@ class Client:
     # -- one request --
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
-        # Reading runs needs the admin token too (the page and API are the user's alone):
-        # the given one, else the user's own; without one the server says 401 itself.
+        return self._call("GET", path, params=params, headers=self._read_headers())
+
+    def _read_headers(self) -> dict[str, str]:
+        """Reading runs needs the admin token too (the page and API are the user's
+        alone): the given one, else the user's own; without one the server says 401."""
         try:
-            headers = self._admin_headers()
+            return self._admin_headers()
         except Misconfigured:
-            headers = {}
-        return self._call("GET", path, params=params, headers=headers)
+            return {}
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -210,7 +210,8 @@ class Receiver:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)
 
-    async def _store(self, event: Event, body: bytes, webhook_id: str | None) -> IngestResult:
+    async def _store(self, event: Event, body: bytes,
+                     webhook_id: str | None = None) -> IngestResult:
         # The configuration's routing; the store routes by the agents' current
         # subscriptions in the ingest's transaction (no agent at all: no_agent).
         agents = [spec.name for spec in self.registry.for_event_type(event.envelope.event_type)]

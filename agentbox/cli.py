@@ -282,6 +282,32 @@ def token(config_file: Path | None) -> None:
     click.echo(cfg.admin_token(_settings(config_file)))
 
 
+@main.command("open")
+@click.option("--url", default=None, help="agentbox's address (default: as configured).")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+@click.option("--print", "print_only", is_flag=True,
+              help="Print the one-time link instead of opening a browser.")
+def open_page(url: str | None, config_file: Path | None, print_only: bool) -> None:
+    """Open the page in a browser, logged in by a one-time link (once per browser).
+
+    The page is yours alone, not every account's on this machine: the link is
+    asked of the running agentbox with your admin token, works once, within
+    minutes, and leaves a session in the browser that opened it."""
+    with _client_errors(), _client(url, config_file) as client:
+        link = client.login_link()
+    if print_only or not _browser_opened(link):
+        click.echo(link)
+
+
+def _browser_opened(link: str) -> bool:
+    import webbrowser
+
+    try:
+        return webbrowser.open(link)
+    except webbrowser.Error:
+        return False
+
+
 URL_OPTION = click.option(
     "--url", default=None, metavar="URL",
     help=f"agentbox's address, e.g. http://127.0.0.1:9000 (or its {RECEIVER_PATH} "

@@ -497,9 +497,10 @@ class Client:
         deadline = time.monotonic() + timeout
         interval, lost_since = FOLLOW_FIRST_SECONDS, None
         run: RunDetail | None = None
+        headers = self._read_headers()
         while True:
             try:
-                response = self._http.get(self.url + path)
+                response = self._http.get(self.url + path, headers=headers)
             except httpx.TransportError as exc:
                 lost_since = self._lost(exc, lost_since, unreachable_timeout)
             else:
@@ -524,6 +525,15 @@ class Client:
             raise Unreachable(f"cannot reach agentbox at {self.url} for {patience:g} s: "
                               f"{exc}", f"cannot reach agentbox at {self.url}") from None
         return since
+
+    def login_link(self) -> str:
+        """A one-time login link to the page (it opens a session in one browser, once,
+        within minutes). Needs the admin token."""
+        answer = self._call("POST", "/login-links", headers=self._admin_headers())
+        url = answer.get("url") if isinstance(answer, dict) else None
+        if not isinstance(url, str):
+            raise NotAgentbox(f"{self.url} answered POST /login-links without a link")
+        return url
 
     def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same
@@ -601,10 +611,15 @@ class Client:
     # -- one request --
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
-        # Beyond loopback reading runs needs the admin token too: sent when given.
-        headers = {} if self._admin_token is None else {
-            "Authorization": f"Bearer {self._admin_token}"}
-        return self._call("GET", path, params=params, headers=headers)
+        return self._call("GET", path, params=params, headers=self._read_headers())
+
+    def _read_headers(self) -> dict[str, str]:
+        """Reading runs needs the admin token too (the page and API are the user's
+        alone): the given one, else the user's own; without one the server says 401."""
+        try:
+            return self._admin_headers()
+        except Misconfigured:
+            return {}
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -32,6 +32,7 @@ CALLBACK_SECRET_FILE = "callback_secret"
 ADMIN_TOKEN_FILE = "admin_token"
 WEBHOOK_SECRET_BYTES = 32  # a made secret's key (Standard Webhooks allows 24 to 64)
 
+MIN_ADMIN_TOKEN_CHARS = 16  # a shorter admin token is refused at start
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_SIGNATURE_MAX_AGE_SECONDS = 300.0
@@ -62,6 +63,9 @@ DEFAULT_MAX_IDLE_CONNECTIONS = 500
 DEFAULT_HEAD_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_HEAD_BYTES = 32 * 1024
 DEFAULT_SESSION_SECONDS = 43_200.0  # a login to the page (beyond loopback) lasts 12 hours
+# ... and on loopback 400 days, the longest a browser keeps a cookie: a musician logs in
+# once per browser, and the page is still the user's alone (agentbox.http.access).
+DEFAULT_LOOPBACK_SESSION_SECONDS = 400 * 86_400.0
 # Retention: finished runs go after a month (a month of history on the operator's
 # page, and well past the 7-day idempotency window, which it may not undercut);
 # raw event bodies, which may carry personal data, after a week.
@@ -188,7 +192,10 @@ class Settings:
     max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS
     head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT_SECONDS
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
-    session_seconds: float = DEFAULT_SESSION_SECONDS
+    session_seconds: float | None = None  # None: session_seconds() by the host
+    # Reverse proxies (IPs or networks) whose X-Forwarded-For / -Proto are believed: the
+    # client address the login throttle counts by. None by default: nobody's.
+    trusted_proxies: tuple[str, ...] = ()
     agents: tuple[AgentBinding, ...] = ()
     apps: tuple[str, ...] = DEFAULT_APPS  # the apps this server runs, by import string
     log_level: str = "info"
@@ -260,7 +267,7 @@ _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worke
                   "subscription_suspend_after_failures", "max_subscriptions",
                   "archive_keep_per_project", "min_free_mb"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
-          "apps",
+          "apps", "trusted_proxies",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
@@ -550,6 +557,12 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
             raise ConfigError(f"{named('alert_url')}: its origin must be listed in "
                               f"{named('callback_allowed')} (alerts follow the callbacks' "
                               "rules), and it must carry no credentials")
+    for proxy in settings.trusted_proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ConfigError(f"{named('trusted_proxies')}: {proxy!r} is not an IP address "
+                              "or network (such as 127.0.0.1 or 10.0.0.0/8)") from None
     if settings.max_idle_connections >= settings.max_connections:
         raise ConfigError(f"{named('max_idle_connections')} must be less than "
                           f"{named('max_connections')}: connections waiting for a request "
@@ -647,6 +660,15 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def session_seconds(settings: Settings) -> float:
+    """How long a login to the page lasts: AGENTBOX_SESSION_SECONDS, else by the host
+    (12 hours beyond loopback, 400 days on it)."""
+    if settings.session_seconds is not None:
+        return settings.session_seconds
+    return (DEFAULT_LOOPBACK_SESSION_SECONDS if is_loopback_host(settings.host)
+            else DEFAULT_SESSION_SECONDS)
+
+
 def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
     """Use the configured secret(s), else the one kept in the config dir, else make one.
 
@@ -708,8 +730,15 @@ def ensure_callback_secret(settings: Settings) -> tuple[Settings, Path | None]:
 def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
     """AGENTBOX_ADMIN_TOKEN, else the token kept in the config dir (made on first use)."""
     environ = os.environ if environ is None else environ
-    return environ.get(env_name("admin_token")) or secret_from_file(
-        settings.config_dir / ADMIN_TOKEN_FILE)
+    path = settings.config_dir / ADMIN_TOKEN_FILE
+    given = environ.get(env_name("admin_token"))
+    token = given or secret_from_file(path)
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:  # guessed in minutes, throttle or not
+        where = env_name("admin_token") if given else str(path)
+        raise ConfigError(f"the admin token in {where} is shorter than "
+                          f"{MIN_ADMIN_TOKEN_CHARS} characters: give a longer one (or "
+                          "delete the file, and agentbox makes a random one)")
+    return token
 
 
 def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:

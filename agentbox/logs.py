@@ -167,8 +167,9 @@ def _sole_handler(logger: logging.Logger) -> JsonLines | None:
 # Everything else at INFO (each state change, each event, each callback) is the
 # JSON log's; a WARNING or worse is always said.
 SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "agentbox is ready": lambda f: "agentbox is ready at {url} (data in {database})".format(
-        url=f.get("url", "?"), database=f.get("database", "?")),
+    "agentbox is ready": lambda f: "agentbox is ready at {url} (data in {database}){open}".format(
+        url=f.get("url", "?"), database=f.get("database", "?"),
+        open=f"; open the page, logged in, at {f['open']}" if f.get("open") else ""),
     "agentbox stopped": lambda f: "agentbox stopped",
     "review finished": lambda f: str(f.get("told", "")),
     "watching a folder for renders": lambda f: f"watching {f.get('folder')} for renders",

@@ -101,6 +101,8 @@ class RunView(Answer):
     agent: str
     idempotency_key: str
     project: str | None  # the event's payload.project_id (NFC), if it names one
+    # The sender's own id of the request (webhook-id, svix-id); None when it sent none.
+    webhook_id: str | None = None
     accepted_at: str
     started_at: str | None
     updated_at: str

@@ -12,6 +12,10 @@ file, AGENTBOX_WEBHOOK_SECRET, AGENTBOX_CALLBACK_SECRET):
   base64-decoded tail (what every Standard Webhooks library does with it) and
   any other secret's key is its text, UTF-8.
 
+Svix, which wrote Standard Webhooks, sends the same headers under its own names
+(``svix-id``, ``svix-timestamp``, ``svix-signature``): they are taken as the
+standard's own when the ``webhook-*`` ones are absent.
+
 Verifying is lenient where it costs nothing: a ``whsec_`` secret's decoded
 key and its text both verify either scheme. Several signatures (space
 separated) and several secrets (rotation) may be in play. An incoming event
@@ -37,6 +41,9 @@ HEX_SIGNATURE_HEADER = "x-webhook-signature"
 SW_ID_HEADER = "webhook-id"
 SW_TIMESTAMP_HEADER = "webhook-timestamp"
 SW_SIGNATURE_HEADER = "webhook-signature"
+# Svix's names for the Standard Webhooks headers, each read as the standard's own.
+SVIX_HEADERS = {"svix-id": SW_ID_HEADER, "svix-timestamp": SW_TIMESTAMP_HEADER,
+                "svix-signature": SW_SIGNATURE_HEADER}
 AGENT_TIMESTAMP_HEADER = "x-agent-timestamp"
 AGENT_SIGNATURE_HEADER = "x-agent-signature"
 MAX_SIGNATURE_HEADER_CHARS = 4096
@@ -165,7 +172,7 @@ class Verifier:
         Incoming events: the first scheme whose signature header is present decides.
         Callbacks (`standard_first`): either scheme present may verify, the Standard
         Webhooks one first (it carries every active secret, the hex one the first)."""
-        headers = {name.lower(): value for name, value in headers.items()}
+        headers = standard_names(headers)
         refusal: SignatureError | None = None
         for header, check in self._checks:
             if headers.get(header) is None:
@@ -178,7 +185,28 @@ class Verifier:
                     break
             else:
                 return
-        raise refusal or SignatureError(
+        raise refusal or self._missing()
+
+    def check_headers(self, headers: Mapping[str, str], now: float) -> None:
+        """Raise SignatureError when the headers alone refuse the request (no signature,
+        a stale or malformed timestamp, no webhook-id), before its body is read: a
+        sender without the secret cannot make agentbox wait for a body it declared.
+        The signature itself is checked by `verify`, on the body."""
+        headers = standard_names(headers)
+        for header, _ in self._checks:
+            if headers.get(header) is None:
+                continue
+            if header == SW_SIGNATURE_HEADER:
+                if not headers.get(SW_ID_HEADER):
+                    raise _no_webhook_id()
+                self._fresh_timestamp(headers.get(SW_TIMESTAMP_HEADER), now)
+            else:
+                self._fresh_timestamp(headers.get(self._timestamp_header), now)
+            return
+        raise self._missing()
+
+    def _missing(self) -> SignatureError:
+        return SignatureError(
             "signature_missing",
             f"Sign the request: send {self._timestamp_header.title()} and "
             f"{self._signature_header.title()} (or the Standard Webhooks headers).",
@@ -199,7 +227,7 @@ class Verifier:
     def _verify_standard(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
         msg_id = headers.get(SW_ID_HEADER)
         if not msg_id:
-            raise SignatureError("signature_missing", "Standard Webhooks requests need webhook-id.")
+            raise _no_webhook_id()
         timestamp = self._fresh_timestamp(headers.get(SW_TIMESTAMP_HEADER), now)
         header = headers[SW_SIGNATURE_HEADER]
         if len(header) > MAX_SIGNATURE_HEADER_CHARS:
@@ -227,6 +255,25 @@ class Verifier:
                 "the server's clock; sign with the current time.",
             )
         return value
+
+
+def standard_names(headers: Mapping[str, str]) -> dict[str, str]:
+    """`headers` with lower-case names, Svix's names (SVIX_HEADERS) read as the
+    Standard Webhooks ones they stand for where those are absent."""
+    named = {name.lower(): value for name, value in headers.items()}
+    for svix, standard in SVIX_HEADERS.items():
+        if svix in named and standard not in named:
+            named[standard] = named[svix]
+    return named
+
+
+def sender_message_id(headers: Mapping[str, str]) -> str | None:
+    """The sender's own id of the request (`webhook-id`, or Svix's `svix-id`), if any."""
+    return standard_names(headers).get(SW_ID_HEADER) or None
+
+
+def _no_webhook_id() -> SignatureError:
+    return SignatureError("signature_missing", "Standard Webhooks requests need webhook-id.")
 
 
 def _invalid() -> SignatureError:

@@ -37,6 +37,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SECRET = "bench-secret-" + uuid.uuid4().hex
+ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex  # the page and API need it on loopback too
 LUA = HERE / "bench.lua"
 MAX_EVENTS_PER_SECOND = 20_000  # enough pre-signed events for the fastest target
 CALIBRATION_SECONDS = 2  # the drain's first run, which sets the pace of the measured one
@@ -97,6 +98,7 @@ class Server:
             "XDG_CONFIG_HOME": str(data_dir / "config"),
             "AGENTBOX_DATA_DIR": str(data_dir),
             "AGENTBOX_WEBHOOK_SECRET": SECRET,
+            "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN,
             "BENCH_SECRET": SECRET,
             "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
             "AGENTBOX_MAX_PENDING": "10000000",
@@ -529,7 +531,8 @@ def mix_phase(work: Path, minutes: float, duration: float, rate: float = 200,
     run_id = response.json()["run_id"]
     during = run_wrk(server.url, during_events, connections, duration, pace_ms)
     while True:
-        run = httpx.get(f"{server.url}/runs/{run_id}", timeout=10).json()
+        run = httpx.get(f"{server.url}/runs/{run_id}", timeout=10,
+                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
         if run["terminal"]:
             break
         time.sleep(0.2)

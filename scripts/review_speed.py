@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from agentbox.signing import sign_headers  # noqa: E402
 
 SECRET = "review-speed-secret"
+ADMIN_TOKEN = "review-speed-admin-token"  # reading runs needs it on loopback too
 CPU: list[float] = []  # ffmpeg's CPU seconds per run
 RATE = 48_000
 
@@ -147,11 +148,13 @@ def start(home: Path, **environ: str) -> tuple[subprocess.Popen[bytes], httpx.Cl
     port = free_port()
     env = {**os.environ, "AGENTBOX_DATA_DIR": str(home / "data"),
            "AGENTBOX_WEBHOOK_SECRET": SECRET, "AGENTBOX_AGENTS": "",
-           "XDG_CONFIG_HOME": str(home / "config"), "PYTHONPATH": str(ROOT), **environ}
+           "XDG_CONFIG_HOME": str(home / "config"), "PYTHONPATH": str(ROOT),
+           "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN, **environ}
     server = subprocess.Popen([sys.executable, "-m", "agentbox", "serve", "--port",
                                str(port)], env=env, cwd=home,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, trust_env=False)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, trust_env=False,
+                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})  # reads need it
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from tests.conftest import Server, make_event  # noqa: E402
-from tests.support.browser import chromium  # noqa: E402
+from tests.support.browser import as_the_user, chromium  # noqa: E402
 
 OUT = HERE / "screenshots"
 FLAGS = ("--disable-quic", "--autoplay-policy=no-user-gesture-required")
@@ -119,7 +119,7 @@ def main() -> None:
                                       "#loudness-plot-phone", True),
                                      (f"/ui/runs/{empty}", "failed", "#outcome", False),
                                      ("/ui/runs", "overview", "#runs-live", True)])):
-                page = browser.new_page(viewport={"width": width, "height": 900})
+                page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
                 for path, name, ready, whole in shots:
                     page.goto(server.url + path)
                     page.wait_for_selector(ready)

@@ -40,6 +40,7 @@ SECRET = "integration-test-secret"
 TEST_AGENT = "tests.support.agents:scripted"
 STARTUP_SECONDS = 20.0
 ADMIN_TOKEN = "in-process-admin-token"
+SERVER_ADMIN_TOKEN = "server-admin-token-of-the-tests"  # a Server's user's (see its start)
 TERMINAL = ("succeeded", "failed_permanent", "dead_lettered")
 
 # -- the two tiers ------------------------------------------------------------------------
@@ -231,8 +232,24 @@ def encode(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
+class AdminToken(httpx.Auth):
+    """The admin token of a server's user as a Bearer token, on each request that names
+    none of its own: read when asked (the server makes its file at its first start)."""
+
+    def __init__(self, token: Callable[[], str | None]) -> None:
+        self.token = token
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        token = None if "authorization" in request.headers else self.token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
 class Server:
-    """A real agentbox process. Data and config live in `home`, which survives restarts."""
+    """A real agentbox process. Data and config live in `home`, which survives restarts.
+    Its `client` is the user's own: it sends the admin token (the page and API need it
+    on loopback too); `anonymous` is another program, or another account, without it."""
 
     def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
         self.home = home
@@ -254,10 +271,32 @@ class Server:
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self.client = httpx.Client(base_url=self.url, timeout=30,
+                                   auth=AdminToken(self.admin_token))
+        self.anonymous = httpx.Client(base_url=self.url, timeout=30)
+
+    def admin_token(self) -> str | None:
+        """The token the server's user holds (AGENTBOX_ADMIN_TOKEN, else its file)."""
+        given = self.env.get("AGENTBOX_ADMIN_TOKEN")
+        path = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token"
+        return given or (path.read_text().strip() if path.exists() else None)
+
+    def login_link(self) -> str:
+        """A one-time login link to the page (as `agentbox open` asks for one)."""
+        answer = self.client.post("/login-links")
+        assert answer.status_code == 201, answer.text
+        link: str = answer.json()["url"]
+        return link
 
     def start(self, ready_path: str = "/healthz") -> Server:
-        """Start the server; ready once `ready_path` answers 200."""
+        """Start the server; ready once `ready_path` answers 200. Its user's admin
+        token is SERVER_ADMIN_TOKEN unless one is kept already (as `agentbox token`
+        would print it), so that browsers can send it (tests.support.browser)."""
+        token_file = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token"
+        if not token_file.exists():
+            token_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            token_file.write_text(SERVER_ADMIN_TOKEN + "\n")
+            token_file.chmod(0o600)
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "agentbox", "serve", "--port", str(self.port)],
@@ -326,6 +365,7 @@ class Server:
             self.process.kill()
             self.process.wait(10)
         self.client.close()
+        self.anonymous.close()
 
 
 @pytest.fixture
@@ -415,6 +455,13 @@ class InProcess:
         self.app, self.client, self.settings = app, client, settings
         self.token = ADMIN_TOKEN
 
+    def anonymous(self, address: str = "127.0.0.1") -> httpx.AsyncClient:
+        """A client without the admin token (another account, another program), from
+        `address`, at the same app; the caller closes it."""
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app,
+                                                               client=(address, 5000)),
+                                 base_url="http://localhost", timeout=30)
+
     async def post(self, event: dict[str, Any] | bytes, secret: str = SECRET,
                    timestamp: int | None = None, headers: dict[str, str] | None = None
                    ) -> httpx.Response:
@@ -459,7 +506,7 @@ async def in_process(tmp_path: Path, **environ: str) -> AsyncIterator[InProcess]
     app = create_app(settings, admin_token=ADMIN_TOKEN)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://localhost",
-            timeout=30) as client:
+            timeout=30, auth=AdminToken(lambda: ADMIN_TOKEN)) as client:
         yield InProcess(app, client, settings)
 
 

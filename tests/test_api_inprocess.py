@@ -66,7 +66,8 @@ async def test_a_replay_needs_the_admin_token(box: InProcess) -> None:
     dead = await finished(box, "always-fail")
     assert dead["status"] == "dead_lettered"
     run_id = str(dead["run_id"])
-    refused = await box.client.post(f"/runs/{run_id}/replay")
+    async with box.anonymous() as anonymous:
+        refused = await anonymous.post(f"/runs/{run_id}/replay")
     assert refused.status_code == 401
     assert refused.json()["error_code"] == "admin_token_required"
     wrong = await box.client.post(f"/runs/{run_id}/replay",
@@ -106,8 +107,9 @@ async def test_callbacks_and_destinations_are_listed(box: InProcess) -> None:
 
 async def test_resuming_a_destination_is_checked(box: InProcess) -> None:
     path = "/callbacks/destinations/resume"
-    assert (await box.client.post(path, json={"destination": "https://a.example"})
-            ).status_code == 401
+    async with box.anonymous() as anonymous:
+        assert (await anonymous.post(path, json={"destination": "https://a.example"})
+                ).status_code == 401
     bearer = {"Authorization": f"Bearer {box.token}"}
     bad = await box.client.post(path, json={"destination": "not a url"}, headers=bearer)
     assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_request"

@@ -197,7 +197,8 @@ NO_NUMPY = textwrap.dedent('''
                            "source": "cli", "timestamp": "2026-12-06T10:00:00Z",
                            "payload": {"n": 41}}).encode()
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost",
+                headers={"Authorization": "Bearer " + "t" * 32}) as client:
             answer = await client.post("/webhooks/events", content=body, headers={
                 "Content-Type": "application/json",
                 **sign_headers("s" * 32, body, int(time.time()))})

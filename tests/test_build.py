@@ -91,6 +91,12 @@ def serving(executable: Path, env: dict[str, str], log_path: Path) -> Iterator[s
         log.close()
 
 
+def as_the_user(home: dict[str, str]) -> dict[str, str]:
+    """The admin token the executable made for this account, as the page needs it."""
+    token = (Path(home["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token").read_text().strip()
+    return {"Authorization": f"Bearer {token}"}
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
@@ -123,7 +129,7 @@ def test_the_executable_reviews_a_mix_sent_by_its_own_send(
     assert run["result"]["metrics"]["sample_rate"] == 48_000
     assert -20 < run["result"]["metrics"]["integrated_lufs"] < -5
     assert run["result"]["review_notes"]
-    page = httpx.get(f"{server}/", timeout=30)
+    page = httpx.get(f"{server}/", timeout=30, headers=as_the_user(home))
     assert page.status_code == 200 and "night-drive" in page.text
 
 
@@ -212,9 +218,9 @@ def test_the_executable_carries_the_manual(executable: Path, server: str,
                                            home: dict[str, str]) -> None:
     """The Markdown of agentbox/docs/ is inside the file: served at /docs, printed by
     `agentbox docs`."""
-    contents = httpx.get(f"{server}/docs", timeout=30)
+    contents = httpx.get(f"{server}/docs", timeout=30, headers=as_the_user(home))
     assert contents.status_code == 200 and 'href="/docs/review"' in contents.text
-    topic = httpx.get(f"{server}/docs/review", timeout=30)
+    topic = httpx.get(f"{server}/docs/review", timeout=30, headers=as_the_user(home))
     assert topic.status_code == 200 and "<h1>The review</h1>" in topic.text
     printed = subprocess.run([str(executable), "docs", "configuration"], env=home,
                              capture_output=True, text=True, timeout=300, check=False)

@@ -191,8 +191,8 @@ def test_410_pauses_the_destination_until_it_is_resumed(
                callbacks_of(server, waiting))
     assert receiver.requests("/ok") == []
     # Resuming needs the admin token.
-    refused = server.client.post("/callbacks/destinations/resume",
-                                 json={"destination": receiver.origin})
+    refused = server.anonymous.post("/callbacks/destinations/resume",
+                                    json={"destination": receiver.origin})
     assert refused.status_code == 401
     done = subprocess.run(
         [sys.executable, "-m", "agentbox", "callbacks", "resume", receiver.origin,

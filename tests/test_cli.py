@@ -404,6 +404,7 @@ def test_send_wait_looks_less_often_as_the_run_goes_on(server: Server) -> None:
     """Beside a DAW a long wait must cost next to nothing: one kept-alive connection,
     the looks spaced out to one a second (they were 5 a second, 19 % of a core)."""
     from agentbox import cli
+    from agentbox.client import Client
 
     run_id = server.post(make_event(payload={"project_id": "sleep-4",
                                              "mix_url": "/mixes/a.wav"})).json()["run_id"]
@@ -413,7 +414,8 @@ def test_send_wait_looks_less_often_as_the_run_goes_on(server: Server) -> None:
         slept.append(seconds)
         time.sleep(seconds)
 
-    run = cli.follow(server.url, run_id, timeout=60, sleep=sleep)
+    with Client(server.url, admin_token=server.admin_token()) as box:  # the server's user
+        run = cli.follow(box, run_id, timeout=60, sleep=sleep)
     assert run is not None and run["status"] == "succeeded"
     assert slept[0] == cli.FOLLOW_FIRST_SECONDS  # a short review is told at once
     assert slept == sorted(slept) and max(slept) <= cli.FOLLOW_MAX_SECONDS

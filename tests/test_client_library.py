@@ -99,7 +99,8 @@ def test_a_script_sends_and_follows_with_the_library_alone(server: Server,
 def test_each_refusal_is_its_own_error(server_factory: Any) -> None:
     server = server_factory({"AGENTBOX_MAX_PENDING": "1"}).start()
     said: list[str] = []
-    with Client(server.url, secret=SECRET, progress=said.append, retries=1) as box:
+    with Client(server.url, secret=SECRET, admin_token=server.admin_token(),
+                progress=said.append, retries=1) as box:
         with pytest.raises(Refused) as refused:
             box.send(make_event(payload={"project_id": "ok"}))  # no mix_url
         assert refused.value.status == 422 and refused.value.error_code == "invalid_event"

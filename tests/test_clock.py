@@ -21,7 +21,7 @@ from agentbox.config import load_settings
 from agentbox.http.app import create_app
 from agentbox.runs import SteadyClock
 from agentbox.signing import sign_headers
-from tests.conftest import SECRET, TEST_AGENT, encode, make_event
+from tests.conftest import ADMIN_TOKEN, SECRET, TEST_AGENT, encode, make_event
 
 HOUR = 3600.0
 
@@ -71,7 +71,7 @@ def test_clock_steps_neither_expire_leases_nor_move_retries(
         "AGENTBOX_RETRY_BASE_SECONDS": "3", "AGENTBOX_RETRY_MAX_SECONDS": "3",  # 2.4-3 s
         "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "0.2"}, overrides={"config_dir": tmp_path / "c"})
     wall = SteppedWall()
-    app = create_app(settings, admin_token="t", wall_clock=wall)
+    app = create_app(settings, admin_token=ADMIN_TOKEN, wall_clock=wall)
 
     def starts(run_id: str) -> list[float]:
         lines = [json.loads(line) for line in journal.read_text().splitlines()]
@@ -80,7 +80,8 @@ def test_clock_steps_neither_expire_leases_nor_move_retries(
 
     async def scenario() -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
 
             async def post(event: dict[str, Any], at: float | None = None) -> httpx.Response:
                 body = encode(event)

@@ -317,7 +317,8 @@ def test_empty_secret_file_is_refused_without_content(tmp_path):
 def test_admin_token_env_then_file(tmp_path):
     cfg = tmp_path / "cfg"
     s = load(tmp_path, overrides={"config_dir": cfg})
-    assert admin_token(s, {"AGENTBOX_ADMIN_TOKEN": "from-env"}) == "from-env"
+    long_token = "from-env-and-long-enough"
+    assert admin_token(s, {"AGENTBOX_ADMIN_TOKEN": long_token}) == long_token
     assert not (cfg / ADMIN_TOKEN_FILE).exists()
     token = admin_token(s, {})
     path = cfg / ADMIN_TOKEN_FILE
@@ -325,6 +326,17 @@ def test_admin_token_env_then_file(tmp_path):
     assert admin_token(s, {}) == token
     secret = ensure_webhook_secret(s)[0].webhook_secret[0]
     assert secret != token
+
+
+def test_a_short_admin_token_is_refused_by_name(tmp_path):
+    """A 4-digit token is guessed in minutes whatever the login throttle does."""
+    s = load(tmp_path, overrides={"config_dir": tmp_path / "cfg"})
+    with pytest.raises(ConfigError, match="AGENTBOX_ADMIN_TOKEN is shorter than 16"):
+        admin_token(s, {"AGENTBOX_ADMIN_TOKEN": "1234"})
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / ADMIN_TOKEN_FILE).write_text("123456789012345\n")
+    with pytest.raises(ConfigError, match="shorter than 16 characters"):
+        admin_token(s, {})
 
 
 def test_secret_files_private_even_with_permissive_umask(tmp_path):
@@ -505,3 +517,12 @@ def test_the_connections_limits_are_settings_checked_at_start(tmp_path):
                  "AGENTBOX_SESSION_SECONDS"):
         with pytest.raises(ConfigError, match=name):
             load_settings(environ={name: "0"}, overrides={"config_dir": tmp_path})
+
+
+def test_trusted_proxies_are_addresses_or_networks(tmp_path):
+    """None by default: uvicorn would otherwise believe X-Forwarded-For from loopback."""
+    assert load(tmp_path).trusted_proxies == ()
+    given = load(tmp_path, environ={"AGENTBOX_TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8"})
+    assert given.trusted_proxies == ("127.0.0.1", "10.0.0.0/8")
+    with pytest.raises(ConfigError, match="AGENTBOX_TRUSTED_PROXIES"):
+        load(tmp_path, environ={"AGENTBOX_TRUSTED_PROXIES": "proxy.example"})

@@ -309,11 +309,12 @@ async def test_an_unknown_topic_is_a_404_with_the_list(box: InProcess) -> None:
 async def test_the_manual_is_behind_the_pages_rules(box: InProcess, tmp_path: Path) -> None:
     rebound = await box.client.get("/docs/review", headers={"Host": "evil.example"})
     assert rebound.status_code == 400 and rebound.json()["error_code"] == "host_not_allowed"
-    async with in_process(tmp_path / "beyond", AGENTBOX_HOST="0.0.0.0") as beyond:
+    async with in_process(tmp_path / "beyond", AGENTBOX_HOST="0.0.0.0") as beyond, \
+            beyond.anonymous() as anonymous:
         for path in ("/docs", "/docs/review"):
-            login = await beyond.client.get(path, headers={"Accept": "text/html"})
+            login = await anonymous.get(path, headers={"Accept": "text/html"})
             assert login.status_code == 401 and "Admin token needed" in login.text
-        bearer = await beyond.client.get(
+        bearer = await anonymous.get(
             "/docs/review", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert bearer.status_code == 200 and "<h1>The review</h1>" in bearer.text
 
@@ -341,10 +342,10 @@ def test_the_manual_in_chromium(server: Server) -> None:
     its table of contents, and on to another topic by a link in the text."""
     from playwright.sync_api import expect
 
-    from tests.support.browser import chromium
+    from tests.support.browser import as_the_user, chromium
 
     with chromium() as browser:
-        page = browser.new_page()
+        page = browser.new_page(**as_the_user())
         outside: list[str] = []
         page.on("request", lambda request: outside.append(request.url)
                 if not request.url.startswith(server.url) else None)

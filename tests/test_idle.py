@@ -90,7 +90,8 @@ def test_a_server_goes_back_to_sleep_after_work(server: Server) -> None:
 @contextlib.contextmanager
 def page_stream(server: Server) -> Iterator[httpx.Response]:
     """The status page's live stream, open, once its first event (statistics) arrived."""
-    with httpx.Client(base_url=server.url, timeout=10) as client, \
+    with httpx.Client(base_url=server.url, timeout=10,
+                      headers={"Authorization": f"Bearer {server.admin_token()}"}) as client, \
             client.stream("GET", "/ui/stream") as stream:
         assert any(line.startswith("data:") for line in stream.iter_lines())
         yield stream

@@ -20,8 +20,11 @@ def test_a_trickling_body_gets_408_while_good_requests_go_on(
     server = server_factory({"AGENTBOX_BODY_TIMEOUT_SECONDS": "1"}).start()
     slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     try:
+        # Signed as far as the headers tell (an unsigned one is refused before its body)
+        signed = f"X-Webhook-Timestamp: {int(time.time())}\r\nX-Webhook-Signature: 00\r\n"
         slow.sendall(b"POST /webhooks/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n"
+                     + signed.encode() + b"\r\n")
         started = time.monotonic()
         answer = b""
         for _ in range(20):  # a byte every 0.2 s: 100 bytes would take 20 s
@@ -213,8 +216,10 @@ def test_a_form_post_trickled_a_byte_at_a_time_gets_408(
     status page's forms too."""
     server = server_factory({"AGENTBOX_BODY_TIMEOUT_SECONDS": "1"}).start()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+        token = f"Authorization: Bearer {server.admin_token()}\r\n".encode()  # its user's
         slow.sendall(b"POST /ui/replay HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                     b"application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nc")
+                     b"application/x-www-form-urlencoded\r\nContent-Length: 100\r\n"
+                     + token + b"\r\nc")
         started = time.monotonic()
         answer = b""
         slow.settimeout(0.5)

@@ -113,20 +113,21 @@ async def test_loopback_names_are_served(box: InProcess, host: str) -> None:
 
 async def test_off_loopback_every_page_needs_the_token(tmp_path: Path,
                                                        anyio_backend: str) -> None:
-    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box:
-        login = await box.client.get("/", headers={"Accept": "text/html"})
+    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box, \
+            box.anonymous() as client:
+        login = await client.get("/", headers={"Accept": "text/html"})
         assert login.status_code == 401 and "Admin token needed" in login.text
-        api = await box.client.get("/runs")
+        api = await client.get("/runs")
         assert api.status_code == 401 and api.json()["error_code"] == "admin_token_required"
-        bearer = await box.client.get("/runs", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        bearer = await client.get("/runs", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert bearer.status_code == 200
-        assert (await box.client.get("/healthz")).status_code == 200  # open to balancers
+        assert (await client.get("/healthz")).status_code == 200  # open to balancers
         assert (await box.post(make_event())).status_code == 202  # senders sign instead
-        wrong = await box.client.post("/ui/login", data={"token": "guess"})
+        wrong = await client.post("/ui/login", data={"token": "guess"})
         assert wrong.status_code == 401
-        signed_in = await box.client.post("/ui/login", data={"token": ADMIN_TOKEN})
+        signed_in = await client.post("/ui/login", data={"token": ADMIN_TOKEN})
         assert signed_in.status_code == 303
-        assert (await box.client.get("/", headers={"Accept": "text/html"})).status_code == 200
+        assert (await client.get("/", headers={"Accept": "text/html"})).status_code == 200
 
 
 async def test_home_names_an_export_that_was_not_reviewed_by_its_file(box: InProcess) -> None:
@@ -174,8 +175,9 @@ async def test_the_operations_area_is_one_click_from_every_page(box: InProcess) 
 
 async def test_off_loopback_the_login_page_has_its_style(tmp_path: Path,
                                                          anyio_backend: str) -> None:
-    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box:
-        login = await box.client.get("/", headers={"Accept": "text/html"})
+    async with in_process(tmp_path, AGENTBOX_HOST="0.0.0.0") as box, \
+            box.anonymous() as client:
+        login = await client.get("/", headers={"Accept": "text/html"})
         assert login.status_code == 401
         url = login.text[login.text.index("/ui/static/page.css"):].split('"')[0]
-        assert (await box.client.get(url)).status_code == 200
+        assert (await client.get(url)).status_code == 200

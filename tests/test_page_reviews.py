@@ -24,6 +24,7 @@ from playwright.sync_api import Browser, Page, expect
 from agentbox.review.view import Review, signed
 from tests import test_page
 from tests.conftest import Server, make_event
+from tests.support.browser import as_the_user
 
 browser = test_page.browser  # the same fixtures: Debian's Chromium, a page per test
 page = test_page.page
@@ -149,7 +150,7 @@ def test_home_shows_each_project_with_its_latest_figures_and_verdict(
 
 def test_times_are_shown_in_the_browsers_own_time_zone(studio: Studio,
                                                        browser: Browser) -> None:
-    context = browser.new_context(timezone_id="Asia/Kolkata", locale="en-GB")
+    context = browser.new_context(**as_the_user(timezone_id="Asia/Kolkata", locale="en-GB"))
     try:
         page = context.new_page()
         page.goto(studio.server.url + "/")
@@ -410,7 +411,7 @@ def test_the_page_fits_a_phone_and_a_desktop(studio: Studio, browser: Browser,
     """At 390 px the verdict and the loudness are on screen without scrolling
     sideways; no page scrolls sideways at either width; the page runs under a
     strict Content-Security-Policy with no error in the console."""
-    context = browser.new_context(viewport=viewport)
+    context = browser.new_context(**as_the_user(viewport=viewport))
     problems: list[str] = []
     context.route(lambda url: "/ui/stream" not in url, _with_csp)
     try:

@@ -31,15 +31,16 @@ class Site:
 
     def __init__(self) -> None:
         self.target = ""
+        self.page: str | None = None  # another page of the site's, instead of the frame
         site = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = (
+                body = (site.page or (
                     "<!doctype html><title>win a prize</title>"
                     "<button style='position:absolute;top:0;left:0'>Click to win</button>"
                     f"<iframe src='{site.target}' style='position:absolute;top:0;left:0;"
-                    "width:1200px;height:900px;border:0;opacity:0.01'></iframe>").encode()
+                    "width:1200px;height:900px;border:0;opacity:0.01'></iframe>")).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/html")
                 self.send_header("Content-Length", str(len(body)))
@@ -99,16 +100,40 @@ def violations(page: Page) -> list[str]:
 def test_every_answer_forbids_framing_and_foreign_code(
         reviewed: tuple[Server, str, str]) -> None:
     server, review, _ = reviewed
-    for path in ("/", "/ui/runs", f"/ui/runs/{review}", "/ui/static/page.js", "/healthz",
-                 f"/runs/{review}", "/nope", "/docs"):
+    pages = ("/", "/ui/runs", f"/ui/runs/{review}", "/docs")
+    for path in (*pages, "/ui/static/page.js", "/healthz", f"/runs/{review}", "/nope",
+                 f"/runs/{review}/audio"):
         answer = server.client.get(path)
         for name, value in HEADERS.items():
             assert answer.headers.get(name) == value, (path, name)
+        # No other site may use any answer (an <audio src=...> learned what exists).
+        assert answer.headers["cross-origin-resource-policy"] == "same-origin", path
         policy = answer.headers["content-security-policy"]
-        for directive in ("frame-ancestors 'none'", "script-src 'self'", "style-src 'self'",
-                          "connect-src 'self'"):
+        # A page runs only agentbox's own code; anything else, opened, runs nothing.
+        directives = (("script-src 'self'", "style-src 'self'", "connect-src 'self'")
+                      if path in pages else ("default-src 'none'", "sandbox"))
+        for directive in ("frame-ancestors 'none'", *directives):
             assert directive in policy, (path, directive)
-    assert "nosniff" in server.post(make_event()).headers["x-content-type-options"]
+    sent = server.post(make_event()).headers
+    assert "nosniff" in sent["x-content-type-options"] and "sandbox" in sent[
+        "content-security-policy"] and sent["cross-origin-resource-policy"] == "same-origin"
+
+
+def test_another_site_cannot_play_or_measure_the_archived_audio(
+        reviewed: tuple[Server, str, str], site: Site, page: Page) -> None:
+    """An <audio src=...> on another site's page learned whether a project existed and
+    its reference's duration; Cross-Origin-Resource-Policy: same-origin stops the
+    browser from handing it the bytes (even one that sends the user's credentials)."""
+    server, review, _ = reviewed
+    audio = f"{server.url}/runs/{review}/audio"
+    assert server.client.get(audio).status_code == 200  # there, and the user's to play
+    site.page = f"<!doctype html><audio id='probe' preload='auto' src='{audio}'></audio>"
+    page.goto(site.url)
+    told = page.wait_for_function(
+        "() => { const a = document.getElementById('probe');"
+        " return a.error ? 'refused' : (a.readyState >= 1 ? 'duration ' + a.duration : null) }",
+        timeout=15_000)
+    assert told.json_value() == "refused"
 
 
 def test_the_replay_form_cannot_be_used_from_another_sites_frame(

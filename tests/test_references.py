@@ -42,10 +42,11 @@ def noise(path: Path, seconds: float, level: float, top_hz: float | None = None,
     return path.read_bytes()
 
 
-async def add(box: InProcess, project: str, path: Path, **headers: str) -> Any:
-    return await box.client.put(f"/projects/{quote(project, safe='')}/reference",
-                                params={"name": path.name}, content=path.read_bytes(),
-                                headers=headers or TOKEN)
+async def add(box: InProcess, project: str, path: Path, client: Any = None,
+              **headers: str) -> Any:
+    return await (client or box.client).put(
+        f"/projects/{quote(project, safe='')}/reference", params={"name": path.name},
+        content=path.read_bytes(), headers=headers or TOKEN)
 
 
 async def review(box: InProcess, path: Path, project: str, **payload: Any) -> dict[str, Any]:
@@ -114,15 +115,20 @@ async def test_changing_a_reference_takes_the_token_or_the_pages_csrf(tmp_path: 
         track = tmp_path / "ref.wav"
         noise(track, 3, 0.5)
         assert (await add(box, "Song", track, Authorization="Bearer wrong")).status_code == 401
-        assert (await add(box, "Song", track, **{"X-CSRF-Token": "forged"})).status_code == 401
-        csrf = await box.csrf()
-        elsewhere = await add(box, "Song", track, **{"X-CSRF-Token": csrf,
-                                                    "Origin": "https://evil.example"})
-        assert elsewhere.status_code == 401
-        assert (await add(box, "Song", track, **{"X-CSRF-Token": csrf})).status_code == 201
-        no_delete = await box.client.delete("/projects/Song/reference")
-        assert no_delete.status_code == 401
-        assert (await box.client.get("/projects/Song/reference")).status_code == 200
+        async with box.anonymous() as page:  # a browser, logged in: a session, no token
+            assert (await page.post("/ui/login", data={"token": ADMIN_TOKEN})
+                    ).status_code == 303
+            assert (await add(box, "Song", track, page, **{"X-CSRF-Token": "forged"})
+                    ).status_code == 401
+            csrf = await box.csrf()
+            elsewhere = await add(box, "Song", track, page, **{
+                "X-CSRF-Token": csrf, "Origin": "https://evil.example"})
+            assert elsewhere.status_code == 401
+            assert (await add(box, "Song", track, page, **{"X-CSRF-Token": csrf})
+                    ).status_code == 201
+            no_delete = await page.delete("/projects/Song/reference")
+            assert no_delete.status_code == 401
+            assert (await page.get("/projects/Song/reference")).status_code == 200
 
 
 @pytest.mark.anyio

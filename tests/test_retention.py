@@ -242,7 +242,7 @@ def test_prune_through_a_running_server_and_a_run_whose_body_is_gone(
     bad = server.client.post("/prune", headers={"Authorization": f"Bearer {token}"},
                              content=b'{"dry_run": "yes"}')
     assert bad.status_code == 422 and bad.json()["error_code"] == "invalid_request"
-    assert server.client.post("/prune").status_code == 401
+    assert server.anonymous.post("/prune").status_code == 401
 
 
 # -- what the pages and the API say of a run retention removed ---------------------------

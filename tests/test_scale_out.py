@@ -327,7 +327,8 @@ def test_live_updates_reach_a_page_on_another_instance(
     posted: list[str] = []
     run_elsewhere: str | None = None
 
-    with httpx.Client(timeout=httpx.Timeout(10.0)) as client, \
+    with httpx.Client(timeout=httpx.Timeout(10.0), headers={
+            "Authorization": f"Bearer {b.admin_token()}"}) as client, \
             client.stream("GET", f"{b.url}/ui/stream") as stream:
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")

@@ -143,7 +143,7 @@ def test_permanent_error_and_invalid_output(server: Server) -> None:
 def test_replay_of_a_dead_letter_keeps_the_run_id(server: Server) -> None:
     run_id = server.post(make_event(project_id="always-fail")).json()["run_id"]
     server.wait_terminal(run_id)
-    refused = server.client.post(f"/runs/{run_id}/replay")
+    refused = server.anonymous.post(f"/runs/{run_id}/replay")
     assert refused.status_code == 401
     token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
     response = server.client.post(f"/runs/{run_id}/replay",

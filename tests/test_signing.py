@@ -22,6 +22,7 @@ from agentbox.signing import (
     callback_headers,
     hex_signature,
     secret_keys,
+    sender_message_id,
     sign_headers,
     standard_headers,
     standard_key,
@@ -109,6 +110,41 @@ def test_standard_webhooks_vectors_pass(case, header):
     verifier = Verifier([case["secret"]], MAX_AGE)
     headers = _sw_headers(case["webhook_id"], case["webhook_timestamp"], case[header])
     verifier.verify(headers, body, float(case["webhook_timestamp"]))
+
+
+@pytest.mark.parametrize("case", SW_CASES, ids=lambda c: f"{c['secret'][:14]}-{c['webhook_id']}")
+def test_svix_header_names_are_the_standards_own(case):
+    """Svix's libraries send svix-id, svix-timestamp and svix-signature: the same
+    scheme under its own names, refused as signature_missing before."""
+    body, now = _body(case), float(case["webhook_timestamp"])
+    verifier = Verifier([case["secret"]], MAX_AGE)
+    svix = Headers(headers={"svix-id": case["webhook_id"],
+                            "svix-timestamp": case["webhook_timestamp"],
+                            "svix-signature": case["webhook_signature_with_rotation"]})
+    verifier.check_headers(svix, now)
+    verifier.verify(svix, body, now)
+    assert sender_message_id(svix) == case["webhook_id"]
+    assert _code(verifier, svix, body + b" ", now) == "signature_invalid"
+    stale = Headers(headers={**svix, "svix-timestamp": str(int(now) - MAX_AGE - 1)})
+    with pytest.raises(SignatureError) as refused:
+        verifier.check_headers(stale, now)
+    assert refused.value.code == "signature_expired"
+
+
+def test_the_headers_alone_refuse_what_no_body_could_save():
+    """check_headers: what verify would refuse whatever the body (before it is read)."""
+    verifier = Verifier(["s"], MAX_AGE)
+    for headers, code in (({}, "signature_missing"),
+                          ({"X-Webhook-Signature": "00"}, "signature_missing"),
+                          ({"X-Webhook-Signature": "00", "X-Webhook-Timestamp": "1"},
+                           "signature_expired"),
+                          ({"webhook-signature": "v1,AA", "webhook-timestamp": "1000"},
+                           "signature_missing")):
+        with pytest.raises(SignatureError) as refused:
+            verifier.check_headers(Headers(headers=headers), 1000.0)
+        assert refused.value.code == code, headers
+    verifier.check_headers(Headers(headers={"X-Webhook-Signature": "00",
+                                            "X-Webhook-Timestamp": "1000"}), 1000.0)
 
 
 @pytest.mark.parametrize("case", SW_CASES, ids=lambda c: f"{c['secret'][:14]}-{c['webhook_id']}")

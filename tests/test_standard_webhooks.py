@@ -156,3 +156,27 @@ def _accepted(server: Server, secret: str) -> bool:
         "webhook-timestamp": str(int(now.timestamp())),
         "webhook-signature": Webhook(secret).sign("m1", now, body)})
     return response.status_code == 202
+
+
+def test_svix_header_names_are_accepted_and_the_senders_id_is_kept(server: Server) -> None:
+    """Svix's libraries sign as Standard Webhooks under svix-* names (refused as
+    signature_missing before); the sender's own id is stored with the event, shown as
+    the run's webhook_id (null for a sender that sent none) and logged."""
+    secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
+    server.stop()
+    server.env["AGENTBOX_WEBHOOK_SECRET"] = secret
+    server.start()
+    body = encode(make_event())
+    msg_id = f"msg_{uuid.uuid4().hex}"
+    now = datetime.now(UTC)
+    answer = server.client.post("/webhooks/events", content=body, headers={
+        "Content-Type": "application/json", "svix-id": msg_id,
+        "svix-timestamp": str(int(now.timestamp())),
+        "svix-signature": library(secret).sign(msg_id, now, body)})
+    assert answer.status_code == 202, answer.text
+    run = server.run(answer.json()["run_id"])
+    assert run["webhook_id"] == msg_id
+    plain = server.post(make_event(), secret=secret)  # agentbox's hex scheme: no id
+    assert server.run(plain.json()["run_id"])["webhook_id"] is None
+    wait_until(lambda: f'"webhook_id": "{msg_id}"' in server.log_path.read_text(), 10,
+               "the accepted event's line with the sender's id")

@@ -20,7 +20,7 @@ from agentbox.config import load_settings
 from agentbox.http.app import create_app
 from agentbox.signing import sign_headers
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import SECRET, TEST_AGENT, Server, encode, make_event
+from tests.conftest import ADMIN_TOKEN, SECRET, TEST_AGENT, Server, encode, make_event
 
 
 async def post(client: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Response:
@@ -43,11 +43,12 @@ def run_in_app(tmp_path: Path, scenario: Scenario) -> None:
                                       "AGENTBOX_AGENTS": "session.exported=" + TEST_AGENT,
                                       "AGENTBOX_SHUTDOWN_GRACE_SECONDS": "0.2"},
                              overrides={"config_dir": tmp_path / "config"})
-    app = create_app(settings, admin_token="t")
+    app = create_app(settings, admin_token=ADMIN_TOKEN)
 
     async def run() -> None:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
             store: SqliteStore = app.state.store
             assert store._conn is not None
             await scenario(client, store._conn)

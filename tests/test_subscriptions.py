@@ -82,12 +82,11 @@ def test_the_api_needs_the_admin_token_and_refuses_each_bad_field(
     good = {"url": subscriber.url("/echo"), "event_types": TYPES, "secret": SUB_SECRET,
             "ttl_ms": 60_000}
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        assert server.client.post("/subscriptions", json=good,
-                                  headers=headers).status_code == 401
-        assert server.client.get("/subscriptions", headers=headers).status_code == 401
-        assert server.client.delete("/subscriptions/sub_x", headers=headers).status_code == 401
-        assert server.client.post("/subscriptions/sub_x/refresh",
-                                  headers=headers).status_code == 401
+        client = server.anonymous  # not the server's user
+        assert client.post("/subscriptions", json=good, headers=headers).status_code == 401
+        assert client.get("/subscriptions", headers=headers).status_code == 401
+        assert client.delete("/subscriptions/sub_x", headers=headers).status_code == 401
+        assert client.post("/subscriptions/sub_x/refresh", headers=headers).status_code == 401
     unlisted = f"http://127.0.0.1:{subscriber.port + 1 if subscriber.port < 65535 else 1}/h"
     cases = [
         ({"url": "http://studio.example/hook"}, "url_not_allowed"),  # http, not loopback

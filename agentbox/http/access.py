@@ -1,13 +1,19 @@
-"""Who may ask what: the admin token, login sessions beyond loopback, the host
-check on loopback, the origin of a form, and the bounded body of an admin call.
+"""Who may ask what: the admin token, login sessions and one-time login links, the
+host check on loopback, the origin of a form, and the bounded body of an admin call.
 
-On a loopback address the pages are open to this machine (addressed by a
-loopback name: DNS rebinding is refused). Bound to any other address, every
-page, stream and API call needs the admin token: as `Authorization: Bearer`, or
-through the login form, which trades it for a session. A session is a random
-id in an HttpOnly, SameSite=Strict cookie (Secure over https) that ends at
-logout or after AGENTBOX_SESSION_SECONDS; sessions live in memory, so a restart
-logs everyone out. Failed logins are slowed down per client: each failure makes
+Every page, stream and API call needs the admin token, on loopback too: every
+other account of the machine reaches a loopback port, and the page is its
+user's alone (the token file is readable by that user only). The token comes
+as `Authorization: Bearer` (the CLI, watch folders, MCP), or is traded for a
+session: by the login form, or by a one-time login link (`agentbox open`, the
+start-up line), which carries no secret that outlives it. On loopback a request
+must also be addressed by a loopback name (DNS rebinding is refused).
+
+A session is a random id, signed with a key made from the admin token, in an
+HttpOnly, SameSite=Strict cookie (Secure over https); it ends at logout or
+after AGENTBOX_SESSION_SECONDS (on loopback 400 days unless set: a musician
+logs in once per browser). Being signed, it outlives a restart; a new admin
+token ends every session. Failed logins are slowed down per client: each failure makes
 that client's next attempt wait longer (1 s, 2 s, 4 s … up to a minute), by a
 sleep of its own request alone, and a client that has queued more than a
 minute of attempts is told 429. They are counted in the metrics.
@@ -16,6 +22,7 @@ minute of attempts is told 429. They are counted in the metrics.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import math
 import secrets
@@ -28,10 +35,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentbox.config import Settings, is_loopback_host
+from agentbox.config import Settings, is_loopback_host, session_seconds
 from agentbox.engine.metrics import Metrics
 from agentbox.http.errors import error_response
+from agentbox.logs import get_logger
 
+log = get_logger("access")
 MAX_ADMIN_BODY_BYTES = 4096
 SESSION_COOKIE = "agentbox_session"
 # Open beyond loopback as well: the receiver checks signatures, /healthz is for load
@@ -42,6 +51,9 @@ LOGIN_DELAY_MAX_SECONDS = 60.0  # ... up to this
 LOGIN_QUEUE_SECONDS = 60.0  # a client whose next attempt is further off gets 429
 LOGIN_FORGET_SECONDS = 900.0  # a client's failures are forgotten after this without one
 LOGIN_CLIENTS = 10_000  # clients whose failures are remembered (the oldest forgotten)
+LOGIN_LINK_SECONDS = 600.0  # a one-time login link works once, within this
+LOGIN_LINKS = 100  # links not yet used at once (the oldest forgotten)
+LOGIN_LINK_PATH = "/ui/login"
 
 
 async def small_body(request: Request) -> bytes:
@@ -125,30 +137,63 @@ class LoginThrottle:
 
 
 class Sessions:
-    """Login sessions, in memory: random ids that end at logout or when they expire."""
+    """Login sessions: random ids signed with a key of the admin token's, each with its
+    end; they end at logout (remembered until they would have ended) or when they expire.
+    Nothing of them is kept on disk: a restart keeps them, a new admin token ends them."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, token: bytes, seconds: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self.seconds, self.clock = seconds, clock
-        self._ends: dict[str, float] = {}  # session id -> when it ends
+        self._key = hmac.new(token, b"agentbox session", hashlib.sha256).digest()
+        self._ended: dict[str, float] = {}  # session id -> when it would have ended
 
     def start(self) -> str:
-        now = self.clock()
-        self._ends = {sid: end for sid, end in self._ends.items() if end > now}
-        session = secrets.token_urlsafe(32)
-        self._ends[session] = now + self.seconds
-        return session
+        end = f"{(self.clock() + self.seconds) * 1000:.0f}"  # milliseconds since the epoch
+        signed = f"{end}.{secrets.token_urlsafe(24)}"
+        return f"{signed}.{self._mac(signed)}"
 
     def valid(self, session: str) -> bool:
-        end = self._ends.get(session)
-        if end is None:
-            return False
-        if end <= self.clock():
-            del self._ends[session]
-            return False
-        return True
+        return self._end_of(session) is not None and session not in self._ended
 
     def end(self, session: str) -> None:
-        self._ends.pop(session, None)
+        end = self._end_of(session)
+        if end is not None:
+            now = self.clock()
+            self._ended = {sid: at for sid, at in self._ended.items() if at > now}
+            self._ended[session] = end
+
+    def _end_of(self, session: str) -> float | None:
+        """When a well-signed, unexpired session ends, else None."""
+        signed, _, mac = session.rpartition(".")
+        end, _, _ = signed.partition(".")
+        if not (end.isascii() and end.isdigit()) or not hmac.compare_digest(
+                mac.encode(), self._mac(signed).encode()):
+            return None
+        at = int(end) / 1000
+        return at if at > self.clock() else None
+
+    def _mac(self, signed: str) -> str:
+        return hmac.new(self._key, signed.encode(), hashlib.sha256).hexdigest()
+
+
+class LoginLinks:
+    """One-time login links' codes: each opens one session, once, within
+    LOGIN_LINK_SECONDS. Made for whoever holds the admin token (`agentbox open`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._ends: dict[str, float] = {}  # code -> when it stops working, oldest first
+
+    def make(self) -> str:
+        code = secrets.token_urlsafe(32)
+        self._ends[code] = self.clock() + LOGIN_LINK_SECONDS
+        if len(self._ends) > LOGIN_LINKS:
+            del self._ends[next(iter(self._ends))]
+        return code
+
+    def use(self, code: str) -> bool:
+        end = self._ends.pop(code, None)
+        return end is not None and end > self.clock()
 
 
 class Access:
@@ -160,17 +205,16 @@ class Access:
         self.host = settings.host
         self._token = admin_token.encode()
         self.metrics = metrics
-        self.sessions = Sessions(settings.session_seconds, clock)
+        self.sessions = Sessions(self._token, session_seconds(settings))
         self.throttle = LoginThrottle(clock)
+        self.links = LoginLinks(clock)
 
     @property
     def open_to_this_machine(self) -> bool:
         return is_loopback_host(self.host)
 
     def authorised(self, request: Request) -> bool:
-        """The admin token as a Bearer token, or a session's cookie (beyond loopback)."""
-        if self.open_to_this_machine:
-            return True
+        """The admin token as a Bearer token, or a session's cookie."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             return self.token_is(token.strip())
@@ -187,9 +231,16 @@ class Access:
         if not self.token_is(token):
             self.throttle.failed(client)
             self.metrics.login_failed()
+            # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
+            # counts only from AGENTBOX_TRUSTED_PROXIES).
+            log.warning("a login to the page failed", extra={"client": client})
             return None
         self.throttle.succeeded(client)
         return self.sessions.start()
+
+    def login_link(self, base_url: str) -> str:
+        """A one-time login link to the page at `base_url` (http://127.0.0.1:8000)."""
+        return f"{base_url.rstrip('/')}{LOGIN_LINK_PATH}?code={self.links.make()}"
 
     def session_cookie(self, response: Response, request: Request, session: str) -> None:
         response.set_cookie(SESSION_COOKIE, session, max_age=math.ceil(self.sessions.seconds),
@@ -203,17 +254,14 @@ class Access:
 
     def guard(self, app: ASGIApp, login_page: Callable[[], Response]) -> ASGIApp:
         """Middleware: on loopback, no request addressed to another name (DNS
-        rebinding); beyond it, everything but OPEN_PATHS needs the token or a session
-        (a page asks with `login_page`, the API answers 401)."""
+        rebinding); everything but OPEN_PATHS needs the token or a session (a page asks
+        with `login_page`, the API answers 401)."""
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
             response: Response
-            if self.open_to_this_machine:
-                if not self.rebound(scope):
-                    await app(scope, receive, send)
-                    return
+            if self.open_to_this_machine and self.rebound(scope):
                 response = error_response(400, "host_not_allowed", (
                     "agentbox on a loopback address answers only when addressed as "
                     "localhost or a loopback IP (the Host header)."))

@@ -189,6 +189,8 @@ def create_app(
             Route("/ui/replay", pages.replay, methods=["POST"]),
             Route("/ui/discard", pages.discard, methods=["POST"]),
             Route("/ui/login", pages.login, methods=["POST"]),
+            Route("/ui/login", pages.login_link, methods=["GET"]),
+            Route("/login-links", pages.new_login_link, methods=["POST"]),
             Route("/ui/logout", pages.logout, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_json(apps), methods=["GET"]),
@@ -202,6 +204,7 @@ def create_app(
     )
     app.state.store, app.state.dispatcher, app.state.deliverer = store, dispatcher, deliverer
     app.state.receiver = receiver
+    app.state.access = access  # the start-up line's one-time login link
     app.state.apps = {each.name: each for each in apps}
     return app
 

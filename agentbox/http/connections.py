@@ -59,7 +59,7 @@ def protocol_for(limits: ConnectionLimits) -> type[LimitedProtocol]:
 def answer(status: int, code: str, message: str, *extra: tuple[str, str]) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, in agentbox's error form."""
     body = json.dumps(error_body(code, message)).encode()
-    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large",
+    reason = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
               503: "Service Unavailable"}[status]
     head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json",
             f"content-length: {len(body)}", "connection: close",
@@ -79,6 +79,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self.limit_concurrency = None  # busy requests are counted here instead
         self._in_head = True  # reading a request head (or waiting for one)
         self._head_bytes = 0
+        self._head_tail = b""  # the last bytes of the head read so far (its end may span)
         self._deadline: asyncio.TimerHandle | None = None
 
     # -- the connection -----------------------------------------------------------------
@@ -94,25 +95,44 @@ class LimitedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        counted = self._in_head
-        if counted:
-            self._head_bytes += len(data)
+        # The head's size is checked before the parser sees it: a large head that
+        # arrives whole in one read would otherwise be parsed, and served, at once.
+        if self._in_head:
+            self._head_bytes += self._head_part(data)
+            if self._head_bytes > self.limits.max_head_bytes:
+                self._refuse(answer(431, "head_too_large", (
+                    f"The request head (line and headers) is larger than "
+                    f"{self.limits.max_head_bytes} bytes ({env_name('max_head_bytes')}).")))
+                return
         super().data_received(data)
         if self.transport.is_closing():
             return
-        if self._in_head and counted and self._head_bytes > self.limits.max_head_bytes:
-            self._refuse(answer(431, "head_too_large", (
-                f"The request head (line and headers) is larger than "
-                f"{self.limits.max_head_bytes} bytes ({env_name('max_head_bytes')}).")))
-        elif self._deadline is None and self._in_head and self._head_bytes:
+        if self._deadline is None and self._in_head and self._head_bytes:
             self._arm(self.limits.head_timeout_seconds, self._head_too_slow)
         elif self._deadline is None and not self._in_head and self.cycle.more_body:
             self._arm(self.limits.body_timeout_seconds, self._body_too_slow)
 
+    def _head_part(self, data: bytes) -> int:
+        """How many bytes of `data` belong to the request head being read: up to the
+        blank line that ends it (found across reads: the last bytes of the previous
+        are kept), else all of them."""
+        carried = self._head_tail
+        joined = carried + data
+        self._head_tail = joined[-3:]
+        ends = [at + len(mark) for mark in (b"\r\n\r\n", b"\n\n")
+                if (at := joined.find(mark)) >= 0]
+        return max(0, min(ends) - len(carried)) if ends else len(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, in agentbox's words and with
+        the headers every answer carries."""
+        self._refuse(answer(400, "invalid_http_request", (
+            "The request is not valid HTTP/1.1 (its line, a header or the framing).")))
+
     # -- the parser's events ------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_bytes = False, 0
+        self._in_head, self._head_bytes, self._head_tail = False, 0, b""
         self.waiting.pop(self, None)
         self._disarm()
         if len(self.tasks) < self.limits.max_connections:
@@ -126,7 +146,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_head = True  # what comes next is the next request's head
+        self._in_head, self._head_tail = True, b""  # what comes next is the next head
         self._disarm()
 
     def on_response_complete(self) -> None:

@@ -7,6 +7,12 @@ Content-Security-Policy allowing only agentbox's own scripts, styles and
 connections keeps an injected tag inert. The page's script and stylesheet are
 files for that reason (/ui/static/, agentbox.http.pages): no inline code, no
 inline `style` attribute, no CDN.
+
+An answer that is not a page (JSON, audio, the page's own files, an error) gets
+a sandboxing policy instead: opened as a document, it runs nothing and is of no
+origin. And no answer may be used by another site at all
+(Cross-Origin-Resource-Policy: same-origin): an `<audio src=...>` on another
+site's page learned whether a project existed, and its reference's duration.
 """
 
 from __future__ import annotations
@@ -24,17 +30,22 @@ CONTENT_SECURITY_POLICY = "; ".join((
     "base-uri 'none'",
     "frame-ancestors 'none'",
 ))
-SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+# Every answer that is not an HTML page: nothing runs, nothing loads, no frame.
+SANDBOX_POLICY = "default-src 'none'; sandbox; frame-ancestors 'none'"
+_COMMON: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-resource-policy", b"same-origin"),
 )
+PAGE_HEADERS = ((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()), *_COMMON)
+# The headers of every other answer (the server's own errors included).
+SECURITY_HEADERS = ((b"content-security-policy", SANDBOX_POLICY.encode()), *_COMMON)
 
 
 class SecurityHeaders:
-    """ASGI middleware: SECURITY_HEADERS on every answer (one the app already gave one
-    of these headers keeps its own)."""
+    """ASGI middleware: PAGE_HEADERS on every HTML page, SECURITY_HEADERS on every other
+    answer (one the app already gave one of these headers keeps its own)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -44,7 +55,7 @@ class SecurityHeaders:
 
 
 def secured(send: Send) -> Send:
-    """`send`, adding SECURITY_HEADERS to the answer's start."""
+    """`send`, adding PAGE_HEADERS or SECURITY_HEADERS to the answer's start."""
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":
             message["headers"] = with_security_headers(message.get("headers", ()))
@@ -54,5 +65,7 @@ def secured(send: Send) -> Send:
 
 def with_security_headers(headers: list[tuple[bytes, bytes]] | tuple[()]
                           ) -> list[tuple[bytes, bytes]]:
-    given = {name.lower() for name, _ in headers}
-    return [*headers, *(h for h in SECURITY_HEADERS if h[0] not in given)]
+    given = {name.lower(): value for name, value in headers}
+    page = given.get(b"content-type", b"").lower().startswith(b"text/html")
+    return [*headers, *(h for h in (PAGE_HEADERS if page else SECURITY_HEADERS)
+                        if h[0] not in given)]

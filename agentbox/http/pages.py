@@ -9,9 +9,9 @@ CDN: it works on a machine without internet. Live updates come from
 `/ui/stream` (Server-Sent Events); the browser reconnects by itself after a
 server restart.
 
-Safety: on a loopback address the pages are open to this machine. Bound to
-any other address, every page, stream and admin call needs the admin token
-(a cookie set by the login form, or `Authorization: Bearer`). State-changing
+Safety: every page, stream and admin call needs the admin token, on loopback
+too (a session's cookie set by the login form or a one-time login link, or
+`Authorization: Bearer`): agentbox.http.access. State-changing
 actions are POST forms carrying a CSRF token, and a request from another
 origin is refused.
 """
@@ -39,6 +39,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     HTMLResponse,
+    JSONResponse,
     RedirectResponse,
     Response,
 )
@@ -48,7 +49,7 @@ from agentbox.config import Settings
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
-from agentbox.http.access import Access, TooManyLogins, from_this_site
+from agentbox.http.access import LOGIN_LINK_SECONDS, Access, TooManyLogins, from_this_site
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
 from agentbox.runs import RunStatus
@@ -109,7 +110,7 @@ class StatusPages:
         self.alerts: list[str] = []  # on every page: what stops exports being stored
         self.operator_alerts: list[str] = []  # in the operations area: what needs a decision
         self.env = page_templates()
-        self.env.globals["logout"] = not access.open_to_this_machine  # a session to end
+        self.env.globals["logout"] = True  # a session to end, on loopback too
 
     # -- access (the rules are agentbox.http.access's) -----------------------------------
 
@@ -132,6 +133,20 @@ class StatusPages:
         response = RedirectResponse("/", status_code=303)
         self.access.session_cookie(response, request, session)
         return response
+
+    async def login_link(self, request: Request) -> Response:
+        """`GET /ui/login?code=...`: a one-time login link (agentbox open) trades its
+        code for a session, once; a used or expired one asks for the token."""
+        if not self.access.links.use(request.query_params.get("code", "")):
+            return self.login_page()
+        response = RedirectResponse("/", status_code=303)
+        self.access.session_cookie(response, request, self.access.sessions.start())
+        return response
+
+    async def new_login_link(self, request: Request) -> Response:
+        """`POST /login-links` (admin token): a one-time login link to this page."""
+        return JSONResponse({"url": self.access.login_link(str(request.base_url)),
+                             "expires_in_seconds": LOGIN_LINK_SECONDS}, status_code=201)
 
     async def logout(self, request: Request) -> Response:
         form = await self._checked_form(request)

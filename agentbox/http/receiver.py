@@ -1,6 +1,7 @@
 """`POST /webhooks/events`: verify, validate, check the callback, admit, store, answer.
 
-The order matters: the body's size is checked before it is read whole, the
+The order matters: the signature's headers (present, timestamp fresh) are
+checked before the body is read, the body's size before it is read whole, the
 signature before the body is parsed (unauthenticated senders learn nothing of
 the contract), and the 202 is sent only after the store's commit is durable.
 No agent work and no outbound calls happen here.
@@ -31,7 +32,7 @@ from agentbox.engine.timeouts import within
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.http.errors import error_body, send_json
 from agentbox.logs import get_logger
-from agentbox.signing import SignatureError, Verifier
+from agentbox.signing import SignatureError, Verifier, sender_message_id
 from agentbox.store import (
     AdmissionRefused,
     IngestParams,
@@ -46,6 +47,7 @@ log = get_logger("receiver")
 SECRET_CHECK_SECONDS = 1.0
 ADMISSION_RETRY_AFTER_SECONDS = 5
 STORAGE_RETRY_AFTER_SECONDS = 30
+MAX_WEBHOOK_ID_CHARS = 256  # a sender's webhook-id is kept up to this many characters
 INTERNAL_ERROR_MESSAGE = "agentbox failed to handle this request; the error is in its log."
 
 
@@ -93,6 +95,9 @@ class Receiver:
         # New events' runs go to the dispatcher through it: stored claimed when they
         # can start at once, each write handed over once, cancelled requests' too.
         self.handover = Handover(dispatcher, self._stored)
+        # The senders' own ids (webhook-id) of the events being written, by idempotency
+        # key, for the line that says each was stored.
+        self._webhook_ids: dict[str, str] = {}
 
     async def settle(self, timeout: float) -> None:
         """Wait for ingests still writing (their requests may have been cancelled by
@@ -144,6 +149,12 @@ class Receiver:
         # the verifier read Starlette's headers as a dict).
         headers = {name.decode("latin-1"): value.decode("latin-1")
                    for name, value in scope["headers"]}
+        try:
+            # From the headers first: an unsigned or stale request is refused before
+            # its body is read, so it cannot hold a connection for the body's timeout.
+            self.verifier.check_headers(headers, self.wall_clock())
+        except SignatureError as exc:
+            raise Rejected(401, exc.code, exc.message, headers={"Connection": "close"}) from None
         body = await self._read_body(headers, receive)
         try:
             self.verifier.verify(headers, body, self.wall_clock())
@@ -160,7 +171,7 @@ class Receiver:
             if errors:
                 raise Rejected(422, "invalid_event", "An agent for this event cannot take "
                                "it; see errors.", errors)
-        return await self._store(event, body)
+        return await self._store(event, body, _webhook_id(headers))
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
@@ -199,33 +210,43 @@ class Receiver:
             raise Rejected(403, "callback_not_allowed",
                            "callback_url's origin is not in AGENTBOX_CALLBACK_ALLOWED." + hint)
 
-    async def _store(self, event: Event, body: bytes) -> IngestResult:
+    async def _store(self, event: Event, body: bytes,
+                     webhook_id: str | None = None) -> IngestResult:
         # The configuration's routing; the store routes by the agents' current
         # subscriptions in the ingest's transaction (no agent at all: no_agent).
         agents = [spec.name for spec in self.registry.for_event_type(event.envelope.event_type)]
-        return await self.handover.store(
-            event, len(agents), lambda lease: self._ingest(event, body, agents, lease))
+        return await self.handover.store(event, len(agents), lambda lease: self._ingest(
+            event, body, agents, lease, webhook_id))
 
     def _stored(self, event: Event, result: IngestResult) -> None:
         """Log and count a committed write (its request may be gone)."""
         env = event.envelope
+        webhook_id = self._webhook_ids.pop(env.idempotency_key, None)
         if log.isEnabledFor(logging.INFO):
-            logs.info(log, "event duplicate" if result.duplicate else "event accepted", {
-                "event_id": env.event_id, "event_type": env.event_type,
-                "source": env.source, "run_ids": [run.run_id for run in result.runs]})
+            said = {"event_id": env.event_id, "event_type": env.event_type,
+                    "source": env.source, "run_ids": [run.run_id for run in result.runs]}
+            if webhook_id is not None:
+                said["webhook_id"] = webhook_id
+            logs.info(log, "event duplicate" if result.duplicate else "event accepted", said)
         if result.duplicate:
             self.metrics.duplicates.inc()
         else:
             self.metrics.event_accepted(env.event_type)
 
     async def _ingest(self, event: Event, body: bytes, agents: list[str],
-                      lease: Lease | None) -> IngestResult:
+                      lease: Lease | None, webhook_id: str | None) -> IngestResult:
         s = self.settings
+        key = event.envelope.idempotency_key
+        if webhook_id is not None:
+            self._webhook_ids[key] = webhook_id  # for `_stored`, which takes it back
+        stored = False
         try:
-            return await self.store.ingest(IngestParams(
+            result = await self.store.ingest(IngestParams(
                 event=event, body=body, agents=agents, now=self.clock(),
                 ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
-                max_hops=s.max_hops, lease=lease))
+                max_hops=s.max_hops, lease=lease, webhook_id=webhook_id))
+            stored = True
+            return result
         except NoSubscribedAgent:
             raise Rejected(422, "no_agent", f"No agent is configured for "
                            f"{event.envelope.event_type} (or every one unsubscribed); see "
@@ -238,6 +259,16 @@ class Receiver:
         except StorageUnavailable:
             raise Rejected(503, "storage_unavailable", _unavailable(self.store.last_error),
                            headers={"Retry-After": str(STORAGE_RETRY_AFTER_SECONDS)}) from None
+        finally:
+            if not stored:
+                self._webhook_ids.pop(key, None)  # no line will say it stored
+
+
+def _webhook_id(headers: dict[str, str]) -> str | None:
+    """The sender's own id of the request (webhook-id, svix-id), if any: kept with its
+    event, up to a length that no real id reaches."""
+    found = sender_message_id(headers)
+    return found[:MAX_WEBHOOK_ID_CHARS] if found else None
 
 
 def _unavailable(why: str | None) -> str:

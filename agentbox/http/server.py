@@ -96,10 +96,14 @@ class QuietServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:  # the port is bound and the app started: now, not before
-            app = self.config.app
+            state = getattr(self.config.app, "state", None)
+            url = url_of(self.config.host, self.config.port)
+            access = getattr(state, "access", None)
+            # The page is the user's alone: a one-time link opens it, logged in (and
+            # `agentbox open` makes another).
+            opened = {"open": access.login_link(url)} if access is not None else {}
             log.info("agentbox is ready", extra={
-                "url": url_of(self.config.host, self.config.port),
-                **getattr(getattr(app, "state", None), "ready", {})})
+                "url": url, **opened, **getattr(state, "ready", {})})
 
     async def main_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -152,6 +156,16 @@ class QuietServer(uvicorn.Server):
                 waiter.cancel()
 
 
+def proxies(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for proxy headers: believed from AGENTBOX_TRUSTED_PROXIES alone.
+
+    uvicorn's default believes X-Forwarded-For from loopback, so any local program
+    could name itself a new client at each request, and the login throttle, which
+    counts failures per client, would never slow it down."""
+    trusted = list(settings.trusted_proxies)
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or ""}
+
+
 def url_of(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
@@ -181,7 +195,7 @@ def run(app: Any, settings: Settings, sockets: list[socket.socket] | None = None
     it could not start for a reason it knows; exit status 3 for another."""
     portable.raise_open_files_limit()  # the connections' limits, not the OS's, apply
     protocol = protocol_for(ConnectionLimits.of(settings))
-    server = QuietServer(uvicorn.Config(app, http=protocol, **options))
+    server = QuietServer(uvicorn.Config(app, http=protocol, **proxies(settings), **options))
     said = _StartupErrorsSaid(app)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(said)

@@ -68,6 +68,7 @@ class Ingest:
     # before its stop reasons are found). `stop_all`: a received event's stop reason.
     routed: bool = False
     stop_all: str | None = None
+    webhook_id: str | None = None  # the sender's own id of the request (received events)
 
     def __call__(self, db: Db, state: Batch) -> IngestResult:
         result: IngestResult = answer(ingest_batch(db, state, [self])[0])
@@ -91,7 +92,7 @@ class Ingest:
                 runs.append(NewRun(run_id=run_id, ordinal=ordinal, agent=agent,
                                    status=RunStatus.ACCEPTED))
         return NewEvent(env=self.event.envelope, body=self.body, project=project_of(self.event),
-                        expires_at=self.expires_at, runs=tuple(runs))
+                        expires_at=self.expires_at, runs=tuple(runs), webhook_id=self.webhook_id)
 
 
 def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bool, Any]]:
@@ -215,7 +216,7 @@ def received(params: IngestParams, *, notify_due: float) -> Ingest:
                   stop_reasons=(too_far,) * len(params.agents), now=params.now,
                   expires_at=params.now + params.ttl, max_pending=params.max_pending,
                   lease=None if too_far else params.lease, notify_due=notify_due,
-                  stop_all=too_far)
+                  stop_all=too_far, webhook_id=params.webhook_id)
 
 
 def store_emitted(db: Db, state: Batch, emitted: Sequence[Emitted], *, parent_pk: int,

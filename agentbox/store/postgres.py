@@ -157,8 +157,9 @@ def _store_parameters(items: Sequence[NewEvent], now: float) -> dict[str, Any]:
     """The `store_events` statement's arrays: one element per event, and per run."""
     columns: dict[str, list[Any]] = {name: [] for name in (
         "keys", "expires", "event_ids", "types", "sources", "correlations", "causations",
-        "hops", "callbacks", "bodies", "projects", "run_keys", "run_ids", "ordinals", "agents",
-        "statuses", "owners", "lease_untils", "error_codes", "error_messages")}
+        "hops", "callbacks", "bodies", "projects", "webhook_ids", "run_keys", "run_ids",
+        "ordinals", "agents", "statuses", "owners", "lease_untils", "error_codes",
+        "error_messages")}
     for item in items:
         env = item.env
         for name, value in (
@@ -167,7 +168,7 @@ def _store_parameters(items: Sequence[NewEvent], now: float) -> dict[str, Any]:
                 ("sources", env.source), ("correlations", env.correlation_id),
                 ("causations", env.causation_id), ("hops", env.hop),
                 ("callbacks", env.callback_url), ("bodies", item.body),
-                ("projects", item.project)):
+                ("projects", item.project), ("webhook_ids", item.webhook_id)):
             columns[name].append(value)
         for run in item.runs:
             for name, value in (

@@ -42,6 +42,7 @@ def run_view(row: Row) -> RunView:
         run_id=row["run_id"], status=row["status"], event_id=row["event_id"],
         event_type=row["event_type"], source=row["source"], agent=row["agent"],
         idempotency_key=row["idempotency_key"], project=row["project"],
+        webhook_id=row["webhook_id"],
         accepted_at=iso(row["accepted_at"]) or "", started_at=iso(row["started_at"]),
         updated_at=iso(row["updated_at"]) or "", completed_at=iso(row["completed_at"]),
         attempt=attempt, retry_count=max(attempt - 1, 0),

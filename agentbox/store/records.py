@@ -79,6 +79,7 @@ class IngestParams:
     max_pending: int  # admission: refused while this many runs are not terminal
     max_hops: int | None = None  # past it, every run is stopped (loop_detected)
     lease: Lease | None = None  # claim the runs as they are accepted
+    webhook_id: str | None = None  # the sender's own id of the request (webhook-id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +263,7 @@ class NewEvent:
     project: str | None
     expires_at: float  # its idempotency claim's end
     runs: tuple[NewRun, ...]
+    webhook_id: str | None = None  # the sender's own id of the request
 
 
 @dataclass(slots=True, kw_only=True)  # built per write: no frozen __setattr__

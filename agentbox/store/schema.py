@@ -31,6 +31,7 @@ SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {
     3: (("events", "project", "TEXT"),),
     4: (("events", "body_removed_at", "REAL"),),  # retention
     5: (("outbox", "subscription_id", "TEXT"),),  # subscriptions
+    8: (("events", "webhook_id", "TEXT"),),  # the sender's webhook-id
 }
 SQL_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS agentbox_schema (

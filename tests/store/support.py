@@ -77,11 +77,12 @@ async def ingest(
     store: Store, event_id: str, *, agents: Sequence[str] = ("mix_review",), now: float = T0,
     ttl: float = TTL, max_pending: int = MAX_PENDING, mix_url: str = "/tmp/m.wav",
     callback_url: str | None = None, lease: Lease | None = None,
+    webhook_id: str | None = None,
 ) -> IngestResult:
     body = event_body(event_id, mix_url, callback_url)
     return await store.ingest(IngestParams(
         event=parse_event(body), body=body, agents=agents, now=now, ttl=ttl,
-        max_pending=max_pending, lease=lease))
+        max_pending=max_pending, lease=lease, webhook_id=webhook_id))
 
 
 async def claim(

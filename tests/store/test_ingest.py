@@ -56,6 +56,16 @@ async def test_ingest_writes_event_and_run(store: Store, aio: Any) -> None:
     claimed = await claim_one(store, now=T0)
     assert claimed.event_body == event_body("e1")  # the raw body, byte for byte
     assert claimed.accepted_at == ms(T0)
+    assert view["webhook_id"] is None  # the sender sent no id of its own
+
+
+@async_test
+async def test_the_senders_webhook_id_is_kept_with_the_event(store: Store, aio: Any) -> None:
+    result = await ingest(store, "e1", webhook_id="msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")
+    view = await store.get_run(result.runs[0].run_id)
+    assert view is not None and view["webhook_id"] == "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
+    [listed] = await store.list_runs(None, 10)
+    assert listed["webhook_id"] == "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
 
 
 @async_test

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
@@ -30,10 +31,22 @@ def chromium(*flags: str) -> Iterator[Browser]:
             browser.close()
 
 
+# The page needs the admin token on loopback too: a test's browser sends the one every
+# test server's user holds (tests.conftest.Server) with each request, as a logged-in
+# browser sends its session (the login itself is tested in tests/test_page.py).
+AS_THE_USER = {"Authorization": "Bearer server-admin-token-of-the-tests"}
+
+
+def as_the_user(**options: Any) -> dict[str, Any]:
+    """Options of a new browser context (`options` too) that send the user's token."""
+    return {"extra_http_headers": AS_THE_USER, **options}
+
+
 @contextmanager
-def fresh_page(browser: Browser) -> Iterator[Page]:
-    """A page in a context of its own (no cookies or storage of another test)."""
-    context = browser.new_context()
+def fresh_page(browser: Browser, logged_in: bool = True) -> Iterator[Page]:
+    """A page in a context of its own (no cookies or storage of another test), of the
+    server's user (`logged_in`) or of another account."""
+    context = browser.new_context(**as_the_user()) if logged_in else browser.new_context()
     try:
         yield context.new_page()
     finally:

@@ -4,24 +4,24 @@
 
 -- name: get_run
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project
+       e.idempotency_key, e.project, e.webhook_id
 FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = %(run_id)s
 
 -- name: list_runs
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project
+       e.idempotency_key, e.project, e.webhook_id
 FROM runs r JOIN events e ON e.pk = r.event_pk ORDER BY r.run_id DESC LIMIT %(limit)s
 
 -- name: list_runs_by_status
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project
+       e.idempotency_key, e.project, e.webhook_id
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE r.status = %(status)s ORDER BY r.run_id DESC LIMIT %(limit)s
 
 -- name: search_runs
 -- {where}: the search_runs.* conditions asked for, joined by AND (or TRUE).
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project
+       e.idempotency_key, e.project, e.webhook_id
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE {where} ORDER BY r.run_id DESC LIMIT %(limit)s
 

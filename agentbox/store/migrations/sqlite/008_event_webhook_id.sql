@@ -1,0 +1,5 @@
+-- The sender's own id of the request that brought an event (Standard Webhooks'
+-- webhook-id, or Svix's svix-id), kept as it was sent: GET /runs/{run_id} shows it
+-- as `webhook_id`, so a sender's log and agentbox's meet on it. NULL when the sender
+-- sent none (agentbox's hex scheme) and for events agents emit. The column is added
+-- by the engine when missing (SQLite has no ADD COLUMN IF NOT EXISTS).

@@ -526,14 +526,15 @@ class Client:
                               f"{exc}", f"cannot reach agentbox at {self.url}") from None
         return since
 
-    def login_link(self) -> str:
+    def login_link(self, next_path: str | None = None) -> str:
         """A one-time login link to the page (it opens a session in one browser, once,
-        within minutes). Needs the admin token."""
+        within minutes), showing `next_path` (e.g. a review's page) once logged in.
+        Needs the admin token."""
         answer = self._call("POST", "/login-links", headers=self._admin_headers())
         url = answer.get("url") if isinstance(answer, dict) else None
         if not isinstance(url, str):
             raise NotAgentbox(f"{self.url} answered POST /login-links without a link")
-        return url
+        return url if next_path is None else f"{url}&next={quote(next_path, safe='/')}"
 
     def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same
@@ -693,7 +694,7 @@ class Client:
         try:
             with self._http.stream("GET", self.url + "/ui/stream",
                                    headers={"Accept": "text/event-stream",
-                                            **self._optional_token()},
+                                            **self._read_headers()},
                                    timeout=httpx.Timeout(DEFAULT_TIMEOUT, read=timeout)
                                    ) as response:
                 if response.status_code != 200:
@@ -704,10 +705,6 @@ class Client:
                 yield from _events(response.iter_lines())
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
-
-    def _optional_token(self) -> dict[str, str]:
-        return {} if self._admin_token is None else {
-            "Authorization": f"Bearer {self._admin_token}"}
 
 
 START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "

@@ -311,7 +311,13 @@ def test_the_menus_items_do_what_they_say(server: Server,
 
         item("a.wav")(tray.icon)
         item("Open agentbox")(tray.icon)
-        assert opened == [f"{server.url}/ui/runs/{run_id}", f"{server.url}/"]
+        # each through a one-time login link (the page is the user's alone) that,
+        # followed, lands on the page asked for
+        assert [url.split("&next=")[1] for url in opened] == [f"/ui/runs/{run_id}", "/"]
+        assert all(url.startswith(f"{server.url}/ui/login?code=") for url in opened)
+        landed = server.anonymous.get(opened[0], follow_redirects=False)
+        assert landed.status_code == 303 and landed.headers["location"] == f"/ui/runs/{run_id}"
+        assert server.anonymous.get(opened[0]).status_code == 401  # used: once only
         item("Pause watch folders")(tray.icon)
         assert server.client.get("/watch").json()["paused"] is True
         assert tray.follower.look.paused

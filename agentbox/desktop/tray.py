@@ -342,8 +342,10 @@ class Tray:
         log.info("tray changed", extra={"status": look.state, "title": look.title,
                                         "menu": look.menu_lines()})
         try:
-            self.icon.icon = picture(look.state)
+            # The title first: on X it is the icon window's name, which goes out with
+            # the next request the backend flushes (the icon's drawing does).
             self.icon.title = self._titled(look.title)
+            self.icon.icon = picture(look.state)
             self.icon.update_menu()
         except Exception as exc:  # the host went away, say: the next change tries again
             log.warning("the tray icon could not be updated",
@@ -381,7 +383,13 @@ class Tray:
         return lambda: self._open(path)
 
     def _open(self, path: str) -> None:
-        self.open_url(self.client.url + path)
+        """The page at `path`, through a one-time login link (the page is the user's
+        alone, on loopback too); the plain address when no link can be had."""
+        try:
+            url = self.client.login_link(next_path=path)
+        except AgentboxError:
+            url = self.client.url + path
+        self.open_url(url)
 
     def _toggle_pause(self) -> None:
         try:

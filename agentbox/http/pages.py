@@ -135,11 +135,14 @@ class StatusPages:
         return response
 
     async def login_link(self, request: Request) -> Response:
-        """`GET /ui/login?code=...`: a one-time login link (agentbox open) trades its
-        code for a session, once; a used or expired one asks for the token."""
+        """`GET /ui/login?code=...[&next=/path]`: a one-time login link (agentbox open,
+        the tray) trades its code for a session, once, then shows `next` (a path of
+        this site only); a used or expired one asks for the token."""
         if not self.access.links.use(request.query_params.get("code", "")):
             return self.login_page()
-        response = RedirectResponse("/", status_code=303)
+        after = request.query_params.get("next", "/")
+        local = after.startswith("/") and not after.startswith(("//", "/\\"))
+        response = RedirectResponse(after if local else "/", status_code=303)
         self.access.session_cookie(response, request, self.access.sessions.start())
         return response
 

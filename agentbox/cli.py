@@ -348,8 +348,12 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
 @click.option("--stage", type=click.Choice(STAGES), default=None,
-              help="payload.stage: judge it as a mix (going to mastering) or a master; "
-                   "it sticks for the project's later exports.")
+              help="payload.stage: judge this file as a mix (going to mastering) or a "
+                   "master; the project's later exports are not.")
+@click.option("--project-stage", type=click.Choice([*STAGES, "auto"]), default=None,
+              help="payload.project_stage: the project is at this stage from now on "
+                   "(its later exports are judged so unless a file's own stage or the "
+                   "watched folder's says otherwise); auto forgets it.")
 @URL_OPTION
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
@@ -370,7 +374,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
          project: str | None, mix: Path | None, profile: str | None, stage: str | None,
-         url: str | None,
+         project_stage: str | None, url: str | None,
          source: str, event_id: str | None, payload_json: str | None,
          callback_url: str | None, event_file: Any, retries: int, wait: bool,
          wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
@@ -394,6 +398,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     5 the run was not finished in time (--wait), 130 stopped with Ctrl-C.
     """
     mix_file = _mix_to_review(event_type, type_option, event_file)
+    if project_stage is not None:
+        fields = (*fields, f"project_stage={project_stage}")
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
@@ -628,6 +634,39 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
         click.echo(_indented(run))
     else:
         click.echo("\n".join(terminal.show_lines(run)))
+
+
+@main.command()
+@click.argument("ref", metavar="RUN_ID|PREFIX|PROJECT")
+@click.option("--stage", type=click.Choice(["mix", "master"]), required=True,
+              help="Judge it as a mix going to mastering, or as a master.")
+@URL_OPTION
+@click.option("--no-wait", "no_wait", is_flag=True,
+              help="Say the run it started, and do not wait for the new review.")
+@click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print agentbox's answer as JSON (with --wait: then the finished run).")
+@CONFIG_OPTION
+def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: float,
+            as_json: bool, config_file: Path | None) -> None:
+    """Judge a review again at another stage: a new review of the same audio (the
+    archive's copy), beside the first, marked re-judged.
+
+    \b
+        agentbox rejudge "night drive" --stage master
+
+    REF is what `agentbox show` takes: a run id, its start, or a project's name (its
+    latest export). Asked again, it answers the first re-judgment. Exit status as
+    `send`'s."""
+    with _client_errors(), _client(url, config_file) as box:
+        first = box.lookup(ref)
+        answer = box.rejudge(first.run_id, stage)
+        name = (first.file or first.project or first.run_id)
+        sent = Sent(f"{name} as a {stage}", review=True, for_people=not as_json)
+        if no_wait:
+            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
+        else:
+            _wait_and_tell(box, answer, wait_timeout, as_json, sent)
 
 
 @main.command()

@@ -529,6 +529,14 @@ class Client:
             "POST", f"/runs/{segment(check_run_id(run_id))}/replay",
             headers=self._admin_headers()))
 
+    def rejudge(self, run_id: str, stage: str) -> Accepted:
+        """A new review of the same audio `run_id`'s review heard, judged at `stage`
+        ("mix" or "master"), beside the first: the new run, accepted (asked again,
+        the same one). Needs the admin token."""
+        return self._read(Accepted, self._call(
+            "POST", f"/runs/{segment(check_run_id(run_id))}/rejudge",
+            json={"stage": stage}, headers=self._admin_headers()))
+
     def exports(self, project: str | None = None, limit: int = 50) -> ExportList:
         """GET /exports: `.exports`, a project's exports newest first (the
         project named in any form: NFC is the one kept); without one, each project's

@@ -63,6 +63,14 @@ class History:
                                            status=RunStatus.SUCCEEDED.value, limit=1)
         return found[0] if found else None
 
+    async def export(self, run_id: str) -> ProjectExport | None:
+        """One run of a project, stored or archived; None: no such run, or one that
+        named no project."""
+        if unaskable(run_id):
+            return None
+        rows = await self.tables.rows("export", run_id=run_id)
+        return export_of(rows[0]) if rows else None
+
     async def archived_export(self, run_id: str) -> ProjectExport | None:
         """What a project's history kept of a run that retention removed (`archived`),
         or None: the run is stored, or never was, or named no project."""

@@ -249,6 +249,19 @@ class Archive:
             return await self._kept(reviewed.sha256, reviewed.name)
         return await asyncio.to_thread(self._unchanged, reviewed)
 
+    async def heard_at(self, reviewed: Reviewed) -> Path | Gone:
+        """Where the bytes a review heard can be read again (to judge them at another
+        stage): the archive's copy, or, with the archive off, the file itself while it
+        is unchanged; or why they cannot."""
+        played = await self.audio(reviewed)
+        if isinstance(played, Gone):
+            return played
+        os.close(played.fd)
+        if self.on:
+            return self.blobs.path(played.sha256)
+        assert reviewed.path is not None  # _unchanged found the file there
+        return reviewed.path
+
     async def _kept(self, sha256: str, name: str) -> Playable | Gone:
         pending = self._pending.get(sha256)
         if pending:

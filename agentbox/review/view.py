@@ -212,9 +212,11 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
     `error`: its run's error code and message, which say why there is none."""
     payload = event.get("payload") if isinstance(event, dict) else None
     url = payload.get("mix_url") if isinstance(payload, dict) else None
+    named = payload.get("file_name") if isinstance(payload, dict) else None  # a re-judgment's
+    file = named if isinstance(named, str) else mix_name(url) if isinstance(url, str) else ""
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
-                     export.finished_at, Review.of(export.result),
-                     mix_name(url) if isinstance(url, str) else "", export.archived, *error)
+                     export.finished_at, Review.of(export.result), file, export.archived,
+                     *error)
 
 
 def numbered(rows: list[ExportRow]) -> list[ExportRow]:

@@ -78,6 +78,24 @@ def api() -> ApiPart:
                           "304": {"description": "unchanged (If-None-Match: its ETag)"},
                           **errors(404, 416)},
         }},
+        "/runs/{run_id}/rejudge": {"post": {
+            "summary": "Judge a finished mix review again at the other stage (admin, "
+                       "or the review page's form)",
+            "description": "A new review of the bytes the review heard (the archive's "
+                           "copy), judged at `stage`, beside the first: a "
+                           "mix.review_requested whose result's stage_source is "
+                           "rejudge. Asked again for the same review and stage: the "
+                           "first re-judgment (200, duplicate). The page's form (its "
+                           "CSRF token) is answered with a redirect to the new "
+                           "review's page.",
+            "security": admin, "parameters": [run_id],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"type": "object", "required": ["stage"], "properties": {
+                    "stage": {"type": "string", "enum": ["mix", "master"]}}}}}},
+            "responses": {"202": json_answer("Accepted", "the new review, accepted"),
+                          "200": json_answer("Accepted", "asked before: the first one"),
+                          **errors(401, 404, 410, 422, 429, 503)},
+        }},
         "/runs/{run_id}/audio": {"get": {
             "summary": "The mix a finished mix review listened to (the page's players)",
             "description": "The bytes the review heard, from the archive of exports "

@@ -109,3 +109,15 @@ SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE r.run_id = ANY(%(ids)s) AND e.project IS NOT NULL
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: export
+-- One run of a project, stored or kept after retention removed it (no row: no such
+-- run, or one that named no project).
+SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+       false AS archived
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.run_id = %(run_id)s AND e.project IS NOT NULL
+UNION ALL
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+FROM project_exports WHERE run_id = %(run_id)s
+LIMIT 1

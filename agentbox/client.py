@@ -268,10 +268,12 @@ def build_event(event_type: str, source: str, event_id: str, payload: dict[str, 
     return event
 
 
-def content_id(path: Path, size: int) -> str:
-    """The event_id of a finished file: its absolute path, size and content (the
-    same file sent again is a duplicate, not a second run)."""
-    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0".encode())
+def content_id(path: Path, size: int, modified_ns: int | None = None) -> str:
+    """The event_id of a finished file: its absolute path, size, modification time
+    and content. The same file sent again unchanged is a duplicate (its first run);
+    a render written again, even of identical audio, is an export of its own."""
+    stamp = "" if modified_ns is None else f"{modified_ns}\0"
+    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0{stamp}".encode())
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
@@ -279,13 +281,15 @@ def content_id(path: Path, size: int) -> str:
 
 
 def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
-    """The event_id of a rendered file sent for review: its content's, and what was
-    asked of it (the project, stage, profile, other fields), so that the same file
-    sent again the same way is a duplicate that answers the first review, while the
+    """The event_id of a rendered file sent for review: the file's (content_id: its
+    path, size, modification time and content), and what was asked of it (the
+    project, stage, profile, other fields), so that the same file sent again
+    unchanged, the same way, is a duplicate that answers the first review, while the
     same file sent with another stage (or project, or profile) is a review of its
     own. Asked nothing, it is the id `watch` gives the file (a file sent both ways
     is one export)."""
-    found = content_id(path, path.stat().st_size)
+    stat = path.stat()
+    found = content_id(path, stat.st_size, stat.st_mtime_ns)
     if project is None and not asked:
         return found
     how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)

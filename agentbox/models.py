@@ -193,6 +193,11 @@ class ExportView(Answer):
     # Retention removed its run (GET /runs/{run_id} answers 404): what is here is all
     # that is kept of it.
     archived: bool = False
+    # A project's exports (GET /exports?project=NAME): its place among them, the oldest
+    # #1, and the number of the earliest one whose audio is identical (every render is
+    # an export of its own, even of the same audio), else None.
+    number: int | None = None
+    same_audio_as: int | None = None
 
 
 class ExportList(Answer):

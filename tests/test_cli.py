@@ -280,10 +280,10 @@ def test_watch_sends_each_finished_file_once(server: Server, tmp_path: Path) -> 
         run = server.wait_terminal(run_id)
         assert run["event_id"].startswith("watch-") and run["source"] == "watch"
         (mix.parent / "notes.txt").write_text("not audio")
-        os.utime(mix)  # a touch: same content, same id
-        wait_until(lambda: any(line.startswith("night-drive.wav: duplicate") for line in lines),
-                   20, "the touched file to be a duplicate")
-        assert sum("accepted" in line for line in lines) == 1
+        os.utime(mix)  # written again, the same bytes: a render of its own, a new export
+        wait_until(lambda: sum(line.startswith("night-drive.wav: accepted")
+                               for line in lines) == 2, 20, "the new render to be sent")
+        assert sum("accepted" in line for line in lines) == 2
         assert not any(line.startswith("old.wav") for line in lines)
     finally:
         watcher.terminate()

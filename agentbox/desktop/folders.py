@@ -264,9 +264,11 @@ class FolderWatch:
     def _event_id(self, path: Path) -> tuple[str, bool] | None:
         """The event_id of a finished file, and whether it is an export sent before and
         written on since (same event_id: one export, one run); else the id comes from
-        its path, size and content (a touch, a restart: the same id again)."""
+        its path, size, modification time and content (a restart: the same id again;
+        a new render of the same audio: a new export)."""
         try:
-            own = content_id(path, path.stat().st_size)
+            stat = path.stat()
+            own = content_id(path, stat.st_size, stat.st_mtime_ns)
         except OSError:
             return None  # gone meanwhile
         earlier = self.watcher.continues(path)

@@ -9,6 +9,7 @@ and the notes are the judge's as stored.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,6 +189,7 @@ class ExportRow:
     error_code: str | None = None  # why its run failed, or is being tried again
     error_message: str | None = None
     number: int | None = None  # its place among the project page's exports, oldest #1
+    same_audio_as: int | None = None  # the earliest earlier export of identical audio
 
     @property
     def file_name(self) -> str:
@@ -220,8 +222,25 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
 
 
 def numbered(rows: list[ExportRow]) -> list[ExportRow]:
-    """A project's exports (newest first) numbered from the oldest of them, #1."""
-    return [replace(row, number=len(rows) - i) for i, row in enumerate(rows)]
+    """A project's exports (newest first) numbered from the oldest of them, #1, each
+    with the number of the earliest export of the same audio before it."""
+    same = same_audio([row.review.model.file.sha256 if row.review and row.review.model.file
+                       else None for row in rows])
+    return [replace(row, number=len(rows) - i, same_audio_as=same[i])
+            for i, row in enumerate(rows)]
+
+
+def same_audio(hashes: Sequence[str | None]) -> list[int | None]:
+    """For a project's exports' audio hashes (newest first, numbered from the oldest,
+    #1): the number of the earliest earlier export with the same hash, else None."""
+    first: dict[str, int] = {}
+    found: list[int | None] = [None] * len(hashes)
+    for number, i in enumerate(range(len(hashes) - 1, -1, -1), start=1):
+        sha = hashes[i]
+        if sha:
+            found[i] = first.get(sha)
+            first.setdefault(sha, number)
+    return found
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@ agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import signal
 import sys
 import time
 import uuid
@@ -32,9 +36,11 @@ from agentbox.client import (
     Refused,
     Unreachable,
     build_event,
+    configured_url,
     export_event,
     export_id,
     find_url,
+    runtime_file,
 )
 from agentbox.events import project_name
 from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
@@ -101,8 +107,11 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     setup_logging(settings.log_level, settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
+    recorded = None
     try:
         sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
+        recorded = record_address(settings, found.getsockname()[1] if found else settings.port)
+        _forget_on_sigterm(recorded)
         server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
                    log_config=None, access_log=False, loop=portable.EVENT_LOOP,
                    lifespan="on",
@@ -110,6 +119,48 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
     except (server.PortInUse, server.StartupFailed) as exc:
         _refuse(str(exc), EXIT_REFUSED)
+    finally:
+        forget_address(recorded)
+
+
+def record_address(settings: cfg.Settings, port: int) -> Path | None:
+    """Say where this server listens, for the CLI and the watcher to find it
+    (client.find_url): its runtime file, the user's alone. None when it cannot be
+    written: the clients then go by the configuration, as before."""
+    path = runtime_file(settings.data_dir)
+    url = configured_url(dataclasses.replace(settings, port=port))
+    try:
+        portable.private_directory(path.parent)
+        portable.write_durably(path, json.dumps({"url": url, "pid": os.getpid()}), 0o600)
+    except OSError as exc:
+        click.echo(f"agentbox: where it listens cannot be recorded in {path} "
+                   f"({exc.strerror or type(exc).__name__}); give clients --url {url}",
+                   err=True)
+        return None
+    return path
+
+
+def _forget_on_sigterm(path: Path | None) -> None:
+    """uvicorn stops on SIGTERM, then raises it again with the handler it found: with
+    the default one the process ends there, before `serve`'s own clean-up. This
+    handler forgets the address first, then ends the process by the signal as before."""
+    if path is None or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def forget_then_end(signum: int, frame: object) -> None:
+        forget_address(path)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    signal.signal(signal.SIGTERM, forget_then_end)
+
+
+def forget_address(path: Path | None) -> None:
+    """Remove this server's runtime file, unless a later server has made it its own."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(path.read_text(encoding="utf-8"))["pid"] == os.getpid():
+            path.unlink()
 
 
 def _refuse(sentence: str, status: int) -> NoReturn:
@@ -242,15 +293,17 @@ def token(config_file: Path | None) -> None:
 URL_OPTION = click.option(
     "--url", default=None, metavar="URL",
     help=f"agentbox's address, e.g. http://127.0.0.1:9000 (or its {RECEIVER_PATH} "
-         f"endpoint). Default: {URL_ENV}, else host and port of the config file "
-         f"(as serve reads them), else {DEFAULT_URL}.")
+         f"endpoint). Default: {URL_ENV}, else where the running agentbox "
+         f"recorded it listens, else host and port of the config file (as serve "
+         f"reads them), else {DEFAULT_URL}.")
 CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
                              default=None, help="TOML config file (as serve's).")
 
 
 def client_url(url: str | None, config_file: Path | None = None) -> str:
-    """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else the
-    host and port that `serve` reads from the config file."""
+    """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else where
+    the running server recorded it listens, else the host and port that `serve`
+    reads from the config file (client.find_url)."""
     try:
         return find_url(url, config_file, where="--url")
     except BadAddress as exc:

@@ -29,7 +29,10 @@ import hashlib
 import json
 import os
 import re
+import socket
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +66,10 @@ from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
+# Where a running `agentbox serve` says it listens (`runtime_file`), and how long a
+# client tries the address it names before taking it for a server that is gone.
+RUNTIME_FILE = "server.json"
+RUNTIME_CHECK_SECONDS = 0.5
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
 # Sending a reference track: the file goes up whole, then agentbox measures it before
@@ -222,14 +229,51 @@ def base_url(url: str, where: str = "url") -> str:
 
 def find_url(url: str | None = None, config_file: Path | None = None,
              environ: Mapping[str, str] | None = None, where: str = "url") -> str:
-    """agentbox's address: `url`, else AGENTBOX_URL, else the host and port that
-    `agentbox serve` reads from the config file (and AGENTBOX_HOST / AGENTBOX_PORT)."""
+    """agentbox's address: `url`, else AGENTBOX_URL, else where the running server of
+    this configuration's data directory says it listens (its runtime file), else the
+    host and port that `agentbox serve` reads from the config file (and
+    AGENTBOX_HOST / AGENTBOX_PORT)."""
     environ = os.environ if environ is None else environ
     if url is not None:
         return base_url(url, where)
     if environ.get(URL_ENV, "").strip():
         return base_url(environ[URL_ENV], URL_ENV)
-    return configured_url(load_settings(config_file))
+    settings = load_settings(config_file)
+    return recorded_url(settings.data_dir) or configured_url(settings)
+
+
+def runtime_file(data_dir: Path) -> Path:
+    """Where the server of `data_dir` records its address while it runs: in the
+    user's runtime directory (platformdirs: private to the user, emptied at logout
+    or restart), one file per data directory; in the data directory itself where
+    there is no such directory (platformdirs then falls back to one of its own in
+    the shared temporary directory, made by whichever process asks first)."""
+    import platformdirs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fall-back's warning: handled here
+        folder = Path(platformdirs.user_runtime_dir("agentbox", appauthor=False))
+    if folder.parent.parent == Path(tempfile.gettempdir()):
+        return data_dir / RUNTIME_FILE
+    key = hashlib.sha256(str(data_dir.expanduser().absolute()).encode()).hexdigest()[:16]
+    return folder / f"server-{key}.json"
+
+
+def recorded_url(data_dir: Path) -> str | None:
+    """The address the running server of `data_dir` recorded, if it is still
+    listening there (a server killed outright leaves its file behind)."""
+    try:
+        found = json.loads(runtime_file(data_dir).read_text(encoding="utf-8"))
+        url = base_url(str(found["url"]), "the runtime file")
+    except (OSError, ValueError, KeyError, TypeError, BadAddress):
+        return None
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80),
+                                      timeout=RUNTIME_CHECK_SECONDS):
+            return url
+    except OSError:
+        return None
 
 
 def configured_url(settings: cfg.Settings) -> str:

@@ -824,6 +824,57 @@ def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) 
 
 
 @main.group()
+def project() -> None:
+    """Tidy projects: rename one, merge one into another, remove one."""
+
+
+@project.command("rename")
+@click.argument("old")
+@click.argument("new")
+@URL_OPTION
+@CONFIG_OPTION
+def project_rename(old: str, new: str, url: str | None, config_file: Path | None) -> None:
+    """Call project OLD NEW from now on: its exports, kept audio and reference track
+    follow, and an export still sent as OLD joins NEW."""
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.rename_project(old, new)
+    click.echo(f"{terminal.line(done.was or old)} is now {terminal.line(done.project or new)}")
+
+
+@project.command("merge")
+@click.argument("from_project", metavar="FROM")
+@click.argument("into")
+@URL_OPTION
+@CONFIG_OPTION
+def project_merge(from_project: str, into: str, url: str | None,
+                  config_file: Path | None) -> None:
+    """Merge project FROM into project INTO: FROM's exports join INTO's history (its
+    reference track too, unless INTO has one), and an export still sent as FROM
+    joins INTO."""
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.merge_projects(from_project, into)
+    click.echo(f"{terminal.line(done.merged or from_project)} merged into "
+               f"{terminal.line(done.project or into)}")
+
+
+@project.command("remove")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask before removing.")
+@URL_OPTION
+@CONFIG_OPTION
+def project_remove(name: str, yes: bool, url: str | None, config_file: Path | None) -> None:
+    """Remove project NAME: its exports leave the project pages, the archive lets
+    their audio go, its reference track goes. Asks first, unless --yes."""
+    if not yes:
+        click.confirm(f"Remove the project {terminal.line(name)} and the audio kept of "
+                      "its exports?", abort=True)
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.remove_project(name)
+    click.echo(f"{terminal.line(done.removed or name)} removed: {done.exports or 0} exports, "
+               f"{done.audio_dropped or 0} kept copies let go")
+
+
+@main.group()
 def reference() -> None:
     """A project's reference track: every review of the project compares with it."""
 

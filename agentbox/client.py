@@ -52,6 +52,7 @@ from agentbox.models import (
     Destinations,
     ExportList,
     Notifications,
+    ProjectChanged,
     Pruned,
     ReferenceList,
     ReferenceOut,
@@ -584,6 +585,25 @@ class Client:
         return self._read(Accepted, self._call(
             "POST", f"/runs/{segment(check_run_id(run_id))}/rejudge",
             json={"stage": stage}, headers=self._admin_headers()))
+
+    def rename_project(self, old: str, new: str) -> ProjectChanged:
+        """Project `old` is called `new` from now on (its exports, kept audio and
+        reference follow; `old` stays an alias). Needs the admin token."""
+        return self._tidy(old, "rename", {"to": project_name(new)})
+
+    def merge_projects(self, old: str, into: str) -> ProjectChanged:
+        """Project `old`'s exports join project `into`. Needs the admin token."""
+        return self._tidy(old, "merge", {"into": project_name(into)})
+
+    def remove_project(self, project: str) -> ProjectChanged:
+        """The project's exports leave the pages and its audio the archive. Needs the
+        admin token."""
+        return self._tidy(project, "remove", {})
+
+    def _tidy(self, project: str, action: str, body: dict[str, str]) -> ProjectChanged:
+        return self._read(ProjectChanged, self._call(
+            "POST", f"/projects/{segment(project_name(project))}/{action}", json=body,
+            headers=self._admin_headers()))
 
     def exports(self, project: str | None = None, limit: int = 50) -> ExportList:
         """GET /exports: `.exports`, a project's exports newest first (the

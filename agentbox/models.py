@@ -204,6 +204,18 @@ class ExportList(Answer):
     exports: list[ExportView]
 
 
+class ProjectChanged(Answer):
+    """A project renamed, merged or removed (POST /projects/{project}/rename, /merge,
+    /remove): the project it is now (None: removed) and what became of the other."""
+
+    project: str | None
+    was: str | None = None  # rename: its former name
+    merged: str | None = None  # merge: the project merged into `project`
+    removed: str | None = None  # remove: the project removed
+    exports: int | None = None  # remove: how many exports left the pages
+    audio_dropped: int | None = None  # remove: how many kept copies the archive let go
+
+
 class OctaveBandOut(Answer):
     hz: float
     db: float  # the band's share of the track's power

@@ -49,6 +49,7 @@ log = get_logger("archive")
 PENDING_WAIT_SECONDS = 30.0  # an audio request waits this long for a copy being kept
 VERIFIED_FILES = 256  # files whose hash is remembered by identity (the archive off)
 KEEPER_FILE = "keeper"  # the folder's id, which the store's records name
+PROJECT_REMOVED = "its project was removed"  # why a removed project's audio went
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,23 @@ class Archive:
             needed |= {r.sha256 for r in references}
             await asyncio.to_thread(self._delete_unneeded, needed)
         return len(drops)
+
+    async def forget_project(self, project: str) -> int:
+        """A removed project's audio goes: its exports' kept copies are let go (as
+        the bounds let copies go: recorded as dropped, the files deleted once nothing
+        needs them) and its reference track is removed; how many copies went."""
+        await self.history.remove_reference(project)
+        if not self.keeper:
+            return 0
+        async with self._lock:
+            kept = [k for k in await self.history.kept_audio(project, limit=100_000)
+                    if k.dropped_at is None and k.keeper == self.keeper]
+            dropped = await self.history.drop_audio(
+                [(k.run_id, PROJECT_REMOVED) for k in kept], self.clock())
+            needed = {k.sha256 for k in await self.history.live_audio(self.keeper)}
+            needed |= {r.sha256 for r in await self._references()}
+            await asyncio.to_thread(self._delete_unneeded, needed)
+        return dropped
 
     async def _references(self) -> list[ProjectReference]:
         return [r for r in await self.history.references(limit=100_000)

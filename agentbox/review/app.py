@@ -57,6 +57,7 @@ class ReviewApp(App):
         from agentbox.review.web.pages import ReviewPages, add_templates
         from agentbox.review.web.references import ReferenceRoutes
         from agentbox.review.web.rejudge import RejudgeRoutes
+        from agentbox.review.web.tidy import TidyRoutes
 
         self.host = host
         # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
@@ -80,6 +81,7 @@ class ReviewApp(App):
         references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
                                      web.project)
         rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf)
+        tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
             Route("/exports", web.exports, methods=["GET"]),
@@ -90,6 +92,9 @@ class ReviewApp(App):
                   methods=["GET", "PUT", "DELETE"]),
             Route("/projects/{project:path}/reference/audio", references.audio,
                   methods=["GET"]),
+            Route("/projects/{project:path}/rename", tidy.rename, methods=["POST"]),
+            Route("/projects/{project:path}/merge", tidy.merge, methods=["POST"]),
+            Route("/projects/{project:path}/remove", tidy.remove, methods=["POST"]),
             Route("/projects/{project:path}", web.project, methods=["GET"]),
         ]
 

@@ -91,8 +91,10 @@ class ReviewPages:
         latest = await self.history.projects(limit=HOME_PROJECTS)
         stats = await self.store.stats()
         folders = [] if self.folders is None else self.folders.status()
-        return self.pages.page("home.html", projects=await self._rows(latest),
-                               stats=stats, folders=folders,
+        rows = await self._rows(latest)
+        unreviewable = [row for row in rows if await self._never_reviewed(row)]
+        return self.pages.page("home.html", projects=[r for r in rows if r not in unreviewable],
+                               unreviewable=unreviewable, stats=stats, folders=folders,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
                                                   time.time()))
 
@@ -101,6 +103,9 @@ class ReviewPages:
         await self.pages.refresh_alerts()
         # Past the longest name there is (cut, it could match a name it is not).
         name = unicodedata.normalize("NFC", request.path_params["project"][:1024])
+        now = await self.history.resolve(name)
+        if now != name:  # renamed, or merged into another: its page is the project's now
+            return RedirectResponse("/projects/" + quote(now, safe=""), status_code=307)
         exports = await self.history.project_exports(name, limit=PROJECT_EXPORTS)
         if not exports:
             return self.pages.error(404, f"No export of a project named {name[:200]!r} has "
@@ -124,6 +129,13 @@ class ReviewPages:
                                reference_url=reference_url(name),
                                reference_added=iso(reference.added_at) if reference
                                else None, archive=use)
+
+    async def _never_reviewed(self, row: review_view.ExportRow) -> bool:
+        """A "project" made by one file that could not be reviewed (a text file, an
+        empty one in a watched folder): listed apart, once, with a dismiss."""
+        if row.review is not None or row.status != "failed_permanent":
+            return False
+        return len(await self.history.project_exports(row.project, limit=2)) == 1
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
         """Each export as a row; one without a review is named by its event's file,

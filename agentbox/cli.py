@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -685,8 +686,13 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
         run = box.lookup(run_id, history=True)
     if as_json:
         click.echo(_indented(run))
+        return
+    size = shutil.get_terminal_size()
+    lines = terminal.wrapped(terminal.show_lines(run), size.columns)
+    if terminal.needs_pager(lines, size.lines, sys.stdout.isatty()):
+        click.echo_via_pager("\n".join(lines) + "\n")
     else:
-        click.echo("\n".join(terminal.show_lines(run)))
+        click.echo("\n".join(lines))
 
 
 @main.command()

@@ -182,7 +182,8 @@ class FolderWatch:
                 return ""
             reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
         else:
-            what = "duplicate" if answer.duplicate else "accepted"
+            # "sent before", not the engine's "duplicate": said to a musician
+            what = "sent before, its review is" if answer.duplicate else "accepted"
             if item.grown:  # the same export, written on: its run, not a new one
                 what = "written on after it was sent; still"
             elif item.again_of:
@@ -254,7 +255,8 @@ class FolderWatch:
             outcome.unsent += 1
             return
         else:
-            what = "duplicate" if answer.duplicate else "accepted"
+            # "sent before", not the engine's "duplicate": said to a musician
+            what = "sent before, its review is" if answer.duplicate else "accepted"
             self.tell(News(path, f"{name}: {what} {answer.run_id}", run_id=answer.run_id))
         self.watcher.sent(path, event_id)
         self.watcher.taken(path)

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
@@ -112,7 +111,6 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     try:
         sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
         recorded = record_address(settings, found.getsockname()[1] if found else settings.port)
-        _forget_on_sigterm(recorded)
         server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
                    log_config=None, access_log=False, loop=portable.EVENT_LOOP,
                    lifespan="on",
@@ -139,20 +137,6 @@ def record_address(settings: cfg.Settings, port: int) -> Path | None:
                    err=True)
         return None
     return path
-
-
-def _forget_on_sigterm(path: Path | None) -> None:
-    """uvicorn stops on SIGTERM, then raises it again with the handler it found: with
-    the default one the process ends there, before `serve`'s own clean-up. This
-    handler forgets the address first, then ends the process by the signal as before."""
-    if path is None or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def forget_then_end(signum: int, frame: object) -> None:
-        forget_address(path)
-        signal.signal(signum, signal.SIG_DFL)
-        signal.raise_signal(signum)
-    signal.signal(signal.SIGTERM, forget_then_end)
 
 
 def forget_address(path: Path | None) -> None:

@@ -57,5 +57,5 @@ def test_the_cli_finds_a_server_on_another_port(server_factory: Any, tmp_path: P
     assert recorded.exists() and recorded_url(data_dir) is None
     server.start()
     wait_until(lambda: recorded_url(data_dir) == server.url, 10, "the new server's address")
-    assert server.stop() == -15  # uvicorn exits by the signal it stopped for
-    assert not recorded.exists()  # a server that stops says it no longer listens
+    server.stop()  # a file left behind (SIGTERM ends the process) is passed over
+    assert recorded_url(data_dir) is None

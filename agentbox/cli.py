@@ -3,8 +3,11 @@ agentbox), the store's commands (verify, migrate, prune) and `serve`."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -33,9 +36,11 @@ from agentbox.client import (
     Refused,
     Unreachable,
     build_event,
+    configured_url,
     export_event,
     export_id,
     find_url,
+    runtime_file,
 )
 from agentbox.events import project_name
 from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
@@ -102,8 +107,10 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     setup_logging(settings.log_level, settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
+    recorded = None
     try:
         sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
+        recorded = record_address(settings, found.getsockname()[1] if found else settings.port)
         server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
                    log_config=None, access_log=False, loop=portable.EVENT_LOOP,
                    lifespan="on",
@@ -111,6 +118,34 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
     except (server.PortInUse, server.StartupFailed) as exc:
         _refuse(str(exc), EXIT_REFUSED)
+    finally:
+        forget_address(recorded)
+
+
+def record_address(settings: cfg.Settings, port: int) -> Path | None:
+    """Say where this server listens, for the CLI and the watcher to find it
+    (client.find_url): its runtime file, the user's alone. None when it cannot be
+    written: the clients then go by the configuration, as before."""
+    path = runtime_file(settings.data_dir)
+    url = configured_url(dataclasses.replace(settings, port=port))
+    try:
+        portable.private_directory(path.parent)
+        portable.write_durably(path, json.dumps({"url": url, "pid": os.getpid()}), 0o600)
+    except OSError as exc:
+        click.echo(f"agentbox: where it listens cannot be recorded in {path} "
+                   f"({exc.strerror or type(exc).__name__}); give clients --url {url}",
+                   err=True)
+        return None
+    return path
+
+
+def forget_address(path: Path | None) -> None:
+    """Remove this server's runtime file, unless a later server has made it its own."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(path.read_text(encoding="utf-8"))["pid"] == os.getpid():
+            path.unlink()
 
 
 def _refuse(sentence: str, status: int) -> NoReturn:
@@ -311,15 +346,17 @@ def _browser_opened(link: str) -> bool:
 URL_OPTION = click.option(
     "--url", default=None, metavar="URL",
     help=f"agentbox's address, e.g. http://127.0.0.1:9000 (or its {RECEIVER_PATH} "
-         f"endpoint). Default: {URL_ENV}, else host and port of the config file "
-         f"(as serve reads them), else {DEFAULT_URL}.")
+         f"endpoint). Default: {URL_ENV}, else where the running agentbox "
+         f"recorded it listens, else host and port of the config file (as serve "
+         f"reads them), else {DEFAULT_URL}.")
 CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
                              default=None, help="TOML config file (as serve's).")
 
 
 def client_url(url: str | None, config_file: Path | None = None) -> str:
-    """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else the
-    host and port that `serve` reads from the config file."""
+    """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else where
+    the running server recorded it listens, else the host and port that `serve`
+    reads from the config file (client.find_url)."""
     try:
         return find_url(url, config_file, where="--url")
     except BadAddress as exc:
@@ -417,8 +454,12 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
 @click.option("--stage", type=click.Choice(STAGES), default=None,
-              help="payload.stage: judge it as a mix (going to mastering) or a master; "
-                   "it sticks for the project's later exports.")
+              help="payload.stage: judge this file as a mix (going to mastering) or a "
+                   "master; the project's later exports are not.")
+@click.option("--project-stage", type=click.Choice([*STAGES, "auto"]), default=None,
+              help="payload.project_stage: the project is at this stage from now on "
+                   "(its later exports are judged so unless a file's own stage or the "
+                   "watched folder's says otherwise); auto forgets it.")
 @URL_OPTION
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
@@ -439,7 +480,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
          project: str | None, mix: Path | None, profile: str | None, stage: str | None,
-         url: str | None,
+         project_stage: str | None, url: str | None,
          source: str, event_id: str | None, payload_json: str | None,
          callback_url: str | None, event_file: Any, retries: int, wait: bool,
          wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
@@ -463,6 +504,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     5 the run was not finished in time (--wait), 130 stopped with Ctrl-C.
     """
     mix_file = _mix_to_review(event_type, type_option, event_file)
+    if project_stage is not None:
+        fields = (*fields, f"project_stage={project_stage}")
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
@@ -695,8 +738,46 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
         run = box.lookup(run_id, history=True)
     if as_json:
         click.echo(_indented(run))
+        return
+    size = shutil.get_terminal_size()
+    lines = terminal.wrapped(terminal.show_lines(run), size.columns)
+    if terminal.needs_pager(lines, size.lines, sys.stdout.isatty()):
+        click.echo_via_pager("\n".join(lines) + "\n")
     else:
-        click.echo("\n".join(terminal.show_lines(run)))
+        click.echo("\n".join(lines))
+
+
+@main.command()
+@click.argument("ref", metavar="RUN_ID|PREFIX|PROJECT")
+@click.option("--stage", type=click.Choice(["mix", "master"]), required=True,
+              help="Judge it as a mix going to mastering, or as a master.")
+@URL_OPTION
+@click.option("--no-wait", "no_wait", is_flag=True,
+              help="Say the run it started, and do not wait for the new review.")
+@click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print agentbox's answer as JSON (with --wait: then the finished run).")
+@CONFIG_OPTION
+def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: float,
+            as_json: bool, config_file: Path | None) -> None:
+    """Judge a review again at another stage: a new review of the same audio (the
+    archive's copy), beside the first, marked re-judged.
+
+    \b
+        agentbox rejudge "night drive" --stage master
+
+    REF is what `agentbox show` takes: a run id, its start, or a project's name (its
+    latest export). Asked again, it answers the first re-judgment. Exit status as
+    `send`'s."""
+    with _client_errors(), _client(url, config_file) as box:
+        first = box.lookup(ref)
+        answer = box.rejudge(first.run_id, stage)
+        name = (first.file or first.project or first.run_id)
+        sent = Sent(f"{name} as a {stage}", review=True, for_people=not as_json)
+        if no_wait:
+            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
+        else:
+            _wait_and_tell(box, answer, wait_timeout, as_json, sent)
 
 
 @main.command()
@@ -798,6 +879,57 @@ def replay(run_ids: tuple[str, ...], url: str | None, config_file: Path | None) 
         for run_id in run_ids:
             run = box.replay(box.lookup(run_id, projects=False).run_id)
             click.echo(f"{run.run_id}  {run.status}")
+
+
+@main.group()
+def project() -> None:
+    """Tidy projects: rename one, merge one into another, remove one."""
+
+
+@project.command("rename")
+@click.argument("old")
+@click.argument("new")
+@URL_OPTION
+@CONFIG_OPTION
+def project_rename(old: str, new: str, url: str | None, config_file: Path | None) -> None:
+    """Call project OLD NEW from now on: its exports, kept audio and reference track
+    follow, and an export still sent as OLD joins NEW."""
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.rename_project(old, new)
+    click.echo(f"{terminal.line(done.was or old)} is now {terminal.line(done.project or new)}")
+
+
+@project.command("merge")
+@click.argument("from_project", metavar="FROM")
+@click.argument("into")
+@URL_OPTION
+@CONFIG_OPTION
+def project_merge(from_project: str, into: str, url: str | None,
+                  config_file: Path | None) -> None:
+    """Merge project FROM into project INTO: FROM's exports join INTO's history (its
+    reference track too, unless INTO has one), and an export still sent as FROM
+    joins INTO."""
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.merge_projects(from_project, into)
+    click.echo(f"{terminal.line(done.merged or from_project)} merged into "
+               f"{terminal.line(done.project or into)}")
+
+
+@project.command("remove")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask before removing.")
+@URL_OPTION
+@CONFIG_OPTION
+def project_remove(name: str, yes: bool, url: str | None, config_file: Path | None) -> None:
+    """Remove project NAME: its exports leave the project pages, the archive lets
+    their audio go, its reference track goes. Asks first, unless --yes."""
+    if not yes:
+        click.confirm(f"Remove the project {terminal.line(name)} and the audio kept of "
+                      "its exports?", abort=True)
+    with _client_errors(), _client(url, config_file) as box:
+        done = box.remove_project(name)
+    click.echo(f"{terminal.line(done.removed or name)} removed: {done.exports or 0} exports, "
+               f"{done.audio_dropped or 0} kept copies let go")
 
 
 @main.group()

@@ -29,7 +29,10 @@ import hashlib
 import json
 import os
 import re
+import socket
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +53,7 @@ from agentbox.models import (
     Destinations,
     ExportList,
     Notifications,
+    ProjectChanged,
     Pruned,
     ReferenceList,
     ReferenceOut,
@@ -65,6 +69,10 @@ from agentbox.signing import sign_headers
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
+# Where a running `agentbox serve` says it listens (`runtime_file`), and how long a
+# client tries the address it names before taking it for a server that is gone.
+RUNTIME_FILE = "server.json"
+RUNTIME_CHECK_SECONDS = 0.5
 DEFAULT_RETRIES = 5  # sending: 0.5, 1, 2, 4, 8 s apart (or as Retry-After says)
 DEFAULT_TIMEOUT = 30.0
 LIVE_TIMEOUT = 60.0  # the page's stream pings every 15 s: silent this long, it is lost
@@ -225,14 +233,51 @@ def base_url(url: str, where: str = "url") -> str:
 
 def find_url(url: str | None = None, config_file: Path | None = None,
              environ: Mapping[str, str] | None = None, where: str = "url") -> str:
-    """agentbox's address: `url`, else AGENTBOX_URL, else the host and port that
-    `agentbox serve` reads from the config file (and AGENTBOX_HOST / AGENTBOX_PORT)."""
+    """agentbox's address: `url`, else AGENTBOX_URL, else where the running server of
+    this configuration's data directory says it listens (its runtime file), else the
+    host and port that `agentbox serve` reads from the config file (and
+    AGENTBOX_HOST / AGENTBOX_PORT)."""
     environ = os.environ if environ is None else environ
     if url is not None:
         return base_url(url, where)
     if environ.get(URL_ENV, "").strip():
         return base_url(environ[URL_ENV], URL_ENV)
-    return configured_url(load_settings(config_file))
+    settings = load_settings(config_file)
+    return recorded_url(settings.data_dir) or configured_url(settings)
+
+
+def runtime_file(data_dir: Path) -> Path:
+    """Where the server of `data_dir` records its address while it runs: in the
+    user's runtime directory (platformdirs: private to the user, emptied at logout
+    or restart), one file per data directory; in the data directory itself where
+    there is no such directory (platformdirs then falls back to one of its own in
+    the shared temporary directory, made by whichever process asks first)."""
+    import platformdirs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fall-back's warning: handled here
+        folder = Path(platformdirs.user_runtime_dir("agentbox", appauthor=False))
+    if folder.parent.parent == Path(tempfile.gettempdir()):
+        return data_dir / RUNTIME_FILE
+    key = hashlib.sha256(str(data_dir.expanduser().absolute()).encode()).hexdigest()[:16]
+    return folder / f"server-{key}.json"
+
+
+def recorded_url(data_dir: Path) -> str | None:
+    """The address the running server of `data_dir` recorded, if it is still
+    listening there (a server killed outright leaves its file behind)."""
+    try:
+        found = json.loads(runtime_file(data_dir).read_text(encoding="utf-8"))
+        url = base_url(str(found["url"]), "the runtime file")
+    except (OSError, ValueError, KeyError, TypeError, BadAddress):
+        return None
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80),
+                                      timeout=RUNTIME_CHECK_SECONDS):
+            return url
+    except OSError:
+        return None
 
 
 def configured_url(settings: cfg.Settings) -> str:
@@ -271,10 +316,12 @@ def build_event(event_type: str, source: str, event_id: str, payload: dict[str, 
     return event
 
 
-def content_id(path: Path, size: int) -> str:
-    """The event_id of a finished file: its absolute path, size and content (the
-    same file sent again is a duplicate, not a second run)."""
-    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0".encode())
+def content_id(path: Path, size: int, modified_ns: int | None = None) -> str:
+    """The event_id of a finished file: its absolute path, size, modification time
+    and content. The same file sent again unchanged is a duplicate (its first run);
+    a render written again, even of identical audio, is an export of its own."""
+    stamp = "" if modified_ns is None else f"{modified_ns}\0"
+    digest = hashlib.sha256(f"{path.resolve()}\0{size}\0{stamp}".encode())
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
@@ -282,13 +329,15 @@ def content_id(path: Path, size: int) -> str:
 
 
 def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
-    """The event_id of a rendered file sent for review: its content's, and what was
-    asked of it (the project, stage, profile, other fields), so that the same file
-    sent again the same way is a duplicate that answers the first review, while the
+    """The event_id of a rendered file sent for review: the file's (content_id: its
+    path, size, modification time and content), and what was asked of it (the
+    project, stage, profile, other fields), so that the same file sent again
+    unchanged, the same way, is a duplicate that answers the first review, while the
     same file sent with another stage (or project, or profile) is a review of its
     own. Asked nothing, it is the id `watch` gives the file (a file sent both ways
     is one export)."""
-    found = content_id(path, path.stat().st_size)
+    stat = path.stat()
+    found = content_id(path, stat.st_size, stat.st_mtime_ns)
     if project is None and not asked:
         return found
     how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
@@ -541,6 +590,33 @@ class Client:
         run id): the run, accepted again. Needs the admin token."""
         return self._read(RunView, self._call(
             "POST", f"/runs/{segment(check_run_id(run_id))}/replay",
+            headers=self._admin_headers()))
+
+    def rejudge(self, run_id: str, stage: str) -> Accepted:
+        """A new review of the same audio `run_id`'s review heard, judged at `stage`
+        ("mix" or "master"), beside the first: the new run, accepted (asked again,
+        the same one). Needs the admin token."""
+        return self._read(Accepted, self._call(
+            "POST", f"/runs/{segment(check_run_id(run_id))}/rejudge",
+            json={"stage": stage}, headers=self._admin_headers()))
+
+    def rename_project(self, old: str, new: str) -> ProjectChanged:
+        """Project `old` is called `new` from now on (its exports, kept audio and
+        reference follow; `old` stays an alias). Needs the admin token."""
+        return self._tidy(old, "rename", {"to": project_name(new)})
+
+    def merge_projects(self, old: str, into: str) -> ProjectChanged:
+        """Project `old`'s exports join project `into`. Needs the admin token."""
+        return self._tidy(old, "merge", {"into": project_name(into)})
+
+    def remove_project(self, project: str) -> ProjectChanged:
+        """The project's exports leave the pages and its audio the archive. Needs the
+        admin token."""
+        return self._tidy(project, "remove", {})
+
+    def _tidy(self, project: str, action: str, body: dict[str, str]) -> ProjectChanged:
+        return self._read(ProjectChanged, self._call(
+            "POST", f"/projects/{segment(project_name(project))}/{action}", json=body,
             headers=self._admin_headers()))
 
     def exports(self, project: str | None = None, limit: int = 50) -> ExportList:

@@ -195,10 +195,27 @@ class ExportView(Answer):
     # Retention removed its run (GET /runs/{run_id} answers 404): what is here is all
     # that is kept of it.
     archived: bool = False
+    # A project's exports (GET /exports?project=NAME): its place among them, the oldest
+    # #1, and the number of the earliest one whose audio is identical (every render is
+    # an export of its own, even of the same audio), else None.
+    number: int | None = None
+    same_audio_as: int | None = None
 
 
 class ExportList(Answer):
     exports: list[ExportView]
+
+
+class ProjectChanged(Answer):
+    """A project renamed, merged or removed (POST /projects/{project}/rename, /merge,
+    /remove): the project it is now (None: removed) and what became of the other."""
+
+    project: str | None
+    was: str | None = None  # rename: its former name
+    merged: str | None = None  # merge: the project merged into `project`
+    removed: str | None = None  # remove: the project removed
+    exports: int | None = None  # remove: how many exports left the pages
+    audio_dropped: int | None = None  # remove: how many kept copies the archive let go
 
 
 class OctaveBandOut(Answer):

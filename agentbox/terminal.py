@@ -12,6 +12,7 @@ at the end. Another agent's run is told in its own terms.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,7 +113,10 @@ def why(run: RunView) -> str:
 def figure(run: RunView, key: str, signed: bool = False) -> str:
     found = present.read(run.result)
     value = found.figure(key) if found is not None else None
-    return "-" if value is None else f"{value:+.1f}" if signed else f"{value:.1f}"
+    if value is None:
+        return "-"
+    shown = round(value, 1) + 0.0  # + 0.0: no "-0.0" for a reading that rounds to 0
+    return "0.0" if signed and shown == 0 else f"{shown:+.1f}" if signed else f"{shown:.1f}"
 
 
 def short_ids(run_ids: Sequence[str]) -> dict[str, str]:
@@ -219,6 +223,22 @@ def show_lines(run: RunDetail) -> list[str]:
     where = [f"project {project}" if project else "", f"file {file}" if file else "",
              f"sent {line(local_time(run.accepted_at))}"]
     return [*lines, "", " · ".join(w for w in where if w), "", *details(run)]
+
+
+def wrapped(lines: list[str], width: int) -> list[str]:
+    """`lines` wrapped at word boundaries to `width` columns, each continuation under
+    its line's indentation (a word longer than a line stays whole)."""
+    out: list[str] = []
+    for text in lines:
+        indent = " " * (len(text) - len(text.lstrip(" ")))
+        out.extend(textwrap.wrap(text, width=max(width, 20), subsequent_indent=indent + "  ",
+                                 break_long_words=False, break_on_hyphens=False) or [""])
+    return out
+
+
+def needs_pager(lines: list[str], height: int, interactive: bool) -> bool:
+    """Page `agentbox show` only on a terminal, and only when it does not fit."""
+    return interactive and len(lines) > height - 1
 
 
 def details(run: RunDetail) -> list[str]:

@@ -57,12 +57,19 @@ MASTERED = (-1.2, -9.5, 8.3)  # true peak, loudness, PLR of a limited master
 UNMASTERED = (-2.8, -23.0, 20.2)  # the healthy mix a user found failed
 
 
-def test_the_event_wins_then_the_project_then_the_folder_then_the_configuration() -> None:
+def test_the_file_s_own_stage_wins_over_the_project_s_remembered_one() -> None:
     everything = stage.Given(event="mix", project="master", project_name="night drive",
                              watch="master", config="master")
     assert stage.choose(everything, *MASTERED).source == "event"
-    assert stage.choose(stage.Given(project="mix", project_name="p", watch="master",
-                                    config="master"), *MASTERED).source == "project"
+    assert stage.choose(stage.Given(rejudge="mix", rejudged="the 14:02 export", event="master",
+                                    watch="master"), *MASTERED).source == "rejudge"
+    remembered = stage.Given(project="mix", project_name="p", watch="master", config="master")
+    assert (stage.choose(remembered, *MASTERED).source,
+            stage.choose(remembered, *MASTERED).stage) == ("watch", "master")
+    told_now = stage.Given(project="mix", project_name="p", project_now=True, watch="master")
+    assert stage.choose(told_now, *MASTERED).source == "project"
+    assert stage.choose(stage.Given(project="mix", project_name="p", config="master"),
+                        *MASTERED).source == "project"
     assert stage.choose(stage.Given(watch="mix", config="master"), *MASTERED).source == "watch"
     assert stage.choose(stage.Given(config="master"), *UNMASTERED).stage == "master"
     chosen = stage.choose(stage.Given(config="auto"), *UNMASTERED)
@@ -82,6 +89,7 @@ def test_auto_calls_limited_loud_files_masters_and_the_rest_mixes() -> None:
     (stage.Given(event="master"), "master"), (stage.Given(project="mix", project_name="p"),
                                               "mix"),
     (stage.Given(watch="mix"), "mix"), (stage.Given(config="master"), "master"),
+    (stage.Given(rejudge="mix", rejudged="the 14:02 export"), "mix"),
     (stage.Given(), "master")])
 def test_the_reason_says_which_stage_why_and_how_to_change_it(given: stage.Given,
                                                                judged: str) -> None:
@@ -121,17 +129,26 @@ def master_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write(folder / "loud.wav", limited(song_audio(Song(lufs=-14.0)), -9.5, -0.5))
 
 
-def test_a_stage_given_for_the_project_sticks_and_a_guessed_one_does_not(
+def test_a_stage_given_for_one_file_does_not_stick_and_one_for_the_project_does(
         master_file: Path) -> None:
     given = review(master_file, context(), stage="mix")
-    assert (given.stage, given.stage_source) == ("mix", "event")
+    assert (given.stage, given.stage_source, given.project_stage) == ("mix", "event", None)
     assert given.verdict == "fail" and given.notes[0].code == "squashed"
-    later = review(master_file, context(previous=given))
-    assert (later.stage, later.stage_source) == ("mix", "project")
-    assert "the last stage given for the project 'night drive'" in later.stage_reason
-    assert "the 14:02 export" in later.stage_reason or "export" in later.stage_reason
+    assert "for this file only" in given.stage_reason
+    assert review(master_file, context(previous=given)).stage_source == "auto"
+    told = review(master_file, context(), project_stage="mix")
+    assert (told.stage, told.stage_source, told.project_stage) == ("mix", "project", "mix")
+    later = review(master_file, context(previous=told))
+    assert (later.stage, later.stage_source, later.project_stage) == ("mix", "project", "mix")
+    assert "the stage remembered for the project 'night drive'" in later.stage_reason
     still = review(master_file, context(previous=later))  # inherited: it still sticks
     assert (still.stage, still.stage_source) == ("mix", "project")
+    one_file = review(master_file, context(previous=still), stage="master")
+    assert (one_file.stage, one_file.project_stage) == ("master", "mix")  # memory kept
+    watched = review(master_file, context(previous=still), default_stage="master")
+    assert (watched.stage, watched.stage_source) == ("master", "watch")
+    forgot = review(master_file, context(previous=still), project_stage="auto")
+    assert (forgot.stage_source, forgot.project_stage) == ("auto", None)
     guessed = review(master_file, context())
     assert (guessed.stage, guessed.stage_source) == ("master", "auto")
     assert review(master_file, context(previous=guessed)).stage_source == "auto"

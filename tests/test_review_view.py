@@ -286,3 +286,9 @@ def test_a_phones_tonal_legend_stays_inside_the_chart_above_the_plot(name: str) 
     assert len(baselines) == len(rows) and baselines[0] >= 10
     plot_top = float(re.search(r'<rect x="[\d.]+" y="([\d.]+)"', svg).group(1))  # type: ignore[union-attr]
     assert baselines[-1] < plot_top
+
+
+def test_a_reading_that_rounds_to_zero_is_never_minus_zero() -> None:
+    line = digest.headline(old_review(integrated_lufs=-0.04, true_peak_dbtp=-0.04))
+    assert "-0.0" not in line and "true peak 0.0 dBTP" in line
+    assert signed(-0.04) == "0.0"

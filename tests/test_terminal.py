@@ -211,3 +211,18 @@ def test_a_short_id_is_the_start_of_its_run_id_and_of_no_other(bodies: list[str]
     for run_id, shown in short.items():
         assert run_id.removeprefix("run_").startswith(shown) and len(shown) >= 10
         assert [other for other in short if other.startswith("run_" + shown)] == [run_id]
+
+
+def test_show_wraps_at_word_boundaries_and_pages_only_when_longer_than_the_terminal(
+        ) -> None:
+    from agentbox import terminal
+
+    note = ("  Integrated -21.7 LUFS is 7.7 LU below the streaming (Spotify, YouTube, "
+            "Tidal) target of -14 LUFS: Spotify turns it up only 5.0 dB")
+    lines = terminal.wrapped(["mix.wav: fail", note], 40)
+    assert all(len(line) <= 40 for line in lines) and len(lines) > 3
+    assert " ".join(" ".join(lines).split()) == " ".join(f"mix.wav: fail {note}".split())
+    assert all(line.startswith("  ") for line in lines[1:])  # under its indentation
+    assert not terminal.needs_pager(lines, 50, interactive=True)
+    assert terminal.needs_pager(lines * 20, 50, interactive=True)
+    assert not terminal.needs_pager(lines * 20, 50, interactive=False)  # piped: never

@@ -161,7 +161,7 @@ def test_a_writer_that_stalls_makes_one_run_and_the_review_is_printed(
         assert "LUFS" in figures and "true peak" in figures
         time.sleep(settle * 4)
         assert watched.count("stalled.wav: accepted") == 1
-        assert watched.count("stalled.wav: duplicate") == 0
+        assert watched.count("stalled.wav: sent before") == 0
     listed = server.client.get("/runs").json()["runs"]
     assert [r["run_id"] for r in listed] == [run_id]  # one export, one run
 

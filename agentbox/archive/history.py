@@ -10,12 +10,13 @@ the agent (as a service of its context) and the pages read and write through it.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentbox.archive.records import KeptAudio, ProjectExport, ProjectReference
 from agentbox.runs import RunStatus
-from agentbox.store import AppDb, Schema, Tables, iso, nfc, unaskable
+from agentbox.store import AppDb, Schema, Tables, iso, unaskable
 
 SCHEMA = Schema(line="review", package="agentbox.archive", before_prune="keep_exports",
                 kept_in="project_exports")
@@ -50,7 +51,8 @@ class History:
         before_run_id: only runs accepted before that run (for "the previous export")."""
         if unaskable(project, agent, status, before_run_id):
             return []
-        rows = await self.tables.rows("project_exports", project=nfc(project), agent=agent,
+        rows = await self.tables.rows("project_exports", project=await self.resolve(project),
+                                      agent=agent,
                                       status=status, before_run_id=before_run_id,
                                       limit=limit)
         return [export_of(row) for row in rows]
@@ -63,6 +65,14 @@ class History:
                                            status=RunStatus.SUCCEEDED.value, limit=1)
         return found[0] if found else None
 
+    async def export(self, run_id: str) -> ProjectExport | None:
+        """One run of a project, stored or archived; None: no such run, or one that
+        named no project."""
+        if unaskable(run_id):
+            return None
+        rows = await self.tables.rows("export", run_id=run_id)
+        return export_of(rows[0]) if rows else None
+
     async def archived_export(self, run_id: str) -> ProjectExport | None:
         """What a project's history kept of a run that retention removed (`archived`),
         or None: the run is stored, or never was, or named no project."""
@@ -70,6 +80,35 @@ class History:
             return None
         rows = await self.tables.rows("archived_export", run_id=run_id)
         return export_of(rows[0]) if rows else None
+
+    # -- tidying projects ---------------------------------------------------------------
+
+    async def resolve(self, name: str) -> str:
+        """The project `name` is now (a renamed or merged project's former name says
+        which), in NFC; `name` itself when it is its own."""
+        name = unicodedata.normalize("NFC", name)
+        rows = await self.tables.rows("resolve", name=name)
+        return str(rows[0]["project"]) if rows else name
+
+    async def move(self, old: str, new: str) -> None:
+        """Project `old` becomes `new` (renamed, or merged into it): its exports, kept
+        audio and former names follow; its reference track too unless `new` has one.
+        Its events keep the name they were sent with; `old` stays an alias, so an
+        export still sent under it joins `new`."""
+        params = {"old": old, "new": new}
+
+        def move(db: AppDb) -> None:
+            for step in ("move.alias", "move.aliases", "move.unalias", "move.exports",
+                         "move.audio", "move.reference", "move.removed", "move.leftovers",
+                         "move.leftover_removal"):
+                db.run(step, params)
+        await self.tables.write(move)
+
+    async def remove_project(self, project: str, now: float) -> None:
+        """The project's exports up to `now` are no longer shown; a later export under
+        its name starts it anew."""
+        await self.tables.write(lambda db: db.run("remove_project",
+                                                  {"project": project, "now": now}))
 
     # -- the audio each review heard ----------------------------------------------------
 
@@ -93,7 +132,7 @@ class History:
         if unaskable(project):
             return []
         return [kept_of(row) for row in await self.tables.rows(
-            "kept_audio", project=nfc(project), limit=limit)]
+            "kept_audio", project=await self.resolve(project), limit=limit)]
 
     async def live_audio(self, keeper: str) -> list[KeptAudio]:
         """The audio `keeper` keeps (not dropped), oldest first."""
@@ -130,7 +169,7 @@ class History:
         """A project's reference track, or None."""
         if unaskable(project):
             return None
-        rows = await self.tables.rows("reference", project=nfc(project))
+        rows = await self.tables.rows("reference", project=await self.resolve(project))
         return reference_of(rows[0]) if rows else None
 
     async def references(self, limit: int = 500) -> list[ProjectReference]:

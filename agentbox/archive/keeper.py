@@ -50,6 +50,7 @@ log = get_logger("archive")
 PENDING_WAIT_SECONDS = 30.0  # an audio request waits this long for a copy being kept
 VERIFIED_FILES = 256  # files whose hash is remembered by identity (the archive off)
 KEEPER_FILE = "keeper"  # the folder's id, which the store's records name
+PROJECT_REMOVED = "its project was removed"  # why a removed project's audio went
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,23 @@ class Archive:
             await asyncio.to_thread(self._delete_unneeded, needed)
         return len(drops)
 
+    async def forget_project(self, project: str) -> int:
+        """A removed project's audio goes: its exports' kept copies are let go (as
+        the bounds let copies go: recorded as dropped, the files deleted once nothing
+        needs them) and its reference track is removed; how many copies went."""
+        await self.history.remove_reference(project)
+        if not self.keeper:
+            return 0
+        async with self._lock:
+            kept = [k for k in await self.history.kept_audio(project, limit=100_000)
+                    if k.dropped_at is None and k.keeper == self.keeper]
+            dropped = await self.history.drop_audio(
+                [(k.run_id, PROJECT_REMOVED) for k in kept], self.clock())
+            needed = {k.sha256 for k in await self.history.live_audio(self.keeper)}
+            needed |= {r.sha256 for r in await self._references()}
+            await asyncio.to_thread(self._delete_unneeded, needed)
+        return dropped
+
     async def _references(self) -> list[ProjectReference]:
         return [r for r in await self.history.references(limit=100_000)
                 if r.keeper == self.keeper]
@@ -295,6 +313,19 @@ class Archive:
         if self.on:
             return await self._kept(reviewed.sha256, reviewed.name)
         return await asyncio.to_thread(self._unchanged, reviewed)
+
+    async def heard_at(self, reviewed: Reviewed) -> Path | Gone:
+        """Where the bytes a review heard can be read again (to judge them at another
+        stage): the archive's copy, or, with the archive off, the file itself while it
+        is unchanged; or why they cannot."""
+        played = await self.audio(reviewed)
+        if isinstance(played, Gone):
+            return played
+        os.close(played.fd)
+        if self.on:
+            return self.blobs.path(played.sha256)
+        assert reviewed.path is not None  # _unchanged found the file there
+        return reviewed.path
 
     async def _kept(self, sha256: str, name: str) -> Playable | Gone:
         pending = self._pending.get(sha256)

@@ -186,7 +186,8 @@ class FolderWatch:
                 return ""
             reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
         else:
-            what = "duplicate" if answer.duplicate else "accepted"
+            # "sent before", not the engine's "duplicate": said to a musician
+            what = "sent before, its review is" if answer.duplicate else "accepted"
             if item.grown:  # the same export, written on: its run, not a new one
                 what = "written on after it was sent; still"
             elif item.again_of:
@@ -258,7 +259,8 @@ class FolderWatch:
             outcome.unsent += 1
             return
         else:
-            what = "duplicate" if answer.duplicate else "accepted"
+            # "sent before", not the engine's "duplicate": said to a musician
+            what = "sent before, its review is" if answer.duplicate else "accepted"
             self.tell(News(path, f"{name}: {what} {answer.run_id}", run_id=answer.run_id))
         self.watcher.sent(path, event_id)
         self.watcher.taken(path)
@@ -268,9 +270,11 @@ class FolderWatch:
     def _event_id(self, path: Path) -> tuple[str, bool] | None:
         """The event_id of a finished file, and whether it is an export sent before and
         written on since (same event_id: one export, one run); else the id comes from
-        its path, size and content (a touch, a restart: the same id again)."""
+        its path, size, modification time and content (a restart: the same id again;
+        a new render of the same audio: a new export)."""
         try:
-            own = content_id(path, path.stat().st_size)
+            stat = path.stat()
+            own = content_id(path, stat.st_size, stat.st_mtime_ns)
         except OSError:
             return None  # gone meanwhile
         earlier = self.watcher.continues(path)

@@ -13,12 +13,14 @@ data size is "to the end") must stay unchanged for `headerless_settle`
 seconds instead. Then a `session.exported` event is sent for it.
 
 One export is one run however its writer stalls. The event_id is derived from
-the file's path, size and content when it was first sent, so a restart of the
-watcher, or a `touch`, sends the same id again, which agentbox answers as a
-duplicate. A file that grows after it was sent, its earlier bytes unchanged,
-is the same export written on (`Watcher.continues`): it is sent again under the
-same event_id (a duplicate: still one run), and when that run's review turns
-out to be of the shorter file, the whole file is reviewed again by a follow-up
+the file's path, size, modification time and content when it was first sent, so
+a restart of the watcher sends the same id again, which agentbox answers as the
+same export; a render written again under the same name, even of identical
+audio, is a new export (agentbox says it is the same audio as the earlier one).
+A file that grows after it was sent, its earlier bytes unchanged, is the same
+export written on (`Watcher.continues`): it is sent again under the same
+event_id (a duplicate: still one run), and when that run's review turns out to
+be of the shorter file, the whole file is reviewed again by a follow-up
 `mix.review_requested` that names the run (`causation_id`). A file rewritten
 from the start (a new export under the same name) is a new export. Files
 already in the folder when the watcher starts are left alone unless
@@ -224,15 +226,19 @@ class Watcher:
         return bool(self._seen)
 
     def continues(self, path: Path) -> Export | None:
-        """The export `path` was sent as, if it is that file written on since (it grew,
-        or its header was filled in, and the bytes before its old end are unchanged);
-        None for a file never sent, or one rewritten as a new export."""
+        """The export `path` was sent as, if it is that file unchanged, or written on
+        since (it grew, its header filled in, and the bytes before its old end are
+        unchanged); None for a file never sent, or one written again as a new export
+        (the same size at a new time: a new render, even of the same audio)."""
         earlier = self._exports.get(path)
         if earlier is None:
             return None
         try:
-            size = path.stat().st_size
-            same = size >= earlier.size and tail_digest(path, earlier.size) == earlier.tail
+            found = path.stat()
+            size = found.st_size
+            unchanged = (size, found.st_mtime_ns) == earlier.stamp
+            same = unchanged or (size > earlier.size
+                                 and tail_digest(path, earlier.size) == earlier.tail)
         except OSError:
             same = False
         if not same:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.archive import Archive
+from agentbox.archive.history import History
 from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext, PermanentAgentError, admission
 from agentbox.events import Event
@@ -32,7 +33,7 @@ from agentbox.review.compare import (
 from agentbox.review.genres import GENRES, Genre
 from agentbox.review.judge import ceiling, judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
-from agentbox.review.model import MixReview, ProfileView
+from agentbox.review.model import MixReview, ProfileView, as_review
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from agentbox.review.reference import Track, against, project_reference
 from agentbox.review.stage import AUTO, Given, Stage
@@ -123,7 +124,10 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         archive.keep(run_id=ctx.run_id, project=project_id, sha256=file.sha256,
                      size=file.size_bytes, file_name=file.name)
     previous = await previous_export(ctx, project_id)
-    stage = choose_stage(payload, settings, project_id, previous, measured)
+    rejudged = await rejudged_export(ctx, payload)
+    if rejudged is not None and rejudged.review is not None and rejudged.review.file:
+        file = file.model_copy(update={"name": rejudged.review.file.name})
+    stage = choose_stage(payload, settings, project_id, previous, measured, rejudged)
     # The event's reference track wins for this event; else the project's, if any. Its
     # own balance stands in for the genre curve.
     reference_url = getattr(payload, "reference_url", None)
@@ -158,6 +162,8 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         stage=stage.stage,
         stage_reason=stage.reason,
         stage_source=stage.source,
+        project_stage=remembered_stage(payload, previous),
+        rejudge_of=None if rejudged is None else rejudged.run_id,
         file=file,
         targets=judged.targets,
         comparison=comparison,
@@ -176,18 +182,44 @@ def choose_genre(payload: Any, previous: Previous) -> Genre | None:
 
 
 def choose_stage(payload: Any, settings: Settings | None, project: str, previous: Previous,
-                 measured: dict[str, Any]) -> Stage:
-    """The stage from the event, the project, the watch folder, the configuration,
-    else the file (agentbox.review.stage)."""
+                 measured: dict[str, Any], rejudged: Previous | None = None) -> Stage:
+    """The stage from a re-judgment, the event (for the file, then for the project),
+    the watch folder, the project's memory, the configuration, else the file
+    (agentbox.review.stage)."""
+    told = getattr(payload, "project_stage", None)
     given = Given(
-        event=getattr(payload, "stage", None), project=given_stage(previous),
-        project_name=project,
-        project_since="" if previous.review is None or previous.review.stage_source != "event"
-        else previous.called,
+        event=None if rejudged is not None else getattr(payload, "stage", None),
+        project=remembered_stage(payload, previous), project_name=project,
+        project_now=told in stage.STAGES,
         watch=getattr(payload, "default_stage", None),
-        config=settings.mix_stage if settings else AUTO)
+        config=settings.mix_stage if settings else AUTO,
+        rejudge=None if rejudged is None else getattr(payload, "stage", None),
+        rejudged="" if rejudged is None else rejudged.called)
     return stage.choose(given, measured.get("true_peak_dbtp"), measured.get("integrated_lufs"),
                         measured.get("plr_db"))
+
+
+def remembered_stage(payload: Any, previous: Previous) -> str | None:
+    """The stage the project remembers after this export: the one this event gives
+    for the project ("auto" forgets it), else the one it remembered before."""
+    told = getattr(payload, "project_stage", None)
+    if told is not None:
+        return told if told in stage.STAGES else None
+    return given_stage(previous)
+
+
+async def rejudged_export(ctx: AgentContext, payload: Any) -> Previous | None:
+    """The review a re-judgment judges again (payload.rejudge_of), or None."""
+    run_id = getattr(payload, "rejudge_of", None)
+    history = ctx.service(History)
+    if not run_id or history is None:
+        return None
+    found = await history.export(run_id)
+    review = None if found is None else as_review(found.result)
+    if found is None or review is None:
+        raise PermanentAgentError(f"{run_id} is not a review agentbox has: nothing to "
+                                  "judge again", "rejudge_unknown")
+    return Previous(found.run_id, found.accepted_at, review)
 
 
 def choose_profile(name: str | None) -> Profile:

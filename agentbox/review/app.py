@@ -57,6 +57,8 @@ class ReviewApp(App):
         from agentbox.review.web.audio import AudioRoutes
         from agentbox.review.web.pages import ReviewPages, add_templates
         from agentbox.review.web.references import ReferenceRoutes
+        from agentbox.review.web.rejudge import RejudgeRoutes
+        from agentbox.review.web.tidy import TidyRoutes
 
         self.host = host
         confine_mixes(host.settings.mix_roots)  # for the receiver's admission check
@@ -72,21 +74,29 @@ class ReviewApp(App):
         add_templates(pages.env)
         self.web = web = ReviewPages(pages, history, archive, self._reviews)
         host.provide("review pages", web)  # the desktop side tells it its watched folders
-        host.api.file_namers.append(lambda payload: mix_name(payload["mix_url"])
+        host.api.file_namers.append(lambda payload: payload["file_name"]
+                                    if isinstance(payload.get("file_name"), str)
+                                    else mix_name(payload["mix_url"])
                                     if isinstance(payload.get("mix_url"), str) else None)
         host.api.removed_notes.append(web.removed_note)
         audio = AudioRoutes(host.store, archive)
         references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
                                      web.project)
+        rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf)
+        tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
             Route("/exports", web.exports, methods=["GET"]),
             Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
+            Route("/runs/{run_id}/rejudge", rejudge.rejudge, methods=["POST"]),
             Route("/references", references.listing, methods=["GET"]),
             Route("/projects/{project:path}/reference", references.reference,
                   methods=["GET", "PUT", "DELETE"]),
             Route("/projects/{project:path}/reference/audio", references.audio,
                   methods=["GET"]),
+            Route("/projects/{project:path}/rename", tidy.rename, methods=["POST"]),
+            Route("/projects/{project:path}/merge", tidy.merge, methods=["POST"]),
+            Route("/projects/{project:path}/remove", tidy.remove, methods=["POST"]),
             Route("/projects/{project:path}", web.project, methods=["GET"]),
         ]
 

@@ -66,12 +66,11 @@ async def previous_export(ctx: AgentContext, project: str) -> Previous:
 
 
 def given_stage(previous: Previous) -> str | None:
-    """The last stage given for the project, as its previous export carried it: one
-    its event gave, or one the project had then."""
+    """The stage remembered for the project, as its previous export carried it: only
+    one the musician gave for the project (payload.project_stage), never one given
+    for a single file."""
     review = previous.review
-    if review is None or review.stage_source not in ("event", "project"):
-        return None
-    return review.stage
+    return None if review is None else review.project_stage
 
 
 def compare_with_previous(previous: Previous, m: MixMetrics, ceiling: float) -> Comparison:

@@ -42,6 +42,9 @@ def _a_genre(value: str) -> str:
 GenreName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_genre)]
 # The stage of the work: a mix goes to mastering, a master to its platform.
 StageName = Literal["mix", "master"]
+# The stage a project is at from now on (remembered for its later exports); "auto"
+# forgets it.
+ProjectStageName = Literal["mix", "master", "auto"]
 
 
 class SessionExported(Strict):
@@ -50,8 +53,9 @@ class SessionExported(Strict):
     project_id: ProjectName
     mix_url: Text
     profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
-    default_stage: StageName | None = None  # when neither stage nor the project says (watch)
+    stage: StageName | None = None  # judged as a mix or a master (this file only)
+    project_stage: ProjectStageName | None = None  # the project's stage from now on
+    default_stage: StageName | None = None  # a watch folder's (beats the project's)
     session_name: Annotated[str, Field(max_length=256)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
     genre: GenreName | None = None  # the tonal curve and words of the review
@@ -63,12 +67,18 @@ class MixReviewRequested(Strict):
     project_id: ProjectName
     mix_url: Text
     profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (sticks for the project)
-    default_stage: StageName | None = None  # when neither stage nor the project says
+    stage: StageName | None = None  # judged as a mix or a master (this file only)
+    project_stage: ProjectStageName | None = None  # the project's stage from now on
+    default_stage: StageName | None = None  # a watch folder's (beats the project's)
     requested_by: Name  # who asks: required, as in the reference design's contract
     note: Annotated[str, Field(max_length=4096)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
     genre: GenreName | None = None  # the tonal curve and words of the review
+    # The review this one judges again, at `stage`, from the bytes it heard (kept by
+    # the archive): POST /runs/{run_id}/rejudge sends it.
+    rejudge_of: Name | None = None
+    # The file's name as the musician knows it, when mix_url is the archive's copy.
+    file_name: Name | None = None
 
 
 EVENT_TYPES: dict[str, type[BaseModel]] = {

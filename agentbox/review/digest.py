@@ -27,7 +27,8 @@ HEADLINE = (
 
 
 def _signed(value: float) -> str:
-    return f"{value:+.1f}"
+    shown = round(value, 1) + 0.0  # + 0.0: no "-0.0" for a reading that rounds to 0
+    return "0.0" if shown == 0 else f"{shown:+.1f}"
 
 
 def metrics_of(result: Any) -> Mapping[str, Any]:
@@ -46,7 +47,7 @@ def _headline(review: Review) -> str:
     for key, label, unit in HEADLINE:
         value = review.figure(key)
         if value is not None:
-            shown = _signed(value) if key == "true_peak_dbtp" else f"{value:.1f}"
+            shown = _signed(value) if key == "true_peak_dbtp" else f"{round(value, 1) + 0.0:.1f}"
             parts.append(f"{label}{shown} {unit}")
     if not parts and "integrated_lufs" in review.metrics:
         parts.append("silence (no loudness to measure)")

@@ -148,6 +148,10 @@ class MixReview(BaseModel):
     stage: str = "master"
     stage_reason: str = ""  # which stage was judged, why, and how to change it
     stage_source: str | None = None  # where the stage came from (review/stage.py's Stage)
+    # The stage the project remembers after this export (the musician said so for the
+    # project: payload.project_stage), or None: later exports read it from here.
+    project_stage: str | None = None
+    rejudge_of: str | None = None  # the run whose audio this review judged again
     file: FileInfo | None = None
     targets: list[TargetView] = []
     comparison: Comparison = Comparison(previous_run_id=None)

@@ -2,13 +2,17 @@
 to mastering (judged on what a mastering engineer asks for, never on its
 loudness), a master goes to its platform (judged against its delivery target).
 
-The stage comes, first to last: from the event (`payload.stage`); from the project
-(the last stage given for it sticks); from the watch folder (`agentbox watch
---stage`, sent as `payload.default_stage`); from the configuration (`mix_stage`);
-and otherwise from the file itself: limited close to full scale at streaming
-loudness with a low peak-to-loudness ratio, it looks mastered; anything else is
-a mix. Every review says in one sentence which stage it judged, why, and how to
-change it.
+The stage comes, first to last: from a re-judgment asked for on a review (its
+other stage, for the same bytes); from the event, for the one file
+(`payload.stage`); from the event, for its project from now on
+(`payload.project_stage`); from the watch folder (`agentbox watch --stage`, sent as
+`payload.default_stage`); from the project (the stage remembered for it, only when
+the musician said so for the project); from the configuration (`mix_stage`); and
+otherwise from the file itself: limited close to full scale at streaming loudness
+with a low peak-to-loudness ratio, it looks mastered; anything else is a mix. An
+explicit stage for the one file always beats a remembered one: a master sent once
+does not make the project's later mixes masters. Every review says in one sentence
+which stage it judged, why, and how to change it.
 
 From the file alone the stage is sometimes ambiguous: a file that peaks at full
 scale like a limited master but is quieter than -16 LUFS, or more open than a
@@ -38,7 +42,7 @@ CONFIG_STAGES = (AUTO, *STAGES)
 @dataclass(frozen=True)
 class Stage:
     stage: str  # "mix" or "master"
-    source: str  # "event", "project", "watch", "config" or "auto"
+    source: str  # "rejudge", "event", "project", "watch", "config" or "auto"
     reason: str  # one sentence: which stage, why, how to change it
 
 
@@ -46,29 +50,42 @@ class Stage:
 class Given:
     """What was said about the stage, before the file is listened to."""
 
-    event: str | None = None  # payload.stage
-    project: str | None = None  # the last stage given for the project
+    event: str | None = None  # payload.stage: this file only
+    project: str | None = None  # the stage remembered for the project
     project_name: str = ""
     project_since: str = ""  # when it was given ("the 14:02 export")
+    project_now: bool = False  # `project` was given by this very event (project_stage)
     watch: str | None = None  # payload.default_stage (a watch folder's --stage)
     config: str = AUTO  # mix_stage
+    rejudge: str | None = None  # a re-judgment's stage (payload.stage with rejudge_of)
+    rejudged: str = ""  # the review re-judged, as the notes name it ("the 14:02 export")
 
 
 def choose(given: Given, true_peak: float | None, loudness: float | None,
            plr: float | None) -> Stage:
-    """The stage to judge at, and the sentence that says why."""
+    """The stage to judge at, and the sentence that says why: a stage said for this
+    file beats the one remembered for its project."""
+    if given.rejudge:
+        return Stage(given.rejudge, "rejudge", _said(
+            given.rejudge, f"re-judged at your request, the same audio as "
+            f"{given.rejudged or 'an earlier review'}"))
     if given.event:
         return Stage(given.event, "event", _said(
-            given.event, f'the export says so ("stage": "{given.event}"); later exports '
-            "of this project are judged so too until another stage is given"))
-    if given.project:
-        since = f", on {given.project_since}" if given.project_since else ""
+            given.event, f'the export says so ("stage": "{given.event}", for this file '
+            "only)"))
+    if given.project and given.project_now:
         return Stage(given.project, "project", _said(
-            given.project, f"it is the last stage given for the project "
-            f"{given.project_name!r}{since}"))
+            given.project, f'the export says so for the project ("project_stage": '
+            f'"{given.project}"); its later exports are judged so too unless they say '
+            "otherwise"))
     if given.watch:
         return Stage(given.watch, "watch", _said(
             given.watch, f"the watched folder says so (agentbox watch --stage {given.watch})"))
+    if given.project:
+        since = f", on {given.project_since}" if given.project_since else ""
+        return Stage(given.project, "project", _said(
+            given.project, f"it is the stage remembered for the project "
+            f"{given.project_name!r}{since}"))
     if given.config in ("mix", "master"):
         return Stage(given.config, "config", _said(
             given.config, f'the configuration says so (mix_stage = "{given.config}", '

@@ -9,6 +9,7 @@ and the notes are the judge's as stored.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,6 +189,7 @@ class ExportRow:
     error_code: str | None = None  # why its run failed, or is being tried again
     error_message: str | None = None
     number: int | None = None  # its place among the project page's exports, oldest #1
+    same_audio_as: int | None = None  # the earliest earlier export of identical audio
 
     @property
     def file_name(self) -> str:
@@ -212,14 +214,33 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
     `error`: its run's error code and message, which say why there is none."""
     payload = event.get("payload") if isinstance(event, dict) else None
     url = payload.get("mix_url") if isinstance(payload, dict) else None
+    named = payload.get("file_name") if isinstance(payload, dict) else None  # a re-judgment's
+    file = named if isinstance(named, str) else mix_name(url) if isinstance(url, str) else ""
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
-                     export.finished_at, Review.of(export.result),
-                     mix_name(url) if isinstance(url, str) else "", export.archived, *error)
+                     export.finished_at, Review.of(export.result), file, export.archived,
+                     *error)
 
 
 def numbered(rows: list[ExportRow]) -> list[ExportRow]:
-    """A project's exports (newest first) numbered from the oldest of them, #1."""
-    return [replace(row, number=len(rows) - i) for i, row in enumerate(rows)]
+    """A project's exports (newest first) numbered from the oldest of them, #1, each
+    with the number of the earliest export of the same audio before it."""
+    same = same_audio([row.review.model.file.sha256 if row.review and row.review.model.file
+                       else None for row in rows])
+    return [replace(row, number=len(rows) - i, same_audio_as=same[i])
+            for i, row in enumerate(rows)]
+
+
+def same_audio(hashes: Sequence[str | None]) -> list[int | None]:
+    """For a project's exports' audio hashes (newest first, numbered from the oldest,
+    #1): the number of the earliest earlier export with the same hash, else None."""
+    first: dict[str, int] = {}
+    found: list[int | None] = [None] * len(hashes)
+    for number, i in enumerate(range(len(hashes) - 1, -1, -1), start=1):
+        sha = hashes[i]
+        if sha:
+            found[i] = first.get(sha)
+            first.setdefault(sha, number)
+    return found
 
 
 @dataclass(frozen=True)

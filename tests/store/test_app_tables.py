@@ -63,7 +63,7 @@ def test_the_review_line_adopts_the_release_tables_with_their_rows(
         aio(store.close())
     with raw(engine) as sql:
         assert [tuple(row) for row in sql("SELECT line, version FROM agentbox_lines")] == [
-            ("review", 1)]
+            ("review", 1), ("review", 2)]
 
 
 def test_a_line_newer_than_the_code_refuses_to_open(engine: Engine,

@@ -7,7 +7,14 @@ from typing import Any
 
 from agentbox.events import MAX_ID_LENGTH
 from agentbox.http.openapi import ApiPart, audio_answer, errors, json_answer, limit_parameter
-from agentbox.models import ExportList, ExportView, ReferenceList, ReferenceOut, ReferenceRemoved
+from agentbox.models import (
+    ExportList,
+    ExportView,
+    ProjectChanged,
+    ReferenceList,
+    ReferenceOut,
+    ReferenceRemoved,
+)
 
 
 def api() -> ApiPart:
@@ -78,6 +85,37 @@ def api() -> ApiPart:
                           "304": {"description": "unchanged (If-None-Match: its ETag)"},
                           **errors(404, 416)},
         }},
+        **{f"/projects/{{project}}/{action}": {"post": {
+            "summary": summary, "security": admin, "parameters": [project],
+            "requestBody": {"required": action != "remove", "content": {
+                "application/json": {"schema": {"type": "object", "properties": body}}}},
+            "responses": {"200": json_answer("ProjectChanged", "done"),
+                          **errors(401, 404, 409, 422)},
+        }} for action, summary, body in (
+            ("rename", "Rename a project (admin, or the project page's form)",
+             {"to": {"type": "string", "maxLength": 256}}),
+            ("merge", "Merge a project into another (admin, or the project page's form)",
+             {"into": {"type": "string", "maxLength": 256}}),
+            ("remove", "Remove a project: its exports leave the pages, its audio the "
+                       "archive (admin, or the project page's form)", {}))},
+        "/runs/{run_id}/rejudge": {"post": {
+            "summary": "Judge a finished mix review again at the other stage (admin, "
+                       "or the review page's form)",
+            "description": "A new review of the bytes the review heard (the archive's "
+                           "copy), judged at `stage`, beside the first: a "
+                           "mix.review_requested whose result's stage_source is "
+                           "rejudge. Asked again for the same review and stage: the "
+                           "first re-judgment (200, duplicate). The page's form (its "
+                           "CSRF token) is answered with a redirect to the new "
+                           "review's page.",
+            "security": admin, "parameters": [run_id],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"type": "object", "required": ["stage"], "properties": {
+                    "stage": {"type": "string", "enum": ["mix", "master"]}}}}}},
+            "responses": {"202": json_answer("Accepted", "the new review, accepted"),
+                          "200": json_answer("Accepted", "asked before: the first one"),
+                          **errors(401, 404, 410, 422, 429, 503)},
+        }},
         "/runs/{run_id}/audio": {"get": {
             "summary": "The mix a finished mix review listened to (the page's players)",
             "description": "The bytes the review heard, from the archive of exports "
@@ -98,4 +136,4 @@ def api() -> ApiPart:
         }},
     }
     return ApiPart(models=(ExportView, ExportList, ReferenceOut, ReferenceList,
-                           ReferenceRemoved), paths=paths)
+                           ReferenceRemoved, ProjectChanged), paths=paths)

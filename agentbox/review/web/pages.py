@@ -46,10 +46,22 @@ def add_templates(env: Environment) -> Environment:
     return env
 
 
-def shown(exports: Sequence[ProjectExport]) -> list[dict[str, Any]]:
-    """Exports as `GET /exports` shows them (agentbox.models.ExportView), field by field."""
-    return [ExportView.model_validate(export, from_attributes=True).model_dump(mode="json")
-            for export in exports]
+def shown(exports: Sequence[ProjectExport], numbered: bool = False) -> list[dict[str, Any]]:
+    """Exports as `GET /exports` shows them (agentbox.models.ExportView), field by field;
+    `numbered`: a project's (newest first), each with its number and same_audio_as."""
+    views = [ExportView.model_validate(export, from_attributes=True) for export in exports]
+    if numbered:
+        same = review_view.same_audio([_audio_hash(export.result) for export in exports])
+        views = [view.model_copy(update={"number": len(views) - i, "same_audio_as": same[i]})
+                 for i, view in enumerate(views)]
+    return [view.model_dump(mode="json") for view in views]
+
+
+def _audio_hash(result: Any) -> str | None:
+    """The SHA-256 of the audio a review heard, if it says."""
+    file = result.get("file") if isinstance(result, dict) else None
+    sha = file.get("sha256") if isinstance(file, dict) else None
+    return sha if isinstance(sha, str) else None
 
 
 class Folders(Protocol):
@@ -79,8 +91,10 @@ class ReviewPages:
         latest = await self.history.projects(limit=HOME_PROJECTS)
         stats = await self.store.stats()
         folders = [] if self.folders is None else self.folders.status()
-        return self.pages.page("home.html", projects=await self._rows(latest),
-                               stats=stats, folders=folders,
+        rows = await self._rows(latest)
+        unreviewable = [row for row in rows if await self._never_reviewed(row)]
+        return self.pages.page("home.html", projects=[r for r in rows if r not in unreviewable],
+                               unreviewable=unreviewable, stats=stats, folders=folders,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
                                                   time.time()))
 
@@ -89,6 +103,9 @@ class ReviewPages:
         await self.pages.refresh_alerts()
         # Past the longest name there is (cut, it could match a name it is not).
         name = unicodedata.normalize("NFC", request.path_params["project"][:1024])
+        now = await self.history.resolve(name)
+        if now != name:  # renamed, or merged into another: its page is the project's now
+            return RedirectResponse("/projects/" + quote(now, safe=""), status_code=307)
         exports = await self.history.project_exports(name, limit=PROJECT_EXPORTS)
         if not exports:
             return self.pages.error(404, f"No export of a project named {name[:200]!r} has "
@@ -112,6 +129,13 @@ class ReviewPages:
                                reference_url=reference_url(name),
                                reference_added=iso(reference.added_at) if reference
                                else None, archive=use)
+
+    async def _never_reviewed(self, row: review_view.ExportRow) -> bool:
+        """A "project" made by one file that could not be reviewed (a text file, an
+        empty one in a watched folder): listed apart, once, with a dismiss."""
+        if row.review is not None or row.status != "failed_permanent":
+            return False
+        return len(await self.history.project_exports(row.project, limit=2)) == 1
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
         """Each export as a row; one without a review is named by its event's file,
@@ -220,11 +244,13 @@ class ReviewPages:
         # A name no event may carry (a control character, a space at an end) names no
         # project: not asked of the store, where PostgreSQL refuses a NUL.
         fit = name == name.strip() and not any(unfit_for_a_name(c) for c in name)
-        found = await self.history.project_exports(name, limit=limit) if fit else []
+        # Numbered among as many as the project page numbers (or more, when asked).
+        found = await self.history.project_exports(
+            name, limit=max(limit, PROJECT_EXPORTS)) if fit else []
         if not found:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": shown(found)})
+        return JSONResponse({"exports": shown(found, numbered=True)[:limit]})
 
     async def removed_note(self, run_id: str) -> str | None:
         """For GET /runs/{run_id}'s 404: where a run retention removed is kept."""

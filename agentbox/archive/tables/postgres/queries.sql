@@ -8,8 +8,9 @@
 -- Kept again: a replayed run's new review replaces its row, and one the archive had
 -- dropped is live again.
 INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper, kept_at)
-VALUES (%(run_id)s, %(project)s, %(sha256)s, %(size)s, %(file_name)s, %(keeper)s,
-        %(kept_at)s)
+VALUES (%(run_id)s, COALESCE((SELECT project FROM project_aliases
+                              WHERE name = %(project)s), %(project)s),
+        %(sha256)s, %(size)s, %(file_name)s, %(keeper)s, %(kept_at)s)
 ON CONFLICT (run_id) DO UPDATE SET project = excluded.project, sha256 = excluded.sha256,
     size = excluded.size, file_name = excluded.file_name, keeper = excluded.keeper,
     kept_at = excluded.kept_at, dropped_at = NULL, dropped_because = NULL
@@ -64,15 +65,18 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
     SELECT x.*, row_number() OVER (PARTITION BY x.project
                                    ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
     FROM (
-        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
-               r.result, false AS archived
+        SELECT r.run_id, COALESCE(a.project, e.project) AS project, r.agent, r.status,
+               r.accepted_at, r.completed_at, r.result, false AS archived
         FROM events e JOIN runs r ON r.event_pk = e.pk
+        LEFT JOIN project_aliases a ON a.name = e.project
         WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                true AS archived
         FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
     ) x
+    LEFT JOIN removed_projects d ON d.project = x.project
+    WHERE d.project IS NULL OR x.accepted_at > d.removed_at
 ) latest WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
 
@@ -81,12 +85,15 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
     SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
            false AS archived
     FROM events e JOIN runs r ON r.event_pk = e.pk
-    WHERE e.project = %(project)s
+    WHERE e.project IN (SELECT %(project)s::text UNION ALL
+                        SELECT name FROM project_aliases WHERE project = %(project)s)
     UNION ALL
     SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
     FROM project_exports WHERE project = %(project)s
 ) x
-WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
+WHERE accepted_at > COALESCE((SELECT removed_at FROM removed_projects
+                              WHERE project = %(project)s), -1)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(before_run_id)s::text IS NULL OR (accepted_at, run_id) < (
        SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = %(before_run_id)s
@@ -105,7 +112,63 @@ FROM project_exports WHERE run_id = %(run_id)s
 -- Run by retention before it removes runs (Schema.before_prune), in the same
 -- transaction: what the project pages read of a run, kept after it goes.
 INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
-SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+SELECT r.run_id, COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = e.project),
+                          e.project), r.agent, r.status, r.accepted_at, r.completed_at, r.result
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE r.run_id = ANY(%(ids)s) AND e.project IS NOT NULL
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: export
+-- One run of a project, stored or kept after retention removed it (no row: no such
+-- run, or one that named no project).
+SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+       false AS archived
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.run_id = %(run_id)s AND e.project IS NOT NULL
+UNION ALL
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
+FROM project_exports WHERE run_id = %(run_id)s
+LIMIT 1
+
+-- name: resolve
+-- The project a name is now (a former name's), or no row: the name is its own.
+SELECT project FROM project_aliases WHERE name = %(name)s
+
+-- name: move.alias
+-- Project %(old)s is now %(new)s (renamed, or merged into it): its name, and the names
+-- it had, are aliases of %(new)s; %(new)s is no alias of anything any more.
+INSERT INTO project_aliases (name, project) VALUES (%(old)s, %(new)s)
+ON CONFLICT (name) DO UPDATE SET project = excluded.project
+
+-- name: move.aliases
+UPDATE project_aliases SET project = %(new)s WHERE project = %(old)s
+
+-- name: move.unalias
+DELETE FROM project_aliases WHERE name = %(new)s
+
+-- name: move.exports
+UPDATE project_exports SET project = %(new)s WHERE project = %(old)s
+
+-- name: move.audio
+UPDATE kept_audio SET project = %(new)s WHERE project = %(old)s
+
+-- name: move.reference
+-- The reference track goes along, unless %(new)s has one of its own.
+UPDATE project_references SET project = %(new)s
+WHERE project = %(old)s
+  AND NOT EXISTS (SELECT 1 FROM project_references WHERE project = %(new)s)
+
+-- name: move.removed
+UPDATE removed_projects SET project = %(new)s
+WHERE project = %(old)s
+  AND NOT EXISTS (SELECT 1 FROM removed_projects WHERE project = %(new)s)
+
+-- name: move.leftovers
+DELETE FROM project_references WHERE project = %(old)s
+
+-- name: move.leftover_removal
+DELETE FROM removed_projects WHERE project = %(old)s
+
+-- name: remove_project
+INSERT INTO removed_projects (project, removed_at) VALUES (%(project)s, %(now)s)
+ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at

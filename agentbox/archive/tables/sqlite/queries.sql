@@ -8,7 +8,8 @@
 -- Kept again: a replayed run's new review replaces its row, and one the archive had
 -- dropped is live again.
 INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper, kept_at)
-VALUES (:run_id, :project, :sha256, :size, :file_name, :keeper, :kept_at)
+VALUES (:run_id, COALESCE((SELECT project FROM project_aliases WHERE name = :project),
+                          :project), :sha256, :size, :file_name, :keeper, :kept_at)
 ON CONFLICT (run_id) DO UPDATE SET project = excluded.project, sha256 = excluded.sha256,
     size = excluded.size, file_name = excluded.file_name, keeper = excluded.keeper,
     kept_at = excluded.kept_at, dropped_at = NULL, dropped_because = NULL
@@ -56,20 +57,24 @@ DELETE FROM project_references WHERE project = :project
 
 -- name: projects
 -- The latest run of each project (per agent when :agent is given), newest first:
--- the runs still stored, and those retention removed (project_exports).
+-- the runs still stored, and those retention removed (project_exports); a project
+-- by its current name (project_aliases), without what its removal took away.
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
     SELECT x.*, row_number() OVER (PARTITION BY x.project
                                    ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
     FROM (
-        SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at,
-               r.result, 0 AS archived
+        SELECT r.run_id, COALESCE(a.project, e.project) AS project, r.agent, r.status,
+               r.accepted_at, r.completed_at, r.result, 0 AS archived
         FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
+        LEFT JOIN project_aliases a ON a.name = e.project
         WHERE e.project IS NOT NULL AND (:agent IS NULL OR r.agent = :agent)
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                1 AS archived
         FROM project_exports WHERE :agent IS NULL OR agent = :agent
     ) x
+    LEFT JOIN removed_projects d ON d.project = x.project
+    WHERE d.project IS NULL OR x.accepted_at > d.removed_at
 ) WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
 
@@ -78,12 +83,15 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
     SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
            0 AS archived
     FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
-    WHERE e.project = :project
+    WHERE e.project IN (SELECT :project
+                        UNION ALL SELECT name FROM project_aliases WHERE project = :project)
     UNION ALL
     SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
     FROM project_exports WHERE project = :project
 ) x
-WHERE (:agent IS NULL OR agent = :agent)
+WHERE accepted_at > COALESCE((SELECT removed_at FROM removed_projects
+                              WHERE project = :project), -1)
+  AND (:agent IS NULL OR agent = :agent)
   AND (:status IS NULL OR status = :status)
   AND (:before_run_id IS NULL OR (accepted_at, run_id) < (
        SELECT b.accepted_at, b.run_id FROM runs b WHERE b.run_id = :before_run_id
@@ -101,8 +109,62 @@ FROM project_exports WHERE run_id = :run_id
 -- Run by retention before it removes runs (Schema.before_prune), in the same
 -- transaction: what the project pages read of a run, kept after it goes.
 INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
-SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result
+SELECT r.run_id, COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = e.project),
+                          e.project), r.agent, r.status, r.accepted_at, r.completed_at, r.result
 FROM json_each(:ids) j CROSS JOIN runs r ON r.run_id = j.value
 CROSS JOIN events e ON e.pk = r.event_pk
 WHERE e.project IS NOT NULL
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: export
+-- One run of a project, stored or kept after retention removed it (no row: no such
+-- run, or one that named no project).
+SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+       0 AS archived
+FROM runs r JOIN events e ON e.pk = r.event_pk
+WHERE r.run_id = :run_id AND e.project IS NOT NULL
+UNION ALL
+SELECT run_id, project, agent, status, accepted_at, completed_at, result, 1 AS archived
+FROM project_exports WHERE run_id = :run_id
+LIMIT 1
+
+-- name: resolve
+-- The project a name is now (a former name's), or no row: the name is its own.
+SELECT project FROM project_aliases WHERE name = :name
+
+-- name: move.alias
+-- Project :old is now :new (renamed, or merged into it): its name, and the names it
+-- had, are aliases of :new; :new is no alias of anything any more.
+INSERT INTO project_aliases (name, project) VALUES (:old, :new)
+ON CONFLICT (name) DO UPDATE SET project = excluded.project
+
+-- name: move.aliases
+UPDATE project_aliases SET project = :new WHERE project = :old
+
+-- name: move.unalias
+DELETE FROM project_aliases WHERE name = :new
+
+-- name: move.exports
+UPDATE project_exports SET project = :new WHERE project = :old
+
+-- name: move.audio
+UPDATE kept_audio SET project = :new WHERE project = :old
+
+-- name: move.reference
+-- The reference track goes along, unless :new has one of its own.
+UPDATE project_references SET project = :new
+WHERE project = :old AND NOT EXISTS (SELECT 1 FROM project_references WHERE project = :new)
+
+-- name: move.removed
+UPDATE removed_projects SET project = :new
+WHERE project = :old AND NOT EXISTS (SELECT 1 FROM removed_projects WHERE project = :new)
+
+-- name: move.leftovers
+DELETE FROM project_references WHERE project = :old
+
+-- name: move.leftover_removal
+DELETE FROM removed_projects WHERE project = :old
+
+-- name: remove_project
+INSERT INTO removed_projects (project, removed_at) VALUES (:project, :now)
+ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at

@@ -1,0 +1,175 @@
+"""Judge a review again at the other stage: `POST /runs/{run_id}/rejudge`, from the
+review's page (its one-click button, with the page's CSRF token) or from
+`agentbox rejudge` (the admin token). The same bytes the review heard (the
+archive's copy) are reviewed anew as a `mix.review_requested` whose `rejudge_of`
+names the first review: a new run beside the first, its `stage_source` "rejudge".
+
+The event goes through the receiver's own hand-over (as a webhook's would, without
+the signature: the page or the token vouched for it), so its runs start at once.
+The event id is the review's and the stage's: asking twice answers the first
+re-judgment.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from agentbox.archive import Archive, Gone
+from agentbox.archive.history import History
+from agentbox.events import SCHEMA_VERSION, InvalidEvent, parse_event
+from agentbox.http.access import Access, from_this_site, small_body, token_required
+from agentbox.http.errors import error_response
+from agentbox.review.model import MixReview, as_review
+from agentbox.review.stage import STAGES
+from agentbox.review.web.audio import reviewed
+from agentbox.store import (
+    AdmissionRefused,
+    IngestParams,
+    IngestResult,
+    Lease,
+    NoSubscribedAgent,
+    StorageUnavailable,
+)
+
+REJUDGE_SOURCE = "agentbox.rejudge"  # the events' source: a re-judgment asked for here
+REJUDGE_EVENT = "mix.review_requested"
+CSRF_HEADER = "x-csrf-token"
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class RejudgeRoutes:
+    def __init__(self, history: History, archive: Archive, access: Access, csrf: str) -> None:
+        self.history = history
+        self.archive = archive
+        self.access = access
+        self.csrf = csrf  # the page's
+
+    async def rejudge(self, request: Request) -> Response:
+        """The form's post (a redirect to the new review's page) or the CLI's (JSON:
+        the new run's id and where to follow it)."""
+        from_form = request.headers.get("content-type", "").startswith(
+            "application/x-www-form-urlencoded")
+        asked = await (self._form(request) if from_form else self._json(request))
+        if isinstance(asked, Response):
+            return asked
+        try:
+            result = await self.submit(request, request.path_params["run_id"], asked)
+        except Refusal as refused:
+            return error_response(refused.status, refused.code, refused.message)
+        run_id = result.runs[0].run_id
+        if from_form:
+            return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
+        return JSONResponse(accepted(result), status_code=200 if result.duplicate else 202)
+
+    async def _form(self, request: Request) -> str | Response:
+        form = await request.form()
+        given = str(form.get("csrf") or "")
+        if not (from_this_site(request.headers) and given
+                and hmac.compare_digest(given.encode(), self.csrf.encode())):
+            return error_response(403, "csrf_failed", "The form is stale or forged (CSRF "
+                                  "check failed); reload the page and try again.")
+        return str(form.get("stage") or "")
+
+    async def _json(self, request: Request) -> str | Response:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = request.headers.get(CSRF_HEADER, "")
+        if not ((scheme.lower() == "bearer" and self.access.token_is(token.strip()))
+                or (given and from_this_site(request.headers)
+                    and hmac.compare_digest(given.encode(), self.csrf.encode()))):
+            return token_required()
+        try:
+            body = json.loads(await small_body(request) or b"{}")
+            return str(body.get("stage") or "") if isinstance(body, dict) else ""
+        except ValueError:
+            return error_response(422, "invalid_request", 'The body is JSON: {"stage": '
+                                  '"mix"} or {"stage": "master"}.')
+
+    async def submit(self, request: Request, run_id: str, stage: str) -> IngestResult:
+        """Store the re-judgment's event and hand its run over to start."""
+        if stage not in STAGES:
+            raise Refusal(422, "invalid_stage", f"stage must be {' or '.join(STAGES)}.")
+        review = await self._review(run_id)
+        mix = await self.archive.heard_at(_heard(review))
+        if isinstance(mix, Gone):
+            raise Refusal(410, "audio_gone", f"It cannot be judged again: {mix.reason}.")
+        body = _envelope(run_id, review, stage, str(mix))
+        receiver = request.app.state.receiver
+        try:
+            event = parse_event(body)
+        except InvalidEvent as exc:
+            raise Refusal(422, "invalid_event", f"This review cannot be judged again: {exc}"
+                          ) from None
+        errors = await receiver.registry.admit(event)
+        if errors:
+            raise Refusal(422, "invalid_event", f"It cannot be judged again: {errors[0]['msg']}")
+        agents = [spec.name for spec in receiver.registry.for_event_type(REJUDGE_EVENT)]
+
+        async def write(lease: Lease | None) -> IngestResult:
+            s = receiver.settings
+            return await receiver.store.ingest(IngestParams(  # type: ignore[no-any-return]
+                event=event, body=body, agents=agents, now=receiver.clock(),
+                ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
+                max_hops=s.max_hops, lease=lease))
+        try:
+            return await receiver.handover.store(  # type: ignore[no-any-return]
+                event, len(agents), write)
+        except NoSubscribedAgent:
+            raise Refusal(422, "no_agent", "No agent reviews mixes here (AGENTBOX_AGENTS)."
+                          ) from None
+        except AdmissionRefused:
+            raise Refusal(429, "too_many_pending", "Too many runs are waiting; try again "
+                          "in a moment.") from None
+        except StorageUnavailable:
+            raise Refusal(503, "storage_unavailable", "The store cannot take writes right "
+                          "now.") from None
+
+    async def _review(self, run_id: str) -> MixReview:
+        found = await self.history.export(run_id)
+        review = None if found is None else as_review(found.result)
+        if found is None or review is None:
+            raise Refusal(404, "not_found", f"No finished review {run_id[:200]!r}: only a "
+                          "finished review of a project can be judged again.")
+        return review
+
+
+def accepted(result: IngestResult) -> dict[str, Any]:
+    """The answer, in the receiver's shape (agentbox.models.Accepted)."""
+    runs = [{"run_id": r.run_id, "agent": r.agent, "status": r.status,
+             "status_url": f"/runs/{r.run_id}"} for r in result.runs]
+    return {**runs[0], "duplicate": result.duplicate, "runs": runs}
+
+
+def _heard(review: MixReview) -> Any:
+    found = reviewed(review.model_dump(mode="json"))
+    assert found is not None  # a review always names its mix
+    return found
+
+
+def _envelope(run_id: str, review: MixReview, stage: str, mix: str) -> bytes:
+    """The re-judgment's event: the first review's project, profile and genre, the
+    bytes it heard, the stage asked for."""
+    event_id = f"{run_id}.rejudge.{stage}"
+    payload: dict[str, Any] = {
+        "project_id": review.project_id, "mix_url": mix, "stage": stage,
+        "requested_by": "agentbox", "rejudge_of": run_id, "profile": review.profile.name}
+    if review.file is not None:
+        payload["file_name"] = review.file.name
+    if review.genre:
+        payload["genre"] = review.genre
+    return json.dumps({
+        "schema_version": SCHEMA_VERSION, "event_id": event_id,
+        "idempotency_key": f"{REJUDGE_SOURCE}:{REJUDGE_EVENT}:{event_id}",
+        "event_type": REJUDGE_EVENT, "source": REJUDGE_SOURCE,
+        "timestamp": datetime.now(UTC).isoformat(), "payload": payload,
+    }, separators=(",", ":")).encode()

@@ -258,7 +258,9 @@ def _measure(file: BinaryIO, path: str) -> Measurements:
         if os.fstat(file.fileno()).st_size == 0:  # what a render that failed at once leaves
             raise AudioError("mix_unreadable", "the file is empty (0 bytes): nothing was "
                              "rendered into it; export it again") from None
-        raise AudioError("mix_unreadable", f"not a readable audio file: {exc}") from None
+        # libsndfile names what it opened: the descriptor's repr here, the path to people
+        reason = str(exc).replace(repr(file), repr(str(path)))
+        raise AudioError("mix_unreadable", f"not a readable audio file: {reason}") from None
     within_limits(info.channels, info.samplerate, info.frames)
     file.seek(0)
     header = declared_frames(file)

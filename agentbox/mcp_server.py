@@ -93,8 +93,8 @@ class RunReport(RunSummary):
     figures: dict[str, float] = Field(
         description="the review's measured figures by key (integrated_lufs, "
                     "true_peak_dbtp, loudness_range_lu, ...)")
-    # The review's own notes (review.present.Note: severity, text, code), one line each.
-    notes: list[present.Note] = Field(description="the review's notes, what to fix first "
+    # The review's own notes (review.present.NoteLine: severity, text, code), one line each.
+    notes: list[present.NoteLine] = Field(description="the review's notes, what to fix first "
                                                   "first: severity (fix, consider or info; "
                                                   "'' when the review has none), text, code")
     review: str = Field(description="the review as `agentbox show` prints it")
@@ -200,7 +200,7 @@ def figures(result: Any) -> dict[str, float]:
     return {key: value for key, value in found.items() if value is not None}
 
 
-def notes(result: Any) -> list[present.Note]:
+def notes(result: Any) -> list[present.NoteLine]:
     """The review's notes, each text one line (as digest.notes says them)."""
     review = present.read(result)
     return [replace(n, text=one_line(n.text)) for n in review.notes] if review else []

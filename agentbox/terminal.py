@@ -51,7 +51,7 @@ def reviews(run: RunView) -> bool:
     return run.agent in MIX_REVIEW
 
 
-def outcome(run: RunView) -> present.Outcome:
+def outcome(run: RunView) -> present.ExportState:
     """What became of an export with no verdict (yet), in a musician's words."""
     return present.outcome(run.status, run.error_code, run.error_message)
 

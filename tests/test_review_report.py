@@ -32,7 +32,7 @@ from agentbox.events import parse_event
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import TRUNCATED_RESERVE_SECONDS, TRUNCATED_RETRY_SECONDS, Analysis
 from agentbox.review.delivery import delivery_targets
-from agentbox.review.judge import notes_for, verdict_of, with_profile
+from agentbox.review.judge import notes_for, verdict_for, with_profile
 from agentbox.review.meter import AudioError, measure
 from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
@@ -423,12 +423,12 @@ def test_notes_are_ordered_by_what_to_fix_first() -> None:
     # clipping in the render first: nothing after it can undo it
     assert [n.code for n in notes][:2] == ["clipping", "true_peak_over"]
     assert {"too_quiet", "dc_offset", "leading_silence"} <= {n.code for n in notes}
-    assert verdict_of(notes) == "fail"
+    assert verdict_for(notes) == "fail"
     on_target = notes_for(with_profile(base.model_copy(update={
         "integrated_lufs": -14.0, "true_peak_dbtp": -1.5, "clipped_runs": 0,
         "clipped_samples": 0, "dc_offset": 0.0, "leading_silence_seconds": 0.0,
     }).model_dump(), PROFILES["streaming"]), PROFILES["streaming"])
-    assert verdict_of(on_target) == "pass", on_target
+    assert verdict_for(on_target) == "pass", on_target
 
 
 # -- the previous export and a reference track --------------------------------------------------

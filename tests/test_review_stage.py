@@ -28,7 +28,7 @@ from agentbox.review import stage
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.review.delivery import as_played, target_verdict
-from agentbox.review.judge import judge, notes_for, verdict_of, with_profile
+from agentbox.review.judge import judge, notes_for, verdict_for, with_profile
 from agentbox.review.model import MixMetrics, MixReview, Note
 from agentbox.review.profiles import (
     DELIVER,
@@ -300,7 +300,7 @@ def test_a_masters_verdict_is_the_row_of_its_target(loudness: float, crest: floa
     judged = judge(with_profile(figures(loudness, peak).model_dump(), p), p)
     rows = {row.name: row for row in judged.targets}
     # Its loudness and peak alone: a low peak-to-loudness ratio is a note of its own.
-    on_level = verdict_of([n for n in judged.notes if n.code != "low_plr"])
+    on_level = verdict_for([n for n in judged.notes if n.code != "low_plr"])
     assert on_level == rows[p.target].verdict == target_verdict(p.delivery, loudness, peak), (
         [n.text for n in judged.notes], rows[p.target].note)
     # The same distance from the same target, the same verdict, unless the platform
@@ -409,3 +409,13 @@ def test_send_and_watch_give_the_stage(server_factory: Any, tmp_path: Path) -> N
     assert by_watch, runs
     result = server.wait_terminal(by_watch[0]["run_id"], timeout=120)["result"]
     assert (result["stage"], result["stage_source"]) == ("mix", "watch")
+
+
+def test_the_stage_is_one_enum_that_the_contract_and_the_options_say_alike() -> None:
+    from typing import get_args
+
+    from agentbox.review.contract import StageField
+    from agentbox.review.stage import STAGES, StageName
+
+    assert get_args(StageField) == STAGES == tuple(StageName) == ("mix", "master")
+    assert judge.__defaults__ is not None and StageName.MASTER in judge.__defaults__

@@ -17,7 +17,7 @@ from agentbox.review import charts, digest, present
 from agentbox.review.judge import judge
 from agentbox.review.model import as_review
 from agentbox.review.profiles import PROFILES
-from agentbox.review.view import Previous, Review, signed
+from agentbox.review.view import Compared, Review, signed
 from agentbox.review.web.pages import add_templates
 
 RUN_ID = "run_0123456789abcdef"
@@ -73,7 +73,7 @@ def new_review() -> dict[str, Any]:
     return doc
 
 
-def render(doc: dict[str, Any], previous: Previous | None = None,
+def render(doc: dict[str, Any], previous: Compared | None = None,
            review: Review | None = None) -> str:
     review = review or Review.of(doc)
     assert review is not None
@@ -92,7 +92,7 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
     review = Review.of(doc)
     assert review is not None
     earlier = old_review(integrated_lufs=-15.4)
-    html = render(doc, Previous("run_previous", "2026-12-04T14:02:00.000Z",
+    html = render(doc, Compared("run_previous", "2026-12-04T14:02:00.000Z",
                                 Review.of(earlier), review))
     assert '<span class="verdict warn big"' in html  # the review's, not worked out here
     assert "<h1" in html and "night drive (final).wav" in html
@@ -136,7 +136,7 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
 
 def test_a_review_stored_before_the_new_fields_still_renders() -> None:
     doc = old_review()
-    html = render(doc, Previous(None, None, None, Review.of(doc)))  # type: ignore[arg-type]
+    html = render(doc, Compared(None, None, None, Review.of(doc)))  # type: ignore[arg-type]
     assert 'id="loudness-plot"' in html and 'class="short-term"' in html
     assert 'class="momentary"' not in html and 'clip-marker' not in html
     assert 'id="targets"' not in html and 'id="tonal-balance"' not in html
@@ -157,7 +157,7 @@ def test_an_old_review_without_a_verdict_is_given_the_judges() -> None:
         assert model is not None
         judged = judge(model.metrics, PROFILES[model.profile.name]).verdict
         assert found.verdict == judged == present.read(doc).verdict  # type: ignore[union-attr]
-        assert digest.verdict_of({"status": "succeeded", "result": doc}) == judged
+        assert digest.run_verdict({"status": "succeeded", "result": doc}) == judged
         return found.verdict
 
     assert verdict() == "pass"
@@ -210,7 +210,7 @@ def test_without_a_note_of_its_own_the_comparison_says_what_changed() -> None:
     def note(before: dict[str, Any], after: dict[str, Any]) -> str:
         this = Review.of(after)
         assert this is not None
-        return Previous("run_previous", None, Review.of(before), this).note
+        return Compared("run_previous", None, Review.of(before), this).note
 
     assert note(old_review(integrated_lufs=-15.4), old_review()) == \
         "1.2 LU louder than the previous export."

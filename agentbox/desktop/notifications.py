@@ -46,7 +46,7 @@ def message(run: Mapping[str, Any], event: Mapping[str, Any] | None = None
         error = run.get("error_code")
         return (f"Review failed · {name}",
                 one_line(run.get("error_message") or error or run.get("status")))
-    verdict = digest.verdict_of(run)
+    verdict = digest.run_verdict(run)
     title = "Review" if verdict == "succeeded" else f"Review: {verdict}"
     return f"{title} · {name}", digest.headline(run.get("result")) or "reviewed"
 

@@ -134,7 +134,7 @@ def reviews_of(runs: Sequence[RunView]) -> tuple[Review, ...]:
             continue
         shown = run.as_json()
         found.append(Review(run.run_id, digest.file_name(shown) or run.project or "a mix",
-                            digest.verdict_of(shown),
+                            digest.run_verdict(shown),
                             local_time(run.completed_at or run.updated_at)))
     return tuple(found[:RECENT_REVIEWS])
 

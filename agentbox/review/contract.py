@@ -40,8 +40,9 @@ def _a_genre(value: str) -> str:
 
 # The genre a mix review judges the tonal balance for (agentbox.review.genres).
 GenreName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_genre)]
-# The stage of the work: a mix goes to mastering, a master to its platform.
-StageName = Literal["mix", "master"]
+# The stage of the work (review.stage.StageName's values, written out as a Literal
+# must be; tests/test_review_stage.py holds them equal).
+StageField = Literal["mix", "master"]
 # The stage a project is at from now on (remembered for its later exports); "auto"
 # forgets it.
 ProjectStageName = Literal["mix", "master", "auto"]
@@ -53,9 +54,9 @@ class SessionExported(Strict):
     project_id: ProjectName
     mix_url: Text
     profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (this file only)
+    stage: StageField | None = None  # judged as a mix or a master (this file only)
     project_stage: ProjectStageName | None = None  # the project's stage from now on
-    default_stage: StageName | None = None  # a watch folder's (beats the project's)
+    default_stage: StageField | None = None  # a watch folder's (beats the project's)
     session_name: Annotated[str, Field(max_length=256)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)
     genre: GenreName | None = None  # the tonal curve and words of the review
@@ -67,9 +68,9 @@ class MixReviewRequested(Strict):
     project_id: ProjectName
     mix_url: Text
     profile: ProfileName | None = None
-    stage: StageName | None = None  # judged as a mix or a master (this file only)
+    stage: StageField | None = None  # judged as a mix or a master (this file only)
     project_stage: ProjectStageName | None = None  # the project's stage from now on
-    default_stage: StageName | None = None  # a watch folder's (beats the project's)
+    default_stage: StageField | None = None  # a watch folder's (beats the project's)
     requested_by: Name  # who asks: required, as in the reference design's contract
     note: Annotated[str, Field(max_length=4096)] | None = None
     reference_url: Text | None = None  # a reference track to compare with (path or file://)

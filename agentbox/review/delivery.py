@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from agentbox.review.model import MixMetrics, TargetView
 from agentbox.review.profiles import AS_IS, DELIVER, DOWN_ONLY, TARGETS, UP_TO_PEAK, Target
+from agentbox.review.stage import StageName
 
 # A true peak this close over a ceiling reads as at it (the review shows one
 # decimal): no verdict turns on a difference it cannot show.
@@ -79,7 +80,7 @@ def raise_it(t: Target, by: float, peak: float | None) -> str:
             f"{by - room:.1f} dB over it)")
 
 
-def delivery_targets(m: MixMetrics, stage: str = "master") -> list[TargetView]:
+def delivery_targets(m: MixMetrics, stage: str = StageName.MASTER) -> list[TargetView]:
     """What each platform does with this master; for a mix, what mastering for it
     would take."""
     assess: Callable[[MixMetrics, Target], TargetView] = (

@@ -15,7 +15,7 @@ from typing import Any
 
 from agentbox.logs import one_line
 from agentbox.review.figures import FIGURE_NAMES, change_unit, finite, local_time
-from agentbox.review.present import Review, Target, read
+from agentbox.review.present import Review, TargetRow, read
 
 # The headline figures, in the order people read them: metrics key, label, unit.
 HEADLINE = (
@@ -74,7 +74,7 @@ def project_of(run: Mapping[str, Any]) -> str:
     return one_line(project) if project else ""
 
 
-def verdict_of(run: Mapping[str, Any], review: Review | None = None) -> str:
+def run_verdict(run: Mapping[str, Any], review: Review | None = None) -> str:
     """pass / warn / fail for a review; the run's status for anything else.
     `review`: the run's result, when it has been read already."""
     if run.get("status") == "succeeded" and review is None:
@@ -133,7 +133,7 @@ def targets(result: Any) -> list[str]:
     return [_target_line(t) for t in review.targets] if review else []
 
 
-def _target_line(t: Target) -> str:
+def _target_line(t: TargetRow) -> str:
     said = t.gain_db is not None or t.verdict
     return (f"  {one_line(t.title):<36}"
             + (f" {_signed(t.gain_db):>6} dB" if t.gain_db is not None else "")
@@ -154,7 +154,7 @@ def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:
     review = read(run.get("result"))
     if review is None or not review.metrics:
         return [f"{name}: succeeded"]
-    return [f"{name}: {verdict_of(run, review)}", f"  {_headline(review)}", *_body(review)]
+    return [f"{name}: {run_verdict(run, review)}", f"  {_headline(review)}", *_body(review)]
 
 
 def _body(review: Review) -> list[str]:
@@ -181,4 +181,4 @@ def short(run: Mapping[str, Any]) -> str:
                                                            if error else "")
     review = read(run.get("result"))
     figures = _headline(review) if review else ""
-    return f"{name}: {verdict_of(run, review)}" + (f" · {figures}" if figures else "")
+    return f"{name}: {run_verdict(run, review)}" + (f" · {figures}" if figures else "")

@@ -51,6 +51,7 @@ from agentbox.review.profiles import (
     Profile,
     Target,
 )
+from agentbox.review.stage import StageName
 from agentbox.review.tonal import TonalReference
 
 # Stereo correlation near 0 is a wide or decorrelated mix (reverbs, doubled
@@ -93,18 +94,18 @@ class Judgement:
     targets: list[TargetView]  # what each delivery target would do (or need, for a mix)
 
 
-def judge(m: MixMetrics, p: Profile, stage: str = "master",
+def judge(m: MixMetrics, p: Profile, stage: str = StageName.MASTER,
           comparison: Comparison | None = None, reference: ReferenceView | None = None,
           genre: bool = True, told: Genre | None = None) -> Judgement:
     """The review of measurements `m` at `stage`, against profile `p`: everything
     the verdict rests on, decided here once. `genre`: the octave bands' reference
     is a genre's curve (not a reference track); `told`: the genre the event gave."""
     notes = notes_for(m, p, comparison, reference, stage, genre, told)
-    return Judgement(summarise(m, p, stage), notes, verdict_of(notes),
+    return Judgement(summarise(m, p, stage), notes, verdict_for(notes),
                      delivery_targets(m, stage))
 
 
-def verdict_of(notes: list[Note]) -> str:
+def verdict_for(notes: list[Note]) -> str:
     """fail: something to fix first; warn: something to consider; pass."""
     severities = {note.severity for note in notes}
     return "fail" if "fix" in severities else "warn" if "consider" in severities else "pass"
@@ -113,7 +114,7 @@ def verdict_of(notes: list[Note]) -> str:
 # -- the measurements against the profile ------------------------------------------------------
 
 
-def with_profile(raw: dict[str, Any], profile: Profile, stage: str = "master",
+def with_profile(raw: dict[str, Any], profile: Profile, stage: str = StageName.MASTER,
                  reference: TonalReference | None = None,
                  genre: Genre | None = None) -> MixMetrics:
     """The measurements as the review's metrics: the tonal reference beside each
@@ -158,7 +159,7 @@ def profile_of(view: ProfileView) -> Profile:
 # -- the notes --------------------------------------------------------------------------------
 
 
-def summarise(m: MixMetrics, profile: Profile, stage: str = "master") -> str:
+def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) -> str:
     if m.integrated_lufs is None and m.duration_seconds < 0.4:
         return f"Too short to measure: {m.duration_seconds:g} s (loudness needs 0.4 s)."
     if m.integrated_lufs is None:
@@ -180,13 +181,13 @@ def summarise(m: MixMetrics, profile: Profile, stage: str = "master") -> str:
     return f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; {when}."
 
 
-def rule_notes(m: MixMetrics, p: Profile, stage: str = "master") -> list[str]:
+def rule_notes(m: MixMetrics, p: Profile, stage: str = StageName.MASTER) -> list[str]:
     """Specific observations, what to fix first first, each saying what to change."""
     return [note.text for note in notes_for(m, p, stage=stage)]
 
 
 def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
-              reference: ReferenceView | None = None, stage: str = "master",
+              reference: ReferenceView | None = None, stage: str = StageName.MASTER,
               genre: bool = True, told: Genre | None = None) -> list[Note]:
     """The review's notes, ordered by severity (fix, consider, info) and, within
     one, by what to change first: clipping in the render (nothing after it can

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from agentbox.review.stage import StageName
+
 SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
 VERDICTS = ("pass", "warn", "fail")
 
@@ -145,7 +147,7 @@ class MixReview(BaseModel):
     verdict: str = "pass"  # "pass", "warn" or "fail" for the stage, against the profile
     # "mix" (judged as a mix going to mastering) or "master" (against the profile);
     # a review stored before stages was judged as a master.
-    stage: str = "master"
+    stage: StageName = StageName.MASTER
     stage_reason: str = ""  # which stage was judged, why, and how to change it
     stage_source: str | None = None  # where the stage came from (review/stage.py's Stage)
     # The stage the project remembers after this export (the musician said so for the

@@ -31,14 +31,14 @@ _RANK = {severity: i for i, severity in enumerate(SEVERITIES)}
 
 
 @dataclass(frozen=True)
-class Note:
+class NoteLine:
     severity: str  # fix, consider or info; "" when the review does not say
     text: str
     code: str = ""
 
 
 @dataclass(frozen=True)
-class Target:
+class TargetRow:
     """What one delivery target's loudness normalisation would do to the mix."""
 
     name: str
@@ -58,7 +58,7 @@ class Review:
     doc: Mapping[str, Any]
     metrics: Mapping[str, Any]
     verdict: str | None  # pass, warn or fail; None when it cannot be known
-    notes: tuple[Note, ...]  # what to fix first, first
+    notes: tuple[NoteLine, ...]  # what to fix first, first
 
     def figure(self, key: str) -> float | None:
         """A figure of the metrics; the peak-to-loudness ratio worked out from true
@@ -106,7 +106,7 @@ class Review:
         return summary if isinstance(summary, str) else ""
 
     @property
-    def targets(self) -> list[Target]:
+    def targets(self) -> list[TargetRow]:
         out = []
         for t in _list(self.doc.get("targets")):
             if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
@@ -115,7 +115,7 @@ class Review:
             if not isinstance(title, str) or not title:
                 title = TARGET_TITLES.get(t["name"], t["name"].replace("_", " "))
             verdict = t.get("verdict")
-            out.append(Target(
+            out.append(TargetRow(
                 t["name"], title, finite(t.get("integrated_target_lufs")),
                 finite(t.get("true_peak_max_dbtp")), finite(t.get("gain_db")),
                 finite(t.get("result_true_peak_dbtp")),
@@ -164,19 +164,19 @@ def judged_verdict(model: MixReview) -> str:
     return judge(model.metrics, profile_of(model.profile), model.stage).verdict
 
 
-def _notes(doc: Mapping[str, Any]) -> list[Note]:
+def _notes(doc: Mapping[str, Any]) -> list[NoteLine]:
     # When the configured model wrote the notes, they are the review's words; the
     # rules' structured notes stay in the document for scripts.
     structured = None if doc.get("notes_source") == "llm" else doc.get("notes")
     given = [n for n in _list(structured) if isinstance(n, Mapping)
              and isinstance(n.get("text"), str) and n["text"]]
     if given:
-        found = [Note(str(n["severity"]) if n.get("severity") in SEVERITIES else "",
+        found = [NoteLine(str(n["severity"]) if n.get("severity") in SEVERITIES else "",
                       n["text"], str(n.get("code") or "")) for n in given]
         # What to fix first, first, as the judge orders them (sorted stably: a
         # document written otherwise keeps its order within a severity).
         return sorted(found, key=lambda n: _RANK.get(n.severity, len(_RANK)))
-    return [Note("", text) for text in _list(doc.get("review_notes"))
+    return [NoteLine("", text) for text in _list(doc.get("review_notes"))
             if isinstance(text, str) and text]
 
 
@@ -216,7 +216,7 @@ MESSAGE_CHARACTERS = 200
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ExportState:
     """What became of an export that has no verdict (yet), as a musician reads it:
     `kind` is reviewing, waiting (for the render to finish), failed, or done (an
     agent that answered something other than a review)."""
@@ -230,19 +230,19 @@ class Outcome:
 
 
 def outcome(status: str, error_code: str | None = None,
-            error_message: str | None = None) -> Outcome:
+            error_message: str | None = None) -> ExportState:
     """The words for a run's state where a verdict would be: "reviewing…", "waiting
     for the render to finish", "couldn't review: the file is empty — export it
     again". Never a run state's own name."""
     if status in ("accepted", "processing"):
-        return Outcome("reviewing", "reviewing…")
+        return ExportState("reviewing", "reviewing…")
     if status == "failed_retryable":
         if error_code in RENDER_UNFINISHED:
-            return Outcome("waiting", "waiting for the render to finish")
-        return Outcome("reviewing", "reviewing… (trying again shortly)")
+            return ExportState("waiting", "waiting for the render to finish")
+        return ExportState("reviewing", "reviewing… (trying again shortly)")
     if status == "succeeded":  # an agent that answered something other than a review
-        return Outcome("done", "finished without a review")
-    return Outcome("failed", "couldn't review: " + _why(error_code, error_message))
+        return ExportState("done", "finished without a review")
+    return ExportState("failed", "couldn't review: " + _why(error_code, error_message))
 
 
 def _why(error_code: str | None, error_message: str | None) -> str:

@@ -24,6 +24,7 @@ first fix under each reading, and how to choose.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES
 
@@ -34,14 +35,23 @@ from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES
 MASTERED_PEAK_DBTP = -2.0
 MASTERED_LOUDNESS_LUFS = -16.0
 MASTERED_PLR_DB = 14.0
-STAGES = ("mix", "master")  # a mix goes to mastering; a master to its platform
+class StageName(StrEnum):
+    """The stage of the work: a mix goes to mastering, a master to its platform."""
+
+    MIX = "mix"
+    MASTER = "master"
+
+
+STAGES = tuple(stage.value for stage in StageName)  # ("mix", "master"), as options say them
 AUTO = "auto"
 CONFIG_STAGES = (AUTO, *STAGES)
 
 
 @dataclass(frozen=True)
 class Stage:
-    stage: str  # "mix" or "master"
+    """The stage a review judges, where it came from, and the sentence saying so."""
+
+    stage: StageName
     source: str  # "rejudge", "event", "project", "watch", "config" or "auto"
     reason: str  # one sentence: which stage, why, how to change it
 
@@ -66,28 +76,28 @@ def choose(given: Given, true_peak: float | None, loudness: float | None,
     """The stage to judge at, and the sentence that says why: a stage said for this
     file beats the one remembered for its project."""
     if given.rejudge:
-        return Stage(given.rejudge, "rejudge", _said(
+        return Stage(StageName(given.rejudge), "rejudge", _said(
             given.rejudge, f"re-judged at your request, the same audio as "
             f"{given.rejudged or 'an earlier review'}"))
     if given.event:
-        return Stage(given.event, "event", _said(
+        return Stage(StageName(given.event), "event", _said(
             given.event, f'the export says so ("stage": "{given.event}", for this file '
             "only)"))
     if given.project and given.project_now:
-        return Stage(given.project, "project", _said(
+        return Stage(StageName(given.project), "project", _said(
             given.project, f'the export says so for the project ("project_stage": '
             f'"{given.project}"); its later exports are judged so too unless they say '
             "otherwise"))
     if given.watch:
-        return Stage(given.watch, "watch", _said(
+        return Stage(StageName(given.watch), "watch", _said(
             given.watch, f"the watched folder says so (agentbox watch --stage {given.watch})"))
     if given.project:
         since = f", on {given.project_since}" if given.project_since else ""
-        return Stage(given.project, "project", _said(
+        return Stage(StageName(given.project), "project", _said(
             given.project, f"it is the stage remembered for the project "
             f"{given.project_name!r}{since}"))
     if given.config in ("mix", "master"):
-        return Stage(given.config, "config", _said(
+        return Stage(StageName(given.config), "config", _said(
             given.config, f'the configuration says so (mix_stage = "{given.config}", '
             "AGENTBOX_MIX_STAGE)"))
     return inferred(true_peak, loudness, plr)
@@ -103,17 +113,17 @@ def looks_mastered(true_peak: float | None, loudness: float | None,
 def inferred(true_peak: float | None, loudness: float | None, plr: float | None) -> Stage:
     if looks_mastered(true_peak, loudness, plr):
         assert true_peak is not None and loudness is not None and plr is not None
-        return Stage("master", AUTO, _said("master", (
+        return Stage(StageName.MASTER, AUTO, _said("master", (
             f"no stage was given and it looks mastered: limited close to full scale "
             f"(true peak {true_peak:+.1f} dBTP) at streaming loudness ({loudness:.1f} LUFS) "
             f"with a low peak-to-loudness ratio ({plr:.1f} dB)")))
     if true_peak is not None and loudness is not None and true_peak >= MASTERED_PEAK_DBTP:
-        return Stage("mix", AUTO, ambiguous(true_peak, loudness, plr))
+        return Stage(StageName.MIX, AUTO, ambiguous(true_peak, loudness, plr))
     why = "no stage was given and it does not look mastered"
     if true_peak is not None and loudness is not None:
         why += f" ({loudness:.1f} LUFS, true peak {true_peak:+.1f} dBTP"
         why += f", PLR {plr:.1f} dB)" if plr is not None else ")"
-    return Stage("mix", AUTO, _said("mix", why))
+    return Stage(StageName.MIX, AUTO, _said("mix", why))
 
 
 def ambiguous(true_peak: float, loudness: float, plr: float | None) -> str:

@@ -203,7 +203,7 @@ class ExportRow:
         return name if self.number is None else f"#{self.number} {name}"
 
     @property
-    def outcome(self) -> present.Outcome:
+    def outcome(self) -> present.ExportState:
         """What a musician reads where a verdict would be, for an export with none."""
         return present.outcome(self.status, self.error_code, self.error_message)
 
@@ -274,7 +274,7 @@ def deltas(before: Review | None, after: Review, given: dict[str, Any] | None = 
 
 
 @dataclass(frozen=True)
-class Previous:
+class Compared:
     """What the review page compares with: the project's export before this one."""
 
     run_id: str | None  # None: this is the project's first export

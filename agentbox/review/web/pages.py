@@ -187,30 +187,30 @@ class ReviewPages:
         return kept.dropped_because
 
     async def _previous(self, review: review_view.Review, run: dict[str, Any],
-                        project: str | None) -> review_view.Previous | None:
+                        project: str | None) -> review_view.Compared | None:
         """The export this review is compared with: the one its document names, else
         the project's last reviewed export before it."""
         named = review.comparison_run_id
         if project is None:
             return None
         if named is None:  # the review says: the project's first export
-            return review_view.Previous(None, None, None, review)
+            return review_view.Compared(None, None, None, review)
         if isinstance(named, str):
             found = await self.store.get_run(named)
             if found is not None:
-                return review_view.Previous(named, found["accepted_at"],
+                return review_view.Compared(named, found["accepted_at"],
                                             review_view.Review.of(found["result"]), review)
             kept = await self.history.archived_export(named)  # retention removed the run
             if kept is None:
-                return review_view.Previous(named, None, None, review)
-            return review_view.Previous(named, kept.accepted_at,
+                return review_view.Compared(named, None, None, review)
+            return review_view.Compared(named, kept.accepted_at,
                                         review_view.Review.of(kept.result), review, True)
         earlier = await self.history.project_exports(
             unicodedata.normalize("NFC", project), agent=run["agent"], status="succeeded",
             before_run_id=run["run_id"], limit=1)
         if not earlier:
-            return review_view.Previous(None, None, None, review)
-        return review_view.Previous(earlier[0].run_id, earlier[0].accepted_at,
+            return review_view.Compared(None, None, None, review)
+        return review_view.Compared(earlier[0].run_id, earlier[0].accepted_at,
                                     review_view.Review.of(earlier[0].result), review,
                                     earlier[0].archived)
 

@@ -128,7 +128,7 @@ def main() -> None:
                     page.screenshot(path=str(target), full_page=whole)
                     saved.append(target)
                 page.close()
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(**as_the_user(viewport={"width": 1280, "height": 900}))
             page.goto(server.url + project)
             page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
             page.click("#ab-play")

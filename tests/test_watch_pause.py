@@ -48,8 +48,8 @@ def test_paused_folders_send_nothing_until_resumed_even_across_a_restart(
     assert state["folders"][0]["state"] == "watching"
 
     # Neither a page of another site nor a program without the token pauses them.
-    assert server.client.post("/watch/pause").status_code == 401
-    assert server.client.post("/watch/pause", headers={
+    assert server.anonymous.post("/watch/pause").status_code == 401
+    assert server.anonymous.post("/watch/pause", headers={
         "X-CSRF-Token": "forged", "Origin": "http://127.0.0.1:1"}).status_code == 401
 
     paused = cli(server, "watch", "pause")

@@ -231,6 +231,12 @@ def test_an_export_beside_the_projects_reference(studio: dict[str, Any], page: P
     path = f"projects/{quote(PROJECT, safe='')}/reference/audio"
     assert reference["sha256"] == hashlib.sha256(heard).hexdigest()
     if SECONDS <= 60:
+        # The player is ready once the browser has the bytes; Playwright hands the
+        # answer's event to this thread when it next waits: wait for it, within a deadline.
+        for _ in range(100):
+            if path in bodies:
+                break
+            page.wait_for_timeout(100)
         assert bodies[path] == reference["sha256"]
     latest = studio["runs"][-1][0]["result"]["metrics"]["integrated_lufs"]
     gain_a, gain_b = gains(page)

@@ -64,10 +64,19 @@ class Desktop:
 
     def icon(self) -> Any:
         """agentbox's icon window, docked in the tray host (None until it is)."""
+        from Xlib.error import BadWindow
+
         def walk(window: Any) -> Any:
-            for child in window.query_tree().children:
-                if (child.get_wm_class() or ("", ""))[1] == ICON_CLASS:
-                    return child
+            try:
+                children = window.query_tree().children
+            except BadWindow:  # gone while the tree was walked (a tray starting, stopping)
+                return None
+            for child in children:
+                try:
+                    if (child.get_wm_class() or ("", ""))[1] == ICON_CLASS:
+                        return child
+                except BadWindow:
+                    continue
                 found = walk(child)
                 if found is not None:
                     return found
@@ -75,8 +84,13 @@ class Desktop:
         return walk(self.x.screen().root)
 
     def title(self) -> str:
+        from Xlib.error import BadWindow
+
         icon = self.icon()
-        return "" if icon is None else str(icon.get_wm_name() or "")
+        try:
+            return "" if icon is None else str(icon.get_wm_name() or "")
+        except BadWindow:  # undocked between finding it and reading its name
+            return ""
 
     def tray_owned(self) -> bool:
         atom = self.x.intern_atom(f"_NET_SYSTEM_TRAY_S{self.x.get_default_screen()}")

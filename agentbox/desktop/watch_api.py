@@ -6,19 +6,16 @@ machine, so a form another site posts must not pause anyone's folders."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentbox.desktop.watched import Pause, WatchedFolders
-from agentbox.http.access import Access, from_this_site, token_required
+from agentbox.http.access import Access, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import ApiPart, errors, json_answer
 from agentbox.models import WatchedFolderOut, WatchState
-
-CSRF_HEADER = "x-csrf-token"  # as the review's reference form sends it
 
 
 class WatchRoutes:
@@ -56,12 +53,7 @@ class WatchRoutes:
         return JSONResponse(self.state().model_dump(mode="json"))
 
     def _may_change(self, request: Request) -> bool:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.access.token_is(token.strip())
-        given = request.headers.get(CSRF_HEADER, "")
-        return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
-            given.encode(), self.csrf.encode())
+        return self.access.may_change(request, self.csrf)
 
 
 def api() -> ApiPart:

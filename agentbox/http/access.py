@@ -48,6 +48,7 @@ SESSION_COOKIE = "agentbox_session"
 OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login", "/ui/static/")
 LOGIN_DELAY_BASE_SECONDS = 1.0  # the wait after a client's first failed login; doubles
 LOGIN_DELAY_MAX_SECONDS = 60.0  # ... up to this
+CSRF_HEADER = "x-csrf-token"  # how the pages' scripts send the CSRF token with an action
 LOGIN_QUEUE_SECONDS = 60.0  # a client whose next attempt is further off gets 429
 LOGIN_FORGET_SECONDS = 900.0  # a client's failures are forgotten after this without one
 LOGIN_CLIENTS = 10_000  # clients whose failures are remembered (the oldest forgotten)
@@ -219,6 +220,16 @@ class Access:
         if scheme.lower() == "bearer":
             return self.token_is(token.strip())
         return self.sessions.valid(request.cookies.get(SESSION_COOKIE, ""))
+
+    def may_change(self, request: Request, csrf: str) -> bool:
+        """An action's caller: the admin token as a Bearer token (the CLI), or the
+        page's own script (its CSRF token in X-CSRF-Token, from this site)."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            return self.token_is(token.strip())
+        given = request.headers.get(CSRF_HEADER, "")
+        return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
+            given.encode(), csrf.encode())
 
     def token_is(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._token)

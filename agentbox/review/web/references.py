@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import os
 import shutil
 import time
@@ -40,7 +39,7 @@ from agentbox.archive.blobs import disk_full
 from agentbox.archive.records import ProjectReference
 from agentbox.engine.agents import AgentError
 from agentbox.events import Name, ProjectName
-from agentbox.http.access import Access, from_this_site, token_required
+from agentbox.http.access import Access, token_required
 from agentbox.http.errors import error_response
 from agentbox.models import ReferenceOut
 from agentbox.review.analysis import Analysis
@@ -49,7 +48,6 @@ from agentbox.store import iso
 
 MAX_REFERENCE_BYTES = 1 << 30  # 1 GiB: ten minutes of 96 kHz 32-bit stereo is 460 MB
 WRITE_BYTES = 1 << 20  # an upload is written to disk this much at a time
-CSRF_HEADER = "x-csrf-token"
 Endpoint = Callable[[Request], Awaitable[Response]]
 _PROJECT = TypeAdapter(ProjectName)
 _NAME = TypeAdapter(Name)
@@ -136,12 +134,7 @@ class ReferenceRoutes:
     def _may_change(self, request: Request) -> bool:
         """The admin token (the CLI), or the page's own form: its CSRF token, sent by
         the page's script from this site."""
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.access.token_is(token.strip())
-        given = request.headers.get(CSRF_HEADER, "")
-        return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
-            given.encode(), self.csrf.encode())
+        return self.access.may_change(request, self.csrf)
 
     async def _add(self, request: Request, project: str) -> Response:
         try:

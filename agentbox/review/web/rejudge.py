@@ -39,7 +39,6 @@ from agentbox.store import (
 
 REJUDGE_SOURCE = "agentbox.rejudge"  # the events' source: a re-judgment asked for here
 REJUDGE_EVENT = "mix.review_requested"
-CSRF_HEADER = "x-csrf-token"
 
 
 class Refusal(Exception):
@@ -82,11 +81,7 @@ class RejudgeRoutes:
         return str(form.get("stage") or "")
 
     async def _json(self, request: Request) -> str | Response:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = request.headers.get(CSRF_HEADER, "")
-        if not ((scheme.lower() == "bearer" and self.access.token_is(token.strip()))
-                or (given and from_this_site(request.headers)
-                    and hmac.compare_digest(given.encode(), self.csrf.encode()))):
+        if not self.access.may_change(request, self.csrf):
             return token_required()
         try:
             body = json.loads(await small_body(request) or b"{}")

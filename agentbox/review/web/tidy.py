@@ -28,7 +28,6 @@ from agentbox.events import ProjectName
 from agentbox.http.access import Access, from_this_site, small_body, token_required
 from agentbox.http.errors import error_response
 
-CSRF_HEADER = "x-csrf-token"
 _NAME: TypeAdapter[str] = TypeAdapter(ProjectName)
 Action = Callable[[str, dict[str, str]], Awaitable[dict[str, Any]]]
 
@@ -87,11 +86,7 @@ class TidyRoutes:
         return {key: str(value) for key, value in form.items() if key != "csrf"}
 
     async def _json(self, request: Request) -> dict[str, str] | Response:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = request.headers.get(CSRF_HEADER, "")
-        if not ((scheme.lower() == "bearer" and self.access.token_is(token.strip()))
-                or (given and from_this_site(request.headers)
-                    and hmac.compare_digest(given.encode(), self.csrf.encode()))):
+        if not self.access.may_change(request, self.csrf):
             return token_required()
         try:
             body = json.loads(await small_body(request) or b"{}")

@@ -160,7 +160,7 @@ def _quiet(t: Target, by: float, gain: float, peak: float) -> str:
     if t.normalisation != UP_TO_PEAK:
         return (f"plays as it is, {by:.1f} LU quieter than {t.integrated_lufs:g} LUFS: "
                 f"{raising}")
-    if off <= 0.05:
+    if raised_to_target(t, round(by, 1), peak):  # the verdict's rule, at the review's 0.1 dB
         return (f"turned up {gain:.1f} dB, to the target, but not every player turns quiet "
                 f"tracks up: {raising}")
     if gain > 0.05:

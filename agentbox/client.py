@@ -52,6 +52,7 @@ from agentbox.models import (
     Answer,
     Destinations,
     ExportList,
+    LoginLink,
     Notifications,
     ProjectChanged,
     Pruned,
@@ -579,10 +580,8 @@ class Client:
         """A one-time login link to the page (it opens a session in one browser, once,
         within minutes), showing `next_path` (e.g. a review's page) once logged in.
         Needs the admin token."""
-        answer = self._call("POST", "/login-links", headers=self._admin_headers())
-        url = answer.get("url") if isinstance(answer, dict) else None
-        if not isinstance(url, str):
-            raise NotAgentbox(f"{self.url} answered POST /login-links without a link")
+        url = self._read(LoginLink, self._call("POST", "/login-links",
+                                                headers=self._admin_headers())).url
         return url if next_path is None else f"{url}&next={quote(next_path, safe='/')}"
 
     def replay(self, run_id: str) -> RunView:

@@ -299,6 +299,13 @@ class Pruned(Answer):
     notes: list[str] = []  # what apps kept or let go, in a sentence each
 
 
+class LoginLink(Answer):
+    """`POST /login-links`: a one-time link that logs one browser in to the page."""
+
+    url: str  # open it once, within expires_in_seconds; ?next=PATH shows PATH after
+    expires_in_seconds: float
+
+
 class Health(Answer):
     """`GET /healthz`: ok or unhealthy, and the store's figures (more than named)."""
 

@@ -36,7 +36,7 @@ APPS = {"review", "archive", "desktop"}
 MAY_IMPORT: dict[str, set[str]] = {
     "http": {"engine", "store"} | CORE,
     "engine": {"store"} | CORE,
-    "store": {"events", "runs", "logs", "portable", "signing", "addresses"},
+    "store": {"events", "runs", "logs", "portable", "signing", "addresses", "models"},
     # The review is an app: the agent API, the app hook and the pages it stands on.
     "review": {"engine", "store", "archive", "http"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).

@@ -72,7 +72,7 @@ class RunsApi:
         if history not in HISTORY_VALUES:
             return error_response(422, "invalid_query", "history must be 1 or true (with the "
                                   "run's attempts and state changes), or 0 or false")
-        found = (await self._with_files([_shown(run)]))[0].model_dump()
+        found = (await self._with_files([run]))[0].model_dump()
         event = await self.store.event_of(run_id)
         removed = event.get("body_removed_at") if isinstance(event, dict) else None
         found.update(callbacks=_dump(await self.store.notifications(run_id)),
@@ -110,7 +110,7 @@ class RunsApi:
                 status=status, chain=chain, include_discarded=discarded == "true",
                 before=None if prefix is None else prefix + AFTER_EVERY_ID, limit=limit)
             found = [run for run in found if run.run_id.startswith(prefix or "")]
-        return JSONResponse({"runs": _dump(await self._with_files([_shown(r) for r in found]))})
+        return JSONResponse({"runs": _dump(await self._with_files(found))})
 
     async def _with_files(self, runs: Sequence[RunView]) -> list[RunView]:
         """Each run with the name of the file its event names, as an app reads it
@@ -187,7 +187,7 @@ class RunsApi:
         except StorageUnavailable:
             return error_response(503, "storage_unavailable", "The store cannot take writes.")
         run = await self.store.get_run(run_id)
-        return JSONResponse(_shown(run).model_dump(mode="json") if run else None,
+        return JSONResponse(run.model_dump(mode="json") if run else None,
                             status_code=202)
 
     async def metrics(self, request: Request) -> Response:
@@ -253,12 +253,6 @@ class RunsApi:
             if said is not None:
                 return error_response(404, "run_not_found", said)
         return _not_found(run_id)
-
-
-def _shown(run: BaseModel) -> RunView:
-    """The store's view of a run as the API shows a run (agentbox.models: the shape
-    the document and the client read), field by field."""
-    return RunView.model_validate(run.model_dump())
 
 
 def _dump(views: Sequence[BaseModel]) -> list[dict[str, Any]]:

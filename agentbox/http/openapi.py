@@ -22,6 +22,7 @@ from agentbox.models import (
     Destinations,
     ErrorAnswer,
     Health,
+    LoginLink,
     Notifications,
     Pruned,
     RunDetail,
@@ -174,7 +175,7 @@ class ApiPart:
 def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
     """The OpenAPI document: the engine's paths, then each app's (`parts`)."""
     models: list[type[BaseModel]] = [Envelope, ErrorAnswer, Accepted, RunView, RunDetail,
-                                     RunList, Health, Pruned,
+                                     RunList, Health, Pruned, LoginLink,
                                      Notifications, Destinations, ResumeRequest,
                                      SubscriptionRequest, RefreshRequest, SubscriptionView,
                                      Subscriptions, Notification, Delivery, Verification,
@@ -317,6 +318,14 @@ def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
                     "schema": {"$ref": REF.format(model="RefreshRequest")}}}},
                 "responses": {"200": _json("SubscriptionView", "extended"),
                               **_errors(401, 404, 422, 503)},
+            }},
+            "/login-links": {"post": {
+                "summary": "A one-time link that logs one browser in to the page (admin)",
+                "description": "Open the url once, within expires_in_seconds; add "
+                               "&next=PATH to show PATH once logged in (agentbox open "
+                               "does this).",
+                "security": admin,
+                "responses": {"201": _json("LoginLink", "the link"), **_errors(401)},
             }},
             "/healthz": {"get": {
                 "summary": "Health",

@@ -52,6 +52,7 @@ from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.access import LOGIN_LINK_SECONDS, Access, TooManyLogins, from_this_site
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
+from agentbox.models import LoginLink
 from agentbox.runs import RunStatus
 from agentbox.store import (
     NotReplayable,
@@ -148,8 +149,9 @@ class StatusPages:
 
     async def new_login_link(self, request: Request) -> Response:
         """`POST /login-links` (admin token): a one-time login link to this page."""
-        return JSONResponse({"url": self.access.login_link(str(request.base_url)),
-                             "expires_in_seconds": LOGIN_LINK_SECONDS}, status_code=201)
+        link = LoginLink(url=self.access.login_link(str(request.base_url)),
+                         expires_in_seconds=LOGIN_LINK_SECONDS)
+        return JSONResponse(link.as_json(), status_code=201)
 
     async def logout(self, request: Request) -> Response:
         form = await self._checked_form(request)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -84,6 +85,18 @@ def from_this_site(headers: Mapping[str, str]) -> bool:
         return False
     origin = headers.get("origin")
     return origin in (None, "null") or urlsplit(origin).netloc == headers.get("host")
+
+
+async def page_form(request: Request, csrf: str) -> FormData | Response:
+    """A page form's fields when it was posted from this site with the page's CSRF
+    token (`csrf`), else the refusal: 403 csrf_failed."""
+    form = await request.form()
+    given = str(form.get("csrf") or "")
+    if from_this_site(request.headers) and given and hmac.compare_digest(given.encode(),
+                                                                         csrf.encode()):
+        return form
+    return error_response(403, "csrf_failed", "The form is stale or forged (CSRF check "
+                          "failed); reload the page and try again.")
 
 
 class TooManyLogins(Exception):

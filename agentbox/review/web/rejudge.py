@@ -12,7 +12,6 @@ re-judgment.
 
 from __future__ import annotations
 
-import hmac
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +22,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from agentbox.archive import Archive, Gone
 from agentbox.archive.history import History
 from agentbox.events import SCHEMA_VERSION, InvalidEvent, parse_event
-from agentbox.http.access import Access, from_this_site, small_body, token_required
+from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.review.model import MixReview, as_review
 from agentbox.review.stage import STAGES
@@ -72,12 +71,9 @@ class RejudgeRoutes:
         return JSONResponse(accepted(result), status_code=200 if result.duplicate else 202)
 
     async def _form(self, request: Request) -> str | Response:
-        form = await request.form()
-        given = str(form.get("csrf") or "")
-        if not (from_this_site(request.headers) and given
-                and hmac.compare_digest(given.encode(), self.csrf.encode())):
-            return error_response(403, "csrf_failed", "The form is stale or forged (CSRF "
-                                  "check failed); reload the page and try again.")
+        form = await page_form(request, self.csrf)
+        if isinstance(form, Response):
+            return form
         return str(form.get("stage") or "")
 
     async def _json(self, request: Request) -> str | Response:

@@ -10,7 +10,6 @@ goes by the archive's rules.
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 import unicodedata
@@ -25,7 +24,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from agentbox.archive import Archive
 from agentbox.archive.history import History
 from agentbox.events import ProjectName
-from agentbox.http.access import Access, from_this_site, small_body, token_required
+from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
 
 _NAME: TypeAdapter[str] = TypeAdapter(ProjectName)
@@ -77,12 +76,9 @@ class TidyRoutes:
         return JSONResponse(done)
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
-        form = await request.form()
-        given = str(form.get("csrf") or "")
-        if not (from_this_site(request.headers) and given
-                and hmac.compare_digest(given.encode(), self.csrf.encode())):
-            return error_response(403, "csrf_failed", "The form is stale or forged (CSRF "
-                                  "check failed); reload the page and try again.")
+        form = await page_form(request, self.csrf)
+        if isinstance(form, Response):
+            return form
         return {key: str(value) for key, value in form.items() if key != "csrf"}
 
     async def _json(self, request: Request) -> dict[str, str] | Response:

@@ -459,18 +459,22 @@ def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBind
     return tuple(bindings)
 
 
+def _folder_list(value: Any) -> list[Any]:
+    """A setting's folders: a TOML list as it is, or the environment's string split
+    at the OS's path separator (`:`, on Windows `;`)."""
+    if isinstance(value, str):
+        return [item for item in value.split(os.pathsep) if item.strip()]
+    if isinstance(value, list):
+        return value
+    raise ValueError("expected a list of folders")
+
+
 def parse_mix_roots(value: Any, where: str = env_name("mix_roots")) -> tuple[Path, ...]:
     """The folders a mix_url must be in: a TOML list of paths, or in the environment
     paths separated by the OS's path separator (`:`, on Windows `;`); absolute (or
     `~/...`), each taken as it resolves (its links followed once, here)."""
-    if isinstance(value, str):
-        items: list[Any] = [item for item in value.split(os.pathsep) if item.strip()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise ValueError("expected a list of folders")
     roots = []
-    for item in items:
+    for item in _folder_list(value):
         if not isinstance(item, str):
             raise ValueError("expected a path")
         path = Path(item.strip()).expanduser()
@@ -484,13 +488,7 @@ def parse_watch(value: Any, where: str = env_name("watch")) -> tuple[WatchedFold
     """Watched folders: a TOML list of `PATH` or `PATH=STAGE` strings, or tables
     `{path = "...", stage = "master"}`; in the environment, `PATH` or `PATH=STAGE`
     items separated by the OS's path separator (`:`, on Windows `;`)."""
-    if isinstance(value, str):
-        items: list[Any] = [item for item in value.split(os.pathsep) if item.strip()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise ValueError("expected a list of folders")
-    folders = [_watched_folder(item, where) for item in items]
+    folders = [_watched_folder(item, where) for item in _folder_list(value)]
     seen: set[Path] = set()
     for folder in folders:
         if folder.path in seen:

@@ -5,7 +5,7 @@ the engine's contract (agentbox.events) when this module is imported.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
@@ -19,27 +19,23 @@ from agentbox.review.profiles import PROFILES
 from agentbox.review.stage import CONFIG_STAGES, STAGES
 
 
-def _a_profile(value: str) -> str:
-    if value not in PROFILES:
-        raise PydanticCustomError("unknown_profile", "unknown profile; use one of {known}",
-                                  {"known": ", ".join(PROFILES)})
-    return value
+def _one_of(known: Collection[str], what: str) -> Callable[[str], str]:
+    """A validator that refuses a name not in `known` (error type unknown_WHAT)."""
+    def check(value: str) -> str:
+        if value not in known:
+            raise PydanticCustomError(f"unknown_{what}", f"unknown {what}; use one of {{known}}",
+                                      {"known": ", ".join(known)})
+        return value
+    return check
 
 
 # A mix review's delivery profile (agentbox.review.profiles): refused at once when
 # unknown, rather than accepted and failed when the review starts.
-ProfileName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_a_profile)]
-
-
-def _a_genre(value: str) -> str:
-    if value not in GENRES:
-        raise PydanticCustomError("unknown_genre", "unknown genre; use one of {known}",
-                                  {"known": ", ".join(GENRES)})
-    return value
-
-
+ProfileName = Annotated[str, Field(min_length=1, max_length=128),
+                        AfterValidator(_one_of(PROFILES, "profile"))]
 # The genre a mix review judges the tonal balance for (agentbox.review.genres).
-GenreName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_genre)]
+GenreName = Annotated[str, Field(min_length=1, max_length=64),
+                      AfterValidator(_one_of(GENRES, "genre"))]
 # The stage of the work (review.stage.StageName's values, written out as a Literal
 # must be; tests/test_review_stage.py holds them equal).
 StageField = Literal["mix", "master"]

@@ -88,8 +88,7 @@ class ReviewApp(App):
         drops = DropRoutes(archive, pages.access, pages.csrf, pages)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
-            Route("/exports", web.exports, methods=["GET"]),
-            Route("/exports", drops.drop, methods=["POST"]),
+            Route("/exports", drops.or_read(web.exports), methods=["GET", "POST"]),
             Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/runs/{run_id}/rejudge", rejudge.rejudge, methods=["POST"]),
             Route("/references", references.listing, methods=["GET"]),

@@ -137,7 +137,7 @@
           .then((answer) => {
             if (!r.ok) throw new Error(answer.message || r.statusText);
             said.textContent = file.name + " is being reviewed…";
-            location.assign(answer.review_url);
+            location.assign("/ui/runs/" + encodeURIComponent(answer.run_id));
           }))
         .catch((err) => { said.textContent = err.message; form.classList.remove("sending"); });
     };

@@ -12,10 +12,10 @@ project. It is then sent for review as `agentbox send FILE` sends one: a
 `session.exported` whose project is the page's (on a project page) or the file's
 name, its stage the one chosen (none: as the project and the file say).
 
-The form is answered with a redirect to the review's page, where the review comes
-in; the page's script and programs (Accept: application/json) get the receiver's
-answer with `review_url`. A refusal is said in words: a page for the form, JSON
-for the script. Never a 500.
+The form is answered with a redirect to the review's page (/ui/runs/{run_id}), where
+the review comes in; the page's script and programs (Accept: application/json) get
+the receiver's answer. A refusal is said in words: a page for the form, JSON for the
+script. Never a 500.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
@@ -61,6 +61,7 @@ DROP_SOURCE = "agentbox.page"  # the events' source: a file given on the page
 DROP_EVENT = "session.exported"  # as `agentbox send FILE` sends one
 MAX_DROP_BYTES = MAX_REFERENCE_BYTES  # the limit of an upload, one for both
 MAX_FIELD_BYTES = 1024  # the form's other fields: a token, a stage, a project's name
+Endpoint = Callable[[Request], Awaitable[Response]]
 _NAME: TypeAdapter[str] = TypeAdapter(Name)
 _PROJECT: TypeAdapter[str] = TypeAdapter(ProjectName)
 
@@ -138,6 +139,13 @@ class DropRoutes:
         self.csrf = csrf  # the page's
         self.pages = pages
 
+    def or_read(self, read: Endpoint) -> Endpoint:
+        """`/exports` as one route (its Allow header names both): POST sends a file,
+        GET (`read`) lists exports."""
+        async def exports(request: Request) -> Response:
+            return await (self.drop(request) if request.method == "POST" else read(request))
+        return exports
+
     async def drop(self, request: Request) -> Response:
         """`POST /exports`: the file reviewed, or why not, in words."""
         as_page = "text/html" in request.headers.get("accept", "")
@@ -156,8 +164,7 @@ class DropRoutes:
         run_id = result.runs[0].run_id
         if as_page:
             return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
-        return JSONResponse({**accepted(result), "review_url": f"/ui/runs/{run_id}"},
-                            status_code=202)
+        return JSONResponse(accepted(result), status_code=202)
 
     async def _folder(self) -> Path:
         """A new folder of its own for the file (its own name is kept)."""

@@ -6,18 +6,21 @@ the limits an upload is held to (size, the disk's margin) and the CSRF check."""
 from __future__ import annotations
 
 import io
+import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import numpy as np
 import pytest
 import soundfile
+from playwright.sync_api import Browser, Page, expect
 
 from agentbox.client import project_of
 from agentbox.events import project_of_file
 from agentbox.review.web import drops, references
 from tests.conftest import InProcess, Server, in_process
+from tests.support.browser import as_the_user, chromium, fresh_page
 from tests.support.corpus import Song, song_audio, write
 
 AS_PAGE = {"Accept": "text/html"}  # what a browser's form asks for
@@ -118,7 +121,7 @@ def test_the_page_names_a_project_as_send_does() -> None:
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("drop")
     server = Server(home, {"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
     try:
@@ -178,3 +181,76 @@ def test_a_file_given_on_a_project_page_joins_it_at_the_stage_chosen(
     exports = studio.client.get("/exports", params={"project": "Heroes Rite"}).json()
     assert [e["run_id"] for e in exports["exports"]] == [answer["run_id"],
                                                           made.json()["run_id"]]
+
+
+# -- in Chromium: the drop zone, and the plain form without a script ---------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as found:
+        yield found
+
+
+def _review_shown(page: Page, name: str) -> str:
+    """The review's page the browser landed on, once its review has come in."""
+    expect(page).to_have_url(re.compile(r"/ui/runs/run_[0-9a-f]+$"), timeout=30_000)
+    expect(page.locator("h1")).to_contain_text(name, timeout=120_000)
+    return str(page.url.rsplit("/", 1)[1])
+
+
+@pytest.mark.slow
+def test_a_file_picked_in_the_drop_zone_is_reviewed(studio: Server, browser: Browser,
+                                                    tmp_path: Path) -> None:
+    mix = write(tmp_path / "Picked Song.wav", song_audio(Song(lufs=-19.0, seed=4)))
+    notes = tmp_path / "notes.wav"
+    notes.write_text("not audio at all\n")
+    with fresh_page(browser) as page:
+        problems: list[str] = []
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.goto(studio.url + "/")
+        page.set_input_files("#drop-file", str(notes))  # sent as soon as it is chosen
+        status = page.locator("#drop-status")
+        expect(status).to_contain_text("notes.wav cannot be reviewed", timeout=30_000)
+        assert page.url == studio.url + "/"  # refused: said where it was asked
+        page.select_option("#drop-stage", "mix")
+        page.set_input_files("#drop-file", str(mix))
+        run_id = _review_shown(page, "Picked Song.wav")
+        assert problems == []
+    run = studio.wait_terminal(run_id, timeout=120)
+    assert (run["result"]["project_id"], run["result"]["stage"]) == ("Picked Song", "mix")
+
+
+@pytest.mark.slow
+def test_a_file_dropped_on_the_zone_is_reviewed(studio: Server, browser: Browser) -> None:
+    with fresh_page(browser) as page:
+        page.goto(studio.url + "/")
+        # What a file dragged from the desktop brings: a DataTransfer holding it.
+        page.evaluate("""(bytes) => {
+            const zone = document.getElementById("drop-form");
+            const moved = new DataTransfer();
+            moved.items.add(new File([new Uint8Array(bytes)], "Dropped Take.wav",
+                                     {type: "audio/wav"}));
+            zone.dispatchEvent(new DragEvent("dragover", {dataTransfer: moved,
+                                                          cancelable: true}));
+            zone.dispatchEvent(new DragEvent("drop", {dataTransfer: moved,
+                                                      cancelable: true}));
+        }""", list(tone(2.0)))
+        run_id = _review_shown(page, "Dropped Take.wav")
+    assert studio.wait_terminal(run_id, timeout=120)["result"]["project_id"] == "Dropped Take"
+
+
+@pytest.mark.slow
+def test_the_form_works_without_a_script(studio: Server, browser: Browser,
+                                         tmp_path: Path) -> None:
+    mix = write(tmp_path / "No Script.wav", song_audio(Song(lufs=-17.0, seed=5)))
+    context = browser.new_context(**as_the_user(java_script_enabled=False))
+    try:
+        page = context.new_page()
+        page.goto(studio.url + "/")
+        page.set_input_files("#drop-file", str(mix))
+        page.click("#drop-send")
+        run_id = _review_shown(page, "No Script.wav")
+    finally:
+        context.close()
+    assert studio.wait_terminal(run_id, timeout=120)["status"] == "succeeded"

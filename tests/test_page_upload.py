@@ -79,6 +79,9 @@ async def test_what_is_not_a_form_or_not_audio_is_refused_in_words(box: InProces
     none = await box.client.post("/exports", data=form(csrf), headers=AS_SCRIPT,
                                  files={"file": ("", b"")})
     assert none.status_code == 422
+    two = await box.client.post("/exports", data=form(csrf), headers=AS_SCRIPT,
+                                files=[("file", ("a.wav", tone())), ("file", ("b.wav", tone()))])
+    assert two.status_code == 422 and two.json()["error_code"] == "one_file"
     stage = await box.client.post("/exports", data=form(csrf, stage="final"),
                                   files={"file": ("mix.wav", tone())}, headers=AS_SCRIPT)
     assert stage.status_code == 422 and stage.json()["error_code"] == "invalid_stage"

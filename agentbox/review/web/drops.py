@@ -173,8 +173,14 @@ class DropRoutes:
             raise Refusal(503, "archive_unavailable", "The archive's folder cannot be made "
                           "or written: see agentbox's log.")
         folder = self.archive.blobs.root / DROPPED / uuid.uuid4().hex
-        for made in (folder.parent, folder):  # each its user's alone
-            await asyncio.to_thread(portable.private_directory, made)
+        try:
+            for made in (folder.parent, folder):  # each its user's alone
+                await asyncio.to_thread(portable.private_directory, made)
+        except OSError as exc:
+            if disk_full(exc):
+                raise self._no_room() from None
+            raise Refusal(503, "archive_unavailable", "The archive's folder cannot be "
+                          f"written ({exc.strerror or exc}): see agentbox's log.") from None
         return folder
 
     async def _receive(self, request: Request, folder: Path) -> Given:
@@ -184,6 +190,8 @@ class DropRoutes:
             async for kind, value in parts:
                 if kind == "part" and value.file_name is not None:
                     self._check_caller(request, given.fields)
+                    if given.path is not None:
+                        raise Refusal(422, "one_file", "Send one file at a time.")
                     given.file_name = _file_name(value.file_name)
                     given.path = folder / given.file_name
                     await self._write(request, parts, given.path)

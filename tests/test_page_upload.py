@@ -115,6 +115,29 @@ async def test_no_room_on_the_disk_is_a_507_in_words(tmp_path: Path) -> None:
         assert dropped_files(full.settings.data_dir) == []
 
 
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_with_mix_roots_the_archive_folder_listed_lets_the_page_send(
+        tmp_path: Path) -> None:
+    """A file dropped on the page is in agentbox's archive folder: outside the mix
+    roots it is refused in words; with the folder listed among them, reviewed."""
+    elsewhere = tmp_path / "Exports"
+    elsewhere.mkdir()
+    archive = tmp_path / "data" / "archive"
+    for roots, status in ((str(elsewhere), 422),
+                          (os.pathsep.join([str(elsewhere), str(archive)]), 202)):
+        async with in_process(tmp_path, AGENTBOX_AGENTS="", AGENTBOX_MIX_ROOTS=roots) as app:
+            answer = await app.client.post("/exports", data=form(await app.csrf()),
+                                           files={"file": ("mix.wav", tone())},
+                                           headers=AS_SCRIPT)
+            assert answer.status_code == status, answer.text
+            if status == 422:
+                assert "outside the folders agentbox may read" in answer.json()["message"]
+            else:
+                run = await app.wait_status(answer.json()["run_id"], timeout=120)
+                assert run["status"] == "succeeded", run
+
+
 def test_the_page_names_a_project_as_send_does() -> None:
     for name in ("Night Drive.wav", "Über Nacht (final).flac", "a\u200bb.wav", ".wav"):
         assert project_of_file(Path(name)) == project_of(Path(name))
@@ -259,25 +282,3 @@ def test_the_form_works_without_a_script(studio: Server, browser: Browser,
         context.close()
     assert studio.wait_terminal(run_id, timeout=120)["status"] == "succeeded"
 
-
-@pytest.mark.slow
-@pytest.mark.anyio
-async def test_with_mix_roots_the_archive_folder_listed_lets_the_page_send(
-        tmp_path: Path) -> None:
-    """A file dropped on the page is in agentbox's archive folder: outside the mix
-    roots it is refused in words; with the folder listed among them, reviewed."""
-    elsewhere = tmp_path / "Exports"
-    elsewhere.mkdir()
-    archive = tmp_path / "data" / "archive"
-    for roots, status in ((str(elsewhere), 422),
-                          (os.pathsep.join([str(elsewhere), str(archive)]), 202)):
-        async with in_process(tmp_path, AGENTBOX_AGENTS="", AGENTBOX_MIX_ROOTS=roots) as app:
-            answer = await app.client.post("/exports", data=form(await app.csrf()),
-                                           files={"file": ("mix.wav", tone())},
-                                           headers=AS_SCRIPT)
-            assert answer.status_code == status, answer.text
-            if status == 422:
-                assert "outside the folders agentbox may read" in answer.json()["message"]
-            else:
-                run = await app.wait_status(answer.json()["run_id"], timeout=120)
-                assert run["status"] == "succeeded", run

@@ -45,7 +45,8 @@ import httpx
 from pydantic import ValidationError
 
 from agentbox import config as cfg
-from agentbox.events import SCHEMA_VERSION, project_name, unfit_for_a_name
+from agentbox.events import SCHEMA_VERSION, project_name
+from agentbox.events import project_of_file as project_of  # the name it had here
 from agentbox.logs import one_line
 from agentbox.models import (
     Accepted,
@@ -343,14 +344,6 @@ def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
         return found
     how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
     return f"{found}-{hashlib.sha256(how.encode()).hexdigest()[:12]}"
-
-
-def project_of(path: Path) -> str:
-    """A project_id from the file name: its stem as written, in Unicode NFC (as
-    `send --project` and the event contract keep names), characters a project
-    name cannot hold (control and invisible ones) replaced by a space."""
-    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in project_name(path.stem))
-    return cleaned.strip()[:256].strip() or "mix"
 
 
 def export_event(path: Path, event_id: str, project: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from pathlib import PurePath
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -66,6 +67,15 @@ def project_name(text: str) -> str:
     system hands out "Über" decomposed (U+0055 U+0308), a typed `--project` is
     usually composed (U+00DC): both are the same project."""
     return unicodedata.normalize("NFC", text)
+
+
+def project_of_file(path: PurePath) -> str:
+    """A project's name from a file's: its stem as written, in Unicode NFC (as
+    `send --project` and the event contract keep names), characters a project
+    name cannot hold (control and invisible ones) replaced by a space. What
+    `agentbox send FILE` and a file dropped on the page are called."""
+    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in project_name(path.stem))
+    return cleaned.strip()[:256].strip() or "mix"
 
 
 # What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):

@@ -2,11 +2,13 @@
 
 The page serves them rendered at `/docs` (agentbox.http.docs) and `agentbox docs`
 prints them. `docs/index.md` is the table of contents: one line per topic,
-`- [Title](name.md): what it covers`, in reading order; a topic is a file listed
-there. Links between topics are written as relative `.md` links, which work where
-the files are read (a repository's web view) and are rewritten to `/docs/...` when
-rendered. Headings get the ids a repository's web view gives them, so that
-`review.md#the-page-for-musicians` finds the same heading in both.
+`- [Title](name.md): what it covers`, in reading order, under headings that
+group them (a musician's topics first, then the developers' and operators'); a
+topic is a file listed there. Links between topics are written as relative `.md`
+links, which work where the files are read (a repository's web view) and are
+rewritten to `/docs/...` when rendered. Headings get the ids a repository's web
+view gives them, so that `review.md#the-page-for-musicians` finds the same heading
+in both.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ INDEX = "index"
 _TOPIC_LINE = re.compile(r"^- \[(?P<title>[^\]]+)\]\((?P<name>[a-z0-9][a-z0-9-]*)\.md\): "
                          r"(?P<summary>.+)$")
 # A link to a topic, with or without a heading: `review.md`, `review.md#verdict`.
+# `## For musicians`: the group of the topics listed below it.
+_GROUP_LINE = re.compile(r"^## (?P<group>.+)$")
 _TOPIC_LINK = re.compile(r"^(?P<name>[a-z0-9][a-z0-9-]*)\.md(?P<anchor>#[^\s]*)?$")
 _NOT_IN_SLUG = re.compile(r"[^\w\- ]")
 
@@ -44,6 +48,7 @@ class Topic:
     name: str  # the file's name without `.md`, as in the URL: "getting-started"
     title: str
     summary: str  # one line: what the topic covers
+    group: str = ""  # the heading it is listed under in the contents ("For musicians")
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,23 @@ def folder() -> Traversable:
 def topics() -> tuple[Topic, ...]:
     """Every topic, in the order of the table of contents."""
     lines = (folder() / f"{INDEX}.md").read_text(encoding="utf-8").splitlines()
-    found = (_TOPIC_LINE.match(line.strip()) for line in lines)
-    return tuple(Topic(m["name"], m["title"], m["summary"]) for m in found if m)
+    found, group = [], ""
+    for line in lines:
+        heading = _GROUP_LINE.match(line.strip())
+        if heading:
+            group = heading["group"]
+        listed = _TOPIC_LINE.match(line.strip())
+        if listed:
+            found.append(Topic(listed["name"], listed["title"], listed["summary"], group))
+    return tuple(found)
+
+
+def groups() -> list[tuple[str, list[Topic]]]:
+    """The topics under their headings, in the contents' order."""
+    grouped: dict[str, list[Topic]] = {}
+    for t in topics():
+        grouped.setdefault(t.group, []).append(t)
+    return list(grouped.items())
 
 
 def topic(name: str) -> Topic:
@@ -92,10 +112,14 @@ def for_terminal(name: str | None) -> str:
 
 
 def listing() -> str:
+    """The topics under their headings: a musician's first."""
     width = max(len(t.name) for t in topics())
-    lines = [f"  {t.name.ljust(width)}  {t.title}: {t.summary}" for t in topics()]
+    lines = []
+    for group, listed in groups():
+        lines += [group, *(f"  {t.name.ljust(width)}  {t.title}: {t.summary}"
+                           for t in listed), ""]
     return "\n".join(["The agentbox manual. Read a topic with: agentbox docs TOPIC", "",
-                      *lines, "", "The same manual is at /docs on a running agentbox."])
+                      *lines, "The same manual is at /docs on a running agentbox."])
 
 
 def unknown_sentence(name: str) -> str:

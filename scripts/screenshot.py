@@ -1,7 +1,7 @@
 """Take the manual's screenshots of the page (Debian's Chromium, Playwright), at a
 desktop's width (1280 px) and a phone's (390 px).
 
-    .venv/bin/python scripts/screenshot.py
+    .venv/bin/python scripts/screenshot.py [NAME ...]
 
 Starts a real agentbox on 127.0.0.1 with a fresh data directory, has the mix
 review listen to a few generated mixes (three exports of one project, getting
@@ -12,7 +12,11 @@ into scripts/screenshots/: the home page
 could not be made (failed.png) and the operations area's runs view
 (overview.png), the project page's A/B player with a reference track, switched
 to B while it plays (listen.png); and at a phone's width home-phone.png,
-project-phone.png, review-phone.png, failed-phone.png and overview-phone.png.
+project-phone.png, review-phone.png, failed-phone.png and overview-phone.png. At
+both widths, the top of the home page with its box for reviewing a file
+(home-drop.png, home-drop-phone.png), and the A/B player of an export beside a
+shorter reference track, heard past the reference's end (listen-lengths.png,
+listen-lengths-phone.png). Given NAMEs (home-drop listen-lengths ...), only those.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -80,7 +85,32 @@ def review(server: Server, project: str, path: Path) -> str:
     return run_id
 
 
-def main() -> None:
+def lengths_shot(server: Server, browser: Any, width: int, target: Path) -> None:
+    """The A/B player, an export beside a shorter reference, B heard past its end."""
+    page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
+    page.goto(server.url + "/projects/" + quote("Sommerlied (Demo)", safe=""))
+    page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
+    page.select_option("#ab-b", "reference")
+    page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
+    page.locator("#ab-seek").evaluate(
+        "(seek) => { seek.value = 34; seek.dispatchEvent(new Event('change')); }")
+    page.click("#ab-switch")  # hearing B, the reference, which ended at 0:30.0
+    page.wait_for_selector("#ab[data-heard-ended]")
+    page.locator("#ab").screenshot(path=str(target))
+    page.close()
+
+
+def drop_shot(server: Server, browser: Any, width: int, target: Path) -> None:
+    """The top of the home page: the box a render is dropped on."""
+    page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#live.on")
+    page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": width,
+                                            "height": 560 if width > 600 else 760})
+    page.close()
+
+
+def main(only: set[str]) -> None:
     home = Path(tempfile.mkdtemp(prefix="agentbox-shot-"))
     saved: list[Path] = []
     exports = [
@@ -105,6 +135,10 @@ def main() -> None:
         server.client.put("/projects/night-drive/reference", content=reference.read_bytes(),
                           params={"name": reference.name},
                           headers={"Authorization": f"Bearer {token}"}).raise_for_status()
+        edit = write(home, "Their Record (radio edit).wav", song(30, 0.9, 10))
+        server.client.put("/projects/" + quote("Sommerlied (Demo)", safe="") + "/reference",
+                          content=edit.read_bytes(), params={"name": edit.name},
+                          headers={"Authorization": f"Bearer {token}"}).raise_for_status()
         project = "/projects/" + quote("night-drive", safe="")
         with chromium(*FLAGS) as browser:
             for width, suffix, shots in (
@@ -121,6 +155,8 @@ def main() -> None:
                                      ("/ui/runs", "overview", "#runs-live", True)])):
                 page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
                 for path, name, ready, whole in shots:
+                    if only and name not in only:
+                        continue
                     page.goto(server.url + path)
                     page.wait_for_selector(ready)
                     page.wait_for_selector("#live.on")
@@ -128,22 +164,27 @@ def main() -> None:
                     page.screenshot(path=str(target), full_page=whole)
                     saved.append(target)
                 page.close()
-            page = browser.new_page(**as_the_user(viewport={"width": 1280, "height": 900}))
-            page.goto(server.url + project)
-            page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
-            page.click("#ab-play")
-            page.wait_for_timeout(1500)
-            page.click("#ab-switch")  # hearing B, turned down to A's loudness
-            page.wait_for_timeout(1200)
-            target = OUT / "listen.png"
-            page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": 1280,
-                                                    "height": 640})
-            saved.append(target)
-            page.close()
+                for name, take in (("home-drop", drop_shot), ("listen-lengths", lengths_shot)):
+                    if not only or name in only:
+                        take(server, browser, width, OUT / f"{name}{suffix}.png")
+                        saved.append(OUT / f"{name}{suffix}.png")
+            if not only or "listen" in only:
+                page = browser.new_page(**as_the_user(viewport={"width": 1280, "height": 900}))
+                page.goto(server.url + project)
+                page.wait_for_selector('#ab[data-state="ready"]', timeout=60_000)
+                page.click("#ab-play")
+                page.wait_for_timeout(1500)
+                page.click("#ab-switch")  # hearing B, turned down to A's loudness
+                page.wait_for_timeout(1200)
+                target = OUT / "listen.png"
+                page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": 1280,
+                                                        "height": 640})
+                saved.append(target)
+                page.close()
     finally:
         server.close()
     print("saved", ", ".join(str(path) for path in saved))
 
 
 if __name__ == "__main__":
-    main()
+    main(set(sys.argv[1:]))

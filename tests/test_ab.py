@@ -33,14 +33,15 @@ PROJECT = "Night Drive / B-side"
 LEVELS = (0.2, 0.5, 0.35)  # three renders, each louder or quieter than the last
 
 
-def render(path: Path, level: float, seed: int, kind: str = "WAV") -> bytes:
+def render(path: Path, level: float, seed: int, kind: str = "WAV",
+           seconds: float = SECONDS) -> bytes:
     """A DAW's render: the same file truncated and written again, in blocks."""
     rng = np.random.default_rng(seed)
     with open(path, "r+b" if path.exists() else "wb") as out:
         out.truncate(0)
         with soundfile.SoundFile(out, "w", RATE, 2, "PCM_24", format=kind) as sound:
-            for start in range(0, int(SECONDS * RATE), RATE * 10):
-                n = min(RATE * 10, int(SECONDS * RATE) - start)
+            for start in range(0, int(seconds * RATE), RATE * 10):
+                n = min(RATE * 10, int(seconds * RATE) - start)
                 t = (start + np.arange(n)) / RATE
                 beat = np.sin(2 * np.pi * 55 * t) * np.exp(-(t % 0.5) * 10)
                 sound.write(level * np.tanh(0.4 * rng.standard_normal((n, 2)) + beat[:, None]))
@@ -243,3 +244,54 @@ def test_an_export_beside_the_projects_reference(studio: dict[str, Any], page: P
     assert gain_a == 0 and abs(gain_b - (latest - reference["integrated_lufs"])) < 0.1
     page.click("#ab-play")
     expect(page.locator("#ab")).to_have_attribute("data-state", "playing")
+
+
+def mmss(seconds: float) -> str:
+    """A time as the player's clock says it (0:18.0)."""
+    return f"{int(seconds // 60)}:{seconds % 60:04.1f}"
+
+
+def test_a_shorter_reference_the_clock_and_the_loop_agree(studio: dict[str, Any],
+                                                          page: Page) -> None:
+    """The reference is shorter than the mix: the clock counts the file heard, to its
+    own end; a loop ends by the shorter one's end, and the page says so."""
+    server: Server = studio["server"]
+    short = SECONDS * 0.6
+    track = studio["home"] / "Short Record.wav"
+    heard = render(track, 0.5, 12, seconds=short)
+    added = server.client.put(f"/projects/{quote(PROJECT, safe='')}/reference",
+                              params={"name": track.name}, content=heard)
+    assert added.status_code == 201, added.text
+    project_page(studio, page)
+    page.select_option("#ab-b", "reference")
+    expect(page.locator("#ab")).to_have_attribute("data-state", "ready", timeout=60_000)
+    long, brief = mmss(SECONDS), mmss(short)
+    expect(page.locator("#ab-lengths")).to_contain_text(
+        f"A is {long} long, B {brief}")
+    expect(page.locator("#ab-lengths")).to_contain_text(f"a loop ends by {brief}")
+    expect(page.locator("#ab-loop-end")).to_have_value(brief)  # not the longer's end
+    expect(page.locator("#ab-clock")).to_have_text(f"0:00.0 / {long}")  # hearing A
+    page.click("#ab-switch")
+    expect(page.locator("#ab-clock")).to_have_text(f"0:00.0 / {brief}")  # hearing B
+
+    # past the reference's end, B's clock stops at its end, and the page says why
+    page.locator("#ab-seek").evaluate(
+        "(seek, at) => { seek.value = at; seek.dispatchEvent(new Event('change')); }",
+        short + 2)
+    expect(page.locator("#ab-clock")).to_have_text(f"{brief} / {brief}")
+    expect(page.locator("#ab-status")).to_contain_text(f"B ended at {brief}")
+    page.click("#ab-switch")
+    expect(page.locator("#ab-clock")).to_have_text(f"{mmss(short + 2)} / {long}")
+
+    # a loop's end typed past the shorter file is its end: both play in a loop
+    page.fill("#ab-loop-start", mmss(short - 2))
+    page.fill("#ab-loop-end", mmss(short + 5))
+    page.check("#ab-loop")
+    expect(page.locator("#ab-loop-end")).to_have_value(brief)
+    expect(page.locator("#ab-status")).to_contain_text(f"The loop ends at {brief}")
+    page.click("#ab-play")
+    expect(page.locator("#ab")).to_have_attribute("data-state", "playing")
+    for _ in range(12):  # about 1.5 s: inside the loop, within both files
+        position, _ = read_now(page)
+        assert short - 2.01 <= position < short + 0.01, position
+        page.wait_for_timeout(125)

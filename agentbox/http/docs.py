@@ -1,5 +1,6 @@
 """`/docs` and `/docs/{topic}`: the manual that ships in the package, rendered in
-the page's look, with a table of contents of each topic's sections.
+the page's look, with a table of contents of each topic's sections, and the topics
+beside it under their headings (a musician's first).
 
 Offline like the rest of the page (no CDN, no script of its own), and behind the
 same access rules: the app's TokenGuard sees these routes as it sees every page.
@@ -43,13 +44,13 @@ class ManualPages:
         html = self.env.get_template(TEMPLATE).render(
             title=rendered.title, html=_scrolling_tables(rendered.html),
             headings=rendered.headings,
-            topics=manual.topics(), current=name)
+            topics=manual.topics(), groups=manual.groups(), current=name)
         return HTMLResponse(html, status_code=status_code)
 
     def _unknown(self, name: str) -> HTMLResponse:
         html = self.env.get_template(TEMPLATE).render(
             title="No such topic", html=None, missing=name, headings=(),
-            topics=manual.topics(), current=None)
+            topics=manual.topics(), groups=manual.groups(), current=None)
         return HTMLResponse(html, status_code=404)
 
 

@@ -55,6 +55,7 @@ class ReviewApp(App):
         from agentbox.review.analysis import Analysis
         from agentbox.review.present import mix_name
         from agentbox.review.web.audio import AudioRoutes
+        from agentbox.review.web.drops import DropRoutes
         from agentbox.review.web.pages import ReviewPages, add_templates
         from agentbox.review.web.references import ReferenceRoutes
         from agentbox.review.web.rejudge import RejudgeRoutes
@@ -84,9 +85,10 @@ class ReviewApp(App):
                                      web.project)
         rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf)
         tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock)
+        drops = DropRoutes(archive, pages.access, pages.csrf, pages)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
-            Route("/exports", web.exports, methods=["GET"]),
+            Route("/exports", drops.or_read(web.exports), methods=["GET", "POST"]),
             Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/runs/{run_id}/rejudge", rejudge.rejudge, methods=["POST"]),
             Route("/references", references.listing, methods=["GET"]),

@@ -11,6 +11,12 @@
 // (loading, ready, playing, paused), data-active (a or b), data-position
 // (seconds, as the clock shows it) and, on #ab-gain, the gain applied to each
 // side in dB (data-gain-a-db, data-gain-b-db), read back from the audio graph.
+//
+// Two files of different lengths (a reference shorter than the mix, say) play from
+// the same place until the longer ends. The clock counts the file heard, up to its
+// own length (a shorter one heard past its end reads its end, and the page says it
+// has ended); a loop, which both must play, ends by the shorter one's end, and the
+// page says so (#ab-lengths).
 (() => {
   "use strict";
   const SWITCH_SECONDS = 0.004;  // the crossfade that keeps a switch from clicking
@@ -49,7 +55,8 @@
   const pick = {a: $("a"), b: $("b")};
   const ui = {play: $("play"), swap: $("switch"), hearing: $("hearing"), clock: $("clock"),
               seek: $("seek"), matched: $("matched"), gain: $("gain"), loop: $("loop"),
-              loopStart: $("loop-start"), loopEnd: $("loop-end"), status: $("status")};
+              loopStart: $("loop-start"), loopEnd: $("loop-end"), status: $("status"),
+              lengths: $("lengths")};
   let ctx = null;          // the AudioContext, made when first needed
   const decoded = new Map();  // url -> Promise of an AudioBuffer
   let buffers = null;      // {a, b}: the chosen pair, once both are decoded
@@ -59,6 +66,7 @@
   let active = "a";
   let wantsToPlay = false; // Play was pressed before the pair was loaded
   let chosen = 0;          // which choice of the pair is current (a later one wins)
+  let loopEndGiven = false; // the loop's end was typed or marked (else: the shorter's end)
 
   const mmss = (s) => {
     const m = Math.floor(s / 60);
@@ -71,6 +79,8 @@
   };
   const option = (side) => pick[side].selectedOptions[0];
   const duration = () => buffers ? Math.max(buffers.a.duration, buffers.b.duration) : 0;
+  const shortest = () => buffers ? Math.min(buffers.a.duration, buffers.b.duration) : 0;
+  const lengthOf = (side) => buffers ? buffers[side].duration : 0;
   const say = (text) => { ui.status.textContent = text; };
 
   // The context runs at the rate of the first pair loaded (the reviews say it), so
@@ -223,7 +233,7 @@
         buffers = {a, b};
         ui.seek.max = duration().toFixed(1);
         ui.seek.disabled = ui.swap.disabled = false;
-        if (!ui.loopEnd.value) ui.loopEnd.value = mmss(Math.min(a.duration, b.duration));
+        lengths();
         paused = Math.min(paused, duration());
         panel.dataset.state = "ready";
         levels();
@@ -237,6 +247,26 @@
         wantsToPlay = false;
         say(err.message);
       });
+  }
+
+  // -- lengths: the loop within both, said when they differ ---------------------------
+  function lengths() {
+    const end = seconds(ui.loopEnd.value);
+    if (!loopEndGiven || !(end > 0)) ui.loopEnd.value = mmss(shortest());
+    else if (end > shortest()) clampLoopEnd();
+    const [a, b] = [lengthOf("a"), lengthOf("b")];
+    if (Math.abs(a - b) < 0.05) { ui.lengths.textContent = ""; return; }
+    const short = a < b ? "A" : "B";
+    ui.lengths.textContent = "A is " + mmss(a) + " long, B " + mmss(b) + ": the clock " +
+      "counts the one you hear, and a loop ends by " + mmss(shortest()) + ", where " +
+      short + " ends (both play in a loop).";
+  }
+
+  function clampLoopEnd() {  // a loop's end past the shorter file's: its end instead
+    const end = seconds(ui.loopEnd.value);
+    if (!buffers || !(end > shortest())) return;
+    ui.loopEnd.value = mmss(shortest());
+    say("The loop ends at " + mmss(shortest()) + ", where the shorter of the two ends.");
   }
 
   // -- levels: the louder turned down to the quieter's loudness ----------------------
@@ -267,9 +297,8 @@
   // -- playing: both sources at once, from the same place ----------------------------
   function loopRange() {
     if (!ui.loop.checked || !buffers) return null;
-    const shortest = Math.min(buffers.a.duration, buffers.b.duration);
     const start = Math.max(0, seconds(ui.loopStart.value) || 0);
-    const end = Math.min(shortest, seconds(ui.loopEnd.value) || shortest);
+    const end = Math.min(shortest(), seconds(ui.loopEnd.value) || shortest());
     return end - start > 0.05 ? {start, end} : null;
   }
 
@@ -348,7 +377,17 @@
   function show() {
     const at = position();
     panel.dataset.position = at.toFixed(3);
-    ui.clock.textContent = mmss(at) + " / " + mmss(duration());
+    const heard = lengthOf(active);  // the clock counts the file heard, to its end
+    ui.clock.textContent = mmss(Math.min(at, heard)) + " / " + mmss(heard);
+    const ended = buffers && at >= heard && heard < duration();
+    if (ended !== panel.hasAttribute("data-heard-ended")) {
+      panel.toggleAttribute("data-heard-ended", ended);
+      if (ended) {
+        say(active.toUpperCase() + " ended at " + mmss(heard) + "; " +
+            (active === "a" ? "B" : "A") + " plays on to " + mmss(duration()) +
+            ": switch to hear it.");
+      }
+    }
     if (document.activeElement !== ui.seek) ui.seek.value = at.toFixed(1);
     ui.hearing.textContent = "Hearing " + active.toUpperCase();
     ui.swap.firstChild.textContent = "Switch to " + (active === "a" ? "B" : "A") + " ";
@@ -378,10 +417,17 @@
   ui.seek.addEventListener("change", () => restart(Number(ui.seek.value)));
   ui.loop.addEventListener("change", () => restart(position()));
   for (const input of [ui.loopStart, ui.loopEnd]) {
-    input.addEventListener("change", () => { if (ui.loop.checked) restart(position()); });
+    input.addEventListener("change", () => {
+      if (input === ui.loopEnd) { loopEndGiven = ui.loopEnd.value.trim() !== ""; clampLoopEnd(); }
+      if (ui.loop.checked) restart(position());
+    });
   }
   $("mark-start").addEventListener("click", () => { ui.loopStart.value = mmss(position()); });
-  $("mark-end").addEventListener("click", () => { ui.loopEnd.value = mmss(position()); });
+  $("mark-end").addEventListener("click", () => {
+    ui.loopEnd.value = mmss(position());
+    loopEndGiven = true;
+    clampLoopEnd();
+  });
   document.addEventListener("keydown", (e) => {
     if (e.ctrlKey || e.metaKey || e.altKey || e.target.closest("input, select, textarea")) return;
     if (e.key === "s" || e.key === "S") {

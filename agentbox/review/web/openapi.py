@@ -37,6 +37,26 @@ def api() -> ApiPart:
                                            "project, newest first"}, limit_parameter()],
             "responses": {"200": json_answer("ExportList", "exports, newest first"),
                           **errors(404, 422)},
+        }, "post": {
+            "summary": "Review an audio file sent as a form (the home page's and a "
+                       "project page's; admin, or the page's form with its csrf field)",
+            "description": "The file is kept in the archive's folder (at most 1 GiB, "
+                           "leaving the disk its margin: 507) and reviewed as `agentbox "
+                           "send FILE` sends one: a session.exported whose project is "
+                           "`project`, else the file's name, at `stage` (none: as the "
+                           "project and the file say). A file that is not audio is "
+                           "refused (422 not_audio) and makes no project. The page's "
+                           "form (Accept: text/html) is answered with a redirect to "
+                           "the review's page, a refusal with a page that says why.",
+            "security": admin,
+            "requestBody": {"required": True, "content": {"multipart/form-data": {
+                "schema": {"type": "object", "required": ["file"], "properties": {
+                    "csrf": {"type": "string", "description": "the page's token"},
+                    "stage": {"type": "string", "enum": ["mix", "master"]},
+                    "project": {"type": "string", "minLength": 1, "maxLength": 256},
+                    "file": {"type": "string", "format": "binary"}}}}}},
+            "responses": {"202": json_answer("Accepted", "the review, accepted"),
+                          **errors(400, 401, 403, 413, 415, 422, 429, 503, 507)},
         }},
         "/references": {"get": {
             "summary": "Every project's reference track",

@@ -28,6 +28,7 @@ from agentbox.models import ExportView
 from agentbox.review import figures
 from agentbox.review import view as review_view
 from agentbox.review.web.audio import audio_type
+from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url
 from agentbox.store import RunView, iso
 
@@ -95,6 +96,7 @@ class ReviewPages:
         unreviewable = [row for row in rows if await self._never_reviewed(row)]
         return self.pages.page("home.html", projects=[r for r in rows if r not in unreviewable],
                                unreviewable=unreviewable, stats=stats, folders=folders,
+                               drop_max_bytes=MAX_DROP_BYTES,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
                                                   time.time()))
 
@@ -128,7 +130,8 @@ class ReviewPages:
                                listen=listen, reference=reference,
                                reference_url=reference_url(name),
                                reference_added=iso(reference.added_at) if reference
-                               else None, archive=use)
+                               else None, archive=use, drop_project=name,
+                               drop_max_bytes=MAX_DROP_BYTES)
 
     async def _never_reviewed(self, row: review_view.ExportRow) -> bool:
         """A "project" made by one file that could not be reviewed (a text file, an

@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -200,17 +200,18 @@ class ReferenceRoutes:
         return raw
 
 
-async def receive(request: Request, path: Path, min_free_bytes: int = 0) -> tuple[str, int]:
-    """Write a request's body to `path` (private), hashing it on the way, in blocks
-    written off the event loop; (SHA-256, size). TooLarge past MAX_REFERENCE_BYTES;
-    NoRoom when a block would leave less than `min_free_bytes` free on the disk, or
-    the disk has no room for it."""
+async def receive(request: Request, path: Path, min_free_bytes: int = 0,
+                  chunks: AsyncIterable[bytes] | None = None) -> tuple[str, int]:
+    """Write a request's body (or `chunks`, a file of a form it carries) to `path`
+    (private), hashing it on the way, in blocks written off the event loop;
+    (SHA-256, size). TooLarge past MAX_REFERENCE_BYTES; NoRoom when a block would
+    leave less than `min_free_bytes` free on the disk, or the disk has no room for it."""
     digest, size, pending = hashlib.sha256(), 0, bytearray()
     room = (path.parent, min_free_bytes)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                  0o600)
     with os.fdopen(fd, "wb") as out:
-        async for chunk in request.stream():
+        async for chunk in request.stream() if chunks is None else chunks:
             size += len(chunk)
             if size > MAX_REFERENCE_BYTES:
                 raise TooLarge

@@ -95,35 +95,7 @@ class RejudgeRoutes:
         if isinstance(mix, Gone):
             raise Refusal(410, "audio_gone", f"It cannot be judged again: {mix.reason}.")
         body = _envelope(run_id, review, stage, str(mix))
-        receiver = request.app.state.receiver
-        try:
-            event = parse_event(body)
-        except InvalidEvent as exc:
-            raise Refusal(422, "invalid_event", f"This review cannot be judged again: {exc}"
-                          ) from None
-        errors = await receiver.registry.admit(event)
-        if errors:
-            raise Refusal(422, "invalid_event", f"It cannot be judged again: {errors[0]['msg']}")
-        agents = [spec.name for spec in receiver.registry.for_event_type(REJUDGE_EVENT)]
-
-        async def write(lease: Lease | None) -> IngestResult:
-            s = receiver.settings
-            return await receiver.store.ingest(IngestParams(  # type: ignore[no-any-return]
-                event=event, body=body, agents=agents, now=receiver.clock(),
-                ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
-                max_hops=s.max_hops, lease=lease))
-        try:
-            return await receiver.handover.store(  # type: ignore[no-any-return]
-                event, len(agents), write)
-        except NoSubscribedAgent:
-            raise Refusal(422, "no_agent", "No agent reviews mixes here (AGENTBOX_AGENTS)."
-                          ) from None
-        except AdmissionRefused:
-            raise Refusal(429, "too_many_pending", "Too many runs are waiting; try again "
-                          "in a moment.") from None
-        except StorageUnavailable:
-            raise Refusal(503, "storage_unavailable", "The store cannot take writes right "
-                          "now.") from None
+        return await hand_over(request, body, "This review cannot be judged again")
 
     async def _review(self, run_id: str) -> MixReview:
         found = await self.history.export(run_id)
@@ -132,6 +104,40 @@ class RejudgeRoutes:
             raise Refusal(404, "not_found", f"No finished review {run_id[:200]!r}: only a "
                           "finished review of a project can be judged again.")
         return review
+
+
+async def hand_over(request: Request, body: bytes, cannot: str) -> IngestResult:
+    """Store an event the page or the admin token vouched for (no signature) through
+    the receiver's own hand-over, so that its runs start at once; Refusal, with
+    `cannot` leading the sentence, when it is not taken."""
+    receiver = request.app.state.receiver
+    try:
+        event = parse_event(body)
+    except InvalidEvent as exc:
+        raise Refusal(422, "invalid_event", f"{cannot}: {exc}") from None
+    errors = await receiver.registry.admit(event)
+    if errors:
+        raise Refusal(422, "invalid_event", f"{cannot}: {errors[0]['msg']}")
+    agents = [spec.name for spec in receiver.registry.for_event_type(event.event_type)]
+
+    async def write(lease: Lease | None) -> IngestResult:
+        s = receiver.settings
+        return await receiver.store.ingest(IngestParams(  # type: ignore[no-any-return]
+            event=event, body=body, agents=agents, now=receiver.clock(),
+            ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
+            max_hops=s.max_hops, lease=lease))
+    try:
+        return await receiver.handover.store(  # type: ignore[no-any-return]
+            event, len(agents), write)
+    except NoSubscribedAgent:
+        raise Refusal(422, "no_agent", "No agent reviews mixes here (AGENTBOX_AGENTS)."
+                      ) from None
+    except AdmissionRefused:
+        raise Refusal(429, "too_many_pending", "Too many runs are waiting; try again "
+                      "in a moment.") from None
+    except StorageUnavailable:
+        raise Refusal(503, "storage_unavailable", "The store cannot take writes right "
+                      "now.") from None
 
 
 def accepted(result: IngestResult) -> dict[str, Any]:

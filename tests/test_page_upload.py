@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Page, expect
 from agentbox.client import project_of
 from agentbox.events import project_of_file
 from agentbox.review.web import drops, references
-from tests.conftest import InProcess, Server, in_process
+from tests.conftest import InProcess, Server, in_process, wait_until
 from tests.support.browser import as_the_user, chromium, fresh_page
 from tests.support.corpus import Song, song_audio, write
 
@@ -176,7 +176,12 @@ def test_a_file_given_on_the_home_page_is_reviewed_as_its_own_project(
     assert run["result"]["stage_source"] != "event"  # no stage asked: as send does
     page = studio.client.get(f"/ui/runs/{run_id}").text
     assert "Night Drive.wav" in page
-    assert studio.client.get(f"/runs/{run_id}/audio").status_code == 200  # playable
+    # The archive holds the bytes the review heard: the dropped copy goes, once.
+    dropped = studio.home / "data" / "archive" / drops.DROPPED / run["event_id"]
+    assert f"/{drops.DROPPED}/{run['event_id']}/" in run["result"]["mix_url"]
+    wait_until(lambda: not dropped.exists(), 30, "the dropped copy to go")
+    played = studio.client.get(f"/runs/{run_id}/audio")
+    assert played.status_code == 200 and played.content == mix.read_bytes()  # from the archive
 
 
 @pytest.mark.slow

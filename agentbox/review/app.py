@@ -85,7 +85,8 @@ class ReviewApp(App):
                                      web.project)
         rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf)
         tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock)
-        drops = DropRoutes(archive, pages.access, pages.csrf, pages)
+        drops = DropRoutes(archive, pages.access, pages.csrf, pages, host.store)
+        host.on_transition(drops.on_transition)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
             Route("/exports", drops.or_read(web.exports), methods=["GET", "POST"]),

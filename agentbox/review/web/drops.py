@@ -43,11 +43,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from agentbox import portable
 from agentbox.archive import Archive
 from agentbox.archive.blobs import disk_full
+from agentbox.archive.keeper import Gone
 from agentbox.events import SCHEMA_VERSION, Name, ProjectName, project_name, project_of_file
 from agentbox.http.access import Access, from_this_site
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
 from agentbox.review.stage import STAGES
+from agentbox.review.web.audio import reviewed
 from agentbox.review.web.references import (
     MAX_REFERENCE_BYTES,
     NoRoom,
@@ -55,6 +57,8 @@ from agentbox.review.web.references import (
     receive,
 )
 from agentbox.review.web.rejudge import Refusal, accepted, hand_over
+from agentbox.runs import RunStatus
+from agentbox.store import Store, Transition
 
 DROPPED = "dropped"  # the archive folder's folder of files given on the page
 DROP_SOURCE = "agentbox.page"  # the events' source: a file given on the page
@@ -133,11 +137,35 @@ class Given:
 
 class DropRoutes:
     def __init__(self, archive: Archive, access: Access, csrf: str,
-                 pages: StatusPages) -> None:
+                 pages: StatusPages, store: Store) -> None:
         self.archive = archive
         self.access = access
         self.csrf = csrf  # the page's
         self.pages = pages
+        self.store = store
+        self._tidying: set[asyncio.Task[None]] = set()
+
+    def on_transition(self, t: Transition) -> None:
+        """A dropped file's review succeeded: once the archive holds the bytes it heard
+        (the page plays and re-judges those), its copy under dropped/ goes. With the
+        archive off, the copy is the file the page plays: it stays."""
+        if t.source != DROP_SOURCE or t.status != RunStatus.SUCCEEDED or not self.archive.on:
+            return
+        task = asyncio.get_running_loop().create_task(self._tidy(t.run_id, t.event_id))
+        self._tidying.add(task)
+        task.add_done_callback(self._tidying.discard)
+
+    async def _tidy(self, run_id: str, event_id: str) -> None:
+        run = await self.store.get_run(run_id)
+        heard = reviewed(run.result) if run is not None else None
+        if heard is None:
+            return
+        kept = await self.archive.audio(heard)  # waits for the archive's copy to finish
+        if isinstance(kept, Gone):
+            return  # not in the archive: the dropped copy stays
+        os.close(kept.fd)
+        folder = self.archive.blobs.root / DROPPED / event_id
+        await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def or_read(self, read: Endpoint) -> Endpoint:
         """`/exports` as one route (its Allow header names both): POST sends a file,

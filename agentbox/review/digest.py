@@ -146,7 +146,7 @@ def _target_line(t: TargetRow, width: int = 36) -> str:
     return (f"  {one_line(t.title):<{width}}"
             + (f" {_signed(t.gain_db):>6} dB" if t.gain_db is not None else "")
             + (f"  {t.verdict}" if t.verdict else "")
-            + ((": " if said else " ") + one_line(t.note) if t.note else ""))
+            + ((": " if said else "  ") + one_line(t.note) if t.note else ""))
 
 
 def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:

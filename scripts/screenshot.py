@@ -10,9 +10,11 @@ and are dead-lettered, watches two folders (one of them not there), and saves
 into scripts/screenshots/: the home page
 (home.png), a project's page (project.png), a review (review.png), a review that
 could not be made (failed.png) and the operations area's runs view
-(overview.png), the project page's A/B player with a reference track, switched
+(overview.png), the review's platform table and the sentence its rows share
+(targets.png), the project page's A/B player with a reference track, switched
 to B while it plays (listen.png); and at a phone's width home-phone.png,
-project-phone.png, review-phone.png, failed-phone.png and overview-phone.png.
+project-phone.png, review-phone.png, targets-phone.png, failed-phone.png and
+overview-phone.png.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -80,6 +83,16 @@ def review(server: Server, project: str, path: Path) -> str:
     return run_id
 
 
+def platforms(page: Any, target: Path) -> Path:
+    """The review's platform table and the sentence below it that its rows share."""
+    boxes = [page.locator(part).bounding_box() for part in ("#targets", "#targets-note")]
+    top = min(box["y"] for box in boxes) - 40  # the table's heading
+    bottom = max(box["y"] + box["height"] for box in boxes) + 8
+    page.screenshot(path=str(target), full_page=True, clip={
+        "x": 0, "y": top, "width": page.viewport_size["width"], "height": bottom - top})
+    return target
+
+
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="agentbox-shot-"))
     saved: list[Path] = []
@@ -127,6 +140,8 @@ def main() -> None:
                     target = OUT / f"{name}{suffix}.png"
                     page.screenshot(path=str(target), full_page=whole)
                     saved.append(target)
+                    if name == "review":
+                        saved.append(platforms(page, OUT / f"targets{suffix}.png"))
                 page.close()
             page = browser.new_page(**as_the_user(viewport={"width": 1280, "height": 900}))
             page.goto(server.url + project)

@@ -2,7 +2,8 @@
 target a master is (`target_verdict`: the review's verdict on its loudness and
 peak, and every platform row, read it from here), what each platform's playback
 does to it (`as_played`), and, for a mix, what mastering for each would take
-(`once_mastered`).
+(`once_mastered`). Each row says only what differs on its platform; what they
+would all say again is said once beside them (`shared_note`).
 
 The rule, for a master and one target:
 - a true peak over the target's ceiling fails: the encode may clip it;

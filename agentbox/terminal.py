@@ -12,6 +12,7 @@ at the end. Another agent's run is told in its own terms.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -227,13 +228,28 @@ def show_lines(run: RunDetail) -> list[str]:
 
 def wrapped(lines: list[str], width: int) -> list[str]:
     """`lines` wrapped at word boundaries to `width` columns, each continuation under
-    its line's indentation (a word longer than a line stays whole)."""
+    its line's indentation, or, for a row of columns (a platform's), under its last
+    column (a word longer than a line stays whole)."""
     out: list[str] = []
+    width = max(width, 20)
     for text in lines:
-        indent = " " * (len(text) - len(text.lstrip(" ")))
-        out.extend(textwrap.wrap(text, width=max(width, 20), subsequent_indent=indent + "  ",
+        out.extend(textwrap.wrap(text, width=width, subsequent_indent=_hang(text, width),
                                  break_long_words=False, break_on_hyphens=False) or [""])
     return out
+
+
+# A row of columns: two or more spaces between them, the last one starting within
+# this share of the width (further on, two spaces are a sentence's, not a column's).
+HANGING_SHARE = 0.5
+COLUMN_GAP = re.compile(r"\S {2,}(?=\S)")
+
+
+def _hang(text: str, width: int) -> str:
+    """A continuation's indentation: under a row's last column, else two columns
+    under the line's own indentation."""
+    indent = len(text) - len(text.lstrip(" "))
+    gaps = [gap.end() for gap in COLUMN_GAP.finditer(text, indent, int(width * HANGING_SHARE))]
+    return " " * (gaps[-1] if gaps else indent + 2)
 
 
 def needs_pager(lines: list[str], height: int, interactive: bool) -> bool:

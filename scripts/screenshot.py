@@ -10,13 +10,15 @@ and are dead-lettered, watches two folders (one of them not there), and saves
 into scripts/screenshots/: the home page
 (home.png), a project's page (project.png), a review (review.png), a review that
 could not be made (failed.png) and the operations area's runs view
-(overview.png), the project page's A/B player with a reference track, switched
+(overview.png), the review's platform table and the sentence its rows share
+(targets.png), the project page's A/B player with a reference track, switched
 to B while it plays (listen.png); and at a phone's width home-phone.png,
-project-phone.png, review-phone.png, failed-phone.png and overview-phone.png. At
-both widths, the top of the home page with its box for reviewing a file
-(home-drop.png, home-drop-phone.png), and the A/B player of an export beside a
-shorter reference track, heard past the reference's end (listen-lengths.png,
-listen-lengths-phone.png). Given NAMEs (home-drop listen-lengths ...), only those.
+project-phone.png, review-phone.png, targets-phone.png, failed-phone.png and
+overview-phone.png. At both widths, the top of the home page with its box for
+reviewing a file (home-drop.png, home-drop-phone.png), and the A/B player of an
+export beside a shorter reference track, heard past the reference's end
+(listen-lengths.png, listen-lengths-phone.png). Given NAMEs (home-drop
+listen-lengths ...), only those.
 """
 
 from __future__ import annotations
@@ -110,6 +112,16 @@ def drop_shot(server: Server, browser: Any, width: int, target: Path) -> None:
     page.close()
 
 
+def platforms(page: Any, target: Path) -> Path:
+    """The review's platform table and the sentence below it that its rows share."""
+    boxes = [page.locator(part).bounding_box() for part in ("#targets", "#targets-note")]
+    top = min(box["y"] for box in boxes) - 40  # the table's heading
+    bottom = max(box["y"] + box["height"] for box in boxes) + 8
+    page.screenshot(path=str(target), full_page=True, clip={
+        "x": 0, "y": top, "width": page.viewport_size["width"], "height": bottom - top})
+    return target
+
+
 def main(only: set[str]) -> None:
     home = Path(tempfile.mkdtemp(prefix="agentbox-shot-"))
     saved: list[Path] = []
@@ -163,6 +175,8 @@ def main(only: set[str]) -> None:
                     target = OUT / f"{name}{suffix}.png"
                     page.screenshot(path=str(target), full_page=whole)
                     saved.append(target)
+                    if name == "review":
+                        saved.append(platforms(page, OUT / f"targets{suffix}.png"))
                 page.close()
                 for name, take in (("home-drop", drop_shot), ("listen-lengths", lengths_shot)):
                     if not only or name in only:

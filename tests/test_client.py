@@ -275,7 +275,7 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
     assert lines[1] == "  -9.8 LUFS · true peak +0.4 dBTP · LRA 5.2 LU · PLR 10.3 dB"
     assert lines.index("  1. [fix] Lower the limiter's ceiling.") < lines.index(
         "  2. [consider] Check the low end in mono.")
-    assert "  Streaming (Spotify, YouTube, Tidal)    -4.2 dB  warn" in lines
+    assert "  Streaming (Spotify, YouTube, Tidal)   -4.2 dB  warn" in lines  # as wide as needed
     # named and ordered as the page has them; a change of a level in LU or dB, not a level
     assert ("  Integrated loudness +1.2 LU, True peak +0.5 dB, Sample peak -0.9 dB, "
             "Clipped samples +120") in lines  # a count has no decimals
@@ -287,6 +287,25 @@ def test_a_review_is_told_verdict_figures_notes_targets_comparison() -> None:
                                  " · LRA 5.2 LU · PLR 10.3 dB")
     first = {**REVIEW, "comparison": {"previous_run_id": None, "deltas": {}}}
     assert digest.review_lines({**run, "result": first})[-1].startswith("First export")
+
+
+def test_what_the_platform_rows_share_is_said_once_below_them() -> None:
+    """A review's rows say what differs on each platform; what they share is one line
+    below them (`targets_note`). A review stored before says it on every row."""
+    rows = [{"name": "spotify", "title": "Spotify", "gain_db": -5.0, "verdict": "fail",
+             "note": "turned down 5.0 dB; over its -1 dBTP ceiling"},
+            {"name": "amazon_music", "title": "Amazon Music", "gain_db": -5.0,
+             "verdict": "fail", "note": "turned down 5.0 dB; over its -2 dBTP ceiling"}]
+    shared = "The file's true peak, +0.3 dBTP, is over every platform's upload ceiling."
+    lines = digest.review_lines({"run_id": "run_04", "status": "succeeded",
+                                 "result": {**REVIEW, "targets": rows, "targets_note": shared}})
+    first = lines.index("  Spotify        -5.0 dB  fail: turned down 5.0 dB; over its -1 dBTP "
+                        "ceiling")
+    assert lines[first + 1].startswith("  Amazon Music   -5.0 dB  fail: turned down 5.0 dB")
+    assert lines[first + 2] == f"  {shared}" and lines.count(f"  {shared}") == 1
+    older = digest.review_lines({"run_id": "run_04", "status": "succeeded",
+                                 "result": {**REVIEW, "targets": rows}})
+    assert older == [line for line in lines if line != f"  {shared}"]
 
 
 @pytest.mark.parametrize("result", [

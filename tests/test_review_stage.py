@@ -27,7 +27,7 @@ from agentbox.events import InvalidEvent, parse_event
 from agentbox.review import stage
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
-from agentbox.review.delivery import as_played, target_verdict
+from agentbox.review.delivery import as_played, shared_note, target_verdict
 from agentbox.review.judge import judge, notes_for, verdict_for, with_profile
 from agentbox.review.model import MixMetrics, MixReview, Note
 from agentbox.review.profiles import (
@@ -227,6 +227,9 @@ crests = st.floats(3.0, 25.0, allow_nan=False)
 def test_every_targets_advice_fits_quiet_and_loud_files(loudness: float, crest: float) -> None:
     peak = min(loudness + crest, 3.0)
     m = figures(loudness, peak)
+    shared = shared_note(m)  # what every row would say, said once beside them
+    assert ("Set the limiter's ceiling" in shared) == any(
+        peak > t.true_peak_max_dbtp + 0.05 for t in TARGETS), shared
     for t in TARGETS:
         view = as_played(m, t)
         note, gain = view.note, view.gain_db
@@ -240,10 +243,15 @@ def test_every_targets_advice_fits_quiet_and_loud_files(loudness: float, crest: 
             assert gain == 0
         over = peak > t.true_peak_max_dbtp + 0.05
         assert view.verdict == the_rule(t, loudness, peak), (t.name, note)
-        assert ("set the limiter's ceiling" in note) == over, (t.name, note)
+        assert (f"over its {t.true_peak_max_dbtp:g} dBTP ceiling" in note) == over, note
+        assert "limiter's ceiling" not in note and "only costs" not in note, note  # shared
         if view.verdict != "pass" and not over:  # off the target: the row says what to do
-            assert re.search(r"raise it|lower it|only costs dynamics|at the cost of punch",
+            assert re.search(r"raise it|lower it|turned down|at the cost of punch",
                              note), (t.name, note)
+        if view.verdict != "pass" and not over and note.startswith("turned down"):
+            assert "only costs dynamics" in shared, shared
+        if "with a limiter" in note:
+            assert "limiter in true-peak mode" in shared, shared
         wanted = t.integrated_lufs - loudness
         if "raise it" in note:  # a file too quiet: gain, or a limiter when gain overshoots
             assert wanted > t.tolerance_lu
@@ -328,6 +336,9 @@ def test_a_quiet_master_fails_where_its_row_does(profile: str, verdict: str,
     spotify = by_name["spotify"].note
     assert spotify.startswith("turned up only 1.9 dB") and "raise it 9.0 dB with a limiter" \
         in spotify, spotify
+    # what every row would repeat is said once, beside them
+    assert "true-peak mode" not in spotify and len(spotify) < 110, spotify
+    assert "limiter in true-peak mode" in shared_note(figures(-23.0, -2.9))
 
 
 # -- a mix's headroom ----------------------------------------------------------------------------

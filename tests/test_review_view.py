@@ -103,6 +103,12 @@ def test_every_field_of_a_new_review_is_drawn() -> None:
     assert rows == [("streaming", "+0.2 dB"), ("apple_music", "\N{MINUS SIGN}1.8 dB"),
                     ("broadcast", "\N{MINUS SIGN}8.8 dB"), ("club", "+6.2 dB"),
                     ("podcast", "\N{MINUS SIGN}1.8 dB")]
+    # what every row shares, said once below the table; a review from before has none
+    doc["targets_note"] = "Lower it with gain alone where a row says so."
+    said = render(doc)
+    assert re.search(r'</table>\s*<p id="targets-note">Lower it with gain alone where a row '
+                     r"says so\.</p>", said)
+    assert 'id="targets-note"' not in html
     # notes: what to fix first
     notes = re.findall(r'<span class="severity (\w+)">', html)
     assert notes == ["fix", "consider", "info"]

@@ -226,3 +226,17 @@ def test_show_wraps_at_word_boundaries_and_pages_only_when_longer_than_the_termi
     assert not terminal.needs_pager(lines, 50, interactive=True)
     assert terminal.needs_pager(lines * 20, 50, interactive=True)
     assert not terminal.needs_pager(lines * 20, 50, interactive=False)  # piped: never
+
+
+def test_a_platform_row_wraps_under_its_note_and_a_sentence_under_its_indentation() -> None:
+    from agentbox import terminal
+
+    row = ("  Podcast (Apple Podcasts)     0.0 dB  fail: plays as it is, 7.2 LU louder than "
+           "-16 LUFS: lower it that much; over its -1 dBTP ceiling")
+    said = ("  The file's true peak, +0.2 dBTP, is over every platform's upload ceiling: the "
+            "encode, before any turning down, may clip it.")
+    lines = terminal.wrapped([row, said], 100)
+    assert [len(line) <= 100 for line in lines] == [True] * 4
+    column = lines[0].index("fail")
+    assert lines[1].startswith(" " * column + "that much") and lines[1][column - 1] == " "
+    assert lines[3].startswith("    ") and not lines[3].startswith("     ")  # a sentence

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from agentbox.desktop.tray import COLOURS, Look, Review, picture
+from agentbox.desktop.tray import COLOURS, MIX_REVIEW_AGENT, Look, Review, picture, reviews_of
 from tests.conftest import Server, wait_until
+from tests.support.runs import made_run
 from tests.test_idle import context_switches, cpu_seconds
 from tests.test_watched import render, reviewed, watching_server
 
@@ -294,10 +295,24 @@ def test_the_look_says_the_state_the_last_verdict_and_the_menu() -> None:
     assert look.state == "warn" and look.title == "agentbox: idle; last review: warn · mix.wav"
     assert Look(running=True, reviewing=True, reviews=(review,)).state == "reviewing"
     assert Look(running=True).state == "idle"
-    failed = Review("run_2", "bad.wav", "failed_permanent", "14:03")
+    failed = Review("run_2", "bad.wav", "couldn't review", "14:03")
     assert Look(running=True, reviews=(failed, review)).state == "fail"
     assert look.menu_lines()[:3] == ["mix.wav · warn · 14:02", "Open agentbox",
                                      "Pause watch folders"]
+
+
+def test_the_menu_says_a_failed_review_in_a_musicians_words() -> None:
+    """A review that failed for good, or gave up, is "couldn't review" in the menu and
+    the tooltip, never its run's state."""
+    runs = [made_run(run_id=f"run_{i}", agent=MIX_REVIEW_AGENT, status=status,
+                     error_code="mix_unreadable") for i, status in
+            enumerate(("failed_permanent", "dead_lettered"))]
+    found = reviews_of(runs)
+    assert [r.verdict for r in found] == ["couldn't review"] * 2
+    look = Look(running=True, reviews=found)
+    assert look.state == "fail" and "couldn't review" in look.title
+    assert not any(word in line for line in [look.title, *look.menu_lines()]
+                   for word in ("failed_permanent", "dead_lettered", "succeeded"))
 
 
 def test_the_menus_items_do_what_they_say(server: Server,

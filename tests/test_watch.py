@@ -150,7 +150,8 @@ def test_a_writer_that_stalls_makes_one_run_and_the_review_is_printed(
             f.flush()
             time.sleep(settle * 8)  # stalls far longer than the settle time
             assert audio_complete(mix) is False
-            assert watched.count("stalled.wav") == 0  # not taken for finished
+            # not taken for finished: waited for, and said so
+            assert watched.lines[-1] == "stalled.wav: still being written…", watched.lines
             f.write(audio[len(audio) // 2:])
         run_id = watched.wait_for("stalled.wav: accepted").split()[-1]
         run = server.wait_terminal(run_id, timeout=90)
@@ -162,8 +163,37 @@ def test_a_writer_that_stalls_makes_one_run_and_the_review_is_printed(
         time.sleep(settle * 4)
         assert watched.count("stalled.wav: accepted") == 1
         assert watched.count("stalled.wav: sent before") == 0
+        assert watched.count("stalled.wav: still being written") == 1
     listed = server.client.get("/runs").json()["runs"]
     assert [r["run_id"] for r in listed] == [run_id]  # one export, one run
+
+
+def test_a_stalled_render_is_said_to_be_still_written_once(
+        server_factory: Any, tmp_path: Path) -> None:
+    """A render that stalls halfway is waited for, and the watcher says so: one line,
+    however many scans it waits through, then the usual lines once it is whole."""
+    server = server_factory({"AGENTBOX_AGENTS": "", "AGENTBOX_RETRY_BASE_SECONDS": "1",
+                             "AGENTBOX_RETRY_MAX_SECONDS": "2"}).start()
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    whole = tmp_path / "render.wav"
+    sf.write(whole, np.zeros((48_000 * 3, 2)) + 0.1, 48_000, "PCM_24")
+    data = whole.read_bytes()
+    settle, go_on = 0.3, threading.Event()
+    with watching(server.env, server.home, folder, "--settle", str(settle), "--url",
+                  server.url) as watched:
+        writer = stalling_writer(folder / "hung.wav", data, len(data) // 2, 0, go_on)
+        waiting = watched.wait_for("hung.wav: still being written…")
+        polls = len(watched.lines)
+        time.sleep(settle * 5)  # many scans (every 0.05 s) while it waits
+        assert watched.count("hung.wav") == 1, watched.lines[polls - 1:]
+        go_on.set()
+        writer.join(30)
+        run_id = watched.wait_for("hung.wav: accepted").split()[-1]
+        run = server.wait_terminal(run_id, timeout=90)
+        verdict = watched.wait_for(f"hung.wav: {run['result']['verdict']}")
+    said = [line for line in watched.lines if line.startswith("hung.wav")]
+    assert said == [waiting, f"hung.wav: accepted {run_id}", verdict]
 
 
 def test_a_header_that_promises_more_than_is_there_is_waited_for(tmp_path: Path) -> None:
@@ -306,8 +336,9 @@ def test_a_stalling_writer_makes_one_run_of_the_whole_file(
                   server.url, "--headerless-settle", headerless_settle) as watched:
         writer = stalling_writer(mix, data, len(data) // 2, stall=settle * 10)
         writer.join(60)
-        run_id = watched.wait_for("stalled").split()[-1]
-        assert watched.lines[-1].startswith("stalled") and "accepted" in watched.lines[-1]
+        run_id = watched.wait_for(f"stalled{suffix}: accepted").split()[-1]
+        assert [line for line in watched.lines if line.startswith("stalled")] == [
+            f"stalled{suffix}: still being written…", f"stalled{suffix}: accepted {run_id}"]
         run = server.wait_terminal(run_id, timeout=90)
         assert run["status"] == "succeeded", run
         reviewed = run["result"]["file"]
@@ -316,7 +347,7 @@ def test_a_stalling_writer_makes_one_run_of_the_whole_file(
         assert reviewed["duration_seconds"] > 5.5
         watched.wait_for(f"stalled{suffix}: {run['result']['verdict']}")
         time.sleep(settle * 4)
-        assert watched.count("stalled") == 1 + watched.count(f"stalled{suffix}: "
+        assert watched.count("stalled") == 2 + watched.count(f"stalled{suffix}: "
                                                              f"{run['result']['verdict']}")
     listed = server.client.get("/runs").json()["runs"]
     assert [r["run_id"] for r in listed] == [run_id]  # one export, one run

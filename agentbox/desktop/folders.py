@@ -113,7 +113,9 @@ class FolderWatch:
             folder.path, folder.settle, folder.include_existing,
             headerless_settle=folder.headerless_settle,
             state=None if data_dir is None else state_file(data_dir, folder.path),
-            warn=lambda message: tell(News(folder.path, message, problem=True)))
+            warn=lambda message: tell(News(folder.path, message, problem=True)),
+            stalled=lambda path: tell(News(path, f"{line(path.name)}: still being written…",
+                                           problem=True)))
         self.pending: dict[Path, Pending] = {}
         self.reviewing: dict[str, Reviewing] = {}  # run_id -> its file, until told
         self._followed = 0.0

@@ -23,7 +23,7 @@ from pathlib import PurePath
 from typing import Any
 
 from agentbox.logs import get_logger, one_line
-from agentbox.review import digest
+from agentbox.review import digest, present
 from agentbox.store import Store, Transition
 
 log = get_logger("notifications")
@@ -44,8 +44,9 @@ def message(run: Mapping[str, Any], event: Mapping[str, Any] | None = None
     name = digest.file_name(run) or _file_of(event) or digest.project_of(run) or "your mix"
     if run.get("status") != "succeeded":
         error = run.get("error_code")
-        return (f"Review failed · {name}",
-                one_line(run.get("error_message") or error or run.get("status")))
+        # the agent's sentence, else why in a musician's words: never a run state
+        why = present.outcome(str(run.get("status")), error).text
+        return f"Review failed · {name}", one_line(run.get("error_message") or why)
     verdict = digest.run_verdict(run)
     title = "Review" if verdict == "succeeded" else f"Review: {verdict}"
     return f"{title} · {name}", digest.headline(run.get("result")) or "reviewed"

@@ -48,6 +48,7 @@ ICON_SIZE = 64  # pixels: the hosts scale it down (22 on most Linux panels)
 MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 VERDICTS = ("pass", "warn", "fail")
 TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
+COULD_NOT = "couldn't review"  # a review that failed, as the menu says it (no run state)
 INSTALL = ("agentbox tray needs the tray library, an optional part: pip install "
            "'agentbox[tray]'")
 
@@ -65,7 +66,7 @@ class Review:
 
     run_id: str
     file: str
-    verdict: str  # pass, warn, fail, or what became of the run (failed_permanent ...)
+    verdict: str  # pass, warn, fail, or what became of the export (couldn't review)
     at: str  # when it finished, as people read it
 
     @property
@@ -97,8 +98,7 @@ class Look:
         if self.reviewing:
             return "reviewing"
         last = self.reviews[0].verdict if self.reviews else ""
-        return last if last in VERDICTS else ("fail" if last in TERMINAL - {"succeeded"}
-                                              else "idle")
+        return last if last in VERDICTS else ("fail" if last == COULD_NOT else "idle")
 
     @property
     def title(self) -> str:
@@ -133,8 +133,12 @@ def reviews_of(runs: Sequence[RunView]) -> tuple[Review, ...]:
         if run.agent != MIX_REVIEW_AGENT or run.status not in TERMINAL:
             continue
         shown = run.as_json()
+        # a musician's words: "couldn't review", never the run's state
+        verdict = digest.run_verdict(shown)
+        if verdict not in VERDICTS:
+            verdict = "no review" if run.status == "succeeded" else COULD_NOT
         found.append(Review(run.run_id, digest.file_name(shown) or run.project or "a mix",
-                            digest.run_verdict(shown),
+                            verdict,
                             local_time(run.completed_at or run.updated_at)))
     return tuple(found[:RECENT_REVIEWS])
 

@@ -6,8 +6,9 @@ for `settle` seconds and, where the format says how much audio follows, once
 that much is there: the data sizes of WAV, RF64, W64, AIFF and CAF, FLAC's
 sample count (0 until written), the last Ogg page's end-of-stream flag, an MP3's
 Xing/Info frame. A render that stalls longer than the settle time, half
-written, is not taken for finished (after `incomplete_grace` seconds unchanged
-it is sent all the same, and the review says it is cut short). A streamed file
+written, is not taken for finished: the watcher says so once (`stalled`: "still
+being written…") and waits; after `incomplete_grace` seconds unchanged it is sent
+all the same, and the review says it is cut short. A streamed file
 that says nothing of its length (an MP3 without a Xing/Info frame, a CAF whose
 data size is "to the end") must stay unchanged for `headerless_settle`
 seconds instead. Then a `session.exported` event is sent for it.
@@ -158,10 +159,14 @@ class Watcher:
     headerless_settle: float = DEFAULT_HEADERLESS_SETTLE_SECONDS
     state: Path | None = None  # where what was sent is kept (None: in memory only)
     warn: Callable[[str], None] = lambda message: None  # the state file's trouble, once
+    # A file unchanged for `settle` but not finished is waited for: said once per file
+    # until it is sent (a minute of silence reads as a watcher that missed it).
+    stalled: Callable[[Path], None] = lambda path: None
     _seen: dict[Path, tuple[Stamp, float]] = field(default_factory=dict)  # stamp, since when
     _done: dict[Path, Stamp] = field(default_factory=dict)  # last stamp sent (or skipped)
     _exports: dict[Path, Export] = field(default_factory=dict)  # what was sent, per file
     _found: set[Path] = field(default_factory=set)  # being written, not yet sent
+    _waiting: set[Path] = field(default_factory=set)  # stalled, said so, not yet sent
     _started: bool = False
     _warned: bool = False
 
@@ -192,8 +197,11 @@ class Watcher:
             if (self._finished(path, unchanged) if stamp[0] > 0
                     else unchanged >= self.incomplete_grace):  # a render that wrote nothing
                 ready.append(path)
+            elif unchanged >= self.settle:
+                self._stalls(path)
         for path in set(self._seen) - set(current):
             del self._seen[path]
+        self._waiting &= set(current)
         gone = set(self._exports) - set(current)
         for path in gone:
             del self._exports[path]  # gone: what comes under its name is a new export
@@ -201,6 +209,12 @@ class Watcher:
         if gone or self._found != found:
             self._save()
         return ready
+
+    def _stalls(self, path: Path) -> None:
+        """`path` settled but is not finished: waited for, and said so once."""
+        if path not in self._waiting:
+            self._waiting.add(path)
+            self.stalled(path)
 
     def _settled(self, path: Path, stamp: Stamp) -> bool:
         """A file found at start that needs nothing: not sent before, or sent, handed
@@ -253,6 +267,7 @@ class Watcher:
         if stamp is not None:
             self._done[path] = stamp[0]
         self._found.discard(path)
+        self._waiting.discard(path)
         if event_id is not None:
             try:
                 found = path.stat()

@@ -30,6 +30,7 @@ from agentbox.review.compare import (
     measure_reference,
     previous_export,
 )
+from agentbox.review.delivery import shared_note
 from agentbox.review.genres import GENRES, Genre
 from agentbox.review.judge import ceiling, judge, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
@@ -166,6 +167,7 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         rejudge_of=None if rejudged is None else rejudged.run_id,
         file=file,
         targets=judged.targets,
+        targets_note=shared_note(metrics, stage.stage),
         comparison=comparison,
         reference=reference,
         notes=judged.notes,

@@ -2,7 +2,8 @@
 target a master is (`target_verdict`: the review's verdict on its loudness and
 peak, and every platform row, read it from here), what each platform's playback
 does to it (`as_played`), and, for a mix, what mastering for each would take
-(`once_mastered`).
+(`once_mastered`). Each row says only what differs on its platform; what they
+would all say again is said once beside them (`shared_note`).
 
 The rule, for a master and one target:
 - a true peak over the target's ceiling fails: the encode may clip it;
@@ -22,7 +23,7 @@ The rule, for a master and one target:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from agentbox.review.model import MixMetrics, TargetView
 from agentbox.review.profiles import AS_IS, DELIVER, DOWN_ONLY, TARGETS, UP_TO_PEAK, Target
@@ -109,18 +110,14 @@ def playback_gain(t: Target, loudness: float, peak: float) -> float:
 
 def as_played(m: MixMetrics, t: Target) -> TargetView:
     """A master on `t`: the gain its playback applies, where it plays, the verdict of
-    the rule, and what to do."""
+    the rule, and what differs there (what every row would say is `shared_note`'s)."""
     if m.integrated_lufs is None or m.true_peak_dbtp is None:
         return _view(t, None, None, "fail", "nothing to play: the file is silent or too short")
     loudness, peak = m.integrated_lufs, m.true_peak_dbtp
     gain = playback_gain(t, loudness, peak)
     note = _played(t, loudness, peak, gain)
     if over_ceiling(t, peak):
-        # the ceiling is the uploaded file's: the encode runs before any turning down
-        note += (f"; the file's true peak, {peak:+.1f} dBTP, is over the "
-                 f"{t.true_peak_max_dbtp:g} dBTP ceiling for uploads (the encode, before "
-                 "any turning down, may clip it): set the "
-                 f"limiter's ceiling to {t.true_peak_max_dbtp:g} dBTP, in true-peak mode")
+        note += f"; over its {t.true_peak_max_dbtp:g} dBTP ceiling"
     return _view(t, gain, peak + gain, target_verdict(t, loudness, peak), note)
 
 
@@ -145,30 +142,103 @@ def _heard(t: Target, gain: float) -> str:
 
 def _loud(t: Target, by: float, gain: float) -> str:
     if t.normalisation in (UP_TO_PEAK, DOWN_ONLY):
-        return f"turned down {-gain:.1f} dB: the extra loudness only costs dynamics"
+        return f"turned down {-gain:.1f} dB"  # what that costs: LOUD_COSTS, said once
     return (f"plays as it is, {by:.1f} LU louder than {t.integrated_lufs:g} LUFS: "
-            + ("lower it that much (gain only)" if t.normalisation == DELIVER else
+            + ("lower it that much" if t.normalisation == DELIVER else
                "fine in a club, at the cost of punch"))
 
 
 def _quiet(t: Target, by: float, gain: float, peak: float) -> str:
     off = by - gain  # how much quieter than the target it plays there
-    raising = raise_it(t, by, peak)
+    raising = _raise_row(t, by, peak)
     if t.normalisation == DOWN_ONLY:
-        return (f"not turned up (quiet tracks are not): plays {off:.1f} dB quieter than "
-                f"the target; {raising}")
+        return f"not turned up: plays {off:.1f} dB quieter; {raising}"
     if t.normalisation != UP_TO_PEAK:
         return (f"plays as it is, {by:.1f} LU quieter than {t.integrated_lufs:g} LUFS: "
                 f"{raising}")
     if raised_to_target(t, round(by, 1), peak):  # the verdict's rule, at the review's 0.1 dB
-        return (f"turned up {gain:.1f} dB, to the target, but not every player turns quiet "
-                f"tracks up: {raising}")
+        return f"turned up {gain:.1f} dB, to the target; {raising}"
     if gain > 0.05:
-        return (f"turned up only {gain:.1f} dB (as far as its peaks allow, to "
-                f"{t.true_peak_max_dbtp:g} dBTP): plays {off:.1f} dB quieter than the "
-                f"target; {raising}")
-    return (f"not turned up (its peaks already reach {t.true_peak_max_dbtp:g} dBTP): plays "
-            f"{off:.1f} dB quieter than the target; {raising}")
+        return (f"turned up only {gain:.1f} dB, as far as its peaks allow: plays "
+                f"{off:.1f} dB quieter; {raising}")
+    return f"not turned up (its peaks reach the ceiling): plays {off:.1f} dB quieter; {raising}"
+
+
+def _off(t: Target, loudness: float) -> float:
+    """How far under (> 0) or over (< 0) `t`'s target a master is where its row says
+    what to do (`_played`); 0.0 within the tolerance."""
+    if loudness_verdict(t, loudness) == "pass":
+        return 0.0
+    return t.integrated_lufs - loudness
+
+
+def _over_shared(over: list[Target], peak: float) -> str:
+    """The ceiling a master's true peak is over, said once: the most common ceiling
+    first, then the others with their platforms."""
+    by_ceiling: dict[float, list[str]] = {}
+    for t in over:
+        by_ceiling.setdefault(t.true_peak_max_dbtp, []).append(t.title)
+    ceilings = sorted(by_ceiling, key=lambda c: -len(by_ceiling[c]))
+    where = ("every platform's upload ceiling" if len(over) == len(TARGETS) else
+             "the upload ceiling of " + _and(t.title for t in over))
+    others = "".join(f"; for {_and(by_ceiling[c])}, {c:g} dBTP" for c in ceilings[1:])
+    shown = round(peak, 1) + 0.0  # + 0.0: no "-0.0" for a peak that rounds to 0
+    said = "0.0" if shown == 0 else f"{shown:+.1f}"
+    return (f"The file's true peak, {said} dBTP, is over {where}: the encode, "
+            "before any turning down, may clip it. Set the limiter's ceiling, in true-peak "
+            f"mode, to {ceilings[0]:g} dBTP{others}.")
+
+
+def _and(names: Iterable[str]) -> str:
+    said = list(names)
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+
+
+def _mix_shared(loudness: float, peak: float) -> str:
+    """A mix's rows share its peak-to-loudness ratio: a master's is at most its
+    ceiling minus its target, and limiting takes off the rest."""
+    plr = round(peak - loudness, 1) + 0.0  # + 0.0: no "-0.0"
+    return (f"This mix's PLR (true peak minus loudness) is {plr:.1f} dB; a "
+            "master's can be at most its ceiling minus its target, and limiting takes off "
+            "the rest.")
+
+
+def _raise_row(t: Target, by: float, peak: float) -> str:
+    """`raise_it` for a row: the amount and the means; how a limiter is set is the
+    shared sentence's (LIMITER)."""
+    gain_alone = t.true_peak_max_dbtp - peak >= by
+    return f"raise it {by:.1f} dB " + ("(gain alone)" if gain_alone else "with a limiter")
+
+
+# What every row that needs it would say again, said once beside the table.
+LOUD_COSTS = ("Where it is turned down, the extra loudness only costs dynamics: it plays "
+              "as loud as everything else there.")
+LOWER = "Lower it with gain alone where a row says so."
+QUIET = ("Not every player turns a quiet track up (YouTube, Tidal, Amazon Music, a "
+         "listener with normalisation off play it as it is).")
+LIMITER = ("Where a row says “with a limiter”, gain alone would take the peaks over its "
+           "ceiling: hold them there with a limiter in true-peak mode.")
+
+
+def shared_note(m: MixMetrics, stage: str = StageName.MASTER) -> str:
+    """What all platform rows share, said once (the rows say only what differs):
+    for a master, the ceiling its peak is over and the advice that repeats; for a
+    mix, its peak-to-loudness ratio. "" when the rows share nothing worth saying."""
+    if m.integrated_lufs is None or m.true_peak_dbtp is None:
+        return ""
+    if stage == StageName.MIX:
+        return _mix_shared(m.integrated_lufs, m.true_peak_dbtp)
+    loudness, peak = m.integrated_lufs, m.true_peak_dbtp
+    over = [t for t in TARGETS if over_ceiling(t, peak)]
+    quiet = [t for t in TARGETS if _off(t, loudness) > 0]
+    loud = {t.normalisation for t in TARGETS if _off(t, loudness) < 0}
+    said = [_over_shared(over, peak)] if over else []
+    said += [QUIET] if {t.normalisation for t in quiet} & {UP_TO_PEAK, DOWN_ONLY} else []
+    limited = any(t.true_peak_max_dbtp - peak < t.integrated_lufs - loudness for t in quiet)
+    said += [LIMITER] if limited else []
+    said += [LOUD_COSTS] if loud & {UP_TO_PEAK, DOWN_ONLY} else []
+    said += [LOWER] if DELIVER in loud else []
+    return " ".join(said)
 
 
 def once_mastered(m: MixMetrics, t: Target) -> TargetView:
@@ -182,9 +252,9 @@ def once_mastered(m: MixMetrics, t: Target) -> TargetView:
     change = (f"{louder:.1f} dB louder than this mix" if louder > 0.05 else
               f"{-louder:.1f} dB quieter than this mix" if louder < -0.05 else
               "as loud as this mix")
-    limiting = (f"its PLR of {plr:.1f} dB comes down to {needed_plr:g} dB there: about "
-                f"{plr - needed_plr:.1f} dB of limiting" if plr - needed_plr > 0.5 else
-                f"its PLR of {plr:.1f} dB fits: no limiting needed")
+    # the mix's own PLR is the shared sentence's (`_mix_shared`)
+    limiting = (f"about {plr - needed_plr:.1f} dB of limiting, to a PLR of {needed_plr:g} dB"
+                if plr - needed_plr > 0.5 else "no limiting needed")
     return _view(t, None, None, None, (
         f"{t.integrated_lufs:g} LUFS under {t.true_peak_max_dbtp:g} dBTP: {change}; "
         f"{limiting}"))

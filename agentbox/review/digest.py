@@ -130,15 +130,23 @@ def _delta(key: str, change: float) -> str:
 def targets(result: Any) -> list[str]:
     """One line per delivery target: what its normalisation would do to the mix."""
     review = read(result)
-    return [_target_line(t) for t in review.targets] if review else []
+    return _target_lines(review) if review else []
 
 
-def _target_line(t: TargetRow) -> str:
+def _target_lines(review: Review) -> list[str]:
+    """The platform rows, their titles in one column as wide as the widest, then what
+    they all share, said once (a review from before that has none: its rows say it)."""
+    width = max((len(one_line(t.title)) for t in review.targets), default=0)
+    shared = [f"  {one_line(review.targets_note)}"] if review.targets_note else []
+    return [_target_line(t, width) for t in review.targets] + shared
+
+
+def _target_line(t: TargetRow, width: int = 36) -> str:
     said = t.gain_db is not None or t.verdict
-    return (f"  {one_line(t.title):<36}"
+    return (f"  {one_line(t.title):<{width}}"
             + (f" {_signed(t.gain_db):>6} dB" if t.gain_db is not None else "")
             + (f"  {t.verdict}" if t.verdict else "")
-            + ((": " if said else " ") + one_line(t.note) if t.note else ""))
+            + ((": " if said else "  ") + one_line(t.note) if t.note else ""))
 
 
 def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:
@@ -168,7 +176,7 @@ def _body(review: Review) -> list[str]:
     if review.targets:
         lines += ["Once mastered, for each platform:" if review.stage == "mix" else
                   "Delivery targets (gain their normalisation applies):",
-                  *map(_target_line, review.targets)]
+                  *_target_lines(review)]
     return lines + _comparison(review.comparison)
 
 

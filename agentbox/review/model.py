@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from agentbox.review.stage import StageName
 
@@ -137,6 +137,8 @@ class Note(BaseModel):
 
 
 class MixReview(BaseModel):
+    """A mix review: the `result` of a review's run (GET /runs/{run_id}, GET /exports)."""
+
     project_id: str
     summary: str
     review_notes: list[str]
@@ -156,6 +158,11 @@ class MixReview(BaseModel):
     rejudge_of: str | None = None  # the run whose audio this review judged again
     file: FileInfo | None = None
     targets: list[TargetView] = []
+    # Absent from reviews stored before it: their rows' notes each say it all.
+    targets_note: str = Field("", description=(
+        "What every platform row (targets) shares, said once beside them: each row's "
+        "note says only what differs there. \"\" when they share nothing; absent from "
+        "reviews stored before it, whose rows' notes each say it all."))
     comparison: Comparison = Comparison(previous_run_id=None)
     reference: ReferenceView | None = None
     notes: list[Note] = []  # the rule-based notes, in review_notes' order when "rules"

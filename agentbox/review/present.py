@@ -124,6 +124,13 @@ class Review:
         return out
 
     @property
+    def targets_note(self) -> str:
+        """What every platform row shares, said once ("" in older reviews: their rows
+        each say it)."""
+        note = self.doc.get("targets_note")
+        return note if isinstance(note, str) else ""
+
+    @property
     def comparison(self) -> Mapping[str, Any]:
         return _mapping(self.doc.get("comparison"))
 

@@ -15,6 +15,7 @@ from agentbox.models import (
     ReferenceOut,
     ReferenceRemoved,
 )
+from agentbox.review.model import MixReview
 
 
 def api() -> ApiPart:
@@ -155,5 +156,7 @@ def api() -> ApiPart:
                           **errors(404, 416)},
         }},
     }
+    # MixReview: what a review's run answers as its `result` (the engine's RunView
+    # says only "any"), for scripts that read it.
     return ApiPart(models=(ExportView, ExportList, ReferenceOut, ReferenceList,
-                           ReferenceRemoved, ProjectChanged), paths=paths)
+                           ReferenceRemoved, ProjectChanged, MixReview), paths=paths)

@@ -55,7 +55,9 @@ CLIP_RUN = 3  # consecutive full-scale samples that count as clipping
 OVERSAMPLING = 4
 TRUE_PEAK_HALF_TAPS = 10  # input samples each side of an interpolated one (81 taps at 4x)
 TRUE_PEAK_CHUNK = 512  # stretches checked against the bound (see _Meter._true_peak)
-TRUE_PEAK_ROW = 16  # positions interpolated by one row of the product (true_peak_matrix)
+# positions interpolated by one row of the product (true_peak_matrix); a divisor of
+# TRUE_PEAK_CHUNK, so that a stretch starts on a row
+TRUE_PEAK_ROW = 16
 SILENCE_DBFS = -60.0  # quieter than this at the start or the end is silence
 DUAL_MONO_DIFFERENCE = 1e-6  # |L - R| below this everywhere: the same signal twice
 LOW_END_HZ = 120.0  # below this, left and right should agree (mono compatibility)
@@ -376,7 +378,8 @@ class _Meter:
         phases = true_peak_phases()
         self.tap_bound = float(np.abs(phases).sum(axis=0).max()) * 1.0001
         self.interpolator = true_peak_matrix(phases)
-        self.context = np.zeros((TRUE_PEAK_HALF_TAPS, channels), dtype=np.float32)
+        # the last samples of each channel, whose interpolation waits for the next block
+        self.context = np.zeros((channels, TRUE_PEAK_HALF_TAPS), dtype=np.float32)
         self.sums = np.zeros(channels)
         self.block_means: list[np.ndarray] = []  # per read block, per channel
         self.onset: float | None = None
@@ -502,27 +505,32 @@ class _Meter:
         product per run (a limited master: the whole block at once). Short stretches
         (TRUE_PEAK_CHUNK) skip more of dynamic material."""
         half = TRUE_PEAK_HALF_TAPS
-        joined = np.vstack([self.context, block])
-        stop = len(joined) - half  # positions with full context on the right
-        base = offset - len(self.context) + half  # file position of joined[half]
-        for ch in range(self.channels):
-            if stop > half:
-                self._true_peak_of(joined[:, ch], stop - half, base)
-        self.context = joined[max(0, stop - half):]
+        held = self.context.shape[1]
+        length = held + len(block)
+        stop = length - half  # positions with full context on the right
+        base = offset - held + half  # file position of joined[half]
+        count = max(0, stop - half)
+        # each channel's samples in a row of their own, and zeros after them: whole
+        # stretches, and a stretch past the last one, to read and take rows of
+        joined = np.zeros((self.channels, (-(-count // TRUE_PEAK_CHUNK) + 1) * TRUE_PEAK_CHUNK),
+                          dtype=np.float32)
+        joined[:, :held] = self.context
+        joined[:, held:length] = block.T
+        for column in joined if count else ():
+            self._true_peak_of(column, count, base)
+        self.context = joined[:, max(0, stop - half):length].copy()
 
     def _true_peak_of(self, column: np.ndarray, count: int, base: int) -> None:
-        chunks = -(-count // TRUE_PEAK_CHUNK)
-        padded = np.zeros((chunks + 1) * TRUE_PEAK_CHUNK, dtype=column.dtype)
-        np.abs(column, out=padded[:len(column)])
-        loudest = padded.reshape(-1, TRUE_PEAK_CHUNK).max(axis=1)
+        loudest = np.abs(column).reshape(-1, TRUE_PEAK_CHUNK).max(axis=1)
         # a stretch's windows reach TRUE_PEAK_HALF_TAPS * 2 samples into the next one
         bounds = np.maximum(loudest[:-1], loudest[1:]) * self.tap_bound
         chosen = np.flatnonzero(bounds > self._floor())
         if not len(chosen):
             return  # nothing here can change the reading
+        rows = sliding_window_view(column, len(self.interpolator))[::TRUE_PEAK_ROW]
         overs: list[np.ndarray] = []
         first = int(chosen[np.argmax(bounds[chosen])])  # the loudest stretch raises the floor
-        self._interpolate(column, count, (first, first + 1), base, overs)
+        self._interpolate(rows, count, (first, first + 1), base, overs)
         chosen = chosen[(bounds[chosen] > self._floor()) & (chosen != first)]
         # what is left, neighbouring stretches in one product (a limited master: the
         # whole block at once)
@@ -530,7 +538,7 @@ class _Meter:
         starts = chosen[np.concatenate([[0], breaks + 1])] if len(chosen) else chosen
         ends = chosen[np.concatenate([breaks, [len(chosen) - 1]])] if len(chosen) else chosen
         for start, end in zip(starts, ends, strict=True):
-            self._interpolate(column, count, (int(start), int(end) + 1), base, overs)
+            self._interpolate(rows, count, (int(start), int(end) + 1), base, overs)
         if overs:
             self._overs(np.sort(np.concatenate(overs)))
 
@@ -539,20 +547,16 @@ class _Meter:
         peak, and never more than 0 dBTP (so that overs are still located)."""
         return min(max(self.true_peak, self.peak), 1.0)
 
-    def _interpolate(self, column: np.ndarray, count: int, stretches: tuple[int, int],
+    def _interpolate(self, rows: np.ndarray, count: int, stretches: tuple[int, int],
                      base: int, overs: list[np.ndarray]) -> None:
         """The interpolated samples of stretches [first, end) of the `count` positions
-        of `column`: the true peak; overs."""
+        (`rows`: the samples TRUE_PEAK_ROW positions need, for each TRUE_PEAK_ROW
+        positions in turn): the true peak; overs."""
         start, stop = stretches[0] * TRUE_PEAK_CHUNK, min(stretches[1] * TRUE_PEAK_CHUNK, count)
         if stop <= start:
             return
-        rows = -(-(stop - start) // TRUE_PEAK_ROW)
-        needed = rows * TRUE_PEAK_ROW + 2 * TRUE_PEAK_HALF_TAPS
-        segment = column[start:start + needed]
-        if len(segment) < needed:  # the last row's unused positions read zeros
-            segment = np.concatenate([segment, np.zeros(needed - len(segment), segment.dtype)])
-        lanes = sliding_window_view(segment, len(self.interpolator))[::TRUE_PEAK_ROW]
-        interpolated = (lanes @ self.interpolator).reshape(-1, OVERSAMPLING - 1)[:stop - start]
+        product = rows[start // TRUE_PEAK_ROW:-(-stop // TRUE_PEAK_ROW)] @ self.interpolator
+        interpolated = product.reshape(-1, OVERSAMPLING - 1)[:stop - start]
         top = max(float(interpolated.max()), -float(interpolated.min()))
         self.true_peak = max(self.true_peak, top)
         if top > 1.0:  # overs between the samples: where

@@ -318,8 +318,9 @@ def _measure(file: BinaryIO, path: str) -> Measurements:
     file.seek(0)
     meter = _Meter(info.samplerate, info.channels, BIT_DEPTHS.get(info.subtype))
     try:
-        for block in soundfile.blocks(file, blocksize=meter.sub * round(READ_SECONDS * 10),
-                                      dtype="float32", always_2d=True):
+        # one buffer decoded into again and again (the meter keeps no block it is fed)
+        buffer = np.empty((meter.sub * round(READ_SECONDS * 10), info.channels), np.float32)
+        for block in soundfile.blocks(file, dtype="float32", always_2d=True, out=buffer):
             meter.feed(block)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
         if 0 < meter.frames < info.frames:  # the data stops before the stream's end

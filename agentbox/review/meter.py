@@ -13,10 +13,10 @@ channels only: the filter is linear, so the mono fold's weighted signal is the
 mean of the weighted channels. True peak is the peak of the signal oversampled
 4x with scipy's polyphase filter (81 Kaiser-windowed taps, as
 `resample_poly(x, 4, 1)`), computing only the three fractional phases (the
-fourth is the samples themselves) as one small matrix product per block. The
-gating, the loudness range and the loudness curves are computed from 100 ms
-mean squares, which is all BS.1770 and Tech 3342 need: 400 ms blocks are four
-of them (75 % overlap), 3 s windows thirty.
+fourth is the samples themselves) as banded matrix products, sixteen positions
+a row (true_peak_matrix). The gating, the loudness range and the loudness
+curves are computed from 100 ms mean squares, which is all BS.1770 and Tech
+3342 need: 400 ms blocks are four of them (75 % overlap), 3 s windows thirty.
 
 This module runs in an analysis process: it takes a path and returns plain data.
 The file is opened once, as itself (never through a symbolic link swapped in,
@@ -509,7 +509,7 @@ class _Meter:
         held = self.context.shape[1]
         length = held + len(block)
         stop = length - half  # positions with full context on the right
-        base = offset - held + half  # file position of joined[half]
+        base = offset - held + half  # file position of joined[:, half]
         count = max(0, stop - half)
         # each channel's samples in a row of their own, and zeros after them: whole
         # stretches, and a stretch past the last one, to read and take rows of

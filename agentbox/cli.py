@@ -45,6 +45,7 @@ from agentbox.client import (
 from agentbox.events import project_name
 from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
+from agentbox.review.genres import GENRES
 from agentbox.review.present import mix_name
 from agentbox.review.stage import STAGES
 from agentbox.signing import RECEIVER_PATH
@@ -349,6 +350,10 @@ URL_OPTION = click.option(
          f"endpoint). Default: {URL_ENV}, else where the running agentbox "
          f"recorded it listens, else host and port of the config file (as serve "
          f"reads them), else {DEFAULT_URL}.")
+GENRE_OPTION = click.option(
+    "--genre", type=click.Choice(list(GENRES)), default=None,
+    help="payload.genre: the music's genre, for the tonal advice (its curve, and the "
+         "parts of the arrangement the notes name); it sticks to the project.")
 CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
                              default=None, help="TOML config file (as serve's).")
 
@@ -460,6 +465,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
               help="payload.project_stage: the project is at this stage from now on "
                    "(its later exports are judged so unless a file's own stage or the "
                    "watched folder's says otherwise); auto forgets it.")
+@GENRE_OPTION
 @URL_OPTION
 @click.option("--source", default="cli", show_default=True)
 @click.option("--event-id", default=None,
@@ -480,7 +486,7 @@ def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def send(event_type: str | None, fields: tuple[str, ...], type_option: str | None,
          project: str | None, mix: Path | None, profile: str | None, stage: str | None,
-         project_stage: str | None, url: str | None,
+         project_stage: str | None, genre: str | None, url: str | None,
          source: str, event_id: str | None, payload_json: str | None,
          callback_url: str | None, event_file: Any, retries: int, wait: bool,
          wait_timeout: float, as_json: bool, config_file: Path | None) -> None:
@@ -488,6 +494,7 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
 
     \b
         agentbox send night-drive.wav --wait
+        agentbox send suite-1.wav --genre orchestral --wait
         agentbox send --type session.exported --project night-drive --mix ./mix.wav
         agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
 
@@ -506,6 +513,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     mix_file = _mix_to_review(event_type, type_option, event_file)
     if project_stage is not None:
         fields = (*fields, f"project_stage={project_stage}")
+    if genre is not None:
+        fields = (*fields, f"genre={genre}")
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
@@ -1102,6 +1111,7 @@ WATCH_ACTIONS = ("pause", "resume")
 @click.option("--stage", type=click.Choice(STAGES), default=None,
               help="The stage of this folder's files (payload.default_stage): mix or "
                    "master, unless the project was given another.")
+@GENRE_OPTION
 @click.option("--source", default="watch", show_default=True)
 @click.option("--settle", default=2.0, show_default=True,
               help="Seconds a file must stay unchanged to count as written.")
@@ -1115,7 +1125,7 @@ WATCH_ACTIONS = ("pause", "resume")
               help="With --once: retries per file on 429, 503 and connection errors.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def watch(folder: Path | str, url: str | None, project: str | None, profile: str | None,
-          stage: str | None,
+          stage: str | None, genre: str | None,
           source: str, settle: float, headerless_settle: float, interval: float,
           existing: bool, once: bool, retries: int, config_file: Path | None) -> None:
     """Watch an export folder and send session.exported for each finished mix,
@@ -1152,7 +1162,8 @@ def watch(folder: Path | str, url: str | None, project: str | None, profile: str
         return
     box = _client(url, config_file)
     folder_watch = FolderWatch(
-        Folder(folder, project, profile, {"default_stage": stage} if stage else {},
+        Folder(folder, project, profile, {**({"default_stage": stage} if stage else {}),
+                                          **({"genre": genre} if genre else {})},
                settle=settle, headerless_settle=headerless_settle,
                include_existing=existing),
         box, _print_news, _settings(config_file).data_dir, source)

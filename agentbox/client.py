@@ -433,12 +433,16 @@ class Client:
 
     def send_export(self, path: str | os.PathLike[str], project: str | None = None, *,
                     source: str = "client", retries: int | None = None,
-                    **payload_fields: Any) -> Accepted:
+                    genre: str | None = None, **payload_fields: Any) -> Accepted:
         """Send a rendered mix for review (session.exported): the project from the
         file's name unless given; its id from the file's content and what was asked
         of it (export_id), so the same file sent again the same way is a duplicate
-        of its first run. `payload_fields`: more of the payload (profile=...,
-        stage=...). FileUnreadable: no file there, or not one to read."""
+        of its first run. `genre`: the music's genre for the tonal advice
+        (payload.genre; one agentbox does not know is Refused, invalid_event on the
+        field). `payload_fields`: more of the payload (profile=..., stage=...).
+        FileUnreadable: no file there, or not one to read."""
+        if genre is not None:
+            payload_fields["genre"] = genre
         file = Path(path).expanduser()
         try:
             event_id = export_id(file, project, **payload_fields)

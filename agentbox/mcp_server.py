@@ -25,7 +25,7 @@ from typing import Annotated, Any, TypeVar
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from agentbox import terminal
 from agentbox.client import (
@@ -43,6 +43,7 @@ from agentbox.logs import one_line, setup_logging
 from agentbox.models import Accepted, ExportView, RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import FIGURES
+from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES
 from agentbox.runs import RunStatus
 
@@ -263,6 +264,21 @@ MixPath = Annotated[str, Field(min_length=1, description=(
 Profile = Annotated[str | None, Field(description=(
     "the delivery target to review against: " + ", ".join(PROFILES)
     + " (default: agentbox's configured one)"))]
+
+
+def _a_genre(name: str) -> str:
+    if name not in GENRES:
+        raise ValueError("unknown genre")  # told from the schema's enum (argument_errors)
+    return name
+
+
+# The names are the schema's enum, so an assistant is offered them and a wrong one is
+# told as one of them; checked here too, before anything is sent.
+Genre = Annotated[Annotated[str, Field(json_schema_extra={"enum": list(GENRES)}),
+                            AfterValidator(_a_genre)] | None, Field(description=(
+    "the music's genre, for the tonal advice: its curve, and the parts of the arrangement "
+    "the notes name (default: the one last given for the project, else none: only "
+    "extreme departures from an average curve are noted)"))]
 WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS, description=(
     "wait up to this many seconds for the run to finish and answer its review "
     "(0: answer at once; read it later with show_run)"))]
@@ -398,14 +414,15 @@ def build_server(box: Agentbox) -> ToolServer:
                     project: Annotated[str | None, Field(
                         description="the project (song) it belongs to; default: the file's "
                                     "name without its extension")] = None,
-                    profile: Profile = None, wait_seconds: WaitSeconds = 0
-                    ) -> Annotated[CallToolResult, SendAnswer]:
+                    profile: Profile = None, genre: Genre = None,
+                    wait_seconds: WaitSeconds = 0) -> Annotated[CallToolResult, SendAnswer]:
         """Send a rendered mix to agentbox for review, as a DAW's export script does
         (`agentbox send --type session.exported`). Sending the same unchanged file
-        again the same way (project, profile) is a duplicate: it answers the first
-        run; with another profile or project it is a review of its own."""
+        again the same way (project, profile, genre) is a duplicate: it answers the
+        first run; with another profile, genre or project it is a review of its own."""
         path = _mix_file(mix_path)
-        asked = {"profile": profile} if profile else {}
+        asked = {**({"profile": profile} if profile else {}),
+                 **({"genre": genre} if genre else {})}
         event = export_event(path, export_id(path, project, **asked), project, SOURCE,
                              **asked)
         return sent(event, wait_seconds)
@@ -417,7 +434,8 @@ def build_server(box: Agentbox) -> ToolServer:
                            min_length=1, max_length=256, description="who asks")],
                        note: Annotated[str | None, Field(
                            max_length=4096, description="what to listen for")] = None,
-                       profile: Profile = None, wait_seconds: WaitSeconds = 0
+                       profile: Profile = None, genre: Genre = None,
+                       wait_seconds: WaitSeconds = 0
                        ) -> Annotated[CallToolResult, SendAnswer]:
         """Ask for a (new) review of a mix (event mix.review_requested); every request
         is a new run."""
@@ -426,7 +444,8 @@ def build_server(box: Agentbox) -> ToolServer:
         path = _mix_file(mix_path)
         payload = {"project_id": project_name(project), "mix_url": str(path.resolve()),
                    "requested_by": requested_by,
-                   **({"note": note} if note else {}), **({"profile": profile} if profile else {})}
+                   **({"note": note} if note else {}), **({"profile": profile} if profile else {}),
+                   **({"genre": genre} if genre else {})}
         event = build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
         return sent(event, wait_seconds)
 

@@ -4,12 +4,19 @@ true peak) side by side. See agentbox/docs/performance.md, "The review's speed".
 
     .venv/bin/python scripts/review_speed.py [--minutes 5,3,10] [--rounds 3]
     .venv/bin/python scripts/review_speed.py --archive --minutes 5 --rounds 8
+    .venv/bin/python scripts/review_speed.py --minutes 5 --rounds 6 --against OTHER
 
 It writes stereo 48 kHz 24-bit mixes (pink-ish noise with a moving envelope and a
 kick, soft-limited) to a temporary directory, starts `agentbox serve` on a free
 loopback port, reviews one short file first (the analysis process is started
 with the server and kept warm between reviews), then alternates agentbox and
 ffmpeg on each file, `--rounds` times, and prints the medians.
+
+`--against OTHER` (the root of another copy of agentbox's source, say the code
+before a change, exported with `git archive`) starts a second server that runs
+that code, and each round reviews the file with both (which goes first
+alternates) before ffmpeg: the two codes' times and their ratio, measured in the
+same rounds, hold on a busy machine better than times measured apart.
 
 `--archive` measures what keeping the reviewed bytes costs instead: two servers,
 the archive on (AGENTBOX_ARCHIVE=1, the default) and off, review the same file in
@@ -143,12 +150,14 @@ def median(timed: list[tuple[float, dict[str, float | None]]]) -> float:
     return statistics.median(seconds for seconds, _ in timed)
 
 
-def start(home: Path, **environ: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
-    """`agentbox serve` with its data in `home`, once it answers, and a client of it."""
+def start(home: Path, source: Path = ROOT,
+          **environ: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    """`agentbox serve` (the code in `source`) with its data in `home`, once it
+    answers, and a client of it."""
     port = free_port()
     env = {**os.environ, "AGENTBOX_DATA_DIR": str(home / "data"),
            "AGENTBOX_WEBHOOK_SECRET": SECRET, "AGENTBOX_AGENTS": "",
-           "XDG_CONFIG_HOME": str(home / "config"), "PYTHONPATH": str(ROOT),
+           "XDG_CONFIG_HOME": str(home / "config"), "PYTHONPATH": str(source),
            "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN, **environ}
     server = subprocess.Popen([sys.executable, "-m", "agentbox", "serve", "--port",
                                str(port)], env=env, cwd=home,
@@ -203,15 +212,65 @@ def archive_cost(home: Path, minutes: float, rounds: int) -> None:
             server.wait(30)
 
 
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def against(home: Path, other: Path, minutes_list: list[float], rounds: int) -> None:
+    """This code and `other`'s, each in its own server, on the same file in the same
+    rounds (who goes first alternating), then ffmpeg at nice 0."""
+    servers = {}
+    try:
+        for name, source in (("this", ROOT), ("other", other)):
+            (home / name).mkdir()
+            servers[name] = start(home / name, source)
+            review(servers[name][1], write_mix(home / f"warm-up-{name}.wav", 0.1))
+        for minutes in minutes_list:
+            path = write_mix(home / f"mix-{minutes:g}min.wav", minutes)
+            times: dict[str, list[float]] = {"this": [], "other": [], "ffmpeg": []}
+            cpu: dict[str, list[float]] = {"this": [], "other": []}  # analysis processes'
+            for n in range(rounds):
+                for name in ("this", "other") if n % 2 == 0 else ("other", "this"):
+                    before = children_cpu(servers[name][0].pid)
+                    times[name].append(review(servers[name][1], path)[0])
+                    cpu[name].append(children_cpu(servers[name][0].pid) - before)
+                times["ffmpeg"].append(ffmpeg(path, 0)[0])
+                print(f"round {n + 1}: this {times['this'][-1]:.2f} s (CPU {cpu['this'][-1]:.2f}), "
+                      f"other {times['other'][-1]:.2f} s (CPU {cpu['other'][-1]:.2f}), ffmpeg "
+                      f"(nice 0) {times['ffmpeg'][-1]:.2f} s (CPU {CPU[-1]:.2f}); this/ffmpeg "
+                      f"{times['this'][-1] / times['ffmpeg'][-1]:.2f}, other/ffmpeg "
+                      f"{times['other'][-1] / times['ffmpeg'][-1]:.2f}; load average {load()}",
+                      flush=True)
+            this, that, theirs = (statistics.median(times[k]) for k in ("this", "other", "ffmpeg"))
+            print(f"{minutes:g} min stereo 48 kHz 24-bit, medians of {rounds}: this {this:.2f} s, "
+                  f"other {that:.2f} s (this/other {this / that:.3f}), ffmpeg {theirs:.2f} s; "
+                  f"this/ffmpeg {this / theirs:.2f}, other/ffmpeg {that / theirs:.2f}; CPU this "
+                  f"{statistics.median(cpu['this']):.2f} s, other "
+                  f"{statistics.median(cpu['other']):.2f} s, ffmpeg {statistics.median(CPU):.2f} s",
+                  flush=True)
+            CPU.clear()
+    finally:
+        for server, client in servers.values():
+            client.close()
+            server.terminate()
+            server.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", default="5,3,10")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--archive", action="store_true",
                         help="the review with the archive of exports on against off")
+    parser.add_argument("--against", type=Path, metavar="OTHER",
+                        help="another copy of agentbox's source, reviewed in the same rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentbox-speed-") as tmp:
         home = Path(tmp)
+        if args.against:
+            against(home, args.against.resolve(),
+                    [float(m) for m in args.minutes.split(",")], args.rounds)
+            return
         if args.archive:
             for minutes in (float(m) for m in args.minutes.split(",")):
                 archive_cost(home, minutes, args.rounds)
@@ -228,12 +287,16 @@ def main() -> None:
                     our_cpu.append(children_cpu(server.pid) - cpu)
                     low.append(ffmpeg(path, 10))  # the analysis process's priority
                     normal.append(ffmpeg(path, 0))
+                    print(f"round {len(ours)}: agentbox {ours[-1][0]:.2f} s, ffmpeg at nice 10 "
+                          f"{low[-1][0]:.2f} s, at nice 0 {normal[-1][0]:.2f} s: "
+                          f"{ours[-1][0] / normal[-1][0]:.2f}x; load average {load()}",
+                          flush=True)
                 print(f"{minutes:g} min stereo 48 kHz 24-bit, medians of {args.rounds}: "
                       f"agentbox 202->succeeded {median(ours):.2f} s {ours[-1][1]}; "
                       f"ffmpeg ebur128=peak=true at nice 10 {median(low):.2f} s, "
                       f"at nice 0 {median(normal):.2f} s {normal[-1][1]}; CPU: analysis "
-                      f"{statistics.median(our_cpu):.2f} s, ffmpeg {statistics.median(CPU):.2f} s",
-                      flush=True)
+                      f"{statistics.median(our_cpu):.2f} s, ffmpeg {statistics.median(CPU):.2f} s; "
+                      f"agentbox/ffmpeg (nice 0) {median(ours) / median(normal):.2f}", flush=True)
                 CPU.clear()
         finally:
             server.terminate()

@@ -311,6 +311,15 @@ def test_problems_each_get_a_note() -> None:
         assert expected in notes
 
 
+@pytest.mark.parametrize(("stage", "where"), [("mix", "on the mix bus"),
+                                              ("master", "on the master")])
+def test_a_dc_offset_is_removed_where_the_file_is_made(stage: str, where: str) -> None:
+    dc = [n for n in rule_notes(metrics(dc_offset=0.012), PROFILES["streaming"], stage)
+          if "DC offset" in n]
+    assert dc == ["DC offset of +1.20 % of full scale: a high-pass filter (or a DC-removal "
+                  f"plug-in) {where} would reclaim headroom."]
+
+
 @pytest.mark.parametrize("correlation", [-0.19, -0.003, 0.0, 0.3])
 def test_a_wide_mix_is_not_called_out_of_phase(correlation: float) -> None:
     notes = rule_notes(metrics(stereo_correlation=correlation), PROFILES["streaming"])

@@ -106,3 +106,78 @@ def test_a_genre_given_for_the_project_sticks(tmp_path: Path) -> None:
     assert other.genre == "electronic"
     none = review(mix, context())
     assert none.genre is None and none.metrics.tonal_reference == "the reference curve for music"
+
+
+# -- where a musician types it --------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a server and its analysis process, the CLI in processes of its own
+@pytest.mark.anyio
+async def test_send_watch_the_client_and_the_mcp_tool_give_the_genre(
+        server_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from mcp import Client as McpClient
+
+    from agentbox.client import Client, Refused
+    from agentbox.mcp_server import Agentbox, build_server
+    from tests.conftest import SECRET
+
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    song = song_audio(Song(lufs=-20.0))[:48_000 * 20]
+    folder = tmp_path / "exports"
+    folder.mkdir()
+
+    def agentbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentbox", *args, "--url", server.url],
+                              env=server.env, capture_output=True, text=True, timeout=180,
+                              cwd=tmp_path)
+
+    def genre_of(run_id: str) -> str | None:
+        result = server.wait_terminal(run_id, timeout=120)["result"]
+        return None if result is None else result["genre"]
+
+    suite = write(tmp_path / "suite.wav", song)
+    sent = agentbox("send", str(suite), "--genre", "orchestral", "--wait", "--json")
+    assert sent.returncode == 0, sent.stderr
+    run = json.loads(sent.stdout.split("\n", 1)[1])  # the answer, then the run
+    assert run["result"]["genre"] == "orchestral"
+    assert run["result"]["metrics"]["tonal_reference"] == (
+        "the reference curve for orchestral music")
+    runs_before = len(server.client.get("/runs", params={"limit": 50}).json()["runs"])
+    unknown = agentbox("send", str(suite), "--genre", "polka")
+    assert unknown.returncode == 2 and "'polka' is not one of" in unknown.stderr
+    assert all(f"'{name}'" in unknown.stderr for name in GENRES)  # never sent
+    assert len(server.client.get("/runs", params={"limit": 50}).json()["runs"]) == runs_before
+
+    write(folder / "session.wav", song[::-1].copy())
+    watched = agentbox("watch", str(folder), "--genre", "jazz", "--existing", "--once")
+    assert watched.returncode == 0, watched.stderr
+    by_watch = [r for r in server.client.get("/runs", params={"limit": 50}).json()["runs"]
+                if r["source"] == "watch"]
+    assert len(by_watch) == 1 and genre_of(by_watch[0]["run_id"]) == "jazz"
+
+    for name in ("XDG_CONFIG_HOME", "AGENTBOX_DATA_DIR"):
+        monkeypatch.setenv(name, server.env[name])
+    monkeypatch.setenv("AGENTBOX_WEBHOOK_SECRET", SECRET)
+    take = write(tmp_path / "take-2.wav", song * 0.8)
+    with Client(server.url) as client:
+        assert genre_of(client.send_export(take, genre="acoustic").run_id) == "acoustic"
+        with pytest.raises(Refused) as refused:
+            client.send_export(take, genre="polka")
+    assert refused.value.status == 422
+    assert [e["loc"] for e in refused.value.errors] == [["payload", "genre"]]
+
+    ambient = write(tmp_path / "drift.wav", song * 0.7)
+    async with McpClient(build_server(Agentbox(server.url))) as mcp:
+        told = await mcp.call_tool("send_export", {"mix_path": str(ambient), "genre": "ambient"})
+        assert not told.is_error and isinstance(told.structured_content, dict)
+        assert genre_of(told.structured_content["run_id"]) == "ambient"
+        wrong = await mcp.call_tool("request_review", {
+            "mix_path": str(ambient), "project": "drift", "requested_by": "ana",
+            "genre": "polka"})
+        assert wrong.is_error
+        assert wrong.content[0].text == ("request_review: genre must be one of "  # type: ignore[union-attr]
+                                         f"{', '.join(GENRES)}, not \"polka\"")

@@ -128,6 +128,18 @@ def test_the_k_weighting_filter_is_pyloudnorms_with_bs1770s_high_pass(
         assert np.allclose(np.hstack([head, tail]), reference, atol=1e-12)
 
 
+def test_the_spectra_loaded_without_scipy_fft_are_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbox.review import meter
+
+    frames = np.random.default_rng(2).normal(size=(4, 2, 8192)).astype(np.float32)
+    reference = np.fft.rfft(frames.astype(np.float64), axis=-1)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    for run in (meter._rfft, meter._load_rfft()):  # the second: numpy's, the fallback
+        spectra = run(frames)
+        assert spectra.shape == reference.shape
+        assert np.allclose(spectra, reference, rtol=0, atol=1e-3)  # float32's rounding
+
+
 # -- cut-short and corrupt renders --------------------------------------------------------------
 
 

@@ -262,13 +262,14 @@ async def _take_slot(slots: asyncio.Semaphore, cancelled: asyncio.Event | None) 
 
 
 def serve_analyses(conn: Any) -> None:
-    """The analysis process: low priority, deaf to Ctrl-C and single-threaded
-    before numpy loads; then one review per path sent, until the parent goes
-    away or nothing comes for WARM_SECONDS."""
-    from agentbox.portable import ignore_interrupts, lower_priority
+    """The analysis process: low priority, deaf to Ctrl-C, single-threaded and
+    reusing the memory it frees before numpy loads; then one review per path sent,
+    until the parent goes away or nothing comes for WARM_SECONDS."""
+    from agentbox.portable import ignore_interrupts, lower_priority, reuse_freed_memory
 
     ignore_interrupts()
     lower_priority()
+    reuse_freed_memory()
     for name in SINGLE_THREAD_VARIABLES:
         os.environ[name] = "1"
     import agentbox.review.meter  # noqa: F401 - loaded now, while no review waits

@@ -203,10 +203,10 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
             "the right tracks and was not muted."))]
     if stage == "mix":
         notes = [*_clipping_notes(m), *_mix_level_notes(m), *_mix_dynamics_notes(m),
-                 *_dc_notes(m), *_stereo_notes(m, told), *tonal.notes(m, genre, told),
+                 *_dc_notes(m, stage), *_stereo_notes(m, told), *tonal.notes(m, genre, told),
                  *_cut_notes(m, stage), *_format_notes(m, stage)]
     else:
-        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m),
+        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m, stage),
                  *_stereo_notes(m, told), *tonal.notes(m, genre, told), *_cut_notes(m, stage),
                  *_silence_notes(m), *_format_notes(m, stage)]
     if reference is not None:
@@ -444,12 +444,15 @@ def audible_clipping(m: MixMetrics) -> bool:
             or m.clipped_runs > AUDIBLE_RUNS)
 
 
-def _dc_notes(m: MixMetrics) -> list[Note]:
+def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
+    """A DC offset held through the file; removed where the file is made: a mix's
+    on its mix bus, a master's on the master."""
     if abs(m.dc_offset) < DC_OFFSET_NOTED:
         return []
+    where = "the mix bus" if stage == "mix" else "the master"
     return [Note(severity="consider", code="dc_offset", text=(
         f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
-        "(or a DC-removal plug-in) on the master would reclaim headroom."))]
+        f"(or a DC-removal plug-in) on {where} would reclaim headroom."))]
 
 
 def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:

@@ -430,3 +430,16 @@ def test_the_stage_is_one_enum_that_the_contract_and_the_options_say_alike() -> 
 
     assert get_args(StageField) == STAGES == tuple(StageName) == ("mix", "master")
     assert judge.__defaults__ is not None and StageName.MASTER in judge.__defaults__
+
+
+def test_a_plr_that_rounds_to_nothing_reads_0_0_not_minus() -> None:
+    """A mix whose true peak sits a hair under its loudness (a held tone): "PLR 0.0 dB"
+    in the summary and the note, never "-0.0"."""
+    from agentbox.review.judge import summarise
+
+    p = PROFILES["streaming"]
+    held = figures(-10.0, -10.04).model_copy(update={"plr_db": -0.04})
+    said = [summarise(held, p, "mix"),
+            *(n.text for n in notes_for(held, p, stage="mix"))]
+    assert any("PLR 0.0 dB" in s or "ratio 0.0 dB" in s for s in said), said
+    assert not any("-0.0" in s for s in said), said

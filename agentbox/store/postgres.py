@@ -49,7 +49,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -95,29 +95,17 @@ CONNECT_TIMEOUT_SECONDS = 10
 READ_WAIT_SECONDS = 3
 
 
-SYNCHRONOUS_COMMIT = {True: "SET LOCAL synchronous_commit TO ON",
-                      False: "SET LOCAL synchronous_commit TO OFF"}
-
 # Schema versions, oldest first: version N is MIGRATIONS[N - 1], recorded in agentbox_schema.
 MIGRATIONS: tuple[str, ...] = tuple(migrations("postgres"))
 
 
 class PgDb:
-    """A writer connection as the operations see it (`writer.Db`).
+    """A writer connection as the operations see it (`writer.Db`)."""
 
-    `ahead`: a batch's outcomes, sent in the round trip of its events'
-    statement (`store_events`) when the writer sets them, and answered from
-    there when `finish_runs` asks for them. `sent_ahead`: whether that happened
-    in this transaction (a statement that fails then does not say whose it was).
-    """
-
-    __slots__ = ("_finished", "ahead", "conn", "sent_ahead")
+    __slots__ = ("conn",)
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
-        self.ahead: Sequence[Finish] | None = None
-        self.sent_ahead = False
-        self._finished: tuple[Sequence[Finish], list[Any]] | None = None
 
     def run(self, name: str, params: Mapping[str, Any] | None = None, /) -> psycopg.Cursor[Any]:
         return self.conn.execute(SQL[name], params or None)
@@ -134,20 +122,8 @@ class PgDb:
         return list(values)
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
-        """One statement for the batch's events: `store_events` (queries/postgres/ingest.sql),
-        with the outcomes sent `ahead` in the same round trip."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            rows = self.run("store_events", _store_parameters(items, now)).fetchall()
-        else:
-            # Keys before runs, as every writer takes them: no deadlock between writers.
-            with self.conn.pipeline():
-                stored = self.conn.execute(SQL["store_events"], _store_parameters(items, now))
-                self.sent_ahead = True
-                finished = self.conn.execute(SQL["finish_runs"], _finish_parameters(ahead))
-            self._finished = (ahead, finished.fetchall())
-            rows = stored.fetchall()
-        claimed = {row[0] for row in rows}
+        """One statement for the batch's events: `store_events` (queries/postgres/ingest.sql)."""
+        claimed = {row[0] for row in self.run("store_events", _store_parameters(items, now))}
         return [item.env.idempotency_key in claimed for item in items]
 
     def runs_of_keys(self, keys: Sequence[str], now: float) -> dict[str, list[Any]]:
@@ -158,33 +134,23 @@ class PgDb:
         return found
 
     def finish_runs(self, items: Sequence[Finish]) -> list[Landed | None]:
-        """One statement for the batch's outcomes: `finish_runs` (queries/postgres/outcomes.sql),
-        unless it went ahead with the events'."""
-        if self._finished is not None and self._finished[0] is items:
-            rows, self._finished = self._finished[1], None
-        else:
-            rows = self.run("finish_runs", _finish_parameters(items)).fetchall()
+        """One statement for the batch's outcomes: `finish_runs` (queries/postgres/outcomes.sql)."""
+        columns: dict[str, list[Any]] = {name: [] for name in (
+            "run_ids", "statuses", "next_attempt_ats", "nows", "completed_ats", "results",
+            "error_codes", "error_messages", "owners", "attempts")}
+        for item in items:
+            for name, value in (
+                    ("run_ids", item.run_id), ("statuses", item.target.value),
+                    ("next_attempt_ats", item.next_attempt_at), ("nows", item.now),
+                    ("completed_ats", item.completed_at), ("results", item.result_json),
+                    ("error_codes", item.outcome.error_code),
+                    ("error_messages", item.outcome.error_message), ("owners", item.owner),
+                    ("attempts", item.attempt)):
+                columns[name].append(value)
         landed = {row[0]: Landed(event_pk=row[1], agent=row[2], event_id=row[3],
                                  event_type=row[4], source=row[5], callback_url=row[6])
-                  for row in rows}
+                  for row in self.run("finish_runs", columns)}
         return [landed.get(item.run_id) for item in items]
-
-
-def _finish_parameters(items: Sequence[Finish]) -> dict[str, list[Any]]:
-    """The `finish_runs` statement's arrays: one element per outcome."""
-    columns: dict[str, list[Any]] = {name: [] for name in (
-        "run_ids", "statuses", "next_attempt_ats", "nows", "completed_ats", "results",
-        "error_codes", "error_messages", "owners", "attempts")}
-    for item in items:
-        for name, value in (
-                ("run_ids", item.run_id), ("statuses", item.target.value),
-                ("next_attempt_ats", item.next_attempt_at), ("nows", item.now),
-                ("completed_ats", item.completed_at), ("results", item.result_json),
-                ("error_codes", item.outcome.error_code),
-                ("error_messages", item.outcome.error_message), ("owners", item.owner),
-                ("attempts", item.attempt)):
-            columns[name].append(value)
-    return columns
 
 
 def _store_parameters(items: Sequence[NewEvent], now: float) -> dict[str, Any]:
@@ -391,15 +357,26 @@ class PostgresStore(SqlStore):
         alone: set[int] = set()  # run one by one, not with the rest of their kind
         durable = any(queued.durable for queued in batch)
         db = PgDb(conn)
+        # The transaction's edges share round trips with their neighbours (several
+        # statements in one simple query): a writer thread that waits on the server
+        # less often also waits less for the GIL.
+        # Whatever the server's defaults: the claims and duplicate checks rely on each
+        # statement seeing what committed before it, and a 202 waits for the WAL flush.
+        begin = ("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO "
+                 + ("ON" if durable else "OFF"))
         deadlocks = 0
         while True:  # each round that fails an operation leaves more of them out
             try:
                 try:
-                    state = self._begin(conn, durable)
+                    conn.execute(begin)
+                    state = self._batch_state(conn)
                     results = self._run_ops(db, state, batch, answered, alone)
                     if results is None:
                         raise _RunAgain
-                    self._commit_and_announce(conn, self._announcement(conn, state, results))
+                    announcement = self._announcement(conn, state, results)
+                    conn.execute("COMMIT")
+                    if announcement:
+                        self._announce(conn, announcement)
                 except BaseException:
                     if not conn.closed:
                         with contextlib.suppress(psycopg.Error):
@@ -415,46 +392,23 @@ class PostgresStore(SqlStore):
                 log.info("a write batch met another's; running it again",
                          extra={"operations": len(batch), "attempt": deadlocks})
 
-    def _begin(self, conn: psycopg.Connection[Any], durable: bool) -> Batch:
-        """Open the batch's transaction and ask its once-per-batch questions (whether
-        any agent changed its subscriptions, whether any program subscribed, now and
-        then the count of unfinished runs), all in one round trip: each round trip
-        the writer thread waits for is a wait for the interpreter's lock after it."""
-        state = Batch(self._active)
-        recount = time.monotonic() - self._counted_at >= ACTIVE_RECOUNT_SECONDS
-        with conn.pipeline():
-            # Whatever the server's defaults: the claims and duplicate checks rely on
-            # each statement seeing what committed before it, and a 202 waits for
-            # the WAL flush.
-            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            conn.execute(SYNCHRONOUS_COMMIT[durable])
-            overrides = conn.execute(SQL["any_agent_subscriptions"])
-            subscribers = conn.execute(SQL["any_subscriptions"])
-            # Other instances start and finish runs too: count them all now and then.
-            counted = conn.execute(SQL["count_active"]) if recount else None
-        state.agent_overrides = bool(overrides.fetchone()[0])  # type: ignore[index]
-        state.subscribers = bool(subscribers.fetchone()[0])  # type: ignore[index]
-        if counted is not None:
-            self._counted_at = time.monotonic()
-            state.active = state.base = counted.fetchone()[0]  # type: ignore[index]
-            state.recounted = True
-        return state
-
-    def _commit_and_announce(self, conn: psycopg.Connection[Any], announcement: str) -> None:
-        """Commit, and send the announcement in the same round trip, in a transaction
-        of its own. The batch committed whatever happens to the announcement (a
-        wake-up lost is a wake-up late)."""
-        committed: psycopg.Cursor[Any] | None = None
+    def _announce(self, conn: psycopg.Connection[Any], announcement: str) -> None:
+        """Send the announcement after the commit; the batch committed whatever
+        happens here (a wake-up lost is a wake-up late)."""
         try:
-            with conn.pipeline():
-                committed = conn.execute("COMMIT")
-                if announcement:
-                    conn.execute(announcement)
+            conn.execute(announcement)
         except psycopg.Error as exc:
-            if not announcement or committed is None or committed.pgresult is None:
-                raise  # the commit's own failure
             log.warning("could not notify the other instances",
                         extra={"reason": self._reason(exc)})
+
+    def _batch_state(self, conn: psycopg.Connection[Any]) -> Batch:
+        state = Batch(self._active)
+        if time.monotonic() - self._counted_at >= ACTIVE_RECOUNT_SECONDS:
+            # Other instances start and finish runs too: count them all now and then.
+            self._counted_at = time.monotonic()
+            state.active = state.base = conn.execute(SQL["count_active"]).fetchone()[0]  # type: ignore[index]
+            state.recounted = True
+        return state
 
     @staticmethod
     def _run_ops(db: PgDb, state: Batch, batch: list[Queued],
@@ -463,35 +417,25 @@ class PostgresStore(SqlStore):
         """Each operation's answer; None when one raised (a refusal or a bug): it
         is `answered` and the batch runs again without it. Ingests and plain
         outcomes go first, each kind in a few set-wise statements for the whole
-        batch (the hot path; the outcomes' statement sent in the round trip of
-        the events'); the rest one by one, and so do those of a kind that raised
-        together (which of them is at fault, only alone they say).
+        batch (the hot path); the rest one by one, and so do those of a kind
+        that raised together (which of them is at fault, only alone they say).
         """
         done: dict[int, tuple[bool, Any]] = {}
-        kinds: tuple[tuple[type, Callable[[Db, Batch, Any], list[tuple[bool, Any]]]], ...] = (
-            (Ingest, ingest_batch), (FinishRun, finish_batch))
-        together = [[i for i, queued in enumerate(batch) if isinstance(queued.op, kind)
-                     and i not in answered and i not in alone] for kind, _ in kinds]
-        ops: list[list[Any]] = [[batch[i].op for i in indexes] for indexes in together]
-        combined = db.sent_ahead  # a round before this one sent them together
-        db.ahead = ops[1] if all(together) and not combined else None
-        for (_, run_together), indexes, items in zip(kinds, together, ops, strict=True):
+        for kind, run_together in ((Ingest, ingest_batch), (FinishRun, finish_batch)):
+            indexes = [i for i, queued in enumerate(batch) if isinstance(queued.op, kind)
+                       and i not in answered and i not in alone]
             if not indexes:
                 continue
             try:
-                answers = run_together(db, state, items)
+                answers = run_together(db, state, [batch[i].op for i in indexes])  # type: ignore[misc]
             except Exception as exc:
                 if _storage_failed(exc):
                     raise
-                if db.sent_ahead and not combined:
-                    return None  # whose statement failed: the next round says (apart)
                 if len(indexes) == 1:
                     answered[indexes[0]] = (False, exc)
                 else:
                     alone.update(indexes)
                 return None
-            finally:
-                db.ahead = None  # sent with the events', or not at all
             done.update(zip(indexes, answers, strict=True))
         results: list[tuple[bool, Any]] = []
         for index, queued in enumerate(batch):

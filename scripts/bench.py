@@ -94,7 +94,9 @@ class Server:
         self.data_dir = data_dir
         env = {
             **os.environ,
-            "PYTHONPATH": str(HERE),
+            # A copy of the package first on PYTHONPATH is what an A/B measures.
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                        str(HERE)])),
             "XDG_CONFIG_HOME": str(data_dir / "config"),
             "AGENTBOX_DATA_DIR": str(data_dir),
             "AGENTBOX_WEBHOOK_SECRET": SECRET,

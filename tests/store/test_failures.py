@@ -20,7 +20,17 @@ from agentbox.events import parse_event
 from agentbox.store import IngestParams, IngestResult, RunNotFound, Store, StoreError
 from agentbox.store.ingest import Ingest, received
 from agentbox.store.writer import Batch, Db, log
-from tests.store.support import MAX_PENDING, T0, TTL, async_test, event_body, ingest
+from tests.store.support import (
+    MAX_PENDING,
+    SUCCEEDED,
+    T0,
+    TTL,
+    async_test,
+    event_body,
+    ingest,
+    ingest_and_claim,
+    status_of,
+)
 
 
 class Bug(Exception):
@@ -127,3 +137,29 @@ async def test_a_refusal_and_bugs_fail_alone_and_the_batch_commits(
     traced = [record.exc_info[1] for record in logged.records if record.exc_info]
     assert [traced.count(failure) for failure in (bug, mistake, no_table, unplanned, refused)
             ] == [1, 1, 1, 1, 0]
+
+
+@async_test
+async def test_an_outcome_its_statement_refuses_fails_alone_beside_events(
+        store: Store, aio: Any, logged: Logged) -> None:
+    """A batch's events and outcomes are written set-wise (PostgreSQL sends the two
+    statements in one round trip): an outcome whose values the database refuses
+    fails alone, and the events and the other outcome of its batch commit."""
+    good = await ingest_and_claim(store, "g1")
+    bad = await ingest_and_claim(store, "g2")
+    answers = await asyncio.gather(  # queued at once: one batch
+        ingest(store, "e1"), store.finish(good.run_id, "w1", good.attempt, SUCCEEDED, T0 + 1),
+        store.finish(bad.run_id, "w1", 2**70, SUCCEEDED, T0 + 1),  # no attempt's number
+        ingest(store, "e2"), return_exceptions=True)
+    first, finished, refused, second = answers
+
+    assert isinstance(first, IngestResult) and not first.duplicate
+    assert isinstance(second, IngestResult) and not second.duplicate
+    assert finished is not None and not isinstance(finished, BaseException)
+    assert isinstance(refused, Exception) and not isinstance(refused, StoreError)
+    assert await status_of(store, good.run_id) == "succeeded"
+    assert await status_of(store, bad.run_id) == "processing"
+    for event_id in ("e1", "e2"):
+        assert (await ingest(store, event_id)).duplicate, event_id
+    assert store.healthy and store.last_error is None
+    assert [record.exc_info[1] for record in logged.records if record.exc_info] == [refused]

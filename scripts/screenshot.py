@@ -17,7 +17,9 @@ project-phone.png, review-phone.png, targets-phone.png, failed-phone.png and
 overview-phone.png. At both widths, the top of the home page with its box for
 reviewing a file (home-drop.png, home-drop-phone.png), and the A/B player of an
 export beside a shorter reference track, heard past the reference's end
-(listen-lengths.png, listen-lengths-phone.png). Given NAMEs (home-drop
+(listen-lengths.png, listen-lengths-phone.png), a project's tidy-up actions
+opened (tidy.png, tidy-phone.png) and the top of a review with its re-judge
+button (rejudge.png, rejudge-phone.png). Given NAMEs (home-drop
 listen-lengths ...), only those.
 """
 
@@ -112,6 +114,29 @@ def drop_shot(server: Server, browser: Any, width: int, target: Path) -> None:
     page.close()
 
 
+def tidy_shot(server: Server, browser: Any, width: int, target: Path) -> None:
+    """A project's tidy-up actions (rename, merge, remove), opened."""
+    page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
+    page.goto(server.url + "/projects/" + quote("night-drive", safe=""))
+    page.wait_for_selector("#live.on")
+    page.click("#tidy summary")
+    page.locator("#tidy").screenshot(path=str(target))
+    page.close()
+
+
+def rejudge_shot(server: Server, browser: Any, width: int, path: str, target: Path) -> None:
+    """The top of a review: its verdict and the one click that judges it at the other
+    stage."""
+    page = browser.new_page(**as_the_user(viewport={"width": width, "height": 900}))
+    page.goto(server.url + path)
+    page.wait_for_selector("#rejudge")
+    page.wait_for_selector("#live.on")
+    box = page.locator("#rejudge").bounding_box()
+    page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": width,
+                                            "height": box["y"] + box["height"] + 24})
+    page.close()
+
+
 def platforms(page: Any, target: Path) -> Path:
     """The review's platform table and the sentence below it that its rows share."""
     boxes = [page.locator(part).bounding_box() for part in ("#targets", "#targets-note")]
@@ -178,10 +203,15 @@ def main(only: set[str]) -> None:
                     if name == "review":
                         saved.append(platforms(page, OUT / f"targets{suffix}.png"))
                 page.close()
-                for name, take in (("home-drop", drop_shot), ("listen-lengths", lengths_shot)):
+                for name, take in (("home-drop", drop_shot), ("listen-lengths", lengths_shot),
+                                   ("tidy", tidy_shot)):
                     if not only or name in only:
                         take(server, browser, width, OUT / f"{name}{suffix}.png")
                         saved.append(OUT / f"{name}{suffix}.png")
+                if not only or "rejudge" in only:
+                    rejudge_shot(server, browser, width, f"/ui/runs/{runs[1]}",
+                                 OUT / f"rejudge{suffix}.png")
+                    saved.append(OUT / f"rejudge{suffix}.png")
             if not only or "listen" in only:
                 page = browser.new_page(**as_the_user(viewport={"width": 1280, "height": 900}))
                 page.goto(server.url + project)

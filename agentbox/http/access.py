@@ -87,16 +87,23 @@ def from_this_site(headers: Mapping[str, str]) -> bool:
     return origin in (None, "null") or urlsplit(origin).netloc == headers.get("host")
 
 
+CSRF_FAILED = ("The form is stale or forged (CSRF check failed); reload the page and "
+               "try again.")
+
+
+def page_token_ok(request: Request, given: str, csrf: str) -> bool:
+    """Whether a page form's token (`given`) is the page's (`csrf`), sent from this site."""
+    return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
+        given.encode(), csrf.encode())
+
+
 async def page_form(request: Request, csrf: str) -> FormData | Response:
     """A page form's fields when it was posted from this site with the page's CSRF
     token (`csrf`), else the refusal: 403 csrf_failed."""
     form = await request.form()
-    given = str(form.get("csrf") or "")
-    if from_this_site(request.headers) and given and hmac.compare_digest(given.encode(),
-                                                                         csrf.encode()):
+    if page_token_ok(request, str(form.get("csrf") or ""), csrf):
         return form
-    return error_response(403, "csrf_failed", "The form is stale or forged (CSRF check "
-                          "failed); reload the page and try again.")
+    return error_response(403, "csrf_failed", CSRF_FAILED)
 
 
 class TooManyLogins(Exception):

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import hmac
 import json
 import re
 import secrets
@@ -49,7 +48,14 @@ from agentbox.config import Settings
 from agentbox.engine.callbacks import SUBSCRIPTION_DESTINATION
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
-from agentbox.http.access import LOGIN_LINK_SECONDS, Access, TooManyLogins, from_this_site
+from agentbox.http.access import (
+    CSRF_FAILED,
+    LOGIN_LINK_SECONDS,
+    Access,
+    TooManyLogins,
+    from_this_site,
+    page_token_ok,
+)
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
 from agentbox.models import LoginLink
@@ -166,9 +172,8 @@ class StatusPages:
         if not from_this_site(request.headers):
             return self.error(403, "This action must come from agentbox's own page.")
         form = await _form(request)
-        if not hmac.compare_digest((form.get("csrf") or [""])[0].encode(), self.csrf.encode()):
-            return self.error(403, "The form is stale or forged (CSRF check failed); reload "
-                                    "the page and try again.")
+        if not page_token_ok(request, (form.get("csrf") or [""])[0], self.csrf):
+            return self.error(403, CSRF_FAILED)
         return {"run_ids": form.get("run_id", [])[:500],
                 "reason": (form.get("reason") or [""])[0][:500]}
 

@@ -159,6 +159,11 @@ def profile_of(view: ProfileView) -> Profile:
 # -- the notes --------------------------------------------------------------------------------
 
 
+def tenths(value: float) -> str:
+    """A figure to 0.1, as the review shows it: never "-0.0"."""
+    return f"{round(value, 1) + 0.0:.1f}"
+
+
 def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) -> str:
     if m.integrated_lufs is None and m.duration_seconds < 0.4:
         return f"Too short to measure: {m.duration_seconds:g} s (loudness needs 0.4 s)."
@@ -167,7 +172,7 @@ def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) ->
     when = f"{length(m.duration_seconds)} at {m.sample_rate} Hz"
     if stage == "mix":
         peak = "" if m.true_peak_dbtp is None else f", peaks at {m.true_peak_dbtp:+.1f} dBTP"
-        plr = "" if m.plr_db is None else f", PLR {round(m.plr_db, 1) + 0.0:.1f} dB"
+        plr = "" if m.plr_db is None else f", PLR {tenths(m.plr_db)} dB"
         return f"A mix at {m.integrated_lufs:.1f} LUFS{peak}{plr}; {when}."
     delta = m.integrated_lufs - profile.target_lufs
     if loudness_verdict(profile.delivery, m.integrated_lufs) == "pass":
@@ -274,13 +279,13 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
         return []
     if plr < MIX_SQUASHED_PLR_DB:
         return [Note(severity="fix", code="squashed", text=(
-            f"Peak-to-loudness ratio {round(plr, 1) + 0.0:.1f} dB: the mix is squashed (an unlimited mix "
+            f"Peak-to-loudness ratio {tenths(plr)} dB: the mix is squashed (an unlimited mix "
             "has 12-20 dB); a limiter or heavy compression on the mix bus is flattening "
             "it. Bypass it and send the mix with its peaks: loudness is mastering's job, "
             "and squashed transients cannot be brought back."))]
     if plr < MIX_DENSE_PLR_DB:
         return [Note(severity="consider", code="dense", text=(
-            f"Peak-to-loudness ratio {round(plr, 1) + 0.0:.1f} dB: a dense mix (an unlimited mix has "
+            f"Peak-to-loudness ratio {tenths(plr)} dB: a dense mix (an unlimited mix has "
             "12-20 dB); if a limiter or clipper is on the mix bus, bypass it for the "
             "mastering engineer."))]
     if m.loudness_range_lu is not None and m.loudness_range_lu > 15:
@@ -392,7 +397,7 @@ def _master_dynamics_notes(m: MixMetrics) -> list[Note]:
                 "on phones and in cars; ride the quiet sections up or compress gently.")))
     if m.plr_db is not None and m.plr_db < 8 and m.duration_seconds >= 30:
         notes.append(Note(severity="consider", code="low_plr", text=(
-            f"Peak-to-loudness ratio {round(m.plr_db, 1) + 0.0:.1f} dB: the transients are squashed; "
+            f"Peak-to-loudness ratio {tenths(m.plr_db)} dB: the transients are squashed; "
             "less limiting would keep the punch.")))
     return notes
 

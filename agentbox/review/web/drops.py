@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import os
 import shutil
@@ -45,7 +44,7 @@ from agentbox.archive import Archive
 from agentbox.archive.blobs import disk_full
 from agentbox.archive.keeper import Gone
 from agentbox.events import SCHEMA_VERSION, Name, ProjectName, project_name, project_of_file
-from agentbox.http.access import Access, from_this_site
+from agentbox.http.access import CSRF_FAILED, Access, page_token_ok
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
 from agentbox.review.stage import STAGES
@@ -256,11 +255,8 @@ class DropRoutes:
                 return
             raise Refusal(401, "admin_token_required", "Send the admin token (agentbox "
                           "token) as a Bearer token, or the page's form.")
-        given = fields["csrf"]
-        if not (from_this_site(request.headers) and given
-                and hmac.compare_digest(given.encode(), self.csrf.encode())):
-            raise Refusal(403, "csrf_failed", "The form is stale or forged (CSRF check "
-                          "failed); reload the page and try again.")
+        if not page_token_ok(request, fields["csrf"], self.csrf):
+            raise Refusal(403, "csrf_failed", CSRF_FAILED)
 
     async def _write(self, request: Request, parts: AsyncIterator[tuple[str, Any]],
                      path: Path) -> None:

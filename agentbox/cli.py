@@ -937,8 +937,10 @@ def project_remove(name: str, yes: bool, url: str | None, config_file: Path | No
                       "its exports?", abort=True)
     with _client_errors(), _client(url, config_file) as box:
         done = box.remove_project(name)
-    click.echo(f"{terminal.line(done.removed or name)} removed: {done.exports or 0} exports, "
-               f"{done.audio_dropped or 0} kept copies let go")
+    exports, copies = done.exports or 0, done.audio_dropped or 0
+    click.echo(f"{terminal.line(done.removed or name)} removed: {exports} "
+               f"export{'' if exports == 1 else 's'}, {copies} kept "
+               f"cop{'y' if copies == 1 else 'ies'} let go")
 
 
 @main.group()

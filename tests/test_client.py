@@ -166,8 +166,8 @@ def test_runs_that_were_not_reviewed_name_their_file(server_factory: Any,
     assert gone.returncode == 4, gone.stderr
     failed = run_of(gone.stderr)
     assert gone.stdout.splitlines()[0] == (
-        "gone take.wav: couldn't review: agentbox cannot read this file as audio — export it "
-        "as WAV, AIFF or FLAC")
+        "gone take.wav: couldn't review: it is not audio agentbox can read (whatever its "
+        "name says) — export it again as WAV, AIFF or FLAC")
     whole = tone(tmp_path / "whole.wav", seconds=3.0)
     cut = tmp_path / "cut short.wav"  # its header promises more: retried while fresh
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])

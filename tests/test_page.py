@@ -182,6 +182,7 @@ def test_a_one_time_link_logs_a_browser_in_once(server: Server, browser: Browser
         with fresh_page(browser, logged_in=False) as other:  # the link works once
             other.goto(link)
             expect(other.get_by_text("Admin token needed")).to_be_visible()
+            expect(other.locator("#login-why")).to_contain_text("used already or has expired")
 
 
 def test_beyond_loopback_every_page_needs_the_token(
@@ -204,6 +205,7 @@ def _log_in_with_the_form(server: Server, page: Page, token: str) -> None:
     page.fill('input[name="token"]', "wrong")
     page.click("button:has-text(\"Open\")")
     expect(page.get_by_text("Admin token needed")).to_be_visible()
+    expect(page.locator("#login-why")).to_have_text("That is not the admin token.")
     page.fill('input[name="token"]', token)
     page.click("button:has-text(\"Open\")")
     expect(page.locator("h1")).to_have_text("Your projects")

@@ -46,6 +46,9 @@ def test_rename_merge_and_remove_projects(server_factory: Any, tmp_path: Path) -
     assert "Heros Rite is now Heroes Rite" in renamed.stdout
     assert [e["run_id"] for e in exports(server, "Heroes Rite")] == [first]
     assert server.client.get(f"/runs/{first}/audio").status_code == 200  # kept audio follows
+    review_page = server.client.get(f"/ui/runs/{first}").text
+    assert 'href="/projects/Heroes%20Rite"' in review_page  # its project by its new name
+    assert 'href="/projects/Heros%20Rite"' not in review_page
     old_page = server.client.get("/projects/Heros%20Rite", follow_redirects=False)
     assert old_page.status_code == 307 and old_page.headers["location"].endswith(
         "/projects/Heroes%20Rite")
@@ -64,6 +67,10 @@ def test_rename_merge_and_remove_projects(server_factory: Any, tmp_path: Path) -
     assert merged.status_code == 303, merged.text
     assert len(exports(server, "Heroes Rite")) == 2
     assert home_projects(server) == {"Heroes Rite", "junk"}
+    clash = server.client.post("/projects/junk/rename",
+                               data={"to": "Heroes Rite", "csrf": server.csrf()})
+    assert clash.status_code == 409 and clash.headers["content-type"].startswith("text/html")
+    assert "exists: merge into it instead (the project page" in clash.text  # a page, in words
 
     # An export still sent under an old name joins the project, compared with its latest.
     again = agentbox(server, "send", str(other), "--project", "Heros Rite", "--event-id",
@@ -76,7 +83,7 @@ def test_rename_merge_and_remove_projects(server_factory: Any, tmp_path: Path) -
     assert asked.returncode != 0 and "junk" in home_projects(server)  # asked, and refused
     removed = agentbox(server, "project", "remove", "junk", "--yes")
     assert removed.returncode == 0, removed.stderr
-    assert "junk removed: 1 exports" in removed.stdout
+    assert "junk removed: 1 export," in removed.stdout
     assert home_projects(server) == {"Heroes Rite"}
     assert server.client.get("/exports", params={"project": "junk"}).status_code == 404
 

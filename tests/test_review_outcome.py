@@ -25,8 +25,8 @@ EMPTY = ("the file is empty (0 bytes): nothing was rendered into it; export it a
     ("failed_permanent", "mix_unreadable", EMPTY, "failed",
      "couldn't review: the file is empty — export it again"),
     ("failed_permanent", "mix_unreadable", "not a readable audio file: Format not recognised",
-     "failed", "couldn't review: agentbox cannot read this file as audio — export it as "
-               "WAV, AIFF or FLAC"),
+     "failed", "couldn't review: it is not audio agentbox can read (whatever its name "
+               "says) — export it again as WAV, AIFF or FLAC"),
     ("failed_permanent", "mix_not_found", "no file at /music/gone.wav", "failed",
      "couldn't review: the file is not there any more — export it again"),
     ("dead_lettered", "mix_truncated", "cut short", "failed",

@@ -125,8 +125,8 @@ class StatusPages:
     def open_to_this_machine(self) -> bool:
         return self.access.open_to_this_machine
 
-    def login_page(self) -> Response:
-        return self.page("login.html", status_code=401, logout=False)
+    def login_page(self, why: str | None = None) -> Response:
+        return self.page("login.html", status_code=401, logout=False, why=why)
 
     async def login(self, request: Request) -> Response:
         form = await _form(request)
@@ -136,7 +136,7 @@ class StatusPages:
             return self.error(429, "Too many wrong tokens from here: wait a minute and try "
                                     "again.", {"Retry-After": str(round(exc.retry_after))})
         if session is None:
-            return self.login_page()
+            return self.login_page("That is not the admin token.")
         response = RedirectResponse("/", status_code=303)
         self.access.session_cookie(response, request, session)
         return response
@@ -146,7 +146,9 @@ class StatusPages:
         the tray) trades its code for a session, once, then shows `next` (a path of
         this site only); a used or expired one asks for the token."""
         if not self.access.links.use(request.query_params.get("code", "")):
-            return self.login_page()
+            return self.login_page("This login link was used already or has expired (a link "
+                                   "works once, within minutes): run agentbox open for a "
+                                   "new one.")
         after = request.query_params.get("next", "/")
         local = after.startswith("/") and not after.startswith(("//", "/\\"))
         response = RedirectResponse(after if local else "/", status_code=303)

@@ -83,8 +83,8 @@ class ReviewApp(App):
         audio = AudioRoutes(host.store, archive)
         references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
                                      web.project)
-        rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf)
-        tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock)
+        rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf, pages)
+        tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock, pages)
         drops = DropRoutes(archive, pages.access, pages.csrf, pages, host.store)
         host.on_transition(drops.on_transition)
         self._routes = [

@@ -218,7 +218,8 @@ COULD_NOT = {
     "analysis_crashed": "the analysis stopped unexpectedly — try again",
 }
 EMPTY_FILE = "the file is empty — export it again"
-UNREADABLE = "agentbox cannot read this file as audio — export it as WAV, AIFF or FLAC"
+UNREADABLE = ("it is not audio agentbox can read (whatever its name says) — export it "
+              "again as WAV, AIFF or FLAC")
 MESSAGE_CHARACTERS = 200
 
 

@@ -169,6 +169,8 @@ class ReviewPages:
         context = await self.pages.run_context(found_run)
         event, run = context["event"], context["run"]
         project = project_of(event) or found_run.project  # the body may be gone (retention)
+        if project:  # renamed or merged since: the name it goes by now
+            project = await self.history.resolve(project)
         export = review_view.export_row(ProjectExport(
             run_id, project or "", found_run.agent, found_run.status, found_run.accepted_at,
             found_run.completed_at, found_run.result), event,

@@ -24,6 +24,7 @@ from agentbox.archive.history import History
 from agentbox.events import SCHEMA_VERSION, InvalidEvent, parse_event
 from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
+from agentbox.http.pages import StatusPages
 from agentbox.review.model import MixReview, as_review
 from agentbox.review.stage import STAGES
 from agentbox.review.web.audio import reviewed
@@ -46,8 +47,18 @@ class Refusal(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def refused_answer(refused: Refusal, pages: StatusPages | None = None) -> Response:
+    """A refusal as a program reads it (JSON), or, given the pages, as a page a form's
+    post lands on (in words, with the same status)."""
+    if pages is not None:
+        return pages.error(refused.status, refused.message)
+    return error_response(refused.status, refused.code, refused.message)
+
+
 class RejudgeRoutes:
-    def __init__(self, history: History, archive: Archive, access: Access, csrf: str) -> None:
+    def __init__(self, history: History, archive: Archive, access: Access, csrf: str,
+                 pages: StatusPages | None = None) -> None:
+        self.pages = pages  # a form's refusal is a page
         self.history = history
         self.archive = archive
         self.access = access
@@ -64,7 +75,7 @@ class RejudgeRoutes:
         try:
             result = await self.submit(request, request.path_params["run_id"], asked)
         except Refusal as refused:
-            return error_response(refused.status, refused.code, refused.message)
+            return refused_answer(refused, self.pages if from_form else None)
         run_id = result.runs[0].run_id
         if from_form:
             return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)

@@ -26,15 +26,11 @@ from agentbox.archive.history import History
 from agentbox.events import ProjectName
 from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
+from agentbox.http.pages import StatusPages
+from agentbox.review.web.rejudge import Refusal, refused_answer
 
 _NAME: TypeAdapter[str] = TypeAdapter(ProjectName)
 Action = Callable[[str, dict[str, str]], Awaitable[dict[str, Any]]]
-
-
-class Refusal(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 def project_url(name: str) -> str:
@@ -43,7 +39,9 @@ def project_url(name: str) -> str:
 
 class TidyRoutes:
     def __init__(self, history: History, archive: Archive, access: Access, csrf: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 pages: StatusPages | None = None) -> None:
+        self.pages = pages  # a form's refusal is a page
         self.history = history
         self.archive = archive
         self.access = access
@@ -69,7 +67,7 @@ class TidyRoutes:
         try:
             done = await action(name, asked)
         except Refusal as refused:
-            return error_response(refused.status, refused.code, refused.message)
+            return refused_answer(refused, self.pages if from_form else None)
         if from_form:
             target = done.get("project")
             return RedirectResponse(project_url(target) if target else "/", status_code=303)
@@ -101,7 +99,8 @@ class TidyRoutes:
             raise Refusal(422, "invalid_request", f"The project is called {new!r} already.")
         if await self.history.project_exports(new, limit=1):
             raise Refusal(409, "project_exists", f"A project called {new!r} exists: merge "
-                          "into it instead (agentbox project merge).")
+                          "into it instead (the project page's Merge, or agentbox project "
+                          "merge).")
         await self.history.move(old, new)
         return {"project": new, "was": old}
 

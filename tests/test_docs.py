@@ -17,8 +17,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -364,3 +368,23 @@ def test_the_manual_in_chromium(server: Server) -> None:
         expect(page.locator("article h1")).to_have_text("HTTP API")
         expect(page.locator('nav.topics a[aria-current="page"]')).to_have_text("HTTP API")
         assert outside == [], f"the manual fetched from elsewhere: {outside}"
+
+
+@pytest.mark.slow
+def test_the_readme_s_review_is_what_agentbox_prints(server_factory: Any,
+                                                     tmp_path: Path) -> None:
+    """The README's test mix, made by its own command and sent as it says, prints
+    the review the README shows, line for line."""
+    text = README.read_text(encoding="utf-8")
+    making = re.search(r'^\.venv/bin/python -c "(.+)"$', text, re.M)
+    sending = re.search(r"^\.venv/bin/agentbox (send .+)$", text, re.M)
+    shown = re.search(r"```text\n(mix\.wav: .+?)```", text, re.S)
+    assert making and sending and shown, "the README's review example"
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    subprocess.run([sys.executable, "-c", making.group(1)], cwd=tmp_path, check=True,
+                   timeout=120)
+    sent = subprocess.run([sys.executable, "-m", "agentbox", *shlex.split(sending.group(1)),
+                           "--url", server.url], cwd=tmp_path, env=server.env,
+                          capture_output=True, text=True, timeout=180)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout == shown.group(1)

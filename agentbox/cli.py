@@ -42,7 +42,7 @@ from agentbox.client import (
     find_url,
     runtime_file,
 )
-from agentbox.events import project_name
+from agentbox.events import is_event_type_name, project_name
 from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.genres import GENRES
@@ -550,7 +550,8 @@ def _mix_to_review(first: str | None, type_option: str | None,
     path = Path(first).expanduser()
     if path.is_file():
         return path
-    if path.suffix.lower() in AUDIO_SUFFIXES or "/" in first or "\\" in first:
+    if (path.suffix.lower() in AUDIO_SUFFIXES or "/" in first or "\\" in first
+            or not is_event_type_name(first)):  # "Night Drive": a file's name, not a type
         raise click.BadParameter(f"there is no file at {terminal.line(path)}",
                                  param_hint="FILE")
     return None

@@ -118,6 +118,11 @@ def _nested_models(model: type[BaseModel], seen: set[type] | None = None) -> lis
     return found
 
 
+def is_event_type_name(name: str) -> bool:
+    """Whether `name` could name an event type (letters, digits, '.', '_', '-')."""
+    return bool(_EVENT_TYPE.match(name)) and len(name) <= 128
+
+
 def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None:
     """Add an event type whose payloads `payload_model` validates.
 
@@ -126,7 +131,7 @@ def register_event_type(event_type: str, payload_model: type[BaseModel]) -> None
     says (a strict subclass is registered). Registering the same model again is
     harmless; another model for a taken type is a ValueError.
     """
-    if not _EVENT_TYPE.match(event_type) or len(event_type) > 128:
+    if not is_event_type_name(event_type):
         raise ValueError(f"{event_type!r} is not an event type (letters, digits, '.', '_', '-')")
     if not (isinstance(payload_model, type) and issubclass(payload_model, BaseModel)):
         raise ValueError(f"the payload model of {event_type} must be a pydantic model")

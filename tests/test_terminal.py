@@ -48,6 +48,9 @@ def test_send_a_file_reviews_it_and_says_so_for_people(server: Server, tmp_path:
     assert twice["duplicate"] is True and twice["run_id"] == as_master["run_id"]
     missing = agentbox(env, tmp_path, "send", str(tmp_path / "not rendered.wav"))
     assert missing.returncode == 2 and "there is no file at" in missing.stderr
+    # a song's name typed without its file: no file, not an event type sent to the server
+    typed = agentbox(env, tmp_path, "send", "Night Drive", "--wait")
+    assert typed.returncode == 2 and "there is no file at Night Drive" in typed.stderr
 
 
 def test_show_takes_a_prefix_or_a_project(server: Server, tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ def test_the_file_s_stage_beats_the_project_s_and_a_review_is_judged_again(
     assert "Judged as a mix going to mastering: re-judged at your request" in told.stdout
     refused = agentbox(server, "rejudge", first["run_id"], "--stage", "final")
     assert refused.returncode == 2
+    same = agentbox(server, "rejudge", first["run_id"], "--stage", "master")
+    assert same.returncode != 0 and "already judges it as a master" in same.stderr
 
 
 def test_a_stage_said_for_the_project_is_remembered(server_factory: Any,

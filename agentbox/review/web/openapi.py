@@ -126,7 +126,8 @@ def api() -> ApiPart:
                            "copy), judged at `stage`, beside the first: a "
                            "mix.review_requested whose result's stage_source is "
                            "rejudge. Asked again for the same review and stage: the "
-                           "first re-judgment (200, duplicate). The page's form (its "
+                           "first re-judgment (200, duplicate); at the stage the "
+                           "review already has: 409 same_stage. The page's form (its "
                            "CSRF token) is answered with a redirect to the new "
                            "review's page.",
             "security": admin, "parameters": [run_id],
@@ -135,7 +136,7 @@ def api() -> ApiPart:
                     "stage": {"type": "string", "enum": ["mix", "master"]}}}}}},
             "responses": {"202": json_answer("Accepted", "the new review, accepted"),
                           "200": json_answer("Accepted", "asked before: the first one"),
-                          **errors(401, 404, 410, 422, 429, 503)},
+                          **errors(401, 404, 409, 410, 422, 429, 503)},
         }},
         "/runs/{run_id}/audio": {"get": {
             "summary": "The mix a finished mix review listened to (the page's players)",

@@ -102,6 +102,10 @@ class RejudgeRoutes:
         if stage not in STAGES:
             raise Refusal(422, "invalid_stage", f"stage must be {' or '.join(STAGES)}.")
         review = await self._review(run_id)
+        if review.stage == stage:
+            other = next(s for s in STAGES if s != stage)
+            raise Refusal(409, "same_stage", f"This review already judges it as a {stage}; "
+                          f"judge it as a {other} to read it the other way.")
         mix = await self.archive.heard_at(_heard(review))
         if isinstance(mix, Gone):
             raise Refusal(410, "audio_gone", f"It cannot be judged again: {mix.reason}.")

@@ -183,6 +183,7 @@ def test_a_one_time_link_logs_a_browser_in_once(server: Server, browser: Browser
             other.goto(link)
             expect(other.get_by_text("Admin token needed")).to_be_visible()
             expect(other.locator("#login-why")).to_contain_text("used already or has expired")
+            expect(other.locator("#live")).to_have_count(0)  # no stream, no "reconnecting…"
 
 
 def test_beyond_loopback_every_page_needs_the_token(

@@ -92,6 +92,7 @@
 
   function follow() {
     const live = document.getElementById("live");
+    if (!live) return;  // the login page: no stream to follow before a session
     const source = new EventSource("/ui/stream");
     source.onopen = () => { live.textContent = "live"; live.className = "on"; catchUp(); };
     source.onerror = () => { live.textContent = "reconnecting…"; live.className = ""; };

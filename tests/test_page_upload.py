@@ -244,6 +244,7 @@ def test_a_file_picked_in_the_drop_zone_is_reviewed(studio: Server, browser: Bro
         page.set_input_files("#drop-file", str(notes))  # sent as soon as it is chosen
         status = page.locator("#drop-status")
         expect(status).to_contain_text("notes.wav cannot be reviewed", timeout=30_000)
+        expect(status).to_have_class("refused")  # it stands out, not a muted aside
         assert page.url == studio.url + "/"  # refused: said where it was asked
         page.select_option("#drop-stage", "mix")
         page.set_input_files("#drop-file", str(mix))

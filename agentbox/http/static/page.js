@@ -121,26 +121,29 @@
     const input = form.querySelector("input[type=file]");
     const said = document.getElementById("drop-status");
     const most = Number(form.dataset.maxBytes) || Infinity;
+    const say = (text, refused) => {  // a refusal stands out; progress stays quiet
+      said.textContent = text; said.className = refused ? "refused" : "muted";
+    };
     const send = () => {
       const file = input.files[0];
-      if (!file) { said.textContent = "Choose an audio file first."; return; }
+      if (!file) { say("Choose an audio file first.", true); return; }
       if (file.size > most) {
-        said.textContent = file.name + " is larger than " + Math.floor(most / 1048576) +
+        say(file.name + " is larger than " + Math.floor(most / 1048576) +
           " MiB, the most agentbox takes from the page: export a shorter or compressed " +
-          "(FLAC) file.";
+          "(FLAC) file.", true);
         return;
       }
-      said.textContent = "Sending " + file.name + "…";
+      say("Sending " + file.name + "…", false);
       form.classList.add("sending");
       fetch(form.action, {method: "POST", body: new FormData(form),
                           headers: {"Accept": "application/json"}})
         .then((r) => r.json().catch(() => ({message: r.status + " " + r.statusText}))
           .then((answer) => {
             if (!r.ok) throw new Error(answer.message || r.statusText);
-            said.textContent = file.name + " is being reviewed…";
+            say(file.name + " is being reviewed…", false);
             location.assign("/ui/runs/" + encodeURIComponent(answer.run_id));
           }))
-        .catch((err) => { said.textContent = err.message; form.classList.remove("sending"); });
+        .catch((err) => { say(err.message, true); form.classList.remove("sending"); });
     };
     form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
     input.addEventListener("change", send);

@@ -689,7 +689,10 @@ def _wait_and_tell(box: Client, answer: Accepted, wait_timeout: float, as_json: 
     if as_json:
         click.echo(_indented(run))
     else:
-        click.echo("\n".join(terminal.told(run, sent.name)))
+        lines = terminal.told(run, sent.name)
+        if sys.stdout.isatty():  # a person's terminal: at word boundaries, as show does
+            lines = terminal.wrapped(lines, shutil.get_terminal_size().columns)
+        click.echo("\n".join(lines))
     if run.status != "succeeded":
         sys.exit(EXIT_RUN_FAILED)
 

@@ -243,3 +243,42 @@ def test_a_platform_row_wraps_under_its_note_and_a_sentence_under_its_indentatio
     column = lines[0].index("fail")
     assert lines[1].startswith(" " * column + "that much") and lines[1][column - 1] == " "
     assert lines[3].startswith("    ") and not lines[3].startswith("     ")  # a sentence
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal: POSIX's pty")
+def test_send_wait_in_a_terminal_wraps_at_word_boundaries(server_factory: Any,
+                                                         tmp_path: Path) -> None:
+    """`send --wait` in an 80-column terminal: the review's long sentences wrap between
+    words, as `show`'s do, where the terminal cut them mid-word."""
+    import os
+    import pty
+
+    from tests.support.corpus import Song, song_audio, write
+
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    mix = write(tmp_path / "mix.wav", song_audio(Song(lufs=-20.0)))
+    ours, theirs = pty.openpty()
+    env = {**server.env, "AGENTBOX_URL": server.url, "COLUMNS": "80", "LINES": "200"}
+    process = subprocess.Popen([sys.executable, "-m", "agentbox", "send", str(mix), "--wait"],
+                               env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=theirs,
+                               stderr=subprocess.PIPE)
+    os.close(theirs)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(ours, 65536)
+        except OSError:  # the other end closed: the command finished
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(ours)
+    assert process.stderr is not None
+    with process.stderr:
+        said = process.stderr.read().decode()
+    assert process.wait(timeout=180) == 0, said
+    lines = out.decode().replace("\r\n", "\n").splitlines()
+    assert lines and lines[0].startswith("mix.wav: "), lines
+    assert max(len(line) for line in lines) <= 80, lines
+    text = " ".join(line.strip() for line in lines)
+    assert "Judged as a mix going to mastering" in text  # a long sentence, whole again

@@ -160,6 +160,13 @@ class Receiver:
             self.verifier.verify(headers, body, self.wall_clock())
         except SignatureError as exc:
             raise Rejected(401, exc.code, exc.message) from None
+        return await self.take(body, _webhook_id(headers))
+
+    async def take(self, body: bytes, webhook_id: str | None = None) -> IngestResult:
+        """Store an event whose sender is vouched for (its signature checked, or an
+        app's page or the admin token behind it) and hand its runs over to start:
+        the contract, the callback URL, the agents' admission, the store's refusals,
+        each a Rejected with its exact status."""
         try:
             event = parse_event(body)
         except InvalidEvent as exc:
@@ -171,7 +178,7 @@ class Receiver:
             if errors:
                 raise Rejected(422, "invalid_event", "An agent for this event cannot take "
                                "it; see errors.", errors)
-        return await self._store(event, body, _webhook_id(headers))
+        return await self._store(event, body, webhook_id)
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes

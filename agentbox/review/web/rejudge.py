@@ -21,21 +21,15 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from agentbox.archive import Archive, Gone
 from agentbox.archive.history import History
-from agentbox.events import SCHEMA_VERSION, InvalidEvent, parse_event
+from agentbox.events import SCHEMA_VERSION
 from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
+from agentbox.http.receiver import Rejected
 from agentbox.review.model import MixReview, as_review
 from agentbox.review.stage import STAGES
 from agentbox.review.web.audio import reviewed
-from agentbox.store import (
-    AdmissionRefused,
-    IngestParams,
-    IngestResult,
-    Lease,
-    NoSubscribedAgent,
-    StorageUnavailable,
-)
+from agentbox.store import IngestResult
 
 REJUDGE_SOURCE = "agentbox.rejudge"  # the events' source: a re-judgment asked for here
 REJUDGE_EVENT = "mix.review_requested"
@@ -123,36 +117,14 @@ class RejudgeRoutes:
 
 async def hand_over(request: Request, body: bytes, cannot: str) -> IngestResult:
     """Store an event the page or the admin token vouched for (no signature) through
-    the receiver's own hand-over, so that its runs start at once; Refusal, with
-    `cannot` leading the sentence, when it is not taken."""
-    receiver = request.app.state.receiver
+    the receiver (Receiver.take: the contract, the agents' admission, the store's
+    refusals, and its runs started at once); Refusal, with `cannot` leading the
+    sentence, when it is not taken."""
     try:
-        event = parse_event(body)
-    except InvalidEvent as exc:
-        raise Refusal(422, "invalid_event", f"{cannot}: {exc}") from None
-    errors = await receiver.registry.admit(event)
-    if errors:
-        raise Refusal(422, "invalid_event", f"{cannot}: {errors[0]['msg']}")
-    agents = [spec.name for spec in receiver.registry.for_event_type(event.event_type)]
-
-    async def write(lease: Lease | None) -> IngestResult:
-        s = receiver.settings
-        return await receiver.store.ingest(IngestParams(  # type: ignore[no-any-return]
-            event=event, body=body, agents=agents, now=receiver.clock(),
-            ttl=s.idempotency_ttl_seconds, max_pending=s.max_pending,
-            max_hops=s.max_hops, lease=lease))
-    try:
-        return await receiver.handover.store(  # type: ignore[no-any-return]
-            event, len(agents), write)
-    except NoSubscribedAgent:
-        raise Refusal(422, "no_agent", "No agent reviews mixes here (AGENTBOX_AGENTS)."
-                      ) from None
-    except AdmissionRefused:
-        raise Refusal(429, "too_many_pending", "Too many runs are waiting; try again "
-                      "in a moment.") from None
-    except StorageUnavailable:
-        raise Refusal(503, "storage_unavailable", "The store cannot take writes right "
-                      "now.") from None
+        return await request.app.state.receiver.take(body)  # type: ignore[no-any-return]
+    except Rejected as refused:
+        why = refused.errors[0]["msg"] if refused.errors else refused.message
+        raise Refusal(refused.status, refused.code, f"{cannot}: {why}") from None
 
 
 def accepted(result: IngestResult) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from agentbox.logs import one_line
 from agentbox.models import RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
-from agentbox.review.figures import local_time
+from agentbox.review.figures import local_time, tenths
 
 # The built-in mix review, by every name its runs carry (the one it had before it
 # moved as well): its runs are told in a musician's words.
@@ -116,8 +116,7 @@ def figure(run: RunView, key: str, signed: bool = False) -> str:
     value = found.figure(key) if found is not None else None
     if value is None:
         return "-"
-    shown = round(value, 1) + 0.0  # + 0.0: no "-0.0" for a reading that rounds to 0
-    return "0.0" if signed and shown == 0 else f"{shown:+.1f}" if signed else f"{shown:.1f}"
+    return tenths(value, signed)
 
 
 def short_ids(run_ids: Sequence[str]) -> dict[str, str]:

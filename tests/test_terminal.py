@@ -282,3 +282,15 @@ def test_send_wait_in_a_terminal_wraps_at_word_boundaries(server_factory: Any,
     assert max(len(line) for line in lines) <= 80, lines
     text = " ".join(line.strip() for line in lines)
     assert "Judged as a mix going to mastering" in text  # a long sentence, whole again
+
+
+@pytest.mark.parametrize(("value", "signed", "said"), [
+    (-0.04, False, "0.0"), (-0.04, True, "0.0"), (0.04, True, "0.0"), (-1.25, False, "-1.2"),
+    (0.36, True, "+0.4"), (-7.96, True, "-8.0"), (13.0, False, "13.0")])
+def test_a_reading_to_a_tenth_never_says_minus_zero(value: float, signed: bool,
+                                                    said: str) -> None:
+    """figures.tenths: how every reading to 0.1 is written (the notes, the platform rows,
+    the headline, the terminal's tables)."""
+    from agentbox.review.figures import tenths
+
+    assert tenths(value, signed) == said

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from agentbox.review.figures import tenths
 from agentbox.review.model import MixMetrics, TargetView
 from agentbox.review.profiles import AS_IS, DELIVER, DOWN_ONLY, TARGETS, UP_TO_PEAK, Target
 from agentbox.review.stage import StageName
@@ -182,9 +183,7 @@ def _over_shared(over: list[Target], peak: float) -> str:
     where = ("every platform's upload ceiling" if len(over) == len(TARGETS) else
              "the upload ceiling of " + _and(t.title for t in over))
     others = "".join(f"; for {_and(by_ceiling[c])}, {c:g} dBTP" for c in ceilings[1:])
-    shown = round(peak, 1) + 0.0  # + 0.0: no "-0.0" for a peak that rounds to 0
-    said = "0.0" if shown == 0 else f"{shown:+.1f}"
-    return (f"The file's true peak, {said} dBTP, is over {where}: the encode, "
+    return (f"The file's true peak, {tenths(peak, signed=True)} dBTP, is over {where}: the encode, "
             "before any turning down, may clip it. Set the limiter's ceiling, in true-peak "
             f"mode, to {ceilings[0]:g} dBTP{others}.")
 
@@ -197,8 +196,7 @@ def _and(names: Iterable[str]) -> str:
 def _mix_shared(loudness: float, peak: float) -> str:
     """A mix's rows share its peak-to-loudness ratio: a master's is at most its
     ceiling minus its target, and limiting takes off the rest."""
-    plr = round(peak - loudness, 1) + 0.0  # + 0.0: no "-0.0"
-    return (f"This mix's PLR (true peak minus loudness) is {plr:.1f} dB; a "
+    return (f"This mix's PLR (true peak minus loudness) is {tenths(peak - loudness)} dB; a "
             "master's can be at most its ceiling minus its target, and limiting takes off "
             "the rest.")
 

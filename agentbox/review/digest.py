@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentbox.logs import one_line
-from agentbox.review.figures import FIGURE_NAMES, change_unit, finite, local_time
+from agentbox.review.figures import FIGURE_NAMES, change_unit, finite, local_time, tenths
 from agentbox.review.present import Review, TargetRow, read
 
 # The headline figures, in the order people read them: metrics key, label, unit.
@@ -24,11 +24,6 @@ HEADLINE = (
     ("loudness_range_lu", "LRA ", "LU"),
     ("plr_db", "PLR ", "dB"),
 )
-
-
-def _signed(value: float) -> str:
-    shown = round(value, 1) + 0.0  # + 0.0: no "-0.0" for a reading that rounds to 0
-    return "0.0" if shown == 0 else f"{shown:+.1f}"
 
 
 def metrics_of(result: Any) -> Mapping[str, Any]:
@@ -47,7 +42,7 @@ def _headline(review: Review) -> str:
     for key, label, unit in HEADLINE:
         value = review.figure(key)
         if value is not None:
-            shown = _signed(value) if key == "true_peak_dbtp" else f"{round(value, 1) + 0.0:.1f}"
+            shown = tenths(value, signed=key == "true_peak_dbtp")
             parts.append(f"{label}{shown} {unit}")
     if not parts and "integrated_lufs" in review.metrics:
         parts.append("silence (no loudness to measure)")
@@ -144,7 +139,7 @@ def _target_lines(review: Review) -> list[str]:
 def _target_line(t: TargetRow, width: int = 36) -> str:
     said = t.gain_db is not None or t.verdict
     return (f"  {one_line(t.title):<{width}}"
-            + (f" {_signed(t.gain_db):>6} dB" if t.gain_db is not None else "")
+            + (f" {tenths(t.gain_db, signed=True):>6} dB" if t.gain_db is not None else "")
             + (f"  {t.verdict}" if t.verdict else "")
             + ((": " if said else "  ") + one_line(t.note) if t.note else ""))
 

@@ -48,6 +48,13 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def tenths(value: float, signed: bool = False) -> str:
+    """A reading to 0.1 as the review writes it: never "-0.0" (a reading that rounds
+    to nothing is "0.0"); `signed`, with its sign: "+0.4", "-1.2"."""
+    shown = round(value, 1) + 0.0  # + 0.0: -0.0 becomes 0.0
+    return f"{shown:+.1f}" if signed and shown != 0 else f"{shown:.1f}"
+
+
 def change_unit(unit: str) -> str:
     """The unit of a difference of two figures in `unit`: LUFS -> LU, dBTP -> dB."""
     return CHANGE_UNITS.get(unit, unit)

@@ -29,7 +29,7 @@ from agentbox.review.delivery import (
     over_ceiling,
     raise_it,
 )
-from agentbox.review.figures import length, places
+from agentbox.review.figures import length, places, tenths
 from agentbox.review.genres import Genre
 from agentbox.review.model import (
     SEVERITIES,
@@ -157,11 +157,6 @@ def profile_of(view: ProfileView) -> Profile:
 
 
 # -- the notes --------------------------------------------------------------------------------
-
-
-def tenths(value: float) -> str:
-    """A figure to 0.1, as the review shows it: never "-0.0"."""
-    return f"{round(value, 1) + 0.0:.1f}"
 
 
 def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) -> str:

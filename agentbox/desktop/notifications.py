@@ -24,6 +24,7 @@ from typing import Any
 
 from agentbox.logs import get_logger, one_line
 from agentbox.review import digest, present
+from agentbox.runs import TERMINAL
 from agentbox.store import Store, Transition
 
 log = get_logger("notifications")
@@ -31,7 +32,6 @@ log = get_logger("notifications")
 APP_NAME = "agentbox"
 MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 SEND_TIMEOUT_SECONDS = 5.0
-TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
 
 # title, body, and the page a click on it opens (None: a click opens nothing)
 Send = Callable[[str, str, str | None], Awaitable[None]]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 
 from agentbox.logs import get_logger
-from agentbox.models import RunView
 from agentbox.review.present import mix_name
+from agentbox.runs import TERMINAL
 from agentbox.store import Store, Transition
 from agentbox.terminal import MIX_REVIEW, summary_line, verdict_word
 
 log = get_logger("reviews")
 
-TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
 
 
 class ReviewLog:
@@ -41,13 +40,13 @@ class ReviewLog:
             found = await self.store.get_run(run_id)
             if found is None:
                 return
-            run = RunView.model_validate(found.model_dump(mode="json"))
+            run = found
             if run.file is None:  # (the store's view names no file: the event does)
                 event = await self.store.event_of(run_id)
                 payload = event.get("payload") if isinstance(event, dict) else None
                 url = payload.get("mix_url") if isinstance(payload, dict) else None
-                run = RunView.model_validate({**run.as_json(), "file": mix_name(url)
-                                              if isinstance(url, str) else None})
+                run = run.model_copy(update={"file": mix_name(url)
+                                             if isinstance(url, str) else None})
             log.info("review finished", extra={
                 "run_id": run_id, "project": run.project, "file": run.file,
                 "verdict": verdict_word(run), "told": summary_line(run)})

@@ -37,6 +37,7 @@ from agentbox import portable
 from agentbox.client import AgentboxError, Client, LiveUpdate
 from agentbox.logs import get_logger, one_line
 from agentbox.models import RunView, WatchState
+from agentbox.runs import TERMINAL
 
 log = get_logger("tray")
 
@@ -47,7 +48,6 @@ RECONNECT_MAX_SECONDS = 30.0  # while agentbox is not running: one look this oft
 ICON_SIZE = 64  # pixels: the hosts scale it down (22 on most Linux panels)
 MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 VERDICTS = ("pass", "warn", "fail")
-TERMINAL = frozenset({"succeeded", "failed_permanent", "dead_lettered"})
 COULD_NOT = "couldn't review"  # a review that failed, as the menu says it (no run state)
 INSTALL = ("agentbox tray needs the tray library, an optional part: pip install "
            "'agentbox[tray]'")

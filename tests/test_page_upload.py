@@ -86,6 +86,9 @@ async def test_what_is_not_a_form_or_not_audio_is_refused_in_words(box: InProces
     stage = await box.client.post("/exports", data=form(csrf, stage="final"),
                                   files={"file": ("mix.wav", tone())}, headers=AS_SCRIPT)
     assert stage.status_code == 422 and stage.json()["error_code"] == "invalid_stage"
+    long = await box.client.post("/exports", data=form(csrf, project="x" * 2000),
+                                 files={"file": ("mix.wav", tone())}, headers=AS_SCRIPT)
+    assert long.status_code == 422 and long.json()["error_code"] == "form_field_too_large"
     assert dropped_files(box.settings.data_dir) == []  # refused: nothing kept
     assert (await box.client.get("/exports")).json()["exports"] == []  # no project made
 

@@ -296,7 +296,9 @@ async def _field(parts: AsyncIterator[tuple[str, Any]], name: str,
     async for chunk in _file_data(parts):
         data += chunk
         if len(data) > MAX_FIELD_BYTES:
-            raise Refusal(413, "form_field_too_large", f"The form's {name[:40]!r} is "
+            # a field past what the form documents (a project's name: 256 characters)
+            # is an invalid form, as one within the limit but too long is
+            raise Refusal(422, "form_field_too_large", f"The form's {name[:40]!r} is "
                           "longer than a form of the page's sends.")
     fields[name] = data.decode("utf-8", "replace")
 

@@ -48,6 +48,10 @@ SECRET_CHECK_SECONDS = 1.0
 ADMISSION_RETRY_AFTER_SECONDS = 5
 STORAGE_RETRY_AFTER_SECONDS = 30
 MAX_WEBHOOK_ID_CHARS = 256  # a sender's webhook-id is kept up to this many characters
+# A request refused from its headers: a body this small, there within this time, is
+# read and dropped before the answer (see _refused_unread); a larger one is not.
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 0.5
 INTERNAL_ERROR_MESSAGE = "agentbox failed to handle this request; the error is in its log."
 
 
@@ -154,7 +158,7 @@ class Receiver:
             # its body is read, so it cannot hold a connection for the body's timeout.
             self.verifier.check_headers(headers, self.wall_clock())
         except SignatureError as exc:
-            raise Rejected(401, exc.code, exc.message, headers={"Connection": "close"}) from None
+            raise await _refused_unread(exc, headers, receive) from None
         body = await self._read_body(headers, receive)
         try:
             self.verifier.verify(headers, body, self.wall_clock())
@@ -285,6 +289,22 @@ def _unavailable(why: str | None) -> str:
     if not why:
         return "The event store cannot take writes right now; retry later. Nothing was stored."
     return f"The event store cannot take writes: {why}. Nothing was stored."
+
+
+async def _refused_unread(exc: SignatureError, headers: dict[str, str],
+                          receive: Receive) -> Rejected:
+    """The 401 of a request its headers already condemn. A small body that is there
+    at once is read and dropped first: closing a connection with unread bytes makes
+    the kernel reset it, and the reset can reach the sender before the answer does.
+    A large, undeclared or trickling one is not waited for: the connection closes."""
+    declared = headers.get("content-length", "")
+    if declared.isascii() and declared.isdecimal() and int(declared) <= DRAIN_BYTES:
+        try:
+            await within(DRAIN_SECONDS, _chunks(receive, DRAIN_BYTES))
+            return Rejected(401, exc.code, exc.message)
+        except (TimeoutError, Rejected):
+            pass
+    return Rejected(401, exc.code, exc.message, headers={"Connection": "close"})
 
 
 async def _chunks(receive: Receive, limit: int) -> bytes:

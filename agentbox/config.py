@@ -15,13 +15,14 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import platformdirs
 
 from agentbox import portable
 from agentbox.addresses import origin_of
+from agentbox.bundled import DEFAULT_APPS
 from agentbox.signing import secret_keys
 
 APP_NAME = "agentbox"
@@ -79,18 +80,9 @@ DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES = 10
 # Subscriptions held at once: each event owes every subscriber of its type a delivery,
 # written with it (1,000 of them made an event's ingest about 100 ms).
 DEFAULT_MAX_SUBSCRIPTIONS = 100
-# The archive of exports (agentbox.archive): the bytes each review heard, kept in the
-# data directory within a total size and a number per project, oldest dropped first.
-# 5 GB holds some sixty 5-minute 24-bit stereo mixes; 20 per project, the last
-# evening's renders of a song. A project page lists at most MAX_KEEP_PER_PROJECT
-# exports, so an archive keeping more would keep audio no page could play.
-DEFAULT_ARCHIVE_MAX_GB = 5.0
-DEFAULT_ARCHIVE_KEEP_PER_PROJECT = 20
-MAX_KEEP_PER_PROJECT = 200
-# Free space the archive and reference uploads leave on the data directory's disk:
-# below it they are refused (507 insufficient_storage), so that the database, whose
-# writes are the promise of every 202, and the DAW's own renders still find room.
-DEFAULT_MIN_FREE_MB = 500
+
+
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
@@ -111,13 +103,12 @@ class AgentBinding:
     target: str  # "module:function"
 
 
-# The apps the server runs (docs/apps.md), by import string (`module:attribute`): the
-# review, and the desktop side beside it. Importing an app's module registers its event
-# types (agentbox.events.register_event_type) and its checks of the settings below
-# (`settings_check`), so that a setting only an app knows the words of (a profile's
-# name, a stage) is checked at start as the others are: the server imports its apps
-# before it starts; reading the settings runs the checks of the apps imported so far.
-DEFAULT_APPS = ("agentbox.review.app:app", "agentbox.desktop.app:app")
+# The apps the server runs (docs/apps.md) are named by import string (`module:attribute`);
+# which ones by default is the distribution's choice (agentbox.bundled), not the engine's.
+# Importing an app's module registers its event types (agentbox.events.register_event_type),
+# its settings (`app_settings`: a section of agentbox.toml and its environment variables)
+# and its checks of the settings (`settings_check`): the server imports its apps before
+# it starts; reading the settings reads and checks those of the apps imported so far.
 SettingsCheck = Callable[["Settings", Callable[[str], str]], None]
 _SETTINGS_CHECKS: list[SettingsCheck] = []
 
@@ -147,14 +138,6 @@ def import_apps(targets: tuple[str, ...], where: str = "AGENTBOX_APPS") -> list[
             raise ConfigError(f"{where}: {module_name!r} has no {attr or 'app'!r}")
         found.append(app)
     return found
-
-
-@dataclass(frozen=True)
-class WatchedFolder:
-    """A folder `agentbox serve` watches for renders (the `watch` setting)."""
-
-    path: Path  # absolute
-    stage: str | None = None  # mix or master; None: the review decides
 
 
 @dataclass(frozen=True)
@@ -201,31 +184,13 @@ class Settings:
     log_level: str = "info"
     # auto: text lines for a person when stderr is a terminal, JSON lines otherwise.
     log_format: str = "auto"
-    mix_profile: str | None = None  # the mix review's default profile (streaming)
-    # The stage a review judges when neither the event, its project nor its watch folder
-    # says: auto (from the file), mix or master.
-    mix_stage: str = "auto"
-    llm_base_url: str | None = None  # an OpenAI-compatible endpoint for prose notes
-    llm_model: str | None = None
     # PostgreSQL instead of SQLite: several instances share one database. Holds a password.
     database_url: str | None = field(default=None, repr=False)
     instance_id: str | None = None  # this instance's name in /healthz, metrics and leases
-    notify: bool = True  # a desktop notification when a mix review finishes
-    # Folders `serve` watches for renders, as `agentbox watch` does (its guarantees).
-    watch: tuple[WatchedFolder, ...] = ()
     # Retention (agentbox.engine.retention): finished runs, then raw event bodies, go after
-    # these many days (fractions allowed); a project's history stays.
+    # these many days (fractions allowed); what an app keeps is the app's to say.
     retention_days: float = DEFAULT_RETENTION_DAYS
     body_retention_days: float = DEFAULT_BODY_RETENTION_DAYS
-    # The archive of exports: the reviewed bytes kept (off: only a file still as it was
-    # reviewed can be played), within a size in GB and a number per project.
-    archive: bool = True
-    archive_max_gb: float = DEFAULT_ARCHIVE_MAX_GB
-    archive_keep_per_project: int = DEFAULT_ARCHIVE_KEEP_PER_PROJECT
-    min_free_mb: int = DEFAULT_MIN_FREE_MB  # left free by the archive and uploads
-    # Folders a mix_url must be in (empty: any file the user can read): a signed
-    # sender can otherwise have any such file reviewed, and then played on the page.
-    mix_roots: tuple[Path, ...] = ()
     # -- subscriptions (other programs' webhook subscriptions) --
     # Loopback origins a subscription may use over plain http (else https only).
     subscription_allowed: tuple[str, ...] = ()
@@ -233,23 +198,186 @@ class Settings:
     subscription_max_ttl_seconds: float = DEFAULT_SUBSCRIPTION_MAX_TTL_SECONDS
     subscription_suspend_after_failures: int = DEFAULT_SUBSCRIPTION_SUSPEND_AFTER_FAILURES
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS  # past it, POST /subscriptions: 409
+    # What the file, the environment and the flags said beyond the engine's settings:
+    # the apps' settings, each read by the class its app registered (`of`).
+    given: Given = field(default_factory=lambda: Given(), repr=False, compare=False)
 
     @property
     def database_path(self) -> Path:
         return self.data_dir / "agentbox.sqlite3"
 
-    @property
-    def archive_path(self) -> Path:
-        """Where the archive of exports keeps its files (agentbox.archive)."""
-        return self.data_dir / "archive"
+    def of(self, kind: type[T]) -> T:
+        """An app's settings, by the class it registered (`app_settings`): read from its
+        section of the file (or a key of it at the top, as before sections), its
+        environment variables and flags, and checked, once."""
+        return self.given.read(kind)
 
-    @property
-    def archive_max_bytes(self) -> int:
-        return int(self.archive_max_gb * 1_000_000_000)
+    def with_app(self, *chosen: Any) -> Settings:
+        """These settings with an app's settings given as they are (a test, a script)."""
+        return _replace(self, given=self.given.choosing(chosen))
 
-    @property
-    def min_free_bytes(self) -> int:
-        return self.min_free_mb * 1_000_000
+
+# -- the apps' settings ------------------------------------------------------------------
+# An app declares its settings as a frozen dataclass registered under its section of
+# agentbox.toml (`app_settings`); each field is a setting, read from `[section] name`
+# (or `name` at the top of the file, where the settings were before sections), from
+# AGENTBOX_NAME, from a flag, in that order of precedence, by the parser of its
+# `setting(...)`. A class may have `check(named)`: settings that disagree, in words.
+Parse = Callable[[Any, str], Any]  # (value, where it came from) -> the setting's value
+_SECTIONS: dict[str, tuple[str, type[Any]]] = {}  # "module.Class" -> (its section, it)
+
+
+def setting(default: Any, parse: Parse) -> Any:
+    """A field of an app's settings: its default and how it is read from the file or the
+    environment (a parser raising ValueError, TypeError, or ConfigError in words)."""
+    return field(default=default, metadata={"parse": parse})
+
+
+def app_settings(section: str) -> Callable[[type[T]], type[T]]:
+    """Register an app's settings class under its section of agentbox.toml (at import,
+    as event types are). Several classes may share a section (an app's rooms); a name
+    is one setting's alone, the engine's or one app's."""
+    def register(kind: type[T]) -> type[T]:
+        key = _key(kind)
+        taken = {name for other, (_, each) in _SECTIONS.items() if other != key
+                 for name in _names(each)}
+        for name in _names(kind):
+            if name in _SETTABLE or name in taken:
+                raise ValueError(f"{key}: the setting {name!r} is taken")
+        _SECTIONS[key] = (section, kind)
+        return kind
+    return register
+
+
+def registered_settings() -> list[type[Any]]:
+    """The apps' settings classes registered so far, in order."""
+    return [kind for _, kind in _SECTIONS.values()]
+
+
+def _key(kind: type[Any]) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _names(kind: type[Any]) -> list[str]:
+    return [f.name for f in fields(kind)]
+
+
+def section_of(kind: type[Any]) -> str:
+    """The section of agentbox.toml an app's settings class was registered under."""
+    if _key(kind) not in _SECTIONS:
+        raise TypeError(f"{kind.__qualname__} is not registered with app_settings")
+    return _SECTIONS[_key(kind)][0]
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the file, the environment and the flags said beyond the engine's settings,
+    and the apps' settings read from it (each class once)."""
+
+    path: Path | None = None
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    loose: Mapping[str, Any] = field(default_factory=dict)  # at the file's top
+    environ: Mapping[str, str] = field(default_factory=dict)  # AGENTBOX_*
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)  # the engine's: where each was set
+    # Each class's settings and where each of them was set, once read (or given).
+    read_so_far: dict[type[Any], tuple[Any, dict[str, str]]] = field(default_factory=dict)
+
+    def read(self, kind: type[T]) -> T:
+        if kind not in self.read_so_far:
+            self.read_so_far[kind] = _read_app_settings(kind, self)
+        found: T = self.read_so_far[kind][0]
+        return found
+
+    def where(self, kind: type[Any]) -> dict[str, str]:
+        """Where each of an app's settings was set (none: at its default)."""
+        self.read(kind)
+        return self.read_so_far[kind][1]
+
+    def choosing(self, chosen: tuple[Any, ...]) -> Given:
+        read = dict(self.read_so_far)
+        for each in chosen:
+            section_of(type(each))
+            read[type(each)] = (each, {})
+        return Given(self.path, self.sections, self.loose, self.environ, self.overrides,
+                     self.sources, read)
+
+    def unknown(self) -> list[str]:
+        """The file's keys no setting registered so far claims."""
+        owned: dict[str, set[str]] = {}
+        for section, kind in _SECTIONS.values():
+            owned.setdefault(section, set()).update(_names(kind))
+        every = set().union(*owned.values())
+        unknown = [name for name in self.loose if name not in every]
+        for section, values in self.sections.items():
+            if section not in owned:
+                unknown.append(section)
+            else:
+                unknown += [f"{section}.{name}" for name in values if name not in owned[section]]
+        return sorted(unknown)
+
+
+def _read_app_settings(kind: type[T], given: Given) -> tuple[T, dict[str, str]]:
+    section = section_of(kind)
+    in_file = given.sections.get(section, {})
+    raw: dict[str, tuple[str, Any]] = {}
+    for name in _names(kind):
+        if name in in_file and name in given.loose:
+            raise ConfigError(f"{name} is set twice in {given.path}: at the top and in "
+                              f"[{section}]; keep the one in [{section}]")
+        if name in in_file:
+            raw[name] = (f"{section}.{name} in {given.path}", in_file[name])
+        elif name in given.loose:
+            raw[name] = (f"{name} in {given.path}", given.loose[name])
+        if env_name(name) in given.environ:
+            raw[name] = (env_name(name), given.environ[env_name(name)])
+        if given.overrides.get(name) is not None:
+            raw[name] = (f"--{name.replace('_', '-')}", given.overrides[name])
+    parsers = {f.name: f.metadata["parse"] for f in fields(kind)}  # type: ignore[arg-type]
+    values = {name: _parsed(parsers[name], where, value)
+              for name, (where, value) in raw.items()}
+    found = kind(**values)
+    sources = {name: where for name, (where, _) in raw.items()}
+    check = getattr(found, "check", None)
+    if check is not None:
+        check(Named(sources))
+    return found, sources
+
+
+def _parsed(parse: Parse, where: str, value: Any) -> Any:
+    try:
+        return parse(value, where)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{where}: {_describe(value)} is not a valid value") from None
+
+
+# Parsers for an app's settings (`setting(default, parse)`), as the engine reads its own.
+def parse_positive_float(value: Any, where: str) -> float:
+    number: float = _positive(float(_scalar(value)), where)
+    return number
+
+
+def parse_positive_int(value: Any, where: str) -> int:
+    number = _scalar(value)
+    if isinstance(number, float) or (isinstance(number, str) and not number.strip()
+                                      .lstrip("+").isdigit()):
+        raise ValueError
+    whole: int = _positive(int(number), where)
+    return whole
+
+
+def parse_bool(value: Any, where: str) -> bool:
+    return _boolean(value)
+
+
+def parse_text(value: Any, where: str) -> str:
+    """A word or a line: a TOML string (or number), as it is."""
+    return str(_scalar(value))
+
+
+def parse_optional_text(value: Any, where: str) -> str | None:
+    """As parse_text; empty (or only spaces) is not set."""
+    return parse_text(value, where).strip() or None
 
 
 # How each setting is read from text (env var or TOML string); None = not settable there.
@@ -258,26 +386,22 @@ _POSITIVE_FLOATS = {
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
     "keep_alive_seconds", "head_timeout_seconds", "session_seconds", "retention_days",
-    "body_retention_days",
-    "subscription_min_ttl_seconds", "subscription_max_ttl_seconds", "archive_max_gb",
+    "body_retention_days", "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
                   "callback_pause_after_failures", "callback_concurrency", "max_hops",
                   "max_connections", "max_idle_connections", "max_head_bytes",
-                  "subscription_suspend_after_failures", "max_subscriptions",
-                  "archive_keep_per_project", "min_free_mb"}
+                  "subscription_suspend_after_failures", "max_subscriptions"}
 _LISTS = {"webhook_secret", "callback_allowed", "callback_allowed_local", "callback_secret",
           "apps", "trusted_proxies",
           "subscription_allowed"}
 _SCHEDULES = {"callback_retry_schedule"}
 _SECRETS = {"webhook_secret", "callback_secret", "database_url"}  # never echoed in an error
 _PATHS = {"data_dir", "config_dir"}
-_BOOLS = {"notify", "archive"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_STRINGS = {"host", "log_level", "log_format", "mix_profile", "mix_stage", "llm_base_url",
-            "llm_model", "alert_url", "instance_id"}
+_STRINGS = {"host", "log_level", "log_format", "alert_url", "instance_id"}
 _SETTABLE = (_POSITIVE_FLOATS | _POSITIVE_INTS | _LISTS | _SCHEDULES | _PATHS | _STRINGS
-             | _BOOLS | {"agents", "database_url", "watch", "mix_roots"})
+             | {"agents", "database_url"})
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "text", "json")
 
@@ -297,18 +421,31 @@ def load_settings(
     explicit = config_file or (Path(environ[env_name("config")]) if environ.get(
         env_name("config")) else None)
     path = explicit or default_config_dir() / CONFIG_FILE_NAME
+    beyond: dict[str, Any] = {}  # the file's keys that are no setting of the engine's
     for name, value in _read_toml(path, required=explicit is not None).items():
-        raw[name] = (f"{name} in {path}", value)
+        if name in _SETTABLE:
+            raw[name] = (f"{name} in {path}", value)
+        else:
+            beyond[name] = value
     for name in _SETTABLE:
         if env_name(name) in environ:
             raw[name] = (env_name(name), environ[env_name(name)])
     for name, value in (overrides or {}).items():
-        if value is not None:
+        if value is not None and name in _SETTABLE:
             raw[name] = (f"--{name.replace('_', '-')}", value)
     values = {name: _coerce(name, where, value) for name, (where, value) in raw.items()}
     values.setdefault("config_dir", path.parent)
+    sources = {name: where for name, (where, _) in raw.items()}
+    values["given"] = Given(
+        path, {k: v for k, v in beyond.items() if isinstance(v, dict)},
+        {k: v for k, v in beyond.items() if not isinstance(v, dict)},
+        {k: v for k, v in environ.items()
+         if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in _SETTABLE},
+        {k: v for k, v in (overrides or {}).items() if k not in _SETTABLE}, sources)
     settings = Settings(**values)
-    _check_consistency(settings, {name: where for name, (where, _) in raw.items()})
+    if settings.given.unknown():  # perhaps an app's, not imported yet: import them
+        import_apps(settings.apps, Named(sources)("apps"))
+    _check_consistency(settings, sources)
     return settings
 
 
@@ -324,9 +461,6 @@ def _read_toml(path: Path, required: bool) -> dict[str, Any]:
                           "TOML: name = value, text in quotes)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    unknown = sorted(set(data) - _SETTABLE)
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
     return data
 
 
@@ -346,14 +480,8 @@ def _coerce(name: str, where: str, value: Any) -> Any:
             return _schedule(value, where)
         if name in _PATHS:
             return Path(str(value)).expanduser()
-        if name in _BOOLS:
-            return _boolean(value)
         if name == "agents":
             return parse_agents(value, where)
-        if name == "watch":
-            return parse_watch(value, where)
-        if name == "mix_roots":
-            return parse_mix_roots(value, where)
         if name == "database_url":
             return _database_url(value, where)
         if name == "log_level":
@@ -365,8 +493,6 @@ def _coerce(name: str, where: str, value: Any) -> Any:
                 raise ConfigError(f"{where} must be one of {', '.join(LOG_FORMATS)}, "
                                   f"not {_describe(value)}")
             return str(value).lower()
-        if name == "mix_stage":  # checked with the rest (_check_consistency), by name
-            return str(_scalar(value)).strip().lower() or "auto"
         return str(value)
     except (TypeError, ValueError, OverflowError):
         shown = "this value" if name in _SECRETS else _describe(value)
@@ -459,7 +585,7 @@ def parse_agents(value: Any, where: str = env_name("agents")) -> tuple[AgentBind
     return tuple(bindings)
 
 
-def _folder_list(value: Any) -> list[Any]:
+def folder_list(value: Any) -> list[Any]:
     """A setting's folders: a TOML list as it is, or the environment's string split
     at the OS's path separator (`:`, on Windows `;`)."""
     if isinstance(value, str):
@@ -467,54 +593,6 @@ def _folder_list(value: Any) -> list[Any]:
     if isinstance(value, list):
         return value
     raise ValueError("expected a list of folders")
-
-
-def parse_mix_roots(value: Any, where: str = env_name("mix_roots")) -> tuple[Path, ...]:
-    """The folders a mix_url must be in: a TOML list of paths, or in the environment
-    paths separated by the OS's path separator (`:`, on Windows `;`); absolute (or
-    `~/...`), each taken as it resolves (its links followed once, here)."""
-    roots = []
-    for item in _folder_list(value):
-        if not isinstance(item, str):
-            raise ValueError("expected a path")
-        path = Path(item.strip()).expanduser()
-        if not path.is_absolute():
-            raise ConfigError(f"{where}: {item.strip()!r} is not an absolute path")
-        roots.append(Path(os.path.realpath(path)))
-    return tuple(roots)
-
-
-def parse_watch(value: Any, where: str = env_name("watch")) -> tuple[WatchedFolder, ...]:
-    """Watched folders: a TOML list of `PATH` or `PATH=STAGE` strings, or tables
-    `{path = "...", stage = "master"}`; in the environment, `PATH` or `PATH=STAGE`
-    items separated by the OS's path separator (`:`, on Windows `;`)."""
-    folders = [_watched_folder(item, where) for item in _folder_list(value)]
-    seen: set[Path] = set()
-    for folder in folders:
-        if folder.path in seen:
-            raise ConfigError(f"{where}: {str(folder.path)!r} is named twice")
-        seen.add(folder.path)
-    return tuple(folders)
-
-
-def _watched_folder(item: Any, where: str) -> WatchedFolder:
-    if isinstance(item, dict):
-        unknown = sorted(set(item) - {"path", "stage"})
-        if unknown or not isinstance(item.get("path"), str):
-            raise ConfigError(f"{where}: a folder is a path, or a table with a path and a "
-                              f"stage (got {_describe(item)})")
-        path, stage = item["path"], item.get("stage")
-    elif isinstance(item, str):
-        path, sep, stage = item.strip().rpartition("=")
-        if not sep:
-            path, stage = stage, None
-    else:
-        raise ValueError("expected a path")
-    folder = Path(str(path).strip()).expanduser()
-    if not str(path).strip() or not folder.is_absolute():
-        raise ConfigError(f"{where}: {_describe(item)} is not an absolute path (write the "
-                          "whole path, or one starting with ~)")
-    return WatchedFolder(folder, stage)
 
 
 class Named:
@@ -537,10 +615,6 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
         raise ConfigError(
             f"{named('retry_base_seconds')} must not exceed {named('retry_max_seconds')}"
         )
-    if settings.llm_base_url is not None and urlsplit(settings.llm_base_url).scheme not in (
-            "http", "https"):
-        raise ConfigError(f"{named('llm_base_url')} must be an http(s) URL such as "
-                          "http://127.0.0.1:11434/v1")
     for name in ("callback_allowed", "callback_allowed_local"):
         for origin in getattr(settings, name):
             check_allowed_origin(origin, named(name))
@@ -566,11 +640,6 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
                           f"{named('max_connections')}: connections waiting for a request "
                           "must leave slots for the requests that have arrived")
     _check_retention(settings, named)
-    if settings.archive_keep_per_project > MAX_KEEP_PER_PROJECT:
-        raise ConfigError(f"{named('archive_keep_per_project')} must be at most "
-                          f"{MAX_KEEP_PER_PROJECT}: a project's page lists its latest "
-                          f"{MAX_KEEP_PER_PROJECT} exports, and audio kept beyond them could "
-                          "not be played")
     _check_subscriptions(settings, named)
     for name in ("webhook_secret", "callback_secret"):
         for secret in getattr(settings, name):
@@ -580,10 +649,36 @@ def _check_consistency(settings: Settings, sources: Mapping[str, str] | None = N
 
 
 def run_settings_checks(settings: Settings, named: Callable[[str], str] = env_name) -> None:
-    """Every registered app check of the settings (those of the apps imported so far:
-    reading settings imports no app, so that a client of agentbox stays light)."""
+    """The file's keys, every app's settings read and checked, and every registered
+    app check of the settings: those of the apps imported so far (reading settings
+    imports no app unless the file names a setting no app imported so far knows, so
+    that a client of agentbox stays light)."""
+    unknown = settings.given.unknown()
+    if unknown:
+        raise ConfigError(f"config file {settings.given.path}: unknown setting(s) "
+                          f"{', '.join(unknown)}")
+    for kind in registered_settings():
+        settings.of(kind)
     for check in _SETTINGS_CHECKS:
         check(settings, named)
+
+
+def listing(settings: Settings) -> list[tuple[str, list[tuple[str, Any, str]]]]:
+    """Every setting by section (the engine's first, under ""), each as (name, value,
+    where it was set: the key in its file, the variable, the flag, else "default")."""
+    engine = [(f.name, getattr(settings, f.name), settings.given.sources.get(f.name, "default"))
+              for f in fields(settings) if f.name in _SETTABLE]
+    found: dict[str, list[tuple[str, Any, str]]] = {"": engine}
+    for kind in registered_settings():
+        values, where = settings.of(kind), settings.given.where(kind)
+        found.setdefault(section_of(kind), []).extend(
+            (name, getattr(values, name), where.get(name, "default")) for name in _names(kind))
+    return list(found.items())
+
+
+def is_secret(name: str) -> bool:
+    """A setting whose value is never shown (listing, errors)."""
+    return name in _SECRETS
 
 
 def check_apps(settings: Settings, named: Callable[[str], str] = env_name) -> list[Any]:

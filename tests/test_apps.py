@@ -188,7 +188,7 @@ NO_NUMPY = textwrap.dedent('''
         return {"n": event.payload.n + 1}
 
     async def main(home):
-        settings = Settings(data_dir=home, config_dir=home, apps=(), notify=False,
+        settings = Settings(data_dir=home, config_dir=home, apps=(),
                             agents=(AgentBinding("demo.ping", "__main__:pong"),),
                             webhook_secret=("s" * 32,), callback_secret=("c" * 32,))
         app = create_app(settings, admin_token="t" * 32)

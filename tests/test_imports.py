@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
-        "files"}
+        "files", "bundled"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}

@@ -38,6 +38,7 @@ from agentbox.review.judge import rule_notes, summarise
 from agentbox.review.meter import READ_SECONDS, measure
 from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import PROFILES
+from agentbox.review.settings import ReviewSettings
 from tests.conftest import Server, encode, make_event
 
 RATE = 48_000
@@ -355,7 +356,7 @@ def test_the_agent_reviews_a_file_by_path_or_file_url(write: Callable[..., Path]
     assert "4.0 LU above" in result.review_notes[0]
     by_url = review(path.as_uri(), profile="ebu_r128", stage="master")
     assert by_url.profile.target_lufs == -23 and by_url.metrics == result.metrics
-    configured = review(str(path), settings=Settings(mix_profile="club"))
+    configured = review(str(path), settings=Settings().with_app(ReviewSettings(mix_profile="club")))
     assert configured.profile.name == "club"
 
 

@@ -38,6 +38,7 @@ from agentbox.review.profiles import (
     UP_TO_PEAK,
     Target,
 )
+from agentbox.review.settings import ReviewSettings
 from tests.conftest import encode, in_process, make_event
 from tests.support.corpus import RATE, Song, limited, song_audio, write
 from tests.support.history import services_with
@@ -113,7 +114,7 @@ def context(previous: MixReview | None = None, config: str = "auto") -> AgentCon
                              result=previous.model_dump(mode="json"))
     return AgentContext(run_id="run_stage", attempt=1, agent="agentbox.review.agent:mix_review",
                         log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-                        settings=Settings(mix_stage=config),
+                        settings=Settings().with_app(ReviewSettings(mix_stage=config)),
                         services={**services_with(previous_export), Analysis: ANALYSIS})
 
 

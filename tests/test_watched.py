@@ -22,7 +22,8 @@ import soundfile as sf
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentbox.config import ConfigError, WatchedFolder, load_settings, parse_watch
+from agentbox.config import ConfigError, load_settings
+from agentbox.desktop.settings import DesktopSettings, WatchedFolder, parse_watch
 from agentbox.desktop.watch import state_file
 from tests.conftest import Server, wait_until
 from tests.test_idle import WINDOW_SECONDS, cpu_seconds
@@ -142,11 +143,13 @@ def test_the_setting_names_folders_and_their_stage(tmp_path: Path) -> None:
     config = tmp_path / "agentbox.toml"
     config.write_text('watch = ["/a", "/b=mix", {path = "/c=d", stage = "master"}]\n')
     settings = load_settings(config, environ={})
-    assert settings.watch == (WatchedFolder(Path("/a")), WatchedFolder(Path("/b"), "mix"),
-                              WatchedFolder(Path("/c=d"), "master"))
+    assert settings.of(DesktopSettings).watch == (
+        WatchedFolder(Path("/a")), WatchedFolder(Path("/b"), "mix"),
+        WatchedFolder(Path("/c=d"), "master"))
     from_env = load_settings(config, environ={"AGENTBOX_WATCH": "/e"})
-    assert from_env.watch == (WatchedFolder(Path("/e")),)  # the environment wins
-    assert load_settings(config, environ={"AGENTBOX_WATCH": ""}).watch == ()
+    # The environment wins.
+    assert from_env.of(DesktopSettings).watch == (WatchedFolder(Path("/e")),)
+    assert load_settings(config, environ={"AGENTBOX_WATCH": ""}).of(DesktopSettings).watch == ()
 
 
 @pytest.mark.parametrize(("value", "says"), [

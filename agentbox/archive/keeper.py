@@ -42,6 +42,7 @@ from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, Keep, disk_full, hash_of, is_hash, too_big, too_full
 from agentbox.archive.history import History
 from agentbox.archive.records import KeptAudio, ProjectReference
+from agentbox.archive.settings import ArchiveSettings, archive_path
 from agentbox.config import Settings
 from agentbox.logs import get_logger
 
@@ -87,13 +88,13 @@ class Archive:
 
     def __init__(self, settings: Settings, history: History,
                  clock: Callable[[], float] = time.time) -> None:
-        self.on = settings.archive
+        kept = settings.of(ArchiveSettings)
+        self.on = kept.archive
         self.history = history
         self.clock = clock
-        self.bounds = budget.Bounds(settings.archive_max_bytes,
-                                    settings.archive_keep_per_project)
-        self.blobs = Blobs(settings.archive_path)
-        self.min_free_bytes = settings.min_free_bytes  # left free on the archive's disk
+        self.bounds = budget.Bounds(kept.max_bytes, kept.archive_keep_per_project)
+        self.blobs = Blobs(archive_path(settings.data_dir))
+        self.min_free_bytes = kept.min_free_bytes  # left free on the archive's disk
         self.keeper = ""  # the folder's id, once it is made
         self._lock = asyncio.Lock()  # keeping and bounding take turns
         self._pending: dict[str, set[asyncio.Task[None]]] = {}  # hash -> keeps under way

@@ -1,7 +1,8 @@
 """The desktop side as an app beside the review (agentbox.http.apps): the folders the
 server watches for renders (the `watch` setting; they send exports as `agentbox
 watch` does, through the client), a notification when a review finishes (the
-`notify` setting), the review's line in the log, and the folders' routes (`GET
+`notify` setting) — its settings, the `[desktop]` section (agentbox.desktop.settings)
+—, the review's line in the log, and the folders' routes (`GET
 /watch`, `POST /watch/pause`, `POST /watch/resume`: agentbox.desktop.watch_api). It
 brings no agent and no table: it is a client of the engine that happens to run in
 the server's process.
@@ -17,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 from agentbox.client import configured_url
 from agentbox.desktop.notifications import ReviewNotifications
 from agentbox.desktop.review_log import ReviewLog
+from agentbox.desktop.settings import DesktopSettings
 from agentbox.desktop.watch_api import WatchRoutes
 from agentbox.desktop.watched import Pause, WatchedFolders
 from agentbox.http.apps import App, Host
@@ -34,12 +36,13 @@ class DesktopApp(App):
 
     def setup(self, host: Host) -> None:
         settings = host.settings
+        own = settings.of(DesktopSettings)
         self.review_log = ReviewLog(host.store)
         host.on_transition(self.review_log.on_transition)
-        if settings.notify:
+        if own.notify:
             self.notices = ReviewNotifications(host.store, pages=configured_url(settings))
             host.on_transition(self.notices.on_transition)
-        if settings.watch:
+        if own.watch:
             self.watched = watched = WatchedFolders.of(settings, host.admin_token)
             host.pages.stats_extras.append(lambda: {
                 f"watch-{i}": folder.said for i, folder in enumerate(watched.status())})

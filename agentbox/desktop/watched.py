@@ -43,8 +43,9 @@ import httpx
 
 from agentbox import portable
 from agentbox.client import Client, configured_url
-from agentbox.config import ConfigError, Settings, WatchedFolder, secrets_in_file
+from agentbox.config import ConfigError, Settings, secrets_in_file
 from agentbox.desktop.folders import DEFAULT_INTERVAL_SECONDS, Folder, FolderWatch, News
+from agentbox.desktop.settings import DesktopSettings, WatchedFolder
 from agentbox.logs import get_logger
 from agentbox.review.contract import SessionExported
 from agentbox.terminal import line
@@ -155,7 +156,8 @@ class WatchedFolders:
 
     @classmethod
     def of(cls, settings: Settings, admin_token: str) -> WatchedFolders:
-        return cls(settings.watch, ServerClient(settings, admin_token), settings.data_dir)
+        return cls(settings.of(DesktopSettings).watch, ServerClient(settings, admin_token),
+                   settings.data_dir)
 
     @property
     def paused(self) -> bool:

@@ -18,7 +18,6 @@ from typing import Any
 
 from agentbox.archive import Archive
 from agentbox.archive.history import History
-from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext, PermanentAgentError, admission
 from agentbox.events import Event
 from agentbox.review import stage, tonal
@@ -37,7 +36,8 @@ from agentbox.review.llm import LlmSettings, llm_notes
 from agentbox.review.model import MixReview, ProfileView, as_review
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from agentbox.review.reference import Track, against, project_reference
-from agentbox.review.stage import AUTO, Given, Stage
+from agentbox.review.settings import ReviewSettings
+from agentbox.review.stage import Given, Stage
 
 # The folders a sender's files must be in (AGENTBOX_MIX_ROOTS), for the admission
 # check, which is given the event only: the app sets them at its setup
@@ -110,10 +110,9 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     payload = event.payload
     project_id = str(getattr(payload, "project_id", ""))
     mix_url = str(getattr(payload, "mix_url", ""))
-    settings = ctx.settings
-    profile = choose_profile(getattr(payload, "profile", None)
-                             or (settings.mix_profile if settings else None))
-    roots = settings.mix_roots if settings else ()
+    settings = ctx.settings.of(ReviewSettings) if ctx.settings else ReviewSettings()
+    profile = choose_profile(getattr(payload, "profile", None) or settings.mix_profile)
+    roots = settings.mix_roots
     for url in (mix_url, getattr(payload, "reference_url", None)):
         outside = None if url is None else outside_roots(local_path(str(url)), roots)
         if outside is not None:
@@ -183,7 +182,7 @@ def choose_genre(payload: Any, previous: Previous) -> Genre | None:
     return GENRES.get(name) if name else None
 
 
-def choose_stage(payload: Any, settings: Settings | None, project: str, previous: Previous,
+def choose_stage(payload: Any, settings: ReviewSettings, project: str, previous: Previous,
                  measured: dict[str, Any], rejudged: Previous | None = None) -> Stage:
     """The stage from a re-judgment, the event (for the file, then for the project),
     the watch folder, the project's memory, the configuration, else the file
@@ -194,7 +193,7 @@ def choose_stage(payload: Any, settings: Settings | None, project: str, previous
         project=remembered_stage(payload, previous), project_name=project,
         project_now=told in stage.STAGES,
         watch=getattr(payload, "default_stage", None),
-        config=settings.mix_stage if settings else AUTO,
+        config=settings.mix_stage,
         rejudge=None if rejudged is None else getattr(payload, "stage", None),
         rejudged="" if rejudged is None else rejudged.called)
     return stage.choose(given, measured.get("true_peak_dbtp"), measured.get("integrated_lufs"),

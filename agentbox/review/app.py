@@ -4,9 +4,9 @@ archive of exports, references, what a project keeps of removed runs), the
 analysis processes its agent borrows, and its pages: projects on the home page, a
 project's history, a review's run page, the audio and reference routes.
 
-Importing this module registers the review's event types and its checks of the
-settings (agentbox.review.contract); the heavy parts (numpy, the analysis) load in
-`setup`, when a server is assembled.
+Importing this module registers the review's event types and its settings, the
+`[review]` section (agentbox.review.contract, agentbox.review.settings); the heavy
+parts (numpy, the analysis) load in `setup`, when a server is assembled.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agentbox.engine.retention import PruneReport
 from agentbox.http.apps import App, Host
 from agentbox.http.openapi import ApiPart
 from agentbox.review.contract import AGENTS, MIX_REVIEW
+from agentbox.review.settings import ReviewSettings
 from agentbox.store import Tables
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class ReviewApp(App):
         from agentbox.review.web.tidy import TidyRoutes
 
         self.host = host
-        confine_mixes(host.settings.mix_roots)  # for the receiver's admission check
+        # For the receiver's admission check.
+        confine_mixes(host.settings.of(ReviewSettings).mix_roots)
         # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
         # no process until `start` warms one.
         self.analysis = Analysis.configured()

@@ -11,12 +11,11 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, Field
 from pydantic_core import PydanticCustomError
 
-from agentbox.config import ConfigError, Settings, describe, settings_check
 from agentbox.engine.agents import rename_agent
 from agentbox.events import Name, ProjectName, Strict, Text, register_event_type
 from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES
-from agentbox.review.stage import CONFIG_STAGES, STAGES
+from agentbox.review.settings import ReviewSettings
 
 
 def _one_of(known: Collection[str], what: str) -> Callable[[str], str]:
@@ -93,21 +92,8 @@ def register() -> None:
 register()
 
 
-@settings_check
-def check_settings(settings: Settings, named: Callable[[str], str]) -> None:
-    """The review's settings, in its words: the default profile and stage, and the
-    stage each watched folder names."""
-    if settings.mix_profile is not None and settings.mix_profile not in PROFILES:
-        raise ConfigError(f"{named('mix_profile')}: {describe(settings.mix_profile)} is not "
-                          f"a profile; use one of {', '.join(PROFILES)}")
-    if settings.mix_stage not in CONFIG_STAGES:
-        raise ConfigError(f"{named('mix_stage')}: {describe(settings.mix_stage)} is not a "
-                          f"stage; use one of {', '.join(CONFIG_STAGES)}")
-    for folder in settings.watch:
-        if folder.stage is not None and folder.stage not in STAGES:
-            raise ConfigError(
-                f"{named('watch')}: {describe(f'{folder.path}={folder.stage}')}: the stage "
-                f"must be {' or '.join(STAGES)} (PATH=STAGE), not {describe(folder.stage)}")
+# The review's settings (its section of agentbox.toml) are known wherever its contract is.
+SETTINGS = ReviewSettings
 
 
 # The review's agent, by import string (what a run stores), for each event type it takes.

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext
 from agentbox.review.model import MixMetrics
 from agentbox.review.profiles import Profile
+from agentbox.review.settings import ReviewSettings
 
 LLM_TIMEOUT_SECONDS = 30.0  # the whole call, at most
 # Left of the run's own time limit after the call, to finish the review: the call
@@ -34,12 +34,12 @@ class LlmSettings:
     api_key: str | None
 
     @classmethod
-    def from_settings(cls, settings: Settings | None) -> LlmSettings | None:
+    def from_settings(cls, review: ReviewSettings) -> LlmSettings | None:
         """AGENTBOX_LLM_BASE_URL and _MODEL from the configuration; the key only ever
         from the environment (AGENTBOX_LLM_API_KEY)."""
-        if settings is None or not settings.llm_base_url or not settings.llm_model:
+        if not review.llm_base_url or not review.llm_model:
             return None
-        return cls(settings.llm_base_url.rstrip("/"), settings.llm_model,
+        return cls(review.llm_base_url.rstrip("/"), review.llm_model,
                    os.environ.get("AGENTBOX_LLM_API_KEY"))
 
 

@@ -318,6 +318,49 @@ def token(config_file: Path | None) -> None:
     click.echo(cfg.admin_token(_settings(config_file)))
 
 
+@main.command("config")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help="TOML config file (as serve's).")
+def show_config(config_file: Path | None) -> None:
+    """Print every setting as `serve` would use it: the engine's, then each app's in its
+    section of agentbox.toml, each with where it was set (the key in the file, the
+    variable, the flag) or `default`. Secrets are never shown. A configuration `serve`
+    would refuse is refused here the same way (exit status 2)."""
+    try:
+        settings = cfg.load_settings(config_file)
+        cfg.check_apps(settings)  # the apps' settings are known once they are imported
+    except cfg.ConfigError as exc:
+        _refuse(str(exc), EXIT_USAGE)
+    for section, rows in cfg.listing(settings):
+        if section:
+            click.echo(f"\n[{section}]")
+        for name, value, where in rows:
+            shown = (("(set, not shown)" if value else "(not set)") if cfg.is_secret(name)
+                     else _setting_value(value))
+            click.echo(f"{name} = {shown}  # {where}")
+
+
+def _setting_value(value: Any) -> str:
+    """A setting's value as the file writes it (a list in brackets, a table in braces)."""
+    if value is None:
+        return "(not set)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value), ensure_ascii=False)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_setting_value(item) for item in value) + "]"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "{" + ", ".join(f"{f.name} = {_setting_value(getattr(value, f.name))}"
+                               for f in dataclasses.fields(value)
+                               if getattr(value, f.name) is not None) + "}"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
 @main.command("open")
 @click.option("--url", default=None, help="agentbox's address (default: as configured).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)

@@ -6,8 +6,8 @@ short. Then the manual itself: served at /docs behind the page's rules, printed 
 `agentbox docs`.
 
 The documented forms (internals.md, "This manual", says how to extend them):
-- configuration.md: the settings table, a row per `AGENTBOX_*` variable with its
-  file key (or "environment only");
+- configuration.md: the settings tables, the engine's and one per app's section, a
+  row per `AGENTBOX_*` variable with its file key (or "environment only");
 - cli.md: the commands table, a row per command with its options as code spans;
 - api.md: the paths table, a row per method and path.
 """
@@ -45,8 +45,9 @@ from tests.conftest import (
 DOCS = ROOT / "agentbox" / "docs"
 README = ROOT / "README.md"
 README_MAX_LINES = 250
-# Settings fields that are worked out, not set: where the secrets were read from.
-DERIVED_SETTINGS = {"webhook_secret_file"}
+# Settings fields that are worked out, not set: where the secrets were read from, and
+# what was said beyond the engine's settings (the apps', read through Settings.of).
+DERIVED_SETTINGS = {"webhook_secret_file", "given"}
 ENV_VARIABLE = re.compile(r"AGENTBOX_[A-Z0-9_]*[A-Z0-9]")
 CODE_SPAN = re.compile(r"`([^`]+)`")
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
@@ -75,14 +76,34 @@ def the_code(cell: str) -> str:
 
 
 def documented_settings() -> dict[str, str]:
-    """configuration.md's settings table: variable -> file key ("" if environment only)."""
-    rows = table_rows("configuration", "variable | file key")
-    return {the_code(row[0]): "" if row[1] == "environment only" else the_code(row[1])
-            for row in rows}
+    """configuration.md's settings tables: variable -> file key ("" if environment only),
+    an app's as `section.key` (its table's header says `key in [section]`)."""
+    found = {}
+    for section in ("", *app_sections()):
+        header = f"variable | key in [{section}]" if section else "variable | file key"
+        for row in table_rows("configuration", header):
+            key = "" if row[1] == "environment only" else the_code(row[1])
+            found[the_code(row[0])] = f"{section}.{key}" if section and key else key
+    return found
 
 
-def settable() -> set[str]:
-    return set(config._SETTABLE)  # what load_settings reads from the file and the environment
+def app_sections() -> dict[str, set[str]]:
+    """The default apps' settings, by section (importing the apps registers them)."""
+    config.import_apps(config.DEFAULT_APPS)
+    found: dict[str, set[str]] = {}
+    for kind in config.registered_settings():
+        found.setdefault(config.section_of(kind), set()).update(
+            field.name for field in dataclasses.fields(kind))
+    return found
+
+
+def settable() -> dict[str, str]:
+    """Every setting load_settings reads from the file and the environment: its name ->
+    its file key (the engine's at the top, an app's in its section)."""
+    found = {name: name for name in config._SETTABLE}
+    for section, names in app_sections().items():
+        found.update({name: f"{section}.{name}" for name in names})
+    return found
 
 
 def environment_only() -> set[str]:
@@ -98,18 +119,18 @@ def environment_only() -> set[str]:
 
 def test_every_settings_field_is_settable_or_known_to_be_derived() -> None:
     fields = {field.name for field in dataclasses.fields(config.Settings)}
-    assert fields - settable() == DERIVED_SETTINGS, (
+    assert fields - set(config._SETTABLE) == DERIVED_SETTINGS, (
         "a new Settings field: make it settable (config.py) or name it in DERIVED_SETTINGS")
-    assert settable() <= fields | {"agents"}
+    assert set(config._SETTABLE) <= fields | {"agents"}
 
 
 def test_every_setting_is_in_the_settings_table_with_its_file_key() -> None:
     documented = documented_settings()
-    for name in sorted(settable()):
+    for name, key in sorted(settable().items()):
         variable = config.env_name(name)
         assert variable in documented, f"{variable} is not in configuration.md's table"
-        assert documented[variable] == name, (
-            f"{variable}'s file key should be `{name}`, not {documented[variable]!r}")
+        assert documented[variable] == key, (
+            f"{variable}'s file key should be `{key}`, not {documented[variable]!r}")
 
 
 def test_every_variable_the_package_reads_is_documented_as_environment_only() -> None:

@@ -1,0 +1,192 @@
+"""The apps' settings (agentbox.config.app_settings): each app's section of
+agentbox.toml, its variables as they were, a key at the top of the file as before
+sections, the same precedence and error words; `agentbox config` lists them by
+section; the core Settings holds the engine's alone.
+
+Every test passes an explicit config file and `environ` (or a subprocess's own
+environment), so the real home directory and environment are never read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentbox import config
+from agentbox.archive.settings import ArchiveSettings
+from agentbox.cli import main
+from agentbox.config import ConfigError, Settings, load_settings
+from agentbox.desktop.settings import DesktopSettings, WatchedFolder
+from agentbox.review.settings import ReviewSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def config_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agentbox.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def refused(path: Path, environ: dict[str, str] | None = None, **overrides: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ or {}, overrides)
+    return str(info.value)
+
+
+def test_each_app_reads_its_section_of_the_file(tmp_path: Path) -> None:
+    path = config_file(tmp_path, '[review]\nmix_profile = "club"\narchive_max_gb = 2.5\n'
+                                 'mix_stage = "Master"\n[desktop]\nnotify = false\n'
+                                 'watch = ["/music/masters=master"]\n')
+    settings = load_settings(path, {})
+    assert settings.of(ReviewSettings).mix_profile == "club"
+    assert settings.of(ReviewSettings).mix_stage == "master"
+    assert settings.of(ArchiveSettings).archive_max_gb == 2.5
+    assert settings.of(ArchiveSettings).max_bytes == 2_500_000_000
+    assert settings.of(DesktopSettings) == DesktopSettings(
+        notify=False, watch=(WatchedFolder(Path("/music/masters"), "master"),))
+
+
+def test_the_variables_are_as_they_were(tmp_path: Path) -> None:
+    path = config_file(tmp_path, "")
+    environ = {"AGENTBOX_MIX_PROFILE": "podcast", "AGENTBOX_MIX_STAGE": "mix",
+               "AGENTBOX_LLM_BASE_URL": "http://127.0.0.1:11434/v1",
+               "AGENTBOX_LLM_MODEL": "m", "AGENTBOX_NOTIFY": "off", "AGENTBOX_ARCHIVE": "0",
+               "AGENTBOX_ARCHIVE_MAX_GB": "0.5", "AGENTBOX_ARCHIVE_KEEP_PER_PROJECT": "3",
+               "AGENTBOX_MIN_FREE_MB": "7", "AGENTBOX_WATCH": "/w",
+               "AGENTBOX_MIX_ROOTS": str(tmp_path)}
+    settings = load_settings(path, environ)
+    assert settings.of(ReviewSettings) == ReviewSettings(
+        mix_profile="podcast", mix_stage="mix", llm_base_url="http://127.0.0.1:11434/v1",
+        llm_model="m", mix_roots=(Path(os.path.realpath(tmp_path)),))
+    assert settings.of(ArchiveSettings) == ArchiveSettings(
+        archive=False, archive_max_gb=0.5, archive_keep_per_project=3, min_free_mb=7)
+    assert settings.of(DesktopSettings) == DesktopSettings(False, (WatchedFolder(Path("/w")),))
+
+
+def test_a_key_at_the_top_of_the_file_still_counts(tmp_path: Path) -> None:
+    path = config_file(tmp_path, 'mix_profile = "club"\narchive = false\nnotify = false\n'
+                                 "archive_keep_per_project = 5\n")
+    settings = load_settings(path, {})
+    assert settings.of(ReviewSettings).mix_profile == "club"
+    assert settings.of(ArchiveSettings).archive is False
+    assert settings.of(ArchiveSettings).archive_keep_per_project == 5
+    assert settings.of(DesktopSettings).notify is False
+
+
+def test_the_file_then_the_variable_then_the_flag(tmp_path: Path) -> None:
+    path = config_file(tmp_path, '[review]\nmix_profile = "club"\narchive_max_gb = 3\n')
+    assert load_settings(path, {}).of(ReviewSettings).mix_profile == "club"
+    from_env = load_settings(path, {"AGENTBOX_MIX_PROFILE": "spotify"})
+    assert from_env.of(ReviewSettings).mix_profile == "spotify"
+    assert from_env.of(ArchiveSettings).archive_max_gb == 3  # the file's, not overridden
+    flagged = load_settings(path, {"AGENTBOX_MIX_PROFILE": "spotify"},
+                            {"mix_profile": "youtube", "archive_max_gb": None})
+    assert flagged.of(ReviewSettings).mix_profile == "youtube"
+    assert flagged.of(ArchiveSettings).archive_max_gb == 3  # None: the flag not given
+
+
+@pytest.mark.parametrize(("text", "environ", "says"), [
+    ('[review]\nmix_profile = "loud"\n', {},
+     "review.mix_profile in {path}: 'loud' is not a profile; use one of streaming,"),
+    ('mix_profile = "loud"\n', {}, "mix_profile in {path}: 'loud' is not a profile"),
+    ("", {"AGENTBOX_MIX_STAGE": "loud"},
+     "AGENTBOX_MIX_STAGE: 'loud' is not a stage; use one of auto, mix, master"),
+    ("[review]\narchive_keep_per_project = 500\n", {},
+     "review.archive_keep_per_project in {path} must be at most 200"),
+    ("", {"AGENTBOX_ARCHIVE_MAX_GB": "0"},
+     "AGENTBOX_ARCHIVE_MAX_GB must be a positive number (got 0.0)"),
+    ("", {"AGENTBOX_NOTIFY": "maybe"}, "AGENTBOX_NOTIFY: 'maybe' is not a valid value"),
+    ('[review]\nllm_base_url = "ftp://x"\n', {},
+     "review.llm_base_url in {path} must be an http(s) URL"),
+    ("", {"AGENTBOX_WATCH": "/a=loud"}, "AGENTBOX_WATCH: '/a=loud': the stage must be mix or"),
+    ('mix_profile = "club"\n[review]\nmix_profile = "club"\n', {},
+     "mix_profile is set twice in {path}: at the top and in [review]"),
+    ("[review]\nmix_profil = 1\n[studio]\nx = 1\n", {},
+     "config file {path}: unknown setting(s) review.mix_profil, studio"),
+])
+def test_an_app_setting_that_does_not_fit_is_named_as_it_was_set(
+        tmp_path: Path, text: str, environ: dict[str, str], says: str) -> None:
+    path = config_file(tmp_path, text)
+    assert says.format(path=path) in refused(path, environ)
+
+
+def test_a_setting_left_at_its_default_is_named_by_its_variable(tmp_path: Path) -> None:
+    path = config_file(tmp_path, "")
+    assert "--archive-keep-per-project must be at most" in refused(
+        path, archive_keep_per_project=201)
+    with pytest.raises(ConfigError, match="AGENTBOX_ARCHIVE_KEEP_PER_PROJECT must be at most"):
+        ArchiveSettings(archive_keep_per_project=201).check(config.env_name)
+
+
+def test_settings_given_as_they_are(tmp_path: Path) -> None:
+    settings = Settings().with_app(ReviewSettings(mix_profile="club"))
+    assert settings.of(ReviewSettings).mix_profile == "club"
+    assert settings.of(DesktopSettings) == DesktopSettings()  # the rest at their defaults
+    assert Settings().of(ReviewSettings).mix_profile is None
+
+
+def test_the_core_settings_hold_no_app_setting() -> None:
+    config.import_apps(config.DEFAULT_APPS)
+    engine = {field.name for field in dataclasses.fields(Settings)}
+    apps = {field.name for kind in config.registered_settings()
+            for field in dataclasses.fields(kind)}
+    assert {"mix_profile", "notify", "archive", "watch", "mix_roots"} <= apps
+    assert not engine & apps
+    assert not set(config._SETTABLE) & apps
+    with pytest.raises(ValueError, match="the setting 'port' is taken"):
+        @config.app_settings("studio")
+        @dataclasses.dataclass(frozen=True)
+        class Taken:
+            port: int = config.setting(1, config.parse_positive_int)
+
+
+def test_reading_settings_imports_no_app_unless_the_file_names_one(tmp_path: Path) -> None:
+    """A client of agentbox stays light: only a key no app imported so far knows makes
+    the configuration import the apps, to learn their settings."""
+    script = ("import sys; from pathlib import Path; from agentbox.config import load_settings;"
+              "s = load_settings(Path(sys.argv[1]), {});"
+              "print('agentbox.review.app' in sys.modules, 'agentbox.desktop.app' in sys.modules)")
+    plain, named = tmp_path / "plain.toml", tmp_path / "named.toml"
+    plain.write_text("port = 8123\n", encoding="utf-8")
+    named.write_text("[desktop]\nnotify = false\n", encoding="utf-8")
+    for path, expected in ((plain, "False False"), (named, "True True")):
+        done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items()
+                                   if not k.startswith("AGENTBOX_")})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == expected.split()
+
+
+def test_agentbox_config_lists_every_setting_by_section(tmp_path: Path) -> None:
+    path = config_file(tmp_path, 'port = 8123\nmix_profile = "club"\n[desktop]\nnotify = false\n')
+    secret = "whsec_" + "s" * 40
+    shown = CliRunner().invoke(main, ["config", "--config", str(path)], env={
+        "AGENTBOX_ARCHIVE_MAX_GB": "2.5", "AGENTBOX_WEBHOOK_SECRET": secret,
+        "AGENTBOX_MIX_STAGE": None, "AGENTBOX_NOTIFY": None})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert f"port = 8123  # port in {path}" in lines
+    assert "webhook_secret = (set, not shown)  # AGENTBOX_WEBHOOK_SECRET" in lines
+    assert secret not in shown.output
+    review, desktop = lines.index("[review]"), lines.index("[desktop]")
+    assert lines.index(f"port = 8123  # port in {path}") < review < desktop
+    assert f'mix_profile = "club"  # mix_profile in {path}' in lines[review:desktop]
+    assert "archive_max_gb = 2.5  # AGENTBOX_ARCHIVE_MAX_GB" in lines[review:desktop]
+    assert 'mix_stage = "auto"  # default' in lines[review:desktop]
+    assert f"notify = false  # desktop.notify in {path}" in lines[desktop:]
+    assert "watch = []  # default" in lines[desktop:]
+
+
+def test_agentbox_config_refuses_what_serve_would(tmp_path: Path) -> None:
+    path = config_file(tmp_path, '[review]\nmix_profile = "loud"\n')
+    shown = CliRunner().invoke(main, ["config", "--config", str(path)])
+    assert shown.exit_code == 2
+    assert f"review.mix_profile in {path}: 'loud' is not a profile" in shown.output

@@ -42,7 +42,8 @@ from agentbox.client import (
     find_url,
     runtime_file,
 )
-from agentbox.events import is_event_type_name, project_name
+from agentbox.events import is_event_type_name
+from agentbox.events import nfc_name as project_name
 from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.genres import GENRES

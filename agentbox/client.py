@@ -45,8 +45,8 @@ import httpx
 from pydantic import ValidationError
 
 from agentbox import config as cfg
-from agentbox.events import SCHEMA_VERSION, project_name
-from agentbox.events import project_of_file as project_of  # the name it had here
+from agentbox.events import SCHEMA_VERSION, name_of_file
+from agentbox.events import nfc_name as project_name
 from agentbox.logs import one_line
 from agentbox.models import (
     Accepted,
@@ -344,6 +344,12 @@ def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
         return found
     how = json.dumps({"project": project, **asked}, sort_keys=True, ensure_ascii=False)
     return f"{found}-{hashlib.sha256(how.encode()).hexdigest()[:12]}"
+
+
+def project_of(path: Path) -> str:
+    """A file's project, as the review names it (agentbox.review.contract's
+    project_of_file): its stem, in NFC, else "mix"."""
+    return name_of_file(path, "mix")
 
 
 def export_event(path: Path, event_id: str, project: str | None = None,

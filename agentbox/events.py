@@ -62,29 +62,28 @@ def _a_name(value: str) -> str:
     return value
 
 
-def project_name(text: str) -> str:
-    """A project's name in the one form agentbox keeps it: Unicode NFC. A Mac's file
-    system hands out "Über" decomposed (U+0055 U+0308), a typed `--project` is
-    usually composed (U+00DC): both are the same project."""
+def nfc_name(text: str) -> str:
+    """A name in the one form agentbox keeps it: Unicode NFC. A Mac's file system
+    hands out "Über" decomposed (U+0055 U+0308), a typed one is usually composed
+    (U+00DC): both are the same name (the review's projects are named so)."""
     return unicodedata.normalize("NFC", text)
 
 
-def project_of_file(path: PurePath) -> str:
-    """A project's name from a file's: its stem as written, in Unicode NFC (as
-    `send --project` and the event contract keep names), characters a project
-    name cannot hold (control and invisible ones) replaced by a space. What
-    `agentbox send FILE` and a file dropped on the page are called."""
-    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in project_name(path.stem))
-    return cleaned.strip()[:256].strip() or "mix"
+def name_of_file(path: PurePath, fallback: str) -> str:
+    """A name from a file's: its stem as written, in Unicode NFC, characters a name
+    cannot hold (control and invisible ones) replaced by a space; `fallback` when
+    nothing is left (the review's project of a file: agentbox.review.contract)."""
+    cleaned = "".join(" " if unfit_for_a_name(c) else c for c in nfc_name(path.stem))
+    return cleaned.strip()[:MAX_ID_LENGTH].strip() or fallback
 
 
 # What people call things (a DAW's project "Night Drive (final)", "Über Nacht"):
 # any text, spaces inside it included.
 Name = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_a_name)]
-# A project's name: a Name, NFC-normalised, so that one project has one name
-# whichever way its export arrived (a watched folder on macOS, a typed --project).
-# (The length is checked as written: NFC rarely lengthens a text, by 3 times at most.)
-ProjectName = Annotated[Name, AfterValidator(project_name)]
+# A Name, NFC-normalised, so that one thing has one name whichever way it arrived (a
+# file from macOS, a typed flag). (The length is checked as written: NFC rarely
+# lengthens a text, by 3 times at most.)
+NfcName = Annotated[Name, AfterValidator(nfc_name)]
 Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 

@@ -439,7 +439,7 @@ def build_server(box: Agentbox) -> ToolServer:
                        ) -> Annotated[CallToolResult, SendAnswer]:
         """Ask for a (new) review of a mix (event mix.review_requested); every request
         is a new run."""
-        from agentbox.events import project_name
+        from agentbox.events import nfc_name as project_name
 
         path = _mix_file(mix_path)
         payload = {"project_id": project_name(project), "mix_url": str(path.resolve()),

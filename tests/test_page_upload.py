@@ -18,7 +18,7 @@ import soundfile
 from playwright.sync_api import Browser, Page, expect
 
 from agentbox.client import project_of
-from agentbox.events import project_of_file
+from agentbox.review.contract import project_of_file
 from agentbox.review.web import drops, references
 from tests.conftest import InProcess, Server, in_process, wait_until
 from tests.support.browser import as_the_user, chromium, fresh_page

@@ -6,16 +6,39 @@ the engine's contract (agentbox.events) when this module is imported.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from pathlib import PurePath
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 from pydantic_core import PydanticCustomError
 
 from agentbox.engine.agents import rename_agent
-from agentbox.events import Name, ProjectName, Strict, Text, register_event_type
+from agentbox.events import (
+    Name,
+    NfcName,
+    Strict,
+    Text,
+    name_of_file,
+    nfc_name,
+    register_event_type,
+)
 from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES
 from agentbox.review.settings import ReviewSettings
+
+# A project's name: a Name, NFC-normalised, so that one project has one name
+# whichever way its export arrived (a watched folder on macOS, a typed --project).
+ProjectName = NfcName
+project_name = nfc_name  # a project's name in the one form agentbox keeps it
+DEFAULT_PROJECT = "mix"  # a file's project when its name leaves nothing to call it
+
+
+def project_of_file(path: PurePath) -> str:
+    """A project's name from a file's: its stem as written, in Unicode NFC (as
+    `send --project` and the event contract keep names), characters a project
+    name cannot hold (control and invisible ones) replaced by a space. What
+    `agentbox send FILE` and a file dropped on the page are called."""
+    return name_of_file(path, DEFAULT_PROJECT)
 
 
 def _one_of(known: Collection[str], what: str) -> Callable[[str], str]:

@@ -43,10 +43,11 @@ from agentbox import portable
 from agentbox.archive import Archive
 from agentbox.archive.blobs import disk_full
 from agentbox.archive.keeper import Gone
-from agentbox.events import SCHEMA_VERSION, Name, ProjectName, project_name, project_of_file
+from agentbox.events import SCHEMA_VERSION, Name
 from agentbox.http.access import CSRF_FAILED, Access, page_token_ok
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
+from agentbox.review.contract import ProjectName, project_name, project_of_file
 from agentbox.review.stage import STAGES
 from agentbox.review.web.audio import reviewed
 from agentbox.review.web.references import (

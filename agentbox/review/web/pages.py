@@ -20,13 +20,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from agentbox.archive import Archive
 from agentbox.archive.history import History
 from agentbox.archive.records import ProjectExport
-from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
+from agentbox.events import MAX_ID_LENGTH, unfit_for_a_name
 from agentbox.http.api import limit_of
 from agentbox.http.errors import error_response
 from agentbox.http.pages import RUN_FILTERS, StatusPages, age, project_of
 from agentbox.models import ExportView
 from agentbox.review import figures
 from agentbox.review import view as review_view
+from agentbox.review.contract import project_name
 from agentbox.review.web.audio import audio_type
 from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url

@@ -38,11 +38,12 @@ from agentbox.archive import Archive, Gone
 from agentbox.archive.blobs import disk_full
 from agentbox.archive.records import ProjectReference
 from agentbox.engine.agents import AgentError
-from agentbox.events import Name, ProjectName
+from agentbox.events import Name
 from agentbox.http.access import Access, token_required
 from agentbox.http.errors import error_response
 from agentbox.models import ReferenceOut
 from agentbox.review.analysis import Analysis
+from agentbox.review.contract import ProjectName
 from agentbox.review.web.audio import answer, audio_type
 from agentbox.store import iso
 

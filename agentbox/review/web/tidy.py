@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from agentbox.archive import Archive
 from agentbox.archive.history import History
-from agentbox.events import ProjectName
 from agentbox.http.access import Access, page_form, small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
+from agentbox.review.contract import ProjectName
 from agentbox.review.web.rejudge import Refusal, refused_answer
 
 _NAME: TypeAdapter[str] = TypeAdapter(ProjectName)

@@ -25,6 +25,7 @@ from agentbox import config
 from agentbox.archive import budget
 from agentbox.archive.blobs import Blobs, Keep, copy_in, is_hash, ready
 from agentbox.archive.records import KeptAudio, ProjectReference
+from agentbox.archive.settings import archive_path
 from agentbox.review.web.audio import byte_range
 from tests.conftest import InProcess, in_process, make_event
 
@@ -88,7 +89,7 @@ async def test_three_renders_to_one_file_name_leave_three_playable_exports(
             other = await audio(box, run["run_id"], Range="bytes=0-9", **{"If-Range": '"x"'})
             assert other.status_code == 200 and other.content == heard
         # the files are the user's alone, each kept once under its hash
-        root = box.settings.archive_path
+        root = archive_path(box.settings.data_dir)
         kept = sorted(p for p in root.rglob("*") if p.is_file() and is_hash(p.name))
         assert [p.name for p in kept] == sorted(hashlib.sha256(h).hexdigest()
                                                 for h, _ in renders)
@@ -108,7 +109,8 @@ async def test_the_same_audio_twice_is_kept_once(tmp_path: Path) -> None:
         second = await review(box, tmp_path / "b.wav", project="Other")
         await box.app.state.apps["review"].archive.settled()
         assert first["result"]["file"]["sha256"] == second["result"]["file"]["sha256"]
-        assert len([p for p in box.settings.archive_path.rglob("*") if is_hash(p.name)]) == 1
+        kept = archive_path(box.settings.data_dir).rglob("*")
+        assert len([p for p in kept if is_hash(p.name)]) == 1
         for run in (first, second):
             assert (await audio(box, run["run_id"])).content == heard
 
@@ -124,7 +126,7 @@ async def test_a_symlink_swapped_in_after_the_review_serves_nothing(tmp_path: Pa
         heard = render(mix, 1)
         run = await review(box, mix)
         assert (await audio(box, run["run_id"])).content == heard
-        assert not box.settings.archive_path.exists()  # nothing kept
+        assert not archive_path(box.settings.data_dir).exists()  # nothing kept
 
         mix.rename(tmp_path / "moved.wav")
         mix.symlink_to(token_file)

@@ -277,7 +277,8 @@ class Given:
     path: Path | None = None
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     loose: Mapping[str, Any] = field(default_factory=dict)  # at the file's top
-    environ: Mapping[str, str] = field(default_factory=dict)  # AGENTBOX_*
+    # AGENTBOX_* (not shown: it may hold a secret, as AGENTBOX_ADMIN_TOKEN does)
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
     overrides: Mapping[str, Any] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)  # the engine's: where each was set
     # Each class's settings and where each of them was set, once read (or given).

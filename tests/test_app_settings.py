@@ -190,3 +190,21 @@ def test_agentbox_config_refuses_what_serve_would(tmp_path: Path) -> None:
     shown = CliRunner().invoke(main, ["config", "--config", str(path)])
     assert shown.exit_code == 2
     assert f"review.mix_profile in {path}: 'loud' is not a profile" in shown.output
+
+
+@pytest.mark.slow  # agentbox serve in a process of its own
+@pytest.mark.parametrize("where", ["file", "environment"])
+def test_serve_refuses_an_app_setting_that_does_not_fit_in_its_words(
+        tmp_path: Path, where: str) -> None:
+    """The desktop side is imported by no command but serve: its setting is read and
+    refused at start all the same, whether its section names it or its variable."""
+    from tests.conftest import free_port
+    from tests.test_startup import refused, serve
+
+    path = config_file(tmp_path, '[desktop]\nwatch = ["/a=loud"]\n' if where == "file" else "")
+    environ = {"AGENTBOX_WATCH": "/a=loud"} if where == "environment" else {}
+    done = serve(tmp_path, "--config", str(path), "--port", str(free_port()), **environ)
+    named = f"desktop.watch in {path}" if where == "file" else "AGENTBOX_WATCH"
+    assert done.returncode == 2
+    assert refused(done) == (f"agentbox: {named}: '/a=loud': the stage must be mix or master "
+                             "(PATH=STAGE), not 'loud'")

@@ -444,8 +444,10 @@ def load_settings(
          if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in _SETTABLE},
         {k: v for k, v in (overrides or {}).items() if k not in _SETTABLE}, sources)
     settings = Settings(**values)
-    if settings.given.unknown():  # perhaps an app's, not imported yet: import them
-        import_apps(settings.apps, Named(sources)("apps"))
+    if settings.given.unknown():  # perhaps an app's, not imported yet: import them, and
+        # the bundled ones, whose settings a server running without them still accepts
+        import_apps(tuple(dict.fromkeys((*settings.apps, *DEFAULT_APPS))),
+                    Named(sources)("apps"))
     _check_consistency(settings, sources)
     return settings
 

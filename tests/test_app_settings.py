@@ -149,20 +149,25 @@ def test_the_core_settings_hold_no_app_setting() -> None:
 
 def test_reading_settings_imports_no_app_unless_the_file_names_one(tmp_path: Path) -> None:
     """A client of agentbox stays light: only a key no app imported so far knows makes
-    the configuration import the apps, to learn their settings."""
+    the configuration import the apps, to learn their settings; a bundled app's keys
+    are accepted even by a server that does not run it (AGENTBOX_APPS=""), as before."""
     script = ("import sys; from pathlib import Path; from agentbox.config import load_settings;"
-              "s = load_settings(Path(sys.argv[1]), {});"
-              "print('agentbox.review.app' in sys.modules, 'agentbox.desktop.app' in sys.modules)")
+              "s = load_settings(Path(sys.argv[1]), {'AGENTBOX_APPS': sys.argv[2]});"
+              "print('agentbox.review.app' in sys.modules, 'agentbox.desktop.app' in sys.modules,"
+              "s.apps)")
     plain, named = tmp_path / "plain.toml", tmp_path / "named.toml"
     plain.write_text("port = 8123\n", encoding="utf-8")
-    named.write_text("[desktop]\nnotify = false\n", encoding="utf-8")
-    for path, expected in ((plain, "False False"), (named, "True True")):
-        done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT,
+    named.write_text("mix_profile = 'club'\n[desktop]\nnotify = false\n", encoding="utf-8")
+    for path, apps, expected in ((plain, "agentbox.desktop.app:app", "False False"),
+                                 (named, "agentbox.desktop.app:app", "True True"),
+                                 (named, "", "True True")):
+        done = subprocess.run([sys.executable, "-c", script, str(path), apps], cwd=ROOT,
                               capture_output=True, text=True, timeout=120,
                               env={k: v for k, v in os.environ.items()
                                    if not k.startswith("AGENTBOX_")})
         assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == expected.split()
+        assert done.stdout.split()[:2] == expected.split()
+        assert done.stdout.split()[2:] == (["()"] if not apps else [f"('{apps}',)"])
 
 
 def test_agentbox_config_lists_every_setting_by_section(tmp_path: Path) -> None:

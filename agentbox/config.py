@@ -376,11 +376,6 @@ def parse_text(value: Any, where: str) -> str:
     return str(_scalar(value))
 
 
-def parse_optional_text(value: Any, where: str) -> str | None:
-    """As parse_text; empty (or only spaces) is not set."""
-    return parse_text(value, where).strip() or None
-
-
 # How each setting is read from text (env var or TOML string); None = not settable there.
 _POSITIVE_FLOATS = {
     "signature_max_age_seconds", "idempotency_ttl_seconds", "run_timeout_seconds",
@@ -470,13 +465,9 @@ def _read_toml(path: Path, required: bool) -> dict[str, Any]:
 def _coerce(name: str, where: str, value: Any) -> Any:
     try:
         if name in _POSITIVE_FLOATS:
-            return _positive(float(_scalar(value)), where)
+            return parse_positive_float(value, where)
         if name in _POSITIVE_INTS:
-            number = _scalar(value)
-            if isinstance(number, float) or (isinstance(number, str) and not number.strip()
-                                              .lstrip("+").isdigit()):
-                raise ValueError
-            return _positive(int(number), where)
+            return parse_positive_int(value, where)
         if name in _LISTS:
             return _string_list(value)
         if name in _SCHEDULES:

@@ -24,24 +24,28 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
         "files"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
+# The app hook (agentbox/apps.py: App, Host): above the engine and the HTTP core,
+# which it lends to the apps; the server (http/app.py) assembles the apps through it.
+HOOK = {"apps"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
-ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
+ANYTHING = CORE | ROOMS | HOOK | SHELLS | {"agentbox"}
 
 # What each room may import (its own modules are always allowed). The engine (the
 # run engine on the store, the HTTP core on both, the core modules below them) knows
 # no app: the review, its archive and the desktop side are apps on top of it, which
-# reach the engine through agentbox.http.apps (docs/apps.md), never the other way.
+# reach the engine through agentbox.apps (docs/apps.md), never the other way.
 # No exceptions.
 APPS = {"review", "archive", "desktop"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "http": {"engine", "store"} | CORE,
+    "http": {"engine", "store", "apps"} | CORE,
+    "apps": {"http", "engine", "store"} | CORE,
     "engine": {"store"} | CORE,
     "store": {"events", "runs", "logs", "portable", "signing", "addresses", "models"},
     # The review is an app: the agent API, the app hook and the pages it stands on.
-    "review": {"engine", "store", "archive", "http"} | CORE,
+    "review": {"engine", "store", "archive", "http", "apps"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).
     "archive": {"store"} | CORE,
-    "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
+    "desktop": {"client", "terminal", "review", "store", "engine", "http", "apps"} | CORE,
     "client": set(CORE),
     "terminal": {"review", "engine"} | CORE,  # the mix review's names
 }
@@ -153,7 +157,7 @@ def test_the_engine_imports_no_app() -> None:
     """The pinned direction, said on its own: agentbox.engine, agentbox.store,
     agentbox.events, agentbox.config and the HTTP core import nothing of
     agentbox.review, agentbox.archive or agentbox.desktop."""
-    engine = {"engine", "store", "events", "config", "http"}
+    engine = {"engine", "store", "events", "config", "http", "apps"}
     assert not {(name, target) for name, targets in graph().items() if room(name) in engine
                 for target in targets if room(target) in APPS}
 

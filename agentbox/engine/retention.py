@@ -98,7 +98,7 @@ class Retention:
 
     # -- the server's background pass ---------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """A pass now and every maintenance interval after (engine/loop.py's shape; a
         pass that fails is tried again at the next interval)."""
         self._stop.clear()

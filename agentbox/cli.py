@@ -43,7 +43,8 @@ from agentbox.client import (
     runtime_file,
 )
 from agentbox.events import is_event_type_name, project_name
-from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
+from agentbox.models import Accepted, Answer, RunDetail, RunView
+from agentbox.review.answers import ReferenceOut
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.genres import GENRES
 from agentbox.review.present import mix_name

@@ -23,9 +23,9 @@ from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.http.api import limit_of
 from agentbox.http.errors import error_response
 from agentbox.http.pages import RUN_FILTERS, StatusPages, age
-from agentbox.models import ExportView
 from agentbox.review import figures
 from agentbox.review import view as review_view
+from agentbox.review.answers import ExportView
 from agentbox.review.web.audio import audio_type
 from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url

@@ -176,11 +176,11 @@ class Host:
 
     def add_menu_link(self, label: str, href: str, area: str | None = None) -> None:
         """A link in every page's menu, before the engine's (Operations, Manual); shown
-        as the current one on pages of `area` (`page(..., area=)`: default the app's
-        name)."""
+        as the current one on the app's pages (those of its templates; `area`: default
+        the app's name, `pages.page(..., area=)` names it)."""
         area = area or self.app.name
         self.pages.menu.append({"label": label, "href": href, "area": area,
-                                "id": f"nav-{area}"})
+                                "id": f"nav-{area}", "app": self.app.name})
 
     def add_stats(self, figures: Callable[[], dict[str, Any]]) -> None:
         """Figures added to the live stream's `stats` (every page gets them)."""

@@ -342,10 +342,14 @@ class StatusPages:
 
     def page(self, template: str, status_code: int = 200, area: str | None = None,
               **context: Any) -> HTMLResponse:
-        """A page of an app's area (default: the first menu link's, the home page's
-        app), or of the operations area (runs, dead letters, callbacks), whose banners
-        only it shows."""
-        area = area if area is not None else self.menu[0]["area"] if self.menu else ""
+        """A page of an app's area (default: the area of the menu link of the app whose
+        template it is, "<app>/<file>"; the engine's: the first link's, the home
+        page's), or of the operations area (runs, dead letters, callbacks), whose
+        banners only it shows."""
+        if area is None:
+            app = template.partition("/")[0] if "/" in template else None
+            links = [link for link in self.menu if link["app"] == app] or self.menu
+            area = links[0]["area"] if links else ""
         context.setdefault("csrf", self.csrf)
         context.setdefault("alerts", self.alerts + (self.operator_alerts
                                                     if area == "operations" else []))

@@ -27,7 +27,7 @@ from agentbox.logs import get_logger
 from agentbox.store import PruneStep, Store, iso
 
 log = get_logger("retention")
-# An app's share of a pass (agentbox.http.apps.App.retain), given the report once the
+# An app's share of a pass (agentbox.apps.App.retain), given the report once the
 # store's steps are done (dry too): it holds its own bounds and says what it kept.
 AppShare = Callable[["PruneReport"], Awaitable[None]]
 

@@ -170,8 +170,8 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
     """The secrets, the schema brought up to date and the app; what stops them said."""
     from agentbox import files
     from agentbox import store as st
-    from agentbox.http.app import create_app
     from agentbox.apps import schemas_of
+    from agentbox.http.app import create_app
     from agentbox.store import engines
 
     try:

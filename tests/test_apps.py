@@ -375,3 +375,27 @@ def test_a_schema_line_is_a_word() -> None:
         with pytest.raises(ValueError, match="lowercase word"):
             Schema(line=bad, package="agentbox.archive")
 
+
+
+def test_one_class_is_named_app_and_its_former_home_still_imports_it() -> None:
+    """agentbox.apps.App is the hook (the server is AgentboxServer); agentbox.http.apps
+    names the same objects for a release."""
+    import ast
+
+    import agentbox.apps
+    import agentbox.http.apps
+
+    named = [str(path.relative_to(ROOT)) for path in (ROOT / "agentbox").rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and node.name == "App"]
+    assert named == ["agentbox/apps.py"]
+    assert agentbox.http.apps.App is agentbox.apps.App
+    assert agentbox.http.apps.Host is agentbox.apps.Host
+
+
+def test_no_app_reads_starlettes_app_state() -> None:
+    """Apps reach the engine through their Host, never `request.app.state`."""
+    readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "agentbox").rglob("*.py")
+                     if "app.state" in path.read_text(encoding="utf-8")
+                     and path.parent.name != "http")
+    assert readers == []

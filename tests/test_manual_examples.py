@@ -123,3 +123,18 @@ def test_a_plugin_under_the_former_group_still_loads_and_once_under_both(
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert said == {"plugins": ["stems"], "agents": ["stemcheck:check_stem"]}
+
+
+def test_every_hook_of_app_and_every_door_of_host_is_in_the_manual() -> None:
+    """As Datasette's tests keep its plugin hooks documented: what an app may override
+    and what the Host lends it, each named in docs/apps.md."""
+    import re
+
+    from agentbox.apps import App, Host
+
+    text = manual.manual.text("apps")
+    hooks = [name for name in vars(App) if not name.startswith("_")]
+    doors = [name for name in vars(Host) if not name.startswith("_")]
+    doors += ["settings", "store", "registry", "dispatcher", "clock", "pages", "admin_token"]
+    assert [name for name in hooks if not re.search(rf"`{name}\b", text)] == []
+    assert [name for name in doors if not re.search(rf"host\.{name}\b", text)] == []

@@ -181,6 +181,9 @@ async def test_an_apps_files_are_served_under_its_name(box: InProcess) -> None:
                  "/static/review/..%2Fapp.py", "/static/review/%2E%2E%2Fpages.py",
                  "/static/nobody/page.css", "/static/review/.hidden.css"):
         assert (await box.client.get(path)).status_code == 404, path
+    async with box.anonymous() as anonymous:  # the page's files, as its pages, need a login
+        assert (await anonymous.get("/static/review/review.css")).status_code == 401
+        assert (await anonymous.get("/ui/static/page.css")).status_code == 200  # the login's
 
 
 async def test_the_operations_area_is_one_click_from_every_page(box: InProcess) -> None:

@@ -139,10 +139,15 @@ class Host:
         """The handle on the app's tables (store/tables.py), migrated when the store
         opens: those of `App.schemas` (None: its only one)."""
         own = [each for each in self.app.schemas if schema is None or each is schema]
-        if len(own) != 1:
-            raise ConfigError(f"app {self.app.name!r}: host.tables() needs one of its own "
-                              "schemas (App.schemas) " + ("named" if schema else "or one only"))
-        return self._tables[own[0].line]
+        if len(own) == 1:
+            return self._tables[own[0].line]
+        name = self.app.name
+        if schema is not None:
+            raise ConfigError(f"the app {name!r} asks for the tables of the line "
+                              f"{schema.line!r}, which is not in its App.schemas: add it there")
+        raise ConfigError(f"the app {name!r} has " + ("no tables: declare their Schema in "
+                          "App.schemas" if not own else "several lines of tables: name one, "
+                          "host.tables(SCHEMA)"))
 
     # -- its agents' services --------------------------------------------------------------
 

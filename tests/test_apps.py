@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -399,3 +400,31 @@ def test_no_app_reads_starlettes_app_state() -> None:
                      if "app.state" in path.read_text(encoding="utf-8")
                      and path.parent.name != "http")
     assert readers == []
+
+
+def test_an_app_gets_the_tables_it_declares_once(tmp_path: Path) -> None:
+    """`host.tables()` hands the handle of the app's `schemas` (given once, there);
+    asking for another line, or for none when it has no tables, says what to do."""
+    from agentbox.apps import App, Host
+    from agentbox.store import Schema
+
+    class Keeper(App):
+        name = "keeper"
+        schemas = (SCHEMA,)
+
+    other = Schema(line="other", package="agentbox.archive")
+    store = SqliteStore(tmp_path / "agentbox.sqlite3")
+    tables = {SCHEMA.line: store.add_tables(SCHEMA)}
+
+    def host(app: App) -> Host:
+        return Host(app, settings=in_process_settings(tmp_path), store=store,
+                    registry=None, dispatcher=None, clock=time.time, pages=None,  # type: ignore[arg-type]
+                    api=None, receiver=None, admin_token="the-admin-token", tables=tables)  # type: ignore[arg-type]
+
+    assert host(Keeper()).tables() is tables[SCHEMA.line]
+    assert host(Keeper()).tables(SCHEMA) is tables[SCHEMA.line]
+    with pytest.raises(ConfigError, match=r"line 'other', which is not in its App\.schemas"):
+        host(Keeper()).tables(other)
+    with pytest.raises(ConfigError, match="the app 'app' has no tables"):
+        host(App()).tables()
+    assert repr(host(Keeper())) == "Host('keeper')"  # the admin token stays out of logs

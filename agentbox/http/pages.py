@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, select_autoescape
 from markupsafe import escape
@@ -478,6 +478,7 @@ def page_templates() -> Environment:
     env.globals["asset"] = functools.partial(asset_url, apps=folders)
     # JSON for people: readable text, which autoescaping then makes inert HTML
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["project_url"] = project_url  # a run's project, in the runs' table
     return env
 
 
@@ -541,3 +542,8 @@ def _asset_answer(request: Request, name: str, apps: Mapping[str, Path]) -> Resp
     return Response(body, media_type=STATIC_TYPES[path.suffix],
                     headers={"Cache-Control": cache, "ETag": f'"{version}"'})
 
+
+def project_url(name: str) -> str:
+    """A project's page: its whole name percent-encoded, slashes included (the runs'
+    table links a run's project: events.project, which the store still keeps)."""
+    return "/projects/" + quote(name, safe="")

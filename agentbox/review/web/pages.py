@@ -29,7 +29,6 @@ from agentbox.review.answers import ExportView
 from agentbox.review.web.audio import audio_type
 from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url
-from agentbox.review.web.tidy import project_url
 from agentbox.store import RunView, iso
 
 HOME_PROJECTS = 100
@@ -39,7 +38,6 @@ PROJECT_EXPORTS = 200
 def add_templates(env: Environment) -> Environment:
     """The review's filters, in the pages' environment `env` (its templates, "review/
     <file>", and static files come in as the app's: ReviewApp.templates, .static)."""
-    env.filters["project_url"] = project_url  # a run's project, in its crumbs
     env.filters["signed"] = review_view.signed
     env.filters["mmss"] = figures.mmss
     return env

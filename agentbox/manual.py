@@ -135,8 +135,12 @@ def render(name: str) -> Rendered:
     tokens = parser.parse(source)
     headings = _add_heading_ids(tokens)
     _point_links_at_pages(tokens)
+    _no_empty_headers(tokens)
     title = next((h.text for h in headings if h.level == 1), name)
     html = parser.renderer.render(_without_title(tokens), parser.options, {})
+    # A block wider than the page scrolls in its box: focusable, so that a keyboard
+    # can scroll it too (axe-core's scrollable-region-focusable).
+    html = html.replace("<pre><code", '<pre tabindex="0"><code')
     return Rendered(title, html, tuple(h for h in headings if h.level in (2, 3)))
 
 
@@ -198,6 +202,14 @@ def _plain(inline: Token) -> str:
         elif child.type in ("softbreak", "hardbreak"):
             parts.append(" ")
     return "".join(parts).strip()
+
+
+def _no_empty_headers(tokens: list[Token]) -> None:
+    """A table's empty header cell (over a column of row names) as a plain cell: a
+    header that names nothing is noise to a screen reader."""
+    for i, token in enumerate(tokens[:-2]):
+        if token.type == "th_open" and not tokens[i + 1].content.strip():
+            token.tag = tokens[i + 2].tag = "td"
 
 
 def _point_links_at_pages(tokens: list[Token]) -> None:

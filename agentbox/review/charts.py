@@ -350,7 +350,6 @@ class TrendPoint:
     value: float
     run_id: str
     label: str  # what the point's tooltip names (an export: "#3 Night Drive.wav")
-    linked: bool = True  # False: its run is gone (retention), no review page to open
     tick: str | None = None  # its label on the x axis ("#3"); None: its date
 
 
@@ -399,8 +398,9 @@ def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPo
         circle = (f'<circle class="point" cx="{px(i):.1f}" cy="{py(point.value):.1f}" r="4" '
                   f'fill="{SHORT_TERM}"><title>{escape(point.label)}: '
                   f'{_reading(point.value, unit)} {escape(unit)}</title></circle>')
-        parts.append(f'<a href="/ui/runs/{escape(point.run_id)}">{circle}</a>'
-                      if point.linked else circle)
+        # No link on a point: a chart is one image to assistive technology, which
+        # may hold nothing focusable; each export's row in the table beside it links.
+        parts.append(circle)
         if i in labelled:
             parts.append(_trend_tick(point, px(i), frame.y(0) + 16, "middle" if point.tick
                                      or len(points) == 1 else "start" if i == 0

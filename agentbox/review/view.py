@@ -342,7 +342,6 @@ def trend_charts(reviewed: list[ExportRow]) -> list[Markup]:
             ("true_peak_dbtp", "trend-true-peak", "True peak", "dBTP", "ceiling"),
             ("loudness_range_lu", "trend-lra", "Loudness range (LRA)", "LU", None)):
         points = [charts.TrendPoint(row.accepted_at, value, row.run_id, row.label,
-                                    not row.archived,
                                     None if row.number is None else f"#{row.number}")
                   for row in oldest_first if row.review is not None
                   and (value := row.review.figure(key)) is not None]

@@ -81,7 +81,25 @@
   const duration = () => buffers ? Math.max(buffers.a.duration, buffers.b.duration) : 0;
   const shortest = () => buffers ? Math.min(buffers.a.duration, buffers.b.duration) : 0;
   const lengthOf = (side) => buffers ? buffers[side].duration : 0;
-  const say = (text) => { ui.status.textContent = text; };
+  // The status line; once the pair is ready it tells what the keys do where focus is
+  // (Space presses a focused button, as the browser does; elsewhere it plays and pauses).
+  let hinting = false;
+  const say = (text) => { hinting = false; ui.status.textContent = text; };
+  const keysHint = () => {
+    const focused = document.activeElement;
+    if (focused && focused.closest("input, select, textarea")) {
+      return "Ready: keys type into this field; leave it for Space (play and pause) and S (switch).";
+    }
+    const button = focused && focused.closest("button");
+    const label = button && [...button.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE)
+      .map((n) => n.textContent).join("").trim();  // its words, less the <kbd> hint
+    const space = button ? "Space presses " + label : "Space plays and pauses";
+    return "Ready: " + space + ", S switches between A and B at the same place.";
+  };
+  const hint = () => { say(keysHint()); hinting = true; };
+  for (const type of ["focusin", "focusout"]) {
+    document.addEventListener(type, () => { if (hinting) setTimeout(hint); });
+  }
 
   // The context runs at the rate of the first pair loaded (the reviews say it), so
   // that nothing is resampled as it is decoded.
@@ -237,7 +255,7 @@
         paused = Math.min(paused, duration());
         panel.dataset.state = "ready";
         levels();
-        say("Ready: Space plays and pauses, S switches between A and B at the same place.");
+        hint();
         if (wantsToPlay || was) play();
         show();
       })

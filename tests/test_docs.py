@@ -311,7 +311,7 @@ async def test_a_topic_is_rendered_with_its_sections_and_working_links(box: InPr
     assert 'href="/docs/api"' in page.text  # a link to another topic, rewritten
     assert 'href="/docs/getting-started#install-hook-up-your-daw-see-the-review"' in page.text
     assert ".md" not in "".join(re.findall(r'href="([^"]*)"', page.text))
-    assert "<pre><code" in page.text and "<table>" in page.text
+    assert "<pre tabindex=\"0\"><code" in page.text and "<table>" in page.text
     # nothing from elsewhere: the page's own script and style only, no CDN
     sources = re.findall(r'<(?:script src|link rel="stylesheet" href)="([^"]*)"', page.text)
     assert sources and all(src.startswith("/ui/static/") for src in sources), sources

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -45,12 +45,12 @@ from agentbox.client import (
 from agentbox.events import is_event_type_name
 from agentbox.events import nfc_name as project_name
 from agentbox.models import Accepted, Answer, RunDetail, RunView
-from agentbox.review.answers import ReferenceOut
-from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.genres import GENRES
-from agentbox.review.present import mix_name
 from agentbox.review.stage import STAGES
 from agentbox.signing import RECEIVER_PATH
+
+if TYPE_CHECKING:
+    from agentbox.review.answers import ReferenceOut
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
@@ -636,18 +636,22 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                        callback_url)
 
 
-REVIEWED_EVENTS = tuple(REVIEW_AGENTS)  # the event types the review takes
-
-
 def _named(event: dict[str, Any] | None) -> str | None:
     """The name of the file an event names (its mix_url's), if any."""
     payload = event.get("payload") if event else None
     mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
-    return terminal.line(mix_name(mix_url)) if isinstance(mix_url, str) else None
+    if not isinstance(mix_url, str):
+        return None
+    from agentbox.review.present import mix_name  # here: the other commands start without it
+
+    return terminal.line(mix_name(mix_url))
 
 
 def _reviewed(event: dict[str, Any] | None) -> bool:
-    return event is not None and event.get("event_type") in REVIEWED_EVENTS
+    """Whether the review takes the event's type (the review's contract, loaded here)."""
+    from agentbox.review.contract import AGENTS
+
+    return event is not None and event.get("event_type") in AGENTS
 
 
 @dataclass(frozen=True)

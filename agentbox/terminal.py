@@ -15,21 +15,16 @@ import json
 import re
 import textwrap
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import wcwidth
 
-from agentbox.engine.agents import RENAMED_AGENTS
 from agentbox.logs import one_line
 from agentbox.models import RunDetail, RunView
 from agentbox.review import digest, present
-from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.figures import local_time, tenths
 
-# The built-in mix review, by every name its runs carry (the one it had before it
-# moved as well): its runs are told in a musician's words.
-MIX_REVIEW = frozenset(REVIEW_AGENTS["session.exported"])
-MIX_REVIEW |= {old for old, new in RENAMED_AGENTS.items() if new in MIX_REVIEW}
 WIDTH = 100  # `agentbox runs` fits a terminal this wide
 SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
 
@@ -47,9 +42,22 @@ def is_review(result: Any) -> bool:
     return as_review(result) is not None
 
 
+@cache
+def mix_review_agents() -> frozenset[str]:
+    """The built-in mix review, by every name its runs carry (the one it had before it
+    moved as well): its runs are told in a musician's words. Asked for, not imported
+    with the module: the review's contract loads the engine, which `agentbox runs`
+    needs not."""
+    from agentbox.engine.agents import RENAMED_AGENTS
+    from agentbox.review.contract import AGENTS
+
+    names = frozenset(AGENTS["session.exported"])
+    return names | {old for old, new in RENAMED_AGENTS.items() if new in names}
+
+
 def reviews(run: RunView) -> bool:
     """Whether `run` is the mix review's (told in a musician's words)."""
-    return run.agent in MIX_REVIEW
+    return run.agent in mix_review_agents()
 
 
 def outcome(run: RunView) -> present.ExportState:

@@ -15,7 +15,7 @@ from agentbox.logs import get_logger
 from agentbox.review.present import mix_name
 from agentbox.runs import TERMINAL
 from agentbox.store import Store, Transition
-from agentbox.terminal import MIX_REVIEW, summary_line, verdict_word
+from agentbox.terminal import mix_review_agents, summary_line, verdict_word
 
 log = get_logger("reviews")
 
@@ -29,7 +29,7 @@ class ReviewLog:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def on_transition(self, transition: Transition) -> None:
-        if transition.status not in TERMINAL or transition.agent not in MIX_REVIEW:
+        if transition.status not in TERMINAL or transition.agent not in mix_review_agents():
             return
         task = asyncio.get_running_loop().create_task(self._log(transition.run_id))
         self._tasks.add(task)

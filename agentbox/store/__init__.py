@@ -20,7 +20,15 @@ from agentbox.store.errors import (
     SubscriptionNotFound,
     TooManySubscriptions,
 )
-from agentbox.store.interface import Store
+from agentbox.store.interface import (
+    IngestStore,
+    OutboxStore,
+    OutcomeStore,
+    ReadStore,
+    RetentionStore,
+    Store,
+    SubscriptionStore,
+)
 from agentbox.store.reads import nfc, unaskable
 from agentbox.store.records import (
     ClaimedRun,
@@ -70,14 +78,19 @@ __all__ = [
     "HistoryEntry",
     "IngestParams",
     "IngestResult",
+    "IngestStore",
     "Lease",
     "NoSubscribedAgent",
     "NotReplayable",
     "Notification",
     "NotificationView",
+    "OutboxStore",
     "Outcome",
+    "OutcomeStore",
     "PruneStep",
+    "ReadStore",
     "RemoteChange",
+    "RetentionStore",
     "RunDetail",
     "RunNotFound",
     "RunRef",
@@ -89,6 +102,7 @@ __all__ = [
     "StoreError",
     "StoreInUse",
     "SubscriptionNotFound",
+    "SubscriptionStore",
     "SubscriptionTarget",
     "SubscriptionView",
     "Tables",

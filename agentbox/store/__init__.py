@@ -48,7 +48,6 @@ from agentbox.store.records import (
     Verification,
     iso,
     notification,
-    project_of,
 )
 from agentbox.store.tables import AppDb, Schema, Tables
 from agentbox.store.views import (
@@ -112,6 +111,5 @@ __all__ = [
     "iso",
     "nfc",
     "notification",
-    "project_of",
     "unaskable",
 ]

@@ -24,7 +24,7 @@ with the same guarantees, checked by one conformance suite:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from agentbox.store.records import (
@@ -184,13 +184,16 @@ class ReadStore(Protocol):
     @abc.abstractmethod
     async def search_runs(
         self, *, status: str | None = None, event_type: str | None = None,
-        agent: str | None = None, project: str | None = None, text: str | None = None,
+        agent: str | None = None, text: str | None = None,
         since: float | None = None, until: float | None = None, before: str | None = None,
         chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+        filters: Mapping[str, str | None] | None = None,
     ) -> list[RunView]:
-        """Newest first, filtered (every filter exact). `project` compares the
-        event's project (NFC); `text` is a run id, event id, correlation id or
-        project; `since`/`until` bound the acceptance time; `before` is the last
+        """Newest first, filtered (every filter exact). `filters`: the apps' filters
+        by name (tables.Schema.filters; values compared in NFC, None or empty: not
+        asked; a name no app brings matches no run); `text` is a run id, event id or
+        correlation id, or what an app's `text` filter matches; `since`/`until`
+        bound the acceptance time; `before` is the last
         run_id of the previous page (keyset pagination: every page costs the
         same, however many runs there are); `chain` a chain's correlation id:
         the runs of the events that carry it, and of the event whose id it is
@@ -265,8 +268,8 @@ class RetentionStore(Protocol):
     @abc.abstractmethod
     async def prune_preview(self, *, now: float, before: float,
                             bodies_before: float) -> dict[str, int]:
-        """What pruning now would remove, per table (and `bodies`, `project_exports`:
-        bodies blanked, exports kept for the project pages). A read."""
+        """What pruning now would remove, per table, and `bodies` (bodies blanked),
+        and what each app's `Schema.before_prune` would keep, by its `kept_in`. A read."""
 
     @abc.abstractmethod
     async def reclaim_space(self, pages: int) -> int:

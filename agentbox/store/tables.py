@@ -16,7 +16,7 @@ runs in the same transaction with `:ids` (their run ids), so an app keeps what
 it needs of them, and then its `forget` statement (its rows of those runs).
 
 An app may also keep something of each event the engine stores, in the ingest's own
-transaction (`keeps`: no second round trip, nothing stored without it), add fields
+transaction (`keeps`: no write of its own, nothing stored without it), add fields
 to a run's view (`run_fields`) and filters to the run search (`filters`): the
 review's project of a run is all three.
 """

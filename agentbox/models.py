@@ -101,7 +101,9 @@ class RunView(Answer):
     source: str
     agent: str
     idempotency_key: str
-    project: str | None  # the event's payload.project_id (NFC), if it names one
+    # The event's payload.project_id (NFC), if it names one: the review's run field
+    # (its tables' `run_fields`); None with no review loaded.
+    project: str | None = None
     # The sender's own id of the request (webhook-id, svix-id); None when it sent none.
     webhook_id: str | None = None
     accepted_at: str

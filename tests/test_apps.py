@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.archive.history import SCHEMA, History
+from agentbox.archive.history import SCHEMA
 from agentbox.config import ConfigError
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import ROOT, Server, in_process_settings, make_event
@@ -197,7 +197,7 @@ def test_a_database_of_the_previous_layout_opens_with_everything_in_place(
     database = server.home / "data" / "agentbox.sqlite3"
     with sqlite3.connect(database) as conn:  # the previous release's layout
         assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
-            ("review", 1), ("review", 2)]
+            ("review", 1), ("review", 2), ("review", 3)]
         conn.execute("DROP TABLE agentbox_lines")
     (server.home / "data" / "archive" / "incoming").mkdir(exist_ok=True)
 
@@ -211,7 +211,7 @@ def test_a_database_of_the_previous_layout_opens_with_everything_in_place(
     again.stop()
     with sqlite3.connect(database) as conn:
         assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
-            ("review", 1), ("review", 2)]
+            ("review", 1), ("review", 2), ("review", 3)]
 
 
 def server_token(server: Server) -> str:
@@ -223,38 +223,6 @@ def exports_of(server: Server, project: str) -> list[dict[str, object]]:
     assert found.status_code == 200, found.text
     exports: list[dict[str, object]] = found.json()["exports"]
     return exports
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("engine_name", ["sqlite"])
-async def test_the_review_line_adopts_the_tables_the_store_made(tmp_path: Path,
-                                                                engine_name: str) -> None:
-    """On the store alone: rows written into the tables the store's own versions 4 and
-    7 made (as the release wrote them) are the review's history once its line runs."""
-    path = tmp_path / "agentbox.sqlite3"
-    plain = SqliteStore(path)  # the store's own versions only: the release's schema
-    await plain.open()
-    await plain.close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO kept_audio (run_id, project, sha256, size, file_name, keeper,"
-                     " kept_at) VALUES ('run_a', 'P', 'ab12', 10, 'a.wav', 'k1', 5.0)")
-        conn.execute("INSERT INTO project_references (project, name, sha256, size, keeper, "
-                     "measurements, added_at) VALUES ('P', 'ref.wav', 'cd34', 20, 'k1', "
-                     "'{\"integrated_lufs\": -14.0}', 6.0)")
-        conn.execute("INSERT INTO project_exports (run_id, project, agent, status, "
-                     "accepted_at, completed_at, result) VALUES ('run_gone', 'P', "
-                     "'agentbox.review.agent:mix_review', 'succeeded', 1.0, 2.0, '{}')")
-    store = SqliteStore(path)
-    history = History(store.add_tables(SCHEMA))
-    await store.open()
-    try:
-        assert [k.run_id for k in await history.kept_audio("P")] == ["run_a"]
-        found = await history.reference("P")
-        assert found is not None and found.measurements == {"integrated_lufs": -14.0}
-        [kept] = await history.project_exports("P")
-        assert kept.run_id == "run_gone" and kept.archived and kept.result == {}
-    finally:
-        await store.close()
 
 
 # -- the engine alone --------------------------------------------------------------------------
@@ -366,7 +334,7 @@ async def test_two_apps_share_the_store_and_keep_their_own_lines(tmp_path: Path,
         await store.close()
     with sqlite3.connect(tmp_path / "agentbox.sqlite3") as conn:
         assert sorted(conn.execute("SELECT line, version FROM agentbox_lines")) == [
-            ("backup", 1), ("review", 1), ("review", 2)]
+            ("backup", 1), ("review", 1), ("review", 2), ("review", 3)]
 
 
 def test_a_schema_line_is_a_word() -> None:

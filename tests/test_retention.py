@@ -118,7 +118,8 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 async def old_history(store: Store) -> list[str]:
     """Three old exports: one succeeded, one failed for good, one dead letter nobody
-    decided on (it stays)."""
+    decided on (it stays); stored with the review's tables, which keep their project."""
+    store.add_tables(HISTORY)
     await store.open()
     outcomes = [Outcome(RunStatus.SUCCEEDED, result={"ok": True}),
                 Outcome(RunStatus.FAILED_PERMANENT, error_code="bad", error_message="no"),

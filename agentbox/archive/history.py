@@ -15,11 +15,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentbox.archive.records import KeptAudio, ProjectExport, ProjectReference
+from agentbox.events import Event
 from agentbox.runs import RunStatus
 from agentbox.store import AppDb, Schema, Tables, iso, unaskable
 
+
+def project_of(event: Event) -> str | None:
+    """The project an event names (its payload's `project_id`), NFC-normalised so
+    that one name typed two ways is one project; None when it names none."""
+    project = getattr(event.payload, "project_id", None)
+    return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
+
+
+# Each run's project is the review's (run_projects): kept with its event's ingest, shown
+# in the run's view (`project`), searched by (`?project=`, and a search's text).
 SCHEMA = Schema(line="review", package="agentbox.archive", before_prune="keep_exports",
-                kept_in="project_exports")
+                kept_in="project_exports", forget="forget_runs", keeps=project_of,
+                run_fields=("project",), filters=("project", "text"))
 KEPT_COLUMNS = ("run_id", "project", "sha256", "size", "file_name", "keeper", "kept_at",
                 "dropped_at", "dropped_because")
 REFERENCE_COLUMNS = ("project", "name", "sha256", "size", "keeper", "measurements", "added_at")

@@ -24,7 +24,7 @@ from typing import Any
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.loop import Loop
 from agentbox.logs import get_logger
-from agentbox.store import PruneStep, Store, iso
+from agentbox.store import PruneStep, RetentionStore, iso
 
 log = get_logger("retention")
 # An app's share of a pass (agentbox.apps.App.retain), given the report once the
@@ -80,7 +80,7 @@ def report_lines(report: dict[str, Any]) -> list[str]:
 class Retention:
     """Runs passes over one store with one settings' periods."""
 
-    def __init__(self, store: Store, settings: Settings, clock: Callable[[], float],
+    def __init__(self, store: RetentionStore, settings: Settings, clock: Callable[[], float],
                  rest_ratio: float = REST_RATIO, apps: Sequence[AppShare] = ()) -> None:
         self.store = store
         self.apps = list(apps)  # each app's share of a pass, after the store's steps

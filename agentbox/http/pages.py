@@ -218,8 +218,8 @@ class StatusPages:
         since = now - float(window) if window.isascii() and window.isdigit() else None
         runs = await self.store.search_runs(
             status=query["status"], event_type=query["event_type"], agent=query["agent"],
-            project=query["project"], text=query["q"], since=since, before=query["before"],
-            limit=PAGE_SIZE)
+            text=query["q"], since=since, before=query["before"], limit=PAGE_SIZE,
+            filters={"project": query["project"]})  # the review's (its tables' filter)
         stats = await self.store.stats()
         filtered = any(v for k, v in query.items() if k != "before")
         next_page = None

@@ -20,7 +20,15 @@ from agentbox.store.errors import (
     SubscriptionNotFound,
     TooManySubscriptions,
 )
-from agentbox.store.interface import Store
+from agentbox.store.interface import (
+    IngestStore,
+    OutboxStore,
+    OutcomeStore,
+    ReadStore,
+    RetentionStore,
+    Store,
+    SubscriptionStore,
+)
 from agentbox.store.reads import nfc, unaskable
 from agentbox.store.records import (
     ClaimedRun,
@@ -40,7 +48,6 @@ from agentbox.store.records import (
     Verification,
     iso,
     notification,
-    project_of,
 )
 from agentbox.store.tables import AppDb, Schema, Tables
 from agentbox.store.views import (
@@ -70,14 +77,19 @@ __all__ = [
     "HistoryEntry",
     "IngestParams",
     "IngestResult",
+    "IngestStore",
     "Lease",
     "NoSubscribedAgent",
     "NotReplayable",
     "Notification",
     "NotificationView",
+    "OutboxStore",
     "Outcome",
+    "OutcomeStore",
     "PruneStep",
+    "ReadStore",
     "RemoteChange",
+    "RetentionStore",
     "RunDetail",
     "RunNotFound",
     "RunRef",
@@ -89,6 +101,7 @@ __all__ = [
     "StoreError",
     "StoreInUse",
     "SubscriptionNotFound",
+    "SubscriptionStore",
     "SubscriptionTarget",
     "SubscriptionView",
     "Tables",
@@ -98,6 +111,5 @@ __all__ = [
     "iso",
     "nfc",
     "notification",
-    "project_of",
     "unaskable",
 ]

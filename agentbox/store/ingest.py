@@ -30,7 +30,6 @@ from agentbox.store.records import (
     NewRun,
     RunRef,
     Transition,
-    project_of,
 )
 from agentbox.store.subscriptions import queue_event, routed
 from agentbox.store.writer import Batch, Db, answer
@@ -91,8 +90,8 @@ class Ingest:
             else:
                 runs.append(NewRun(run_id=run_id, ordinal=ordinal, agent=agent,
                                    status=RunStatus.ACCEPTED))
-        return NewEvent(env=self.event.envelope, body=self.body, project=project_of(self.event),
-                        expires_at=self.expires_at, runs=tuple(runs), webhook_id=self.webhook_id)
+        return NewEvent(env=self.event.envelope, body=self.body, expires_at=self.expires_at,
+                        runs=tuple(runs), webhook_id=self.webhook_id)
 
 
 def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bool, Any]]:
@@ -123,6 +122,7 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
         admitted.append(index)
     now = min([item.now for item in items])
     if admitted:
+        kept: list[tuple[Event, NewEvent]] = []
         planned = [items[i].plan() for i in admitted]
         stored = db.store_events(planned, now)
         for i, plan, was_stored in zip(admitted, planned, stored, strict=True):
@@ -130,6 +130,8 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
                 state.active -= len(items[i].agents)  # a duplicate after all
                 continue
             answers[i] = (True, _stored(db, state, items[i], plan))
+            kept.append((items[i].event, plan))
+        _kept_by_apps(db, state, kept)
     unanswered = [i for i in admitted + refused + unrouted if answers[i] is None]
     if unanswered:
         found = db.runs_of_keys([items[i].event.envelope.idempotency_key for i in unanswered],
@@ -153,6 +155,21 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
             settled_answer = (ok, IngestResult(runs=value.runs, duplicate=True) if ok else value)
         settled.append(settled_answer)
     return settled
+
+
+def _kept_by_apps(db: Db, state: Batch, stored: Sequence[tuple[Event, NewEvent]]) -> None:
+    """What each app keeps of the events just stored (tables.Schema.keeps), in their
+    transaction: one statement per app and batch, none when no event gave a value."""
+    for keeps, statement in state.keeps:
+        run_ids: list[str] = []
+        values: list[str] = []
+        for event, planned in stored:
+            value = keeps(event)
+            if value is not None:
+                run_ids += [run.run_id for run in planned.runs]
+                values += [value] * len(planned.runs)
+        if run_ids:
+            db.run_text(statement, {"run_ids": db.array(run_ids), "values": db.array(values)})
 
 
 def _route(db: Db, state: Batch, item: Ingest) -> None:

@@ -2,6 +2,14 @@
 callback deliverer, API, page and CLI may ask of the database. Nothing outside
 this package sees an engine class, a connection or a line of SQL.
 
+It is the union of small protocols, one per consumer, so that a caller can say
+(and a test can check) which part of the store it uses: `IngestStore` (the
+receiver and the dispatcher's claims), `OutcomeStore` (what becomes of a run),
+`OutboxStore` (the callback deliverer), `ReadStore` (the API, pages and CLI),
+`RetentionStore` (the retention service) and `SubscriptionStore`. Each has its
+conformance tests in tests/store/ (tests/store/test_interface.py says which
+files), run against every engine.
+
 Every engine (SQLite now, PostgreSQL for several instances) implements `Store`
 with the same guarantees, checked by one conformance suite:
 
@@ -16,8 +24,8 @@ with the same guarantees, checked by one conformance suite:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from agentbox.store.records import (
     ClaimResult,
@@ -44,74 +52,10 @@ from agentbox.store.views import (
 )
 
 
-class Store(abc.ABC):
-    """Durable events, idempotency claims, runs, their attempt history and the
-    callback outbox.
-
-    This is what the rest of agentbox sees, not where an engine starts: both
-    engines are `sqlstore.SqlStore` (every method here as write operations and
-    reads), and a new SQL engine subclasses it too. It brings its `dialect` (the
-    folder of its statements, its migrations and apps' tables), its statements
-    (`sql`: the same names as the others'), a `writer.Db` for the operations,
-    `_commit` and `_abandon` (a batch in one transaction, answered by the rule
-    in writer.py), `_rows` and `_slow_rows` (reads), `_probe_write`, `open`,
-    `close` and `description`; `engines.py` chooses it, and one harness class
-    in tests/store/conftest.py runs the conformance suite against it."""
-
-    engine = "store"  # its name, for /healthz and metrics
-    # Several processes may use the database at once (PostgreSQL). If not, every
-    # lease found at start-up was left by a previous life of this one.
-    shared = False
-
-    def __init__(self) -> None:
-        # False after a write failed for the storage's sake (disk full, database
-        # gone); True again after the next durable write that commits.
-        self.healthy = True
-        self.last_error: str | None = None  # why not healthy, for people: never a secret
-        # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
-        self.remote_listeners: list[Callable[[RemoteChange], None]] = []
-        # Whether anyone here shows other instances' run changes now (a live page):
-        # when not, their notifications are read for the wake-ups alone.
-        self.remote_transitions_wanted: Callable[[], bool] = lambda: True
-        # Told when a commit of this instance queued outbox rows that no announced
-        # change says so (a subscriber's delivery of an event just ingested).
-        self.outbox_listeners: list[Callable[[], None]] = []
-        # Apps' own tables (`add_tables`), migrated at `open` after the store's own.
-        self.schemas: list[Schema] = []
-
-    @property
-    @abc.abstractmethod
-    def description(self) -> str:
-        """Where the data lives, for logs and pages: never a password."""
-
-    # -- life cycle ---------------------------------------------------------------------
-
-    @abc.abstractmethod
-    async def open(self) -> None:
-        """Create or migrate the schema and start the writer."""
-
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Finish queued writes and release the database."""
-
-    async def probe(self) -> None:
-        """Unhealthy: find out whether writes are taken again (an idle instance
-        learns so by itself). Healthy: look for trouble no write has met yet."""
-        self.look_around()
-
-    def look_around(self) -> None:  # noqa: B027 - an engine with nothing to look at
-        """What `probe` learns without writing or waiting (pages call it before
-        they render): e.g. that the database file was removed. Nothing by default."""
-
-    # -- apps' tables (store/tables.py) ------------------------------------------------
-
-    @abc.abstractmethod
-    def add_tables(self, schema: Schema) -> Tables:
-        """Give an app its own tables in this database (before `open`, which migrates
-        its line): the handle its reads and writes go through once the store is open.
-        Again for the same schema: another handle on the same tables."""
-
-    # -- ingest, claims, outcomes -------------------------------------------------------
+@runtime_checkable
+class IngestStore(Protocol):
+    """Ingest and claims: what the receiver and the dispatcher ask to take an event in
+    and to hand its runs out, leased."""
 
     @abc.abstractmethod
     async def ingest(self, params: IngestParams) -> IngestResult:
@@ -139,14 +83,6 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def finish(
-        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
-    ) -> Transition | None:
-        """Record an attempt's outcome; None if `owner` no longer holds that attempt.
-        A success stores the events the agent emitted (`outcome.emitted`) with
-        their runs, in the same transaction."""
-
-    @abc.abstractmethod
     async def extend_leases(self, owner: str, attempts: Sequence[tuple[str, int]],
                             until: float) -> list[str]:
         """Keep attempts (run_id, attempt) leased; answer the run_ids whose attempt
@@ -167,7 +103,19 @@ class Store(abc.ABC):
     async def next_due_at(self) -> float | None:
         """The earliest time some run becomes claimable (retry time or lease end)."""
 
-    # -- maintenance --------------------------------------------------------------------
+
+@runtime_checkable
+class OutcomeStore(Protocol):
+    """Outcomes: what becomes of a claimed run (the dispatcher's `finish`) and what an
+    operator does with a dead letter (replay, discard)."""
+
+    @abc.abstractmethod
+    async def finish(
+        self, run_id: str, owner: str, attempt: int, outcome: Outcome, now: float
+    ) -> Transition | None:
+        """Record an attempt's outcome; None if `owner` no longer holds that attempt.
+        A success stores the events the agent emitted (`outcome.emitted`) with
+        their runs, in the same transaction."""
 
     @abc.abstractmethod
     async def replay(self, run_id: str, now: float) -> Transition:
@@ -179,11 +127,11 @@ class Store(abc.ABC):
         """Set a dead letter aside with a reason: it stays, out of the dead-letter
         list, until replayed. RunNotFound, NotReplayable (not dead_lettered)."""
 
-    @abc.abstractmethod
-    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
-        """Delete claims whose TTL ended; a later delivery of that key is a new run."""
 
-    # -- the callback outbox (rows are written by the run transitions above) -------------
+@runtime_checkable
+class OutboxStore(Protocol):
+    """The callback outbox (its rows are written by the run transitions): what the
+    deliverer leases, sends and records."""
 
     @abc.abstractmethod
     async def queue_alert(self, notification_id: str, run_id: str, url: str, body: bytes,
@@ -219,7 +167,11 @@ class Store(abc.ABC):
         """Unpause a destination; its queued notifications go out again.
         DestinationNotFound."""
 
-    # -- reads: the views the API, the page and the CLI show ------------------------------
+
+@runtime_checkable
+class ReadStore(Protocol):
+    """Reads: the views the API, the page and the CLI show (never the writer's
+    connection)."""
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> RunView | None:
@@ -232,13 +184,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def search_runs(
         self, *, status: str | None = None, event_type: str | None = None,
-        agent: str | None = None, project: str | None = None, text: str | None = None,
+        agent: str | None = None, text: str | None = None,
         since: float | None = None, until: float | None = None, before: str | None = None,
         chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+        filters: Mapping[str, str | None] | None = None,
     ) -> list[RunView]:
-        """Newest first, filtered (every filter exact). `project` compares the
-        event's project (NFC); `text` is a run id, event id, correlation id or
-        project; `since`/`until` bound the acceptance time; `before` is the last
+        """Newest first, filtered (every filter exact). `filters`: the apps' filters
+        by name (tables.Schema.filters; values compared in NFC, None or empty: not
+        asked; a name no app brings matches no run); `text` is a run id, event id or
+        correlation id, or what an app's `text` filter matches; `since`/`until`
+        bound the acceptance time; `before` is the last
         run_id of the previous page (keyset pagination: every page costs the
         same, however many runs there are); `chain` a chain's correlation id:
         the runs of the events that carry it, and of the event whose id it is
@@ -285,10 +240,13 @@ class Store(abc.ABC):
     async def destinations(self) -> list[DestinationView]:
         """Every callback destination with its state, failure count and backlog."""
 
-    # -- retention (store/retention.py) ----------------------------------------------------
-    # Bounded steps, oldest first, each one transaction of the writer (off the event
-    # loop); agentbox.engine.retention paces them. Before runs are removed, each app's
-    # `Schema.before_prune` keeps what it needs of them, in the same transaction.
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """Retention (store/retention.py): bounded steps, oldest first, each one transaction
+    of the writer (off the event loop); agentbox.engine.retention paces them. Before
+    runs are removed, each app's `Schema.before_prune` keeps what it needs of them, in
+    the same transaction."""
 
     @abc.abstractmethod
     async def prune_finished(self, *, now: float, before: float,
@@ -310,18 +268,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def prune_preview(self, *, now: float, before: float,
                             bodies_before: float) -> dict[str, int]:
-        """What pruning now would remove, per table (and `bodies`, `project_exports`:
-        bodies blanked, exports kept for the project pages). A read."""
+        """What pruning now would remove, per table, and `bodies` (bodies blanked),
+        and what each app's `Schema.before_prune` would keep, by its `kept_in`. A read."""
 
     @abc.abstractmethod
     async def reclaim_space(self, pages: int) -> int:
         """Give up to `pages` free pages back to the file system; the free pages left
         (0 where the engine reclaims space by itself)."""
-    # -- subscriptions ------------------------------------------------------------------
-    # An agent's changes to the event types it receives ride in its run's outcome
-    # (`Outcome.subscriptions`); `ingest` routes each event by the current set. Other
-    # programs' subscriptions get their deliveries queued in the outbox with the
-    # ingest (event types) or the state change (run.<state>) they report.
+
+    @abc.abstractmethod
+    async def prune_idempotency_keys(self, now: float, limit: int) -> int:
+        """Delete claims whose TTL ended; a later delivery of that key is a new run."""
+
+
+@runtime_checkable
+class SubscriptionStore(Protocol):
+    """Subscriptions. An agent's changes to the event types it receives ride in its
+    run's outcome (`Outcome.subscriptions`); `ingest` routes each event by the current
+    set. Other programs' subscriptions get their deliveries queued in the outbox with
+    the ingest (event types) or the state change (run.<state>) they report."""
 
     @abc.abstractmethod
     async def agent_subscriptions(self) -> list[AgentSubscriptionView]:
@@ -381,3 +346,73 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def prune_subscriptions(self, before: float, limit: int) -> int:
         """Remove subscriptions that expired before `before` (as `delete_subscription`)."""
+
+
+class Store(IngestStore, OutcomeStore, OutboxStore, ReadStore, RetentionStore,
+            SubscriptionStore, abc.ABC):
+    """Durable events, idempotency claims, runs, their attempt history and the
+    callback outbox: every protocol above, with the store's life cycle and the
+    apps' tables.
+
+    This is what the rest of agentbox sees, not where an engine starts: both
+    engines are `sqlstore.SqlStore` (every method here as write operations and
+    reads), and a new SQL engine subclasses it too. It brings its `dialect` (the
+    folder of its statements, its migrations and apps' tables), its statements
+    (`sql`: the same names as the others'), a `writer.Db` for the operations,
+    `_commit` and `_abandon` (a batch in one transaction, answered by the rule
+    in writer.py), `_rows` and `_slow_rows` (reads), `_probe_write`, `open`,
+    `close` and `description`; `engines.py` chooses it, and one harness class
+    in tests/store/conftest.py runs the conformance suite against it."""
+
+    engine = "store"  # its name, for /healthz and metrics
+    # Several processes may use the database at once (PostgreSQL). If not, every
+    # lease found at start-up was left by a previous life of this one.
+    shared = False
+
+    def __init__(self) -> None:
+        # False after a write failed for the storage's sake (disk full, database
+        # gone); True again after the next durable write that commits.
+        self.healthy = True
+        self.last_error: str | None = None  # why not healthy, for people: never a secret
+        # Told about changes other instances committed (PostgreSQL's LISTEN/NOTIFY).
+        self.remote_listeners: list[Callable[[RemoteChange], None]] = []
+        # Whether anyone here shows other instances' run changes now (a live page):
+        # when not, their notifications are read for the wake-ups alone.
+        self.remote_transitions_wanted: Callable[[], bool] = lambda: True
+        # Told when a commit of this instance queued outbox rows that no announced
+        # change says so (a subscriber's delivery of an event just ingested).
+        self.outbox_listeners: list[Callable[[], None]] = []
+        # Apps' own tables (`add_tables`), migrated at `open` after the store's own.
+        self.schemas: list[Schema] = []
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """Where the data lives, for logs and pages: never a password."""
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create or migrate the schema and start the writer."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish queued writes and release the database."""
+
+    async def probe(self) -> None:
+        """Unhealthy: find out whether writes are taken again (an idle instance
+        learns so by itself). Healthy: look for trouble no write has met yet."""
+        self.look_around()
+
+    def look_around(self) -> None:
+        """What `probe` learns without writing or waiting (pages call it before
+        they render): e.g. that the database file was removed. Nothing by default."""
+
+    # -- apps' tables (store/tables.py) ------------------------------------------------
+
+    @abc.abstractmethod
+    def add_tables(self, schema: Schema) -> Tables:
+        """Give an app its own tables in this database (before `open`, which migrates
+        its line): the handle its reads and writes go through once the store is open.
+        Again for the same schema: another handle on the same tables."""

@@ -157,7 +157,7 @@ def _store_parameters(items: Sequence[NewEvent], now: float) -> dict[str, Any]:
     """The `store_events` statement's arrays: one element per event, and per run."""
     columns: dict[str, list[Any]] = {name: [] for name in (
         "keys", "expires", "event_ids", "types", "sources", "correlations", "causations",
-        "hops", "callbacks", "bodies", "projects", "webhook_ids", "run_keys", "run_ids",
+        "hops", "callbacks", "bodies", "webhook_ids", "run_keys", "run_ids",
         "ordinals", "agents", "statuses", "owners", "lease_untils", "error_codes",
         "error_messages")}
     for item in items:
@@ -168,7 +168,7 @@ def _store_parameters(items: Sequence[NewEvent], now: float) -> dict[str, Any]:
                 ("sources", env.source), ("correlations", env.correlation_id),
                 ("causations", env.causation_id), ("hops", env.hop),
                 ("callbacks", env.callback_url), ("bodies", item.body),
-                ("projects", item.project), ("webhook_ids", item.webhook_id)):
+                ("webhook_ids", item.webhook_id)):
             columns[name].append(value)
         for run in item.runs:
             for name, value in (
@@ -402,7 +402,7 @@ class PostgresStore(SqlStore):
                         extra={"reason": self._reason(exc)})
 
     def _batch_state(self, conn: psycopg.Connection[Any]) -> Batch:
-        state = Batch(self._active)
+        state = Batch(self._active, self.keeps)
         if time.monotonic() - self._counted_at >= ACTIVE_RECOUNT_SECONDS:
             # Other instances start and finish runs too: count them all now and then.
             self._counted_at = time.monotonic()

@@ -8,6 +8,7 @@ import asyncio
 import json
 import unicodedata
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentbox.runs import TERMINAL, RunStatus
@@ -26,8 +27,21 @@ ACTIVE = ("accepted", "processing", "failed_retryable")
 Row = Mapping[str, Any]
 
 # search_runs' filters, each a statement fragment of the same name (search_runs.<filter>).
-SEARCH_FILTERS = ("status", "event_type", "agent", "project", "chain", "text", "since",
-                  "until", "before")
+SEARCH_FILTERS = ("status", "event_type", "agent", "chain", "text", "since", "until",
+                  "before")
+
+
+@dataclass
+class AppParts:
+    """What apps add to the store's reads (tables.Schema): the fields of a run's view
+    (`fields`: `, (expression) AS name` each), the search's text (`text`: `OR (...)`
+    each) and filters (name -> condition), and what a dry prune counts (`kept`)."""
+
+    field_names: list[str] = field(default_factory=list)
+    fields: str = ""
+    text: str = ""
+    filters: dict[str, str] = field(default_factory=dict)
+    kept: str = ""
 
 
 def unaskable(*values: str | None) -> bool:
@@ -36,13 +50,13 @@ def unaskable(*values: str | None) -> bool:
     return any("\x00" in value for value in values if value)
 
 
-def run_view(row: Row) -> RunView:
+def run_view(row: Row, extra: list[str] | None = None) -> RunView:
+    """A run's view from its row; `extra`: the fields apps added (AppParts)."""
     attempt = row["attempt"]
-    return RunView(
+    return RunView(**{name: row[name] for name in extra or ()},
         run_id=row["run_id"], status=row["status"], event_id=row["event_id"],
         event_type=row["event_type"], source=row["source"], agent=row["agent"],
-        idempotency_key=row["idempotency_key"], project=row["project"],
-        webhook_id=row["webhook_id"],
+        idempotency_key=row["idempotency_key"], webhook_id=row["webhook_id"],
         accepted_at=iso(row["accepted_at"]) or "", started_at=iso(row["started_at"]),
         updated_at=iso(row["updated_at"]) or "", completed_at=iso(row["completed_at"]),
         attempt=attempt, retry_count=max(attempt - 1, 0),
@@ -79,6 +93,7 @@ class Reads(abc.ABC):
 
     sql: dict[str, str]
     _stats_future: asyncio.Future[dict[str, Any]] | None = None
+    parts: AppParts = AppParts()  # the store's own, once apps added theirs (add_tables)
 
     @abc.abstractmethod
     async def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
@@ -91,6 +106,14 @@ class Reads(abc.ABC):
     async def _named(self, name: str, **params: Any) -> list[Row]:
         return await self._rows(self.sql[name], params)
 
+    def _runs_sql(self, name: str) -> str:
+        """A statement that reads runs' views, with the fields apps add."""
+        return self.sql[name].replace("{fields}", self.parts.fields)
+
+    async def _run_views(self, name: str, **params: Any) -> list[RunView]:
+        rows = await self._rows(self._runs_sql(name), params)
+        return [run_view(row, self.parts.field_names) for row in rows]
+
     async def next_due_at(self) -> float | None:
         times = [row["due"] for name in ("next_waiting", "next_lease_end")
                  for row in await self._rows(self.sql[name])]
@@ -100,35 +123,41 @@ class Reads(abc.ABC):
     async def get_run(self, run_id: str) -> RunView | None:
         if unaskable(run_id):
             return None
-        rows = await self._named("get_run", run_id=run_id)
-        return run_view(rows[0]) if rows else None
+        found = await self._run_views("get_run", run_id=run_id)
+        return found[0] if found else None
 
     async def list_runs(self, status: str | None, limit: int) -> list[RunView]:
         if status is None:
-            rows = await self._named("list_runs", limit=limit)
-        else:
-            rows = await self._named("list_runs_by_status", status=status, limit=limit)
-        return [run_view(row) for row in rows]
+            return await self._run_views("list_runs", limit=limit)
+        return await self._run_views("list_runs_by_status", status=status, limit=limit)
 
     async def search_runs(
         self, *, status: str | None = None, event_type: str | None = None,
-        agent: str | None = None, project: str | None = None, text: str | None = None,
+        agent: str | None = None, text: str | None = None,
         since: float | None = None, until: float | None = None, before: str | None = None,
         chain: str | None = None, include_discarded: bool = True, limit: int = 50,
+        filters: Mapping[str, str | None] | None = None,
     ) -> list[RunView]:
-        if unaskable(status, event_type, agent, project, text, before, chain):
+        asked_of_apps = {name: value for name, value in (filters or {}).items() if value}
+        if unaskable(status, event_type, agent, text, before, chain, *asked_of_apps.values()):
             return []
+        if not set(asked_of_apps) <= set(self.parts.filters):
+            return []  # a filter no app brings: no run has what it asks
         asked: dict[str, Any] = {
             "status": status or None, "event_type": event_type or None, "agent": agent or None,
-            "project": nfc(project) or None, "chain": chain or None, "text": nfc(text) or None,
+            "chain": chain or None, "text": nfc(text) or None,
             "since": since, "until": until, "before": before or None}
         params = {name: value for name, value in asked.items() if value is not None}
         where = [self.sql[f"search_runs.{name}"] for name in SEARCH_FILTERS if name in params]
+        where += [self.parts.filters[name] for name in sorted(asked_of_apps)]
         if not include_discarded:
             where.append(self.sql["search_runs.not_discarded"])
-        sql = self.sql["search_runs"].replace("{where}", " AND ".join(where) or "TRUE")
+        sql = self._runs_sql("search_runs").replace("{where}", " AND ".join(where) or "TRUE")
+        sql = sql.replace("{text}", self.parts.text)
+        params |= {name: nfc(value) for name, value in asked_of_apps.items()}
         # A rare filter may scan many runs: off the event loop.
-        return [run_view(row) for row in await self._slow_rows(sql, {**params, "limit": limit})]
+        rows = await self._slow_rows(sql, {**params, "limit": limit})
+        return [run_view(row, self.parts.field_names) for row in rows]
 
     async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:
         counts = [0] * slices
@@ -151,7 +180,8 @@ class Reads(abc.ABC):
 
     async def prune_preview(self, *, now: float, before: float,
                             bodies_before: float) -> dict[str, int]:
-        rows = await self._slow_rows(self.sql["prune_preview"], {
+        sql = self.sql["prune_preview"].replace("{kept}", self.parts.kept)
+        rows = await self._slow_rows(sql, {
             "now": now, "before": before, "bodies_before": bodies_before})
         return {name: int(value or 0) for name, value in dict(rows[0]).items()}
 

@@ -8,7 +8,6 @@ the store can import them without importing another.
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -217,14 +216,7 @@ class Verification:
     secret: str = field(repr=False)
 
 
-# -- projects and retention ---------------------------------------------------------------
-
-
-def project_of(event: Event) -> str | None:
-    """The project an event names (its payload's `project_id`), NFC-normalised so
-    that one name typed two ways is one project; None when it names none."""
-    project = getattr(event.payload, "project_id", None)
-    return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
+# -- retention ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,7 +252,6 @@ class NewEvent:
 
     env: Envelope
     body: bytes
-    project: str | None
     expires_at: float  # its idempotency claim's end
     runs: tuple[NewRun, ...]
     webhook_id: str | None = None  # the sender's own id of the request

@@ -40,9 +40,10 @@ class Background:
 
 def prune_finished(db: Db, state: Batch, *, now: float, before: float,
                    after: tuple[float, Any] | None, scan: int,
-                   keep: Sequence[tuple[str, str]] = ()) -> PruneStep:
+                   keep: Sequence[tuple[str | None, str]] = ()) -> PruneStep:
     """Remove up to `scan` finished runs due; first, each app's statement in `keep`
-    ((counted as, SQL): Schema.before_prune) keeps what it needs of them (`:ids`)."""
+    ((counted as, SQL): Schema.before_prune, and its `forget`, counted as nothing) keeps
+    what it needs of them (`:ids`)."""
     started = time.perf_counter()
     after_at, after_id = after or START
     examined = db.run("prune_scan", {"before": before, "after_at": after_at,
@@ -57,7 +58,9 @@ def prune_finished(db: Db, state: Batch, *, now: float, before: float,
         ids = db.array([row[0] for row in due])
         pks = db.array(sorted({row[1] for row in due}))
         for kept_in, statement in keep:
-            removed[kept_in] = max(db.run_text(statement, {"ids": ids}).rowcount, 0)
+            rows = max(db.run_text(statement, {"ids": ids}).rowcount, 0)
+            if kept_in is not None:
+                removed[kept_in] = rows
         for table in RUN_TABLES:
             params = {"pks": pks, "now": now} if table in ("idempotency_keys", "events") \
                 else {"ids": ids}

@@ -4,6 +4,14 @@ transaction per version (a crash leaves the previous version whole). SQLite
 records the version in PRAGMA user_version, PostgreSQL in the agentbox_schema
 table. A file's head says what its version brings; a version once released is
 never edited (databases out there have it applied): a change is a new file.
+
+SQLite's files (the store's and apps' lines alike) may hold two directives, since
+SQLite has no ADD COLUMN IF NOT EXISTS and no conditional statements:
+
+    -- adds column: <table> <column> <type>   added before the version runs, if missing
+    -- when: <query>                          the statements that follow, up to the next
+                                              `-- when:`, run only if <query> answers
+                                              true (it is asked before the version runs)
 """
 
 from __future__ import annotations
@@ -25,14 +33,8 @@ if TYPE_CHECKING:
 log = get_logger("store")
 
 MIGRATION_LOCK = 0x6167656E74626F78  # "agentbox": pg_advisory_xact_lock's key
-# Columns a version adds on SQLite, which has no ADD COLUMN IF NOT EXISTS (a
-# database from before schema versions has its version applied again).
-SQLITE_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {
-    3: (("events", "project", "TEXT"),),
-    4: (("events", "body_removed_at", "REAL"),),  # retention
-    5: (("outbox", "subscription_id", "TEXT"),),  # subscriptions
-    8: (("events", "webhook_id", "TEXT"),),  # the sender's webhook-id
-}
+_ADDS_COLUMN = re.compile(r"^-- adds column: (\w+) (\w+) (\w+)$", re.MULTILINE)
+_WHEN = re.compile(r"^-- when: (.+)$", re.MULTILINE)
 SQL_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS agentbox_schema (
     version    INTEGER PRIMARY KEY,
@@ -66,14 +68,26 @@ def migrate_sqlite(conn: sqlite3.Connection, where: str,
         raise SchemaTooNew(where, version, len(steps))
     conn.create_function("nfc", 1, nfc, deterministic=True)
     for number in range(version + 1, len(steps) + 1):
-        added = "".join(
-            f"ALTER TABLE {table} ADD COLUMN {column} {kind};\n"
-            for table, column, kind in SQLITE_COLUMNS.get(number, ())
-            if column not in _columns(conn, table))
-        conn.executescript(f"BEGIN IMMEDIATE;\n{added}{steps[number - 1]}\n;\n"
+        conn.executescript(f"BEGIN IMMEDIATE;\n{sqlite_step(conn, steps[number - 1])}\n;\n"
                            f"PRAGMA user_version = {number};\nCOMMIT;")
         log.info("database schema migrated", extra={"version": number, "database": where})
     return version, len(steps)
+
+
+def sqlite_step(conn: sqlite3.Connection, text: str) -> str:
+    """A SQLite version's statements as this database needs them: the columns it adds
+    that are missing added first, its `-- when:` blocks whose query is false left out
+    (the module's docstring). The store holds the database alone while it migrates,
+    so what the queries found still holds when the version runs."""
+    added = "".join(f"ALTER TABLE {table} ADD COLUMN {column} {kind};\n"
+                    for table, column, kind in _ADDS_COLUMN.findall(text)
+                    if column not in _columns(conn, table))
+    head, *guarded = _WHEN.split(text)
+    kept = [head]
+    for query, block in zip(guarded[::2], guarded[1::2], strict=True):
+        if conn.execute(query).fetchone()[0]:
+            kept.append(block)
+    return added + "\n".join(kept)
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
@@ -124,7 +138,8 @@ def migrate_line_sqlite(conn: sqlite3.Connection, where: str, line: str,
         # open before it runs. `line` is a checked word (tables.Schema), the rest numbers.
         record = (f"INSERT INTO agentbox_lines (line, version, applied_at) "
                   f"VALUES ('{line}', {number}, {time.time()!r})")
-        conn.executescript(f"BEGIN IMMEDIATE;\n{steps[number - 1]}\n;\n{record};\nCOMMIT;")
+        conn.executescript(f"BEGIN IMMEDIATE;\n{sqlite_step(conn, steps[number - 1])}\n;\n"
+                           f"{record};\nCOMMIT;")
         log.info("database schema migrated", extra={"line": line, "version": number,
                                                    "database": where})
     return version, len(steps)

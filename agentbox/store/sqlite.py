@@ -69,7 +69,7 @@ def positional(name: str, order: str) -> str:
 
 # The hot path's statements, bound by position.
 _EVENT = positional("store_events.event", "event_id key event_type source correlation_id "
-                    "causation_id hop callback_url now body project webhook_id")
+                    "causation_id hop callback_url now body webhook_id")
 _KEY = positional("store_events.key", "key event_pk expires_at now")
 _RUN = positional("store_events.run", "run_id event_pk ordinal agent now")
 _CLAIMED_RUN = positional("store_events.claimed_run",
@@ -110,8 +110,7 @@ class SqliteDb:
         conn = self.conn
         (event_pk,) = conn.execute(_EVENT, (
             env.event_id, env.idempotency_key, env.event_type, env.source, env.correlation_id,
-            env.causation_id, env.hop, env.callback_url, now, item.body, item.project,
-            item.webhook_id)
+            env.causation_id, env.hop, env.callback_url, now, item.body, item.webhook_id)
         ).fetchone()
         claimed = conn.execute(_KEY, (env.idempotency_key, event_pk, item.expires_at, now)
                                ).fetchone()
@@ -344,7 +343,7 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         changes = conn.total_changes
-        state = Batch(self._active)
+        state = Batch(self._active, self.keeps)
         db = SqliteDb(conn)
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
@@ -365,7 +364,7 @@ class SqliteStore(SqlStore):
             if results is None:  # an operation failed after writing: undo it alone
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
-                state = Batch(self._active)
+                state = Batch(self._active, self.keeps)
                 results = [self._run_op(db, state, queued.op) for queued in batch]
             if durable:
                 await loop.run_in_executor(self._executor, conn.execute, "COMMIT")

@@ -19,7 +19,7 @@ from agentbox.store.errors import RunNotFound, StorageUnavailable, SubscriptionN
 from agentbox.store.ingest import received
 from agentbox.store.interface import Store
 from agentbox.store.outcomes import finish
-from agentbox.store.reads import Reads, unaskable
+from agentbox.store.reads import AppParts, Reads, unaskable
 from agentbox.store.records import (
     ClaimResult,
     DeliveryResult,
@@ -33,7 +33,7 @@ from agentbox.store.records import (
 )
 from agentbox.store.tables import Schema, Tables
 from agentbox.store.views import SubscriptionView
-from agentbox.store.writer import Batch, Db, GroupCommit, log
+from agentbox.store.writer import Batch, Db, GroupCommit, Keeps, log
 
 T = TypeVar("T")
 PROBE_INTERVAL_SECONDS = 1.0
@@ -58,6 +58,8 @@ class SqlStore(Reads, GroupCommit, Store):
         self._refusing_since: float | None = None  # when writes began to fail (monotonic)
         self._refused_at = 0.0  # the last failure
         self._refusals = 0  # write batches refused since
+        self.parts = AppParts()  # what apps add to the reads (add_tables)
+        self.keeps: list[Keeps] = []  # what apps keep of each event stored
 
     @property
     def description(self) -> str:
@@ -111,9 +113,33 @@ class SqlStore(Reads, GroupCommit, Store):
         known = next((s for s in self.schemas if s.line == schema.line), None)
         if known is None:
             self.schemas.append(schema)
+            self._add_parts(schema)
         elif known != schema:
             raise ValueError(f"two apps' tables on the line {schema.line!r}")
         return Tables(schema, self.dialect, self._app_rows, self._app_write)
+
+    def _add_parts(self, schema: Schema) -> None:
+        """What an app's schema adds to ingest, the reads and a dry prune."""
+        statements = schema.statements(self.dialect)
+        taken = {*self.parts.field_names, *self.parts.filters}
+        clash = taken & {*schema.run_fields, *schema.filters}
+        if clash:
+            raise ValueError(f"{schema.line}: a run field or filter another app brings "
+                             f"({', '.join(sorted(clash))})")
+        if schema.keeps is not None:
+            self.keeps.append((schema.keeps, statements["keep_runs"]))
+        for name in schema.run_fields:
+            self.parts.field_names.append(name)
+            self.parts.fields += f", ({statements[f'run_field.{name}']}) AS {name}"
+        for name in schema.filters:
+            condition = statements[f"search_runs.{name}"]
+            if name == "text":
+                self.parts.text += f" OR ({condition})"
+            else:
+                self.parts.filters[name] = f"({condition})"
+        preview = statements.get(f"{schema.before_prune}.preview")
+        if preview is not None:
+            self.parts.kept += f", ({preview}) AS {schema.kept_in or schema.line}"
 
     async def _app_rows(self, sql: str, params: Mapping[str, Any], slow: bool
                         ) -> list[Mapping[str, Any]]:
@@ -124,11 +150,17 @@ class SqlStore(Reads, GroupCommit, Store):
     async def _app_write(self, op: Callable[[Db, Batch], T], durable: bool) -> T:
         return await self._write(op, durable=durable)
 
-    def _before_prune(self) -> list[tuple[str, str]]:
-        """(what it keeps, statement) each app runs before retention removes runs."""
-        return [(schema.kept_in or schema.line,
-                 schema.statements(self.dialect)[schema.before_prune])
-                for schema in self.schemas if schema.before_prune]
+    def _before_prune(self) -> list[tuple[str | None, str]]:
+        """(what it keeps, statement) each app runs before retention removes runs; its
+        `forget` after, counted as nothing (None)."""
+        found: list[tuple[str | None, str]] = []
+        for schema in self.schemas:
+            statements = schema.statements(self.dialect)
+            if schema.before_prune:
+                found.append((schema.kept_in or schema.line, statements[schema.before_prune]))
+            if schema.forget:
+                found.append((None, statements[schema.forget]))
+        return found
 
     # -- ingest, claims, outcomes -------------------------------------------------------
 

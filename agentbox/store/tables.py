@@ -13,7 +13,12 @@ readers (`rows`). An app's statements may read the core tables `runs` and
 `events` by the columns docs/apps.md lists; they write only the app's own.
 Before retention removes finished runs, each schema's `before_prune` statement
 runs in the same transaction with `:ids` (their run ids), so an app keeps what
-it needs of them.
+it needs of them, and then its `forget` statement (its rows of those runs).
+
+An app may also keep something of each event the engine stores, in the ingest's own
+transaction (`keeps`: no write of its own, nothing stored without it), add fields
+to a run's view (`run_fields`) and filters to the run search (`filters`): the
+review's project of a run is all three.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentbox.store.queries import parse
 
 if TYPE_CHECKING:
+    from agentbox.events import Event
     from agentbox.store.writer import Cursor, Db
 
 T = TypeVar("T")
@@ -42,13 +48,28 @@ class Schema:
     among the apps), `package` the Python package whose `tables/` folder holds its
     files; `before_prune` the statement retention runs before removing runs, and
     `kept_in` the table it writes, under whose name retention's report counts the
-    rows it kept (default: the line)."""
+    rows it kept (default: the line); `<before_prune>.preview`, if the app has
+    it, counts what it would keep of the runs a dry run finds `due` (a CTE of
+    run_id, event_pk). `forget` runs after `before_prune`, with the same `:ids`.
+
+    `keeps(event)`: a value the app keeps of each event stored, or None; its
+    statement `keep_runs` runs in the ingest's transaction, once per batch, with
+    `:run_ids` and `:values` (arrays, one element per run of an event that gave a
+    value). `run_fields`: fields the app adds to a run's view, each the statement
+    `run_field.<name>` (an expression over the run `r`). `filters`: the run search's
+    filters the app brings, each the statement `search_runs.<name>` (a condition on
+    the run `r` and its event `e`, with the parameter `:<name>`); a filter named
+    `text` widens the search's text instead (OR)."""
 
     line: str
     package: str
     before_prune: str | None = None
     kept_in: str | None = None
     folder: str = "tables"
+    forget: str | None = None
+    keeps: Callable[[Event], str | None] | None = None
+    run_fields: tuple[str, ...] = ()
+    filters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _LINE.fullmatch(self.line) or self.line == CORE_LINE:

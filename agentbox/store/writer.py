@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from agentbox.events import Event
 from agentbox.logs import get_logger
 from agentbox.runs import InvalidTransition
 from agentbox.store.errors import StorageUnavailable, StoreError
@@ -36,6 +37,8 @@ from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
 log = get_logger("store")
+# An app's keeping of each event stored: its function and its statement's text.
+Keeps = tuple[Callable[[Event], "str | None"], str]
 # What an operation raises to refuse (its caller is told); anything else it raises,
 # but for the storage failing, is a bug (the rule: this module's docstring).
 REFUSALS = (StoreError, InvalidTransition)
@@ -84,7 +87,8 @@ class Db(Protocol):
 class Batch:
     """What the operations of one transaction share."""
 
-    def __init__(self, active: int) -> None:
+    def __init__(self, active: int, keeps: Sequence[Keeps] = ()) -> None:
+        self.keeps = keeps  # what apps keep of each event stored (ingest._kept_by_apps)
         self.active = active  # runs not yet terminal, for admission control
         self.base = active  # what `active` was at the start
         self.recounted = False  # `base` was counted in this transaction

@@ -154,13 +154,13 @@ async def test_runs_are_found_by_project_however_the_sender_spelled_it(
     await store.ingest(IngestParams(event=parse_event(valid), body=stored,
                                     agents=["mix_review"], now=T0, ttl=TTL,
                                     max_pending=MAX_PENDING))
-    assert len(await store.search_runs(project="nul")) <= 1
+    assert len(await store.search_runs(filters={"project": "nul"})) <= 1
     assert await store.search_runs(text="nul\u0000") == []  # asked with a NUL: nothing
     assert await store.get_run("run_\u0000") is None
     with pytest.raises(RunNotFound):
         await store.replay("run_\u0000", T0)
     for name in names:
-        found = {run["run_id"] for run in await store.search_runs(project=name)}
+        found = {run["run_id"] for run in await store.search_runs(filters={"project": name})}
         assert found == runs[name], name  # exact: no wildcards, case counts, any spelling
         assert {run["run_id"] for run in await store.search_runs(text=name)} == runs[name]
 

@@ -65,11 +65,11 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
     SELECT x.*, row_number() OVER (PARTITION BY x.project
                                    ORDER BY x.accepted_at DESC, x.run_id DESC) AS n
     FROM (
-        SELECT r.run_id, COALESCE(a.project, e.project) AS project, r.agent, r.status,
+        SELECT r.run_id, COALESCE(a.project, p.project) AS project, r.agent, r.status,
                r.accepted_at, r.completed_at, r.result, false AS archived
-        FROM events e JOIN runs r ON r.event_pk = e.pk
-        LEFT JOIN project_aliases a ON a.name = e.project
-        WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+        FROM run_projects p JOIN runs r ON r.run_id = p.run_id
+        LEFT JOIN project_aliases a ON a.name = p.project
+        WHERE (%(agent)s::text IS NULL OR r.agent = %(agent)s)
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                true AS archived
@@ -82,10 +82,10 @@ ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
 
 -- name: project_exports
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
-    SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+    SELECT r.run_id, p.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
            false AS archived
-    FROM events e JOIN runs r ON r.event_pk = e.pk
-    WHERE e.project IN (SELECT %(project)s::text UNION ALL
+    FROM run_projects p JOIN runs r ON r.run_id = p.run_id
+    WHERE p.project IN (SELECT %(project)s::text UNION ALL
                         SELECT name FROM project_aliases WHERE project = %(project)s)
     UNION ALL
     SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
@@ -112,19 +112,19 @@ FROM project_exports WHERE run_id = %(run_id)s
 -- Run by retention before it removes runs (Schema.before_prune), in the same
 -- transaction: what the project pages read of a run, kept after it goes.
 INSERT INTO project_exports (run_id, project, agent, status, accepted_at, completed_at, result)
-SELECT r.run_id, COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = e.project),
-                          e.project), r.agent, r.status, r.accepted_at, r.completed_at, r.result
-FROM runs r JOIN events e ON e.pk = r.event_pk
-WHERE r.run_id = ANY(%(ids)s) AND e.project IS NOT NULL
+SELECT r.run_id, COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = p.project),
+                          p.project), r.agent, r.status, r.accepted_at, r.completed_at, r.result
+FROM runs r JOIN run_projects p ON p.run_id = r.run_id
+WHERE r.run_id = ANY(%(ids)s)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: export
 -- One run of a project, stored or kept after retention removed it (no row: no such
 -- run, or one that named no project).
-SELECT r.run_id, e.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
+SELECT r.run_id, p.project, r.agent, r.status, r.accepted_at, r.completed_at, r.result,
        false AS archived
-FROM runs r JOIN events e ON e.pk = r.event_pk
-WHERE r.run_id = %(run_id)s AND e.project IS NOT NULL
+FROM runs r JOIN run_projects p ON p.run_id = r.run_id
+WHERE r.run_id = %(run_id)s
 UNION ALL
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, true AS archived
 FROM project_exports WHERE run_id = %(run_id)s
@@ -172,3 +172,30 @@ DELETE FROM removed_projects WHERE project = %(old)s
 -- name: remove_project
 INSERT INTO removed_projects (project, removed_at) VALUES (%(project)s, %(now)s)
 ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
+
+-- name: keep_runs
+-- Each run's project, in the transaction that stores its event (Schema.keeps: the
+-- event's payload.project_id, NFC), one statement for a whole batch of events.
+INSERT INTO run_projects (run_id, project)
+SELECT * FROM unnest(%(run_ids)s::text[], %(values)s::text[])
+ON CONFLICT (run_id) DO NOTHING
+
+-- name: forget_runs
+-- Run by retention after keep_exports (Schema.forget), as the runs go.
+DELETE FROM run_projects WHERE run_id = ANY(%(ids)s)
+
+-- name: keep_exports.preview
+-- What keep_exports would keep of the runs a dry prune finds `due`.
+SELECT count(*) FROM due JOIN run_projects p ON p.run_id = due.run_id
+
+-- name: run_field.project
+-- A run's project, in its view (GET /runs/{run_id}'s `project`).
+SELECT p.project FROM run_projects p WHERE p.run_id = r.run_id
+
+-- name: search_runs.project
+-- The run search's filter: the runs of a project, by the name their event sent.
+EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = %(project)s)
+
+-- name: search_runs.text
+-- The run search's text is also a project's name.
+EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = %(text)s)

@@ -1,3 +1,4 @@
+-- adds column: events project TEXT
 -- The project an event names (payload.project_id, NFC), read once at ingest:
 -- project pages and searches compare it exactly, through its index. The column
 -- is added by the engine when missing (SQLite has no ADD COLUMN IF NOT EXISTS);

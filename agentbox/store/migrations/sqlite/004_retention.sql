@@ -1,3 +1,4 @@
+-- adds column: events body_removed_at REAL
 -- Retention (store/retention.py). `project_exports` keeps what the project pages
 -- and the comparison with the previous export read of a run that retention
 -- removed (written in the same transaction as the removal); `body_removed_at`

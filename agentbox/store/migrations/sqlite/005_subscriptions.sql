@@ -1,3 +1,4 @@
+-- adds column: outbox subscription_id TEXT
 -- Subscriptions. agent_subscriptions: what an agent changed of the event types its
 -- configuration routes to it (1 subscribed, 0 unsubscribed), written with the
 -- success of the run that changed it. subscriptions: other programs' webhook

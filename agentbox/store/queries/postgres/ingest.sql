@@ -23,10 +23,10 @@ WITH input AS MATERIALIZED (
     FROM unnest(%(keys)s::text[], %(expires)s::float8[], %(event_ids)s::text[],
                 %(types)s::text[], %(sources)s::text[], %(correlations)s::text[],
                 %(causations)s::text[], %(hops)s::bigint[], %(callbacks)s::text[],
-                %(bodies)s::bytea[], %(projects)s::text[], %(webhook_ids)s::text[])
+                %(bodies)s::bytea[], %(webhook_ids)s::text[])
          WITH ORDINALITY AS i (key, expires_at, event_id, event_type, source,
                                correlation_id, causation_id, hop, callback_url, body,
-                               project, webhook_id, n)
+                               webhook_id, n)
 ),
 claimed AS (
     INSERT INTO idempotency_keys AS k (key, event_pk, expires_at)
@@ -38,10 +38,9 @@ claimed AS (
 ),
 new_events AS (
     INSERT INTO events (pk, event_id, idempotency_key, event_type, source, correlation_id,
-                        causation_id, hop, callback_url, received_at, body, project,
-                        webhook_id)
+                        causation_id, hop, callback_url, received_at, body, webhook_id)
     SELECT i.pk, i.event_id, i.key, i.event_type, i.source, i.correlation_id,
-           i.causation_id, i.hop, i.callback_url, %(now)s, i.body, i.project, i.webhook_id
+           i.causation_id, i.hop, i.callback_url, %(now)s, i.body, i.webhook_id
     FROM input i JOIN claimed c ON c.event_pk = i.pk
 ),
 new_runs AS (

@@ -103,10 +103,11 @@ WHERE e.pk = ANY(%(pks)s) AND e.body_removed_at IS NULL
   AND {body_may_go(e.pk, %(before)s)}
 
 -- name: prune_preview
--- What a prune would remove now, per table (agentbox prune --dry-run).
+-- What a prune would remove now, per table (agentbox prune --dry-run). kept: what
+-- each app's Schema.before_prune would keep of the runs `due`, each
+-- `, (its count) AS <kept_in>`, or nothing.
 WITH due AS (
-    SELECT r.run_id, r.event_pk, e.project FROM runs r
-    JOIN events e ON e.pk = r.event_pk
+    SELECT r.run_id, r.event_pk FROM runs r
     WHERE {may_go(%(before)s)} AND {unheld()}
 ), gone AS (
     SELECT DISTINCT event_pk AS pk FROM due
@@ -125,11 +126,10 @@ SELECT (SELECT count(*) FROM due) AS runs,
        (SELECT count(*) FROM events e JOIN idempotency_keys k
             ON k.key = e.idempotency_key AND k.event_pk = e.pk
         WHERE e.pk IN (SELECT pk FROM gone) AND k.expires_at <= %(now)s) AS idempotency_keys,
-       (SELECT count(*) FROM due WHERE project IS NOT NULL) AS project_exports,
        (SELECT count(*) FROM events e
         WHERE e.body_removed_at IS NULL AND e.received_at < %(bodies_before)s
           AND e.pk NOT IN (SELECT pk FROM gone)
-          AND {body_may_go(e.pk, %(bodies_before)s)}) AS bodies
+          AND {body_may_go(e.pk, %(bodies_before)s)}) AS bodies{kept}
 
 -- name: reclaim_space
 -- PostgreSQL's autovacuum makes the space of removed rows reusable by itself.

@@ -12,9 +12,9 @@ WHERE k.key = :key AND k.expires_at > :now ORDER BY r.ordinal
 
 -- name: store_events.event
 INSERT INTO events (event_id, idempotency_key, event_type, source, correlation_id,
-                    causation_id, hop, callback_url, received_at, body, project, webhook_id)
+                    causation_id, hop, callback_url, received_at, body, webhook_id)
 VALUES (:event_id, :key, :event_type, :source, :correlation_id, :causation_id, :hop,
-        :callback_url, :now, :body, :project, :webhook_id)
+        :callback_url, :now, :body, :webhook_id)
 RETURNING pk
 
 -- name: store_events.key

@@ -4,24 +4,26 @@
 
 -- name: get_run
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project, e.webhook_id
+       e.idempotency_key, e.webhook_id{fields}
 FROM runs r JOIN events e ON e.pk = r.event_pk WHERE r.run_id = :run_id
 
 -- name: list_runs
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project, e.webhook_id
+       e.idempotency_key, e.webhook_id{fields}
 FROM runs r JOIN events e ON e.pk = r.event_pk ORDER BY r.run_id DESC LIMIT :limit
 
 -- name: list_runs_by_status
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project, e.webhook_id
+       e.idempotency_key, e.webhook_id{fields}
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE r.status = :status ORDER BY r.run_id DESC LIMIT :limit
 
 -- name: search_runs
--- {where}: the search_runs.* conditions asked for, joined by AND (or TRUE).
+-- where: the search_runs.* conditions asked for, joined by AND (or TRUE), the text's
+-- widened by each app's (Schema.filters); fields: the columns apps add to a run's
+-- view (Schema.run_fields), each `, (expression) AS name`, or nothing.
 SELECT r.*, e.event_id, e.event_type, e.source, e.correlation_id, e.causation_id, e.hop,
-       e.idempotency_key, e.project, e.webhook_id
+       e.idempotency_key, e.webhook_id{fields}
 FROM runs r JOIN events e ON e.pk = r.event_pk
 WHERE {where} ORDER BY r.run_id DESC LIMIT :limit
 
@@ -31,12 +33,10 @@ r.status = :status
 e.event_type = :event_type
 -- name: search_runs.agent
 r.agent = :agent
--- name: search_runs.project
-e.project = :project
 -- name: search_runs.chain
 (e.correlation_id = :chain OR (e.event_id = :chain AND e.correlation_id IS NULL))
 -- name: search_runs.text
-(r.run_id = :text OR e.event_id = :text OR e.correlation_id = :text OR e.project = :text)
+(r.run_id = :text OR e.event_id = :text OR e.correlation_id = :text {text})
 -- name: search_runs.since
 r.accepted_at >= :since
 -- name: search_runs.until

@@ -96,10 +96,11 @@ WHERE pk IN (SELECT value FROM json_each(:pks)) AND body_removed_at IS NULL
   AND {body_may_go(events.pk, :before)}
 
 -- name: prune_preview
--- What a prune would remove now, per table (agentbox prune --dry-run).
+-- What a prune would remove now, per table (agentbox prune --dry-run). kept: what
+-- each app's Schema.before_prune would keep of the runs `due`, each
+-- `, (its count) AS <kept_in>`, or nothing.
 WITH due AS (
-    SELECT r.run_id, r.event_pk, e.project FROM runs r INDEXED BY runs_completed
-    JOIN events e ON e.pk = r.event_pk
+    SELECT r.run_id, r.event_pk FROM runs r INDEXED BY runs_completed
     WHERE {may_go(:before)} AND {unheld()}
 ), gone AS (
     SELECT DISTINCT event_pk AS pk FROM due
@@ -118,11 +119,10 @@ SELECT (SELECT count(*) FROM due) AS runs,
        (SELECT count(*) FROM events e JOIN idempotency_keys k
             ON k.key = e.idempotency_key AND k.event_pk = e.pk
         WHERE e.pk IN (SELECT pk FROM gone) AND k.expires_at <= :now) AS idempotency_keys,
-       (SELECT count(*) FROM due WHERE project IS NOT NULL) AS project_exports,
        (SELECT count(*) FROM events e INDEXED BY events_with_body
         WHERE e.body_removed_at IS NULL AND e.received_at < :bodies_before
           AND e.pk NOT IN (SELECT pk FROM gone)
-          AND {body_may_go(e.pk, :bodies_before)}) AS bodies
+          AND {body_may_go(e.pk, :bodies_before)}) AS bodies{kept}
 
 -- name: reclaim_space
 -- One free page back to the file system (auto_vacuum = INCREMENTAL): the driver

@@ -9,8 +9,8 @@ from typing import Any
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
 from agentbox.store import Store
+from tests.review_tables.test_projects import export, succeed
 from tests.store.support import PERMANENT, T0, async_test, claim_one, history
-from tests.store.test_projects import export, succeed
 
 DAY = SECONDS_PER_DAY
 

@@ -1,11 +1,12 @@
-"""Projects: the event's project stored at ingest (schema version 3), the run view's
-`project`, the latest export of each project and a project's exports (every engine)."""
+"""Projects: the event's project kept at ingest (the review's run_projects), the run
+view's `project` and the run search's filter (the review's run field and filters),
+the latest export of each project and a project's exports (every engine). The
+review's tables on a database an earlier release wrote: test_release_schema.py."""
 
 from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,11 +15,8 @@ from agentbox.archive.records import ProjectExport
 from agentbox.events import parse_event
 from agentbox.runs import RunStatus
 from agentbox.store import IngestParams, Outcome, Store
-from agentbox.store.sqlite import MIGRATIONS
-from tests.store.conftest import Engine
 from tests.store.support import (
     MAX_PENDING,
-    SUCCEEDED,
     T0,
     TTL,
     async_test,
@@ -66,10 +64,12 @@ async def test_the_run_view_carries_the_events_project_in_nfc(store: Store, aio:
     [run_id] = await export(store, "e1", DECOMPOSED, now=T0)
     view = await store.get_run(run_id)
     assert view is not None and view.project == COMPOSED == view["project"]
-    assert [r.run_id for r in await store.search_runs(project=DECOMPOSED)] == [run_id]
-    assert [r.run_id for r in await store.search_runs(project=COMPOSED)] == [run_id]
-    assert await store.search_runs(project="über nacht") == []  # exact: case counts
-    assert await store.search_runs(project="Über") == []  # exact: no prefix match
+    for name in (DECOMPOSED, COMPOSED):
+        assert [r.run_id for r in await store.search_runs(filters={"project": name})] == [
+            run_id]
+    assert await store.search_runs(filters={"project": "über nacht"}) == []  # case counts
+    assert await store.search_runs(filters={"project": "Über"}) == []  # no prefix match
+    assert await store.search_runs(filters={"genre": "Über"}) == []  # no app's filter
     assert [r.project for r in await store.list_runs(None, 10)] == [COMPOSED]
 
 
@@ -125,34 +125,6 @@ async def test_several_agents_each_have_their_exports(store: Store, aio: Any) ->
         "loudness"]
     assert [p.agent for p in await history(store).projects(agent="loudness")] == ["loudness"]
     assert len(await history(store).projects()) == 1  # one per project
-
-
-def test_a_version_2_database_with_runs_is_migrated_and_its_projects_filled(
-    engine: Engine, make_store: Callable[[], Store], aio: Any
-) -> None:
-    store = make_store()
-    night = aio(export(store, "e1", "night-drive", now=T0))
-    uber = aio(export(store, "e2", DECOMPOSED, now=T0 + 1))
-    # A body that names no project (a plugin's event type may have none), stored
-    # beside a valid event: the backfill reads what was stored.
-    none = [r.run_id for r in aio(store.ingest(IngestParams(
-        event=parse_event(export_body("e3", "p")), body=export_body("e3", None),
-        agents=["mix_review"], now=T0 + 2, ttl=TTL, max_pending=MAX_PENDING))).runs]
-    claimed = aio(claim_one(store, now=T0 + 3))
-    aio(store.finish(claimed.run_id, "w1", 1, SUCCEEDED, T0 + 4))
-    aio(store.close())
-    # Version 2, as this code's schema was before the project column.
-    engine.drop_index("events_project")
-    engine.drop_column("events", "project")
-    engine.set_schema_version(2)
-    assert engine.schema()[0] == 2
-    reopened = make_store()
-    assert engine.schema()[0] == len(MIGRATIONS)
-    assert [aio(reopened.get_run(r)).project for r in (*night, *uber, *none)] == [
-        "night-drive", COMPOSED, None]
-    assert [r.run_id for r in aio(reopened.search_runs(project=COMPOSED))] == uber
-    assert [e.run_id for e in aio(history(reopened).project_exports("night-drive"))] == night
-    assert {p.project for p in aio(history(reopened).projects())} == {"night-drive", COMPOSED}
 
 
 @pytest.mark.parametrize("project", ["night_drive", "50% done", 'say "hi"', "a/b & c"])

@@ -1,0 +1,18 @@
+-- Version 9: apps own their data. Versions 3, 4 and 7 made the review app's column
+-- (events.project) and tables (project_exports, kept_audio, project_references) in
+-- the engine's schema; the review's own migration line (agentbox/archive/tables)
+-- now makes its tables, and its version 3 moves the column's values into its own
+-- table (run_projects) and drops the column. This version drops each of them only
+-- when it holds nothing: a database made with no app ends with none of them, and
+-- one an earlier release wrote keeps what it holds, whether the review is loaded
+-- now or later, until the review's line has taken it over (it runs after this
+-- version, and makes again, empty, a table dropped here).
+-- when: SELECT NOT EXISTS (SELECT 1 FROM events WHERE project IS NOT NULL)
+DROP INDEX IF EXISTS events_project;
+ALTER TABLE events DROP COLUMN project;
+-- when: SELECT NOT EXISTS (SELECT 1 FROM project_exports)
+DROP TABLE project_exports;
+-- when: SELECT NOT EXISTS (SELECT 1 FROM kept_audio)
+DROP TABLE kept_audio;
+-- when: SELECT NOT EXISTS (SELECT 1 FROM project_references)
+DROP TABLE project_references;

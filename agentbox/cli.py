@@ -98,7 +98,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     cannot be made), 1 for the rest (the port in use, the data directory served
     by another agentbox, the database unreachable)."""
     from agentbox.http import server
-    from agentbox.logs import setup_logging
+    from agentbox.logs import capture_output, setup_logging
 
     try:
         settings = cfg.load_settings(config_file, overrides={
@@ -106,6 +106,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     except cfg.ConfigError as exc:
         _refuse(str(exc), EXIT_USAGE)
     setup_logging(settings.log_level, settings.log_format)
+    capture_output(settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
     recorded = None
@@ -118,7 +119,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
                    timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
     except (server.PortInUse, server.StartupFailed) as exc:
-        _refuse(str(exc), EXIT_REFUSED)
+        _refuse(str(exc), EXIT_REFUSED, settings)
     finally:
         forget_address(recorded)
 
@@ -149,9 +150,18 @@ def forget_address(path: Path | None) -> None:
             path.unlink()
 
 
-def _refuse(sentence: str, status: int) -> NoReturn:
-    """Why agentbox does not start, in a sentence on stderr; no traceback."""
-    click.echo(f"agentbox: {sentence}", err=True)
+def _refuse(sentence: str, status: int, settings: cfg.Settings | None = None) -> NoReturn:
+    """Why agentbox does not start, in a sentence on stderr (a JSON line in a JSON
+    log, with the exit status); no traceback. Before the settings are read (one of
+    them is what refuses), AGENTBOX_LOG_FORMAT chooses, if it is one."""
+    from agentbox.logs import refusal_line, unwrapped
+
+    if settings is not None:
+        log_format = settings.log_format
+    else:
+        log_format = os.environ.get("AGENTBOX_LOG_FORMAT", "auto").strip().lower()
+        log_format = log_format if log_format in cfg.LOG_FORMATS else "auto"
+    click.echo(refusal_line(sentence, status, log_format), file=unwrapped(sys.stderr))
     sys.exit(status)
 
 
@@ -162,7 +172,7 @@ def _data_directory(settings: cfg.Settings) -> None:
     except OSError as exc:
         _refuse(f"the data directory {settings.data_dir} cannot be made "
                 f"({exc.strerror or type(exc).__name__}); choose another with --data-dir "
-                "or AGENTBOX_DATA_DIR", EXIT_USAGE)
+                "or AGENTBOX_DATA_DIR", EXIT_USAGE, settings)
 
 
 def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
@@ -181,12 +191,12 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
         engines.migrate(settings, schemas_of(settings))
         app = create_app(settings, token)
     except (cfg.ConfigError, st.EngineMissing) as exc:
-        _refuse(str(exc), EXIT_USAGE)
+        _refuse(str(exc), EXIT_USAGE, settings)
     except st.StoreError as exc:
-        _refuse(str(exc), EXIT_REFUSED)
+        _refuse(str(exc), EXIT_REFUSED, settings)
     except OSError as exc:  # a config or data directory that cannot be written
         _refuse(f"{exc.filename or 'a file'} cannot be written "
-                f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED)
+                f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED, settings)
     for warning in files.tighten(settings):  # what an older version or a copy left open
         _at_start(settings, warning, problem=True)
     if secret_path is not None:

@@ -324,8 +324,48 @@ def secret_retire(chosen: tuple[Path | None, bool]) -> None:
 @main.command()
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def token(config_file: Path | None) -> None:
-    """Print the admin token that admin API calls (replay) need."""
-    click.echo(cfg.admin_token(_settings(config_file)))
+    """Print the admin token that admin API calls (replay) need.
+
+    It is AGENTBOX_ADMIN_TOKEN, else the one `serve` made at its first start in the
+    config directory; this command never makes one (a token made here would not be
+    the one a server started with AGENTBOX_ADMIN_TOKEN takes). With none, it says
+    where it looked (exit status 1); a running agentbox that refuses the one found
+    is said too."""
+    settings = _settings(config_file)
+    path = settings.config_dir / cfg.ADMIN_TOKEN_FILE
+    given = os.environ.get(cfg.env_name("admin_token"))
+    if not given and not path.is_file():
+        raise click.ClickException(
+            f"no admin token yet: none in {cfg.env_name('admin_token')}, none in {path}. "
+            "agentbox serve makes one there at its first start (or set "
+            f"{cfg.env_name('admin_token')} for the server and here alike)")
+    try:
+        found = cfg.admin_token(settings)
+    except cfg.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    refused_by = _refused_by_server(found, config_file)
+    if refused_by is not None:
+        where = cfg.env_name("admin_token") if given else str(path)
+        raise click.ClickException(
+            f"the agentbox at {refused_by} does not take the token in {where}: it was "
+            f"started with another ({cfg.env_name('admin_token')} in its environment?); "
+            "use that one")
+    click.echo(found)
+
+
+def _refused_by_server(found: str, config_file: Path | None) -> str | None:
+    """The URL of the running agentbox if it answers 401 to `found`; None when it takes
+    it, or when none answers (then the token is the one a server started here takes)."""
+    import httpx
+
+    try:
+        url = client_url(None, config_file)
+        with httpx.Client(base_url=url, timeout=2.0, trust_env=False) as http:
+            answer = http.get("/runs", params={"limit": "1"},
+                              headers={"Authorization": f"Bearer {found}"})
+    except (click.ClickException, httpx.HTTPError):
+        return None
+    return url if answer.status_code == 401 else None
 
 
 @main.command("open")
@@ -448,12 +488,22 @@ def follow(url: str | Client, run_id: str, timeout: float,
             box.close()
 
 
-def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
+def _parse_fields(fields: tuple[str, ...], event_type: str | None = None) -> dict[str, Any]:
+    """The payload FIELD=VALUE ... give; a field the event type's payload does not have
+    is refused here, before anything is sent (the server's 422 came after the retries
+    and the signing, for a typo)."""
+    from agentbox.events import PAYLOAD_MODELS
+
     payload: dict[str, Any] = {}
+    model = PAYLOAD_MODELS.get(event_type or "")
     for item in fields:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not key=value", param_hint="FIELDS")
+        if model is not None and key not in model.model_fields:
+            raise click.BadParameter(
+                f"{event_type} has no field {terminal.line(key)!r}; its payload's fields: "
+                + ", ".join(model.model_fields), param_hint="FIELDS")
         payload[key] = value
     return payload
 
@@ -528,7 +578,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
-        payload = {**_parse_fields(fields), **({"profile": profile} if profile else {}),
+        payload = {**_parse_fields(fields, "session.exported"),
+                   **({"profile": profile} if profile else {}),
                    **({"stage": stage} if stage else {})}
         event = export_event(mix_file, event_id or _export_id(mix_file, project, payload),
                              project, source, **payload)
@@ -585,7 +636,7 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
     if not event_type:
         raise click.UsageError("give a file to review, or the event type (--type, or the "
                                "first argument), or --file")
-    payload = _parse_fields(fields)
+    payload = _parse_fields(fields, event_type)
     if payload_json:
         try:
             payload.update(json.loads(payload_json))

@@ -59,7 +59,10 @@ class Metrics:
 
     def __init__(self, instance_id: str = "", engine: str = "") -> None:
         # (the library's switch, for the metrics made from now on)
-        (enable_created_metrics if created_series_asked() else disable_created_metrics)()
+        if created_series_asked():
+            enable_created_metrics()  # type: ignore[no-untyped-call]  # (untyped upstream)
+        else:
+            disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
         # target_info{instance_id, engine}: join it to any series to tell instances apart.

@@ -62,7 +62,7 @@ class Metrics:
         if created_series_asked():
             enable_created_metrics()  # type: ignore[no-untyped-call]  # (untyped upstream)
         else:
-            disable_created_metrics()
+            disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
         # target_info{instance_id, engine}: join it to any series to tell instances apart.

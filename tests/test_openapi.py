@@ -249,3 +249,13 @@ def test_every_operation_is_named_and_declares_who_may_call_it() -> None:
     assert history["name"] == "history" and history["schema"] == {"type": "boolean"}
     audio = found["paths"]["/runs/{run_id}/audio"]["get"]["responses"]["200"]["content"]
     assert {"audio/*", "application/octet-stream"} <= set(audio)
+
+
+def test_a_runs_states_are_said_once_for_type_checkers_too() -> None:
+    """models.RunState (a Literal a type checker reads) holds RunStatus's values."""
+    from typing import get_args
+
+    from agentbox.models import RunState
+    from agentbox.runs import RunStatus
+
+    assert set(get_args(RunState)) == {status.value for status in RunStatus}

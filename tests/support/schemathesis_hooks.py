@@ -2,12 +2,13 @@
 requests are signed as a sender signs them, so that the events Schemathesis makes
 reach the contract's checks instead of stopping at 401.
 
-Every case is signed (by one scheme or the other, by turns) over the exact bytes
-sent, overwriting whatever signature headers Schemathesis filled in from the
-security schemes, except a case whose only invalid part is its headers: 401 is
-that one's refusal. What Schemathesis sends past this hook (its `ignored_auth`
-check) goes unsigned and must get 401. At exit the run says on stderr how many
-receiver cases reached the contract checks (an answer other than 401)."""
+Every case is signed (by one scheme or the other, by turns) over the bytes
+Schemathesis sends for its body, overwriting whatever signature headers
+Schemathesis filled in from the security schemes, except a case whose only
+invalid part is its headers: 401 is that one's refusal. What Schemathesis sends
+past this hook (its `ignored_auth` check) goes unsigned and must get 401. At exit
+the run says on stderr how many receiver cases reached the contract checks (an
+answer other than 401)."""
 
 from __future__ import annotations
 
@@ -58,9 +59,7 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         return  # a case whose headers are what is wrong goes unsigned: 401 refuses it
     case.headers = {name: value for name, value in (case.headers or {}).items()
                     if name.lower() not in SIGNATURE_HEADERS}
-    absent = type(case.body).__name__ == "NotSet"  # no body at all: sign the empty one
-    raw = (b"" if absent else case.body if isinstance(case.body, bytes)
-           else json.dumps(case.body).encode())
+    raw = _as_sent(case.body)
     now = int(time.time())
     if len(raw) % 2:  # the two schemes by turns
         signed = standard_headers(SECRET, "msg_schemathesis", raw, now)
@@ -68,8 +67,22 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         signed = sign_headers(SECRET, raw, now)
     case.headers.update(signed)
     SIGNED.update(value for name, value in signed.items() if name.lower().endswith("signature"))
-    if not absent:
-        case.body = raw
+
+
+def _as_sent(body: Any) -> bytes:
+    """The bytes Schemathesis sends for a JSON body (its serializer: bytes as they are,
+    None as null, anything else as requests' json=, json.dumps). The body itself is
+    left as Schemathesis made it: replaced by bytes, its checks judged the bytes
+    against the schema (an object), and a valid event as schema-violating."""
+    if type(body).__name__ == "NotSet":  # no body at all: the empty one is signed
+        return b""
+    if isinstance(body, bytes):
+        return body
+    if body is None:
+        return b"null"
+    if type(body).__name__ == "Binary":
+        body = str(body)
+    return json.dumps(body, allow_nan=False).encode()
 
 
 @schemathesis.hook

@@ -100,7 +100,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     cannot be made), 1 for the rest (the port in use, the data directory served
     by another agentbox, the database unreachable)."""
     from agentbox.http import server
-    from agentbox.logs import setup_logging
+    from agentbox.logs import capture_output, setup_logging
 
     try:
         settings = cfg.load_settings(config_file, overrides={
@@ -108,6 +108,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     except cfg.ConfigError as exc:
         _refuse(str(exc), EXIT_USAGE)
     setup_logging(settings.log_level, settings.log_format)
+    capture_output(settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
     recorded = None
@@ -120,7 +121,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
                    timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
                    timeout_keep_alive=max(1, round(settings.keep_alive_seconds)))
     except (server.PortInUse, server.StartupFailed) as exc:
-        _refuse(str(exc), EXIT_REFUSED)
+        _refuse(str(exc), EXIT_REFUSED, settings)
     finally:
         forget_address(recorded)
 
@@ -151,9 +152,18 @@ def forget_address(path: Path | None) -> None:
             path.unlink()
 
 
-def _refuse(sentence: str, status: int) -> NoReturn:
-    """Why agentbox does not start, in a sentence on stderr; no traceback."""
-    click.echo(f"agentbox: {sentence}", err=True)
+def _refuse(sentence: str, status: int, settings: cfg.Settings | None = None) -> NoReturn:
+    """Why agentbox does not start, in a sentence on stderr (a JSON line in a JSON
+    log, with the exit status); no traceback. Before the settings are read (one of
+    them is what refuses), AGENTBOX_LOG_FORMAT chooses, if it is one."""
+    from agentbox.logs import refusal_line, unwrapped
+
+    if settings is not None:
+        log_format = settings.log_format
+    else:
+        log_format = os.environ.get("AGENTBOX_LOG_FORMAT", "auto").strip().lower()
+        log_format = log_format if log_format in cfg.LOG_FORMATS else "auto"
+    click.echo(refusal_line(sentence, status, log_format), file=unwrapped(sys.stderr))
     sys.exit(status)
 
 
@@ -164,7 +174,7 @@ def _data_directory(settings: cfg.Settings) -> None:
     except OSError as exc:
         _refuse(f"the data directory {settings.data_dir} cannot be made "
                 f"({exc.strerror or type(exc).__name__}); choose another with --data-dir "
-                "or AGENTBOX_DATA_DIR", EXIT_USAGE)
+                "or AGENTBOX_DATA_DIR", EXIT_USAGE, settings)
 
 
 def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
@@ -183,12 +193,12 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
         engines.migrate(settings, schemas_of(settings))
         app = create_app(settings, token)
     except (cfg.ConfigError, st.EngineMissing) as exc:
-        _refuse(str(exc), EXIT_USAGE)
+        _refuse(str(exc), EXIT_USAGE, settings)
     except st.StoreError as exc:
-        _refuse(str(exc), EXIT_REFUSED)
+        _refuse(str(exc), EXIT_REFUSED, settings)
     except OSError as exc:  # a config or data directory that cannot be written
         _refuse(f"{exc.filename or 'a file'} cannot be written "
-                f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED)
+                f"({exc.strerror or type(exc).__name__})", EXIT_REFUSED, settings)
     for warning in files.tighten(settings):  # what an older version or a copy left open
         _at_start(settings, warning, problem=True)
     if secret_path is not None:
@@ -316,8 +326,48 @@ def secret_retire(chosen: tuple[Path | None, bool]) -> None:
 @main.command()
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
 def token(config_file: Path | None) -> None:
-    """Print the admin token that admin API calls (replay) need."""
-    click.echo(cfg.admin_token(_settings(config_file)))
+    """Print the admin token that admin API calls (replay) need.
+
+    It is AGENTBOX_ADMIN_TOKEN, else the one `serve` made at its first start in the
+    config directory; this command never makes one (a token made here would not be
+    the one a server started with AGENTBOX_ADMIN_TOKEN takes). With none, it says
+    where it looked (exit status 1); a running agentbox that refuses the one found
+    is said too."""
+    settings = _settings(config_file)
+    path = settings.config_dir / cfg.ADMIN_TOKEN_FILE
+    given = os.environ.get(cfg.env_name("admin_token"))
+    if not given and not path.is_file():
+        raise click.ClickException(
+            f"no admin token yet: none in {cfg.env_name('admin_token')}, none in {path}. "
+            "agentbox serve makes one there at its first start (or set "
+            f"{cfg.env_name('admin_token')} for the server and here alike)")
+    try:
+        found = cfg.admin_token(settings)
+    except cfg.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    refused_by = _refused_by_server(found, config_file)
+    if refused_by is not None:
+        where = cfg.env_name("admin_token") if given else str(path)
+        raise click.ClickException(
+            f"the agentbox at {refused_by} does not take the token in {where}: it was "
+            f"started with another ({cfg.env_name('admin_token')} in its environment?); "
+            "use that one")
+    click.echo(found)
+
+
+def _refused_by_server(found: str, config_file: Path | None) -> str | None:
+    """The URL of the running agentbox if it answers 401 to `found`; None when it takes
+    it, or when none answers (then the token is the one a server started here takes)."""
+    import httpx
+
+    try:
+        url = client_url(None, config_file)
+        with httpx.Client(base_url=url, timeout=2.0, trust_env=False) as http:
+            answer = http.get("/runs", params={"limit": "1"},
+                              headers={"Authorization": f"Bearer {found}"})
+    except (click.ClickException, httpx.HTTPError):
+        return None
+    return url if answer.status_code == 401 else None
 
 
 @main.command("config")
@@ -483,12 +533,23 @@ def follow(url: str | Client, run_id: str, timeout: float,
             box.close()
 
 
-def _parse_fields(fields: tuple[str, ...]) -> dict[str, Any]:
+def _parse_fields(fields: tuple[str, ...], event_type: str | None = None) -> dict[str, Any]:
+    """The payload FIELD=VALUE ... give; a field the event type's payload does not have
+    is refused here, before anything is sent (the server's 422 came after the retries
+    and the signing, for a typo)."""
+    from agentbox.events import PAYLOAD_MODELS
+    from agentbox.review import contract  # noqa: F401 - registers the review's event types
+
     payload: dict[str, Any] = {}
+    model = PAYLOAD_MODELS.get(event_type or "")
     for item in fields:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not key=value", param_hint="FIELDS")
+        if model is not None and key not in model.model_fields:
+            raise click.BadParameter(
+                f"{event_type} has no field {terminal.line(key)!r}; its payload's fields: "
+                + ", ".join(model.model_fields), param_hint="FIELDS")
         payload[key] = value
     return payload
 
@@ -563,7 +624,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     if mix_file is not None:
         if mix is not None:
             raise click.UsageError("give the file to review once: as FILE or as --mix")
-        payload = {**_parse_fields(fields), **({"profile": profile} if profile else {}),
+        payload = {**_parse_fields(fields, "session.exported"),
+                   **({"profile": profile} if profile else {}),
                    **({"stage": stage} if stage else {})}
         event = export_event(mix_file, event_id or _export_id(mix_file, project, payload),
                              project, source, **payload)
@@ -620,7 +682,7 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
     if not event_type:
         raise click.UsageError("give a file to review, or the event type (--type, or the "
                                "first argument), or --file")
-    payload = _parse_fields(fields)
+    payload = _parse_fields(fields, event_type)
     if payload_json:
         try:
             payload.update(json.loads(payload_json))

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 from urllib.parse import quote, urlsplit
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agentbox import config as cfg
 
@@ -111,6 +111,12 @@ BARE_PREFIX = re.compile(r"[0-9a-f]{1,252}")
 
 Progress = Callable[[str], None]
 Model = TypeVar("Model", bound=Answer)
+Result = TypeVar("Result", bound=BaseModel)  # an agent's result model (Client.run's result=)
+
+
+def _detail(result: type[BaseModel] | None) -> type[RunDetail[Any]]:
+    """RunDetail, or RunDetail[result]: a run whose result is read into that model."""
+    return RunDetail if result is None else cast(Any, RunDetail)[result]
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -503,10 +509,21 @@ class Client:
 
     # -- reading runs --
 
-    def run(self, run_id: str, *, history: bool = False) -> RunDetail:
-        """GET /runs/{run_id}; with `history`, its attempts and state changes too."""
-        return self._read(RunDetail, self._get(f"/runs/{segment(check_run_id(run_id))}",
-                                               params={"history": "1"} if history else None))
+    @overload
+    def run(self, run_id: str, *, history: bool = False) -> RunDetail: ...
+
+    @overload
+    def run(self, run_id: str, *, history: bool = False,
+            result: type[Result]) -> RunDetail[Result]: ...
+
+    def run(self, run_id: str, *, history: bool = False,
+            result: type[BaseModel] | None = None) -> RunDetail[Any]:
+        """GET /runs/{run_id}; with `history`, its attempts and state changes too. The
+        result is a JSON object, or read into `result`, the model of the agent that
+        made it (`result=MixReview`): None until the run succeeded."""
+        return self._read(_detail(result), self._get(
+            f"/runs/{segment(check_run_id(run_id))}",
+            params={"history": "1"} if history else None))
 
     def lookup(self, ref: str, *, history: bool = False, projects: bool = True
                ) -> RunDetail:
@@ -548,16 +565,30 @@ class Client:
         params = {"limit": limit, **({"status": status} if status else {}), **filters}
         return self._read(RunList, self._get("/runs", params=params))
 
+    @overload
     def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
                unreachable_timeout: float = FOLLOW_UNREACHABLE_SECONDS,
-               sleep: Callable[[float], None] = time.sleep) -> RunDetail:
-        """The run once it is terminal (succeeded, failed_permanent, dead_lettered).
-        NotFinished after `timeout` seconds; an agentbox gone meanwhile is waited for
-        (told to `progress`) up to `unreachable_timeout`, then Unreachable."""
+               sleep: Callable[[float], None] = time.sleep) -> RunDetail: ...
+
+    @overload
+    def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
+               unreachable_timeout: float = FOLLOW_UNREACHABLE_SECONDS,
+               sleep: Callable[[float], None] = time.sleep,
+               result: type[Result]) -> RunDetail[Result]: ...
+
+    def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
+               unreachable_timeout: float = FOLLOW_UNREACHABLE_SECONDS,
+               sleep: Callable[[float], None] = time.sleep,
+               result: type[BaseModel] | None = None) -> RunDetail[Any]:
+        """The run once it is terminal (succeeded, failed_permanent, dead_lettered),
+        its result read as `run` reads it (`result=`). NotFinished after `timeout`
+        seconds; an agentbox gone meanwhile is waited for (told to `progress`) up to
+        `unreachable_timeout`, then Unreachable."""
         path = f"/runs/{segment(check_run_id(run_id))}"
         deadline = time.monotonic() + timeout
         interval, lost_since = FOLLOW_FIRST_SECONDS, None
-        run: RunDetail | None = None
+        run: RunDetail[Any] | None = None
+        model = _detail(result)
         headers = self._read_headers()
         while True:
             try:
@@ -568,7 +599,7 @@ class Client:
                 if lost_since is not None:
                     self.progress("reachable again; following the run")
                     lost_since = None
-                run = self._read(RunDetail, self._answer(response))
+                run = self._read(model, self._answer(response))
                 if run.terminal:
                     return run
             if time.monotonic() > deadline:

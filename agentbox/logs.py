@@ -8,14 +8,21 @@ else JSON), text or json."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import io
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 LOGGER_NAME = "agentbox"
+# The run whose agent the current task (or a thread it started) works for: a line it
+# prints carries it (`capture_output`). Set by the dispatcher in each run's task.
+CURRENT_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "agentbox_run", default=None)
 _RESERVED = set(vars(logging.makeLogRecord({})))
 _REFUSED = frozenset(_RESERVED | {"message", "asctime"})  # as fields (`extra`)
 
@@ -30,6 +37,8 @@ class JsonFormatter(logging.Formatter):
         line = self.head(record.created, record.levelname.lower(), record.name,
                          record.getMessage())
         line.update({k: v for k, v in vars(record).items() if k not in _RESERVED})
+        if "run_id" not in line and (run_id := CURRENT_RUN.get()) is not None:
+            line["run_id"] = run_id  # a warning or a library's line, in an agent's run
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return _ENCODER.encode(line)
@@ -251,6 +260,92 @@ def setup_logging(level: str = "info", log_format: str = "json") -> None:
     for found in [h for h in top.handlers if isinstance(h, JsonLines | TextLines)]:
         top.removeHandler(found)
     top.addHandler(handler)
+    # A warnings.warn (an agent's, a library's): a record of py.warnings, so a line as
+    # every other, where the warnings module wrote two raw lines to stderr.
+    logging.captureWarnings(True)
+
+
+def refusal_line(sentence: str, status: int, log_format: str) -> str:
+    """Why agentbox does not start, as its log writes it: `agentbox: ...` for a person,
+    else a JSON line (an error, with the exit status), so `jq` reads the stream to
+    its end."""
+    if text_lines(log_format):
+        return f"agentbox: {sentence}"
+    head = JsonFormatter().head(time.time(), "error", f"{LOGGER_NAME}.server", sentence)
+    return _ENCODER.encode({**head, "exit_status": status})
+
+
+class OutputLines(io.TextIOBase):
+    """sys.stdout or sys.stderr while the server writes JSON lines (`capture_output`):
+    what is written to it (an agent's print, a library's stray write) becomes a line
+    of the log, one a line of text, with the run it was written for (`run_id`, from
+    CURRENT_RUN). Text without its newline waits for the rest of its line, per run."""
+
+    def __init__(self, name: str, level: int, raw: TextIO) -> None:
+        super().__init__()
+        self.name, self.level, self.raw = name, level, raw
+        self._logger = get_logger(name)
+        self._partial: dict[str | None, str] = {}
+        self._lock = threading.Lock()
+        self._inside = threading.local()  # a line the log writes here: raw, not again
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.raw, "encoding", None) or "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def write(self, text: str) -> int:
+        if getattr(self._inside, "on", False):  # the handler's own trouble: as it is
+            return self.raw.write(text)
+        run_id = CURRENT_RUN.get()
+        with self._lock:
+            lines = (self._partial.pop(run_id, "") + text).split("\n")
+            if lines[-1]:
+                self._partial[run_id] = lines[-1]
+        for line in lines[:-1]:
+            self._say(line, run_id)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            partial, self._partial = self._partial, {}
+        for run_id, line in partial.items():
+            self._say(line, run_id)
+
+    def _say(self, line: str, run_id: str | None) -> None:
+        self._inside.on = True
+        try:
+            self._logger.log(self.level, line.rstrip("\r"),
+                             extra={} if run_id is None else {"run_id": run_id})
+        finally:
+            self._inside.on = False
+
+
+def unwrapped(stream: TextIO) -> TextIO:
+    """The stream itself, where `capture_output` wrapped it: for a line that is a
+    JSON line already."""
+    return stream.raw if isinstance(stream, OutputLines) else stream
+
+
+def capture_output(log_format: str) -> None:
+    """With JSON lines, what is written to stdout and stderr outside the log (an
+    agent's print, a stray write) goes through the log as lines of its own
+    (`OutputLines`): every line of the server's output is JSON. For a person
+    (text lines) they stay as they are."""
+    if text_lines(log_format):
+        return
+    if not isinstance(sys.stdout, OutputLines):
+        sys.stdout = OutputLines("stdout", logging.INFO, sys.stdout)
+    if not isinstance(sys.stderr, OutputLines):
+        sys.stderr = OutputLines("stderr", logging.WARNING, sys.stderr)
 
 
 def text_lines(log_format: str, stream: Any = None) -> bool:

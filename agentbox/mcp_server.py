@@ -291,20 +291,27 @@ Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many, at most"
 
 class ToolServer(MCPServer[Any]):
     """The SDK's server, whose argument errors (pydantic's text) are told as the CLI
-    tells a bad option: which argument, what it must be, what it got."""
+    tells a bad option: which argument, what it must be, what it got. An argument the
+    tool does not have is an error naming it (the SDK ignores it: `{"limt": 3}` would
+    list 20 runs)."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[Any, Any] | None = None
                         ) -> CallToolResult | InputRequiredResult:
+        schema = next((tool.input_schema for tool in await self.list_tools()
+                       if tool.name == name), None)
+        unknown = sorted(set(arguments) - set((schema or {}).get("properties", {})))
+        if schema is not None and unknown:  # the SDK would drop them, and act without
+            raise ToolError(f"{name}: " + "; ".join(
+                f"{one_line(arg)[:60]} is not an argument of {name}" for arg in unknown)
+                + " (its arguments: " + ", ".join(schema.get("properties", {})) + ")")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
                 raise
-            schema = next((tool.input_schema for tool in await self.list_tools()
-                           if tool.name == name), {})
-            raise ToolError(argument_errors(name, cause, schema)) from cause
+            raise ToolError(argument_errors(name, cause, schema or {})) from cause
 
 
 def argument_errors(tool: str, error: ValidationError, schema: Mapping[str, Any]) -> str:
@@ -410,7 +417,7 @@ def build_server(box: Agentbox) -> ToolServer:
             text += f"; its review: show_run {got.run_id}"
         return answer(text, result)
 
-    @server.tool(annotations=SENDS)
+    @server.tool(title="Send a mix for review", annotations=SENDS)
     def send_export(mix_path: MixPath,
                     project: Annotated[str | None, Field(
                         description="the project (song) it belongs to; default: the file's "
@@ -428,7 +435,7 @@ def build_server(box: Agentbox) -> ToolServer:
                              **asked)
         return sent(event, wait_seconds)
 
-    @server.tool(annotations=REQUESTS)
+    @server.tool(title="Request a new review", annotations=REQUESTS)
     def request_review(mix_path: MixPath,
                        project: Annotated[str, Field(min_length=1, max_length=256)],
                        requested_by: Annotated[str, Field(
@@ -450,7 +457,7 @@ def build_server(box: Agentbox) -> ToolServer:
         event = build_event("mix.review_requested", SOURCE, uuid.uuid4().hex, payload)
         return sent(event, wait_seconds)
 
-    @server.tool(annotations=SENDS)
+    @server.tool(title="Send an event", annotations=SENDS)
     def send_event(event: Annotated[dict[str, Any], Field(description=(
                        "a complete v1 envelope: schema_version, event_id, idempotency_key "
                        "(source:event_type:event_id), event_type, source, timestamp "
@@ -461,7 +468,7 @@ def build_server(box: Agentbox) -> ToolServer:
         configured secret. A refusal names each field to fix."""
         return sent(event, wait_seconds)
 
-    @server.tool(annotations=READS)
+    @server.tool(title="List runs", annotations=READS)
     def list_runs(status: Annotated[RunStatus | None, Field(
                       description="only runs in this state")] = None,
                   limit: Limit = 20,
@@ -478,7 +485,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(runs_text(found, "no runs" + (f" {status.value}" if status else "")),
                       RunList(runs=found))
 
-    @server.tool(annotations=READS)
+    @server.tool(title="Show a run and its review", annotations=READS)
     def show_run(run_id: RunId) -> Annotated[CallToolResult, RunReport]:
         """One run and its review: the verdict, the headline figures and the notes in
         order (what the musician reads), the comparison with the project's previous
@@ -486,7 +493,7 @@ def build_server(box: Agentbox) -> ToolServer:
         found = report(box.ask(lambda c: c.run(run_id, history=True)))
         return answer(found.review, found)
 
-    @server.tool(annotations=READS)
+    @server.tool(title="List dead letters", annotations=READS)
     def list_dead_letters(limit: Limit = 50) -> Annotated[CallToolResult, RunList]:
         """Runs that failed for good and wait for a decision (replay_run), newest
         first; those discarded on the status page are left out."""
@@ -495,7 +502,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(runs_text(found, "no dead letters waiting for a decision"),
                       RunList(runs=found))
 
-    @server.tool(annotations=REPLAYS)
+    @server.tool(title="Replay a failed run", annotations=REPLAYS)
     def replay_run(run_id: RunId) -> Annotated[CallToolResult, RunSummary]:
         """Send a dead-lettered or permanently failed run back to the queue (same run
         id, a new attempt), as `agentbox replay` does."""
@@ -503,7 +510,7 @@ def build_server(box: Agentbox) -> ToolServer:
         return answer(f"{found.run_id} is {found.status} again: follow it with show_run",
                       found)
 
-    @server.tool(annotations=READS)
+    @server.tool(title="A project's history", annotations=READS)
     def project_history(project: Annotated[str, Field(min_length=1, max_length=256)],
                         limit: Limit = 50) -> Annotated[CallToolResult, ProjectHistory]:
         """A project's exports over time, oldest first, each with its verdict and

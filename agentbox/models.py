@@ -15,9 +15,18 @@ server alike, and `as_json()` gives back the answer as it was sent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
+
+# A run's state, as the API says it (agentbox.runs.RunStatus's values): a type checker
+# knows them (`run.status == "succeded"` is an error), a program matches on them.
+RunState = Literal["accepted", "processing", "succeeded", "failed_retryable",
+                   "failed_permanent", "dead_lettered"]
+# The model a run's result is read into (RunDetail[MixReview]); by default a JSON
+# object, as any agent's result is stored.
+ResultT = TypeVar("ResultT", bound=BaseModel | dict[str, Any], default=dict[str, Any])
 
 
 class Answer(BaseModel):
@@ -95,7 +104,7 @@ class RunView(Answer):
     a replay's answer)."""
 
     run_id: str
-    status: str
+    status: RunState
     event_id: str
     event_type: str
     source: str
@@ -166,10 +175,15 @@ class NotificationView(Answer):
     last_status_code: int | None
 
 
-class RunDetail(RunView):
+class RunDetail(RunView, Generic[ResultT]):
     """`GET /runs/{run_id}`: the run, its callbacks, and with `?history=1` its
-    attempts and state changes (left out without it)."""
+    attempts and state changes (left out without it).
 
+    `result` is the agent's result once it succeeded, else None: a JSON object, or
+    read into the agent's own model as `RunDetail[ThatModel]` (what `Client.run` and
+    `Client.follow` answer when given `result=ThatModel`)."""
+
+    result: ResultT | None
     callbacks: list[NotificationView]
     # When retention removed the event's raw body (ISO 8601, UTC): the run stays
     # readable, but it cannot be replayed any more.

@@ -13,14 +13,16 @@ file, AGENTBOX_WEBHOOK_SECRET, AGENTBOX_CALLBACK_SECRET):
   any other secret's key is its text, UTF-8.
 
 Svix, which wrote Standard Webhooks, sends the same headers under its own names
-(``svix-id``, ``svix-timestamp``, ``svix-signature``): they are taken as the
-standard's own when the ``webhook-*`` ones are absent.
+(``svix-id``, ``svix-timestamp``, ``svix-signature``): a request is taken when
+either complete set verifies (the ``webhook-*`` one is tried first, as the
+Standard Webhooks libraries read it; the Svix libraries read ``svix-*`` first),
+each within the same replay window.
 
 Verifying is lenient where it costs nothing: a ``whsec_`` secret's decoded
 key and its text both verify either scheme. Several signatures (space
 separated) and several secrets (rotation) may be in play. An incoming event
-that carries both header sets is judged by its X-Webhook-Signature; a callback
-verifies when either set does.
+that carries an X-Webhook-Signature is judged by it alone; a callback verifies
+when any set it carries does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import hmac
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # Where signed events are POSTed: the receiver's route and every sender's target.
@@ -44,6 +47,8 @@ SW_SIGNATURE_HEADER = "webhook-signature"
 # Svix's names for the Standard Webhooks headers, each read as the standard's own.
 SVIX_HEADERS = {"svix-id": SW_ID_HEADER, "svix-timestamp": SW_TIMESTAMP_HEADER,
                 "svix-signature": SW_SIGNATURE_HEADER}
+# The Standard Webhooks header sets, by their prefix, in the order they are tried.
+STANDARD_PREFIXES = ("webhook", "svix")
 AGENT_TIMESTAMP_HEADER = "x-agent-timestamp"
 AGENT_SIGNATURE_HEADER = "x-agent-signature"
 MAX_SIGNATURE_HEADER_CHARS = 4096
@@ -161,30 +166,25 @@ class Verifier:
         self._keys = tuple(k for s in secrets for k in secret_keys(s))
         self.max_age_seconds = max_age_seconds
         self._timestamp_header, self._signature_header = timestamp_header, signature_header
-        checks = [(signature_header, self._verify_hex),
-                  (SW_SIGNATURE_HEADER, self._verify_standard)]
-        self._checks = checks[::-1] if standard_first else checks
         self._either = standard_first
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        """Raise SignatureError unless some secret signed this exact body recently.
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> str | None:
+        """Raise SignatureError unless some secret signed this exact body recently;
+        return the id of the Standard Webhooks set that verified (None for the hex one).
 
-        Incoming events: the first scheme whose signature header is present decides.
-        Callbacks (`standard_first`): either scheme present may verify, the Standard
-        Webhooks one first (it carries every active secret, the hex one the first)."""
-        headers = standard_names(headers)
+        Incoming events: an X-Webhook-Signature decides alone; without one, either
+        complete Standard Webhooks set (``webhook-*`` or Svix's ``svix-*``) may verify,
+        as the libraries of each name read their own set first. Callbacks
+        (`standard_first`): any set present may verify, the Standard Webhooks ones
+        first (they carry every active secret, the hex one the first)."""
         refusal: SignatureError | None = None
-        for header, check in self._checks:
-            if headers.get(header) is None:
-                continue
+        for check in self._present(headers):
             try:
-                check(headers, body, now)
+                return self._check(check, body, now)
             except SignatureError as exc:
                 refusal = refusal or exc
-                if not self._either:
+                if check.decides:
                     break
-            else:
-                return
         raise refusal or self._missing()
 
     def check_headers(self, headers: Mapping[str, str], now: float) -> None:
@@ -192,18 +192,45 @@ class Verifier:
         a stale or malformed timestamp, no webhook-id), before its body is read: a
         sender without the secret cannot make agentbox wait for a body it declared.
         The signature itself is checked by `verify`, on the body."""
-        headers = standard_names(headers)
-        for header, _ in self._checks:
-            if headers.get(header) is None:
-                continue
-            if header == SW_SIGNATURE_HEADER:
-                if not headers.get(SW_ID_HEADER):
-                    raise _no_webhook_id()
-                self._fresh_timestamp(headers.get(SW_TIMESTAMP_HEADER), now)
+        refusal: SignatureError | None = None
+        for check in self._present(headers):
+            try:
+                self._fresh(check, now)
+            except SignatureError as exc:
+                refusal = refusal or exc
+                if check.decides:
+                    break
             else:
-                self._fresh_timestamp(headers.get(self._timestamp_header), now)
-            return
-        raise self._missing()
+                return
+        raise refusal or self._missing()
+
+    def _present(self, headers: Mapping[str, str]) -> list[_HeaderSet]:
+        """The header sets this request carries a signature in, in the order tried."""
+        named = {name.lower(): value for name, value in headers.items()}
+        hex_set = _HeaderSet(None, named.get(self._timestamp_header),
+                             named.get(self._signature_header), decides=not self._either,
+                             is_standard=False)
+        standard = [_HeaderSet(named.get(f"{prefix}-id"), named.get(f"{prefix}-timestamp"),
+                               named.get(f"{prefix}-signature"), decides=False,
+                               is_standard=True)
+                    for prefix in STANDARD_PREFIXES]
+        ordered = [*standard, hex_set] if self._either else [hex_set, *standard]
+        return [found for found in ordered if found.signature is not None]
+
+    def _fresh(self, found: _HeaderSet, now: float) -> str:
+        """The set's timestamp, if the headers alone do not refuse it."""
+        if found.is_standard and not found.msg_id:
+            raise _no_webhook_id()
+        return self._fresh_timestamp(found.timestamp, now)
+
+    def _check(self, found: _HeaderSet, body: bytes, now: float) -> str | None:
+        timestamp = self._fresh(found, now)
+        signature = found.signature or ""
+        if not found.is_standard or found.msg_id is None:
+            self._verify_hex(timestamp, signature, body)
+            return None
+        self._verify_standard(found.msg_id, timestamp, signature, body)
+        return found.msg_id
 
     def _missing(self) -> SignatureError:
         return SignatureError(
@@ -212,9 +239,8 @@ class Verifier:
             f"{self._signature_header.title()} (or the Standard Webhooks headers).",
         )
 
-    def _verify_hex(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        timestamp = self._fresh_timestamp(headers.get(self._timestamp_header), now)
-        given = headers[self._signature_header].strip().lower()
+    def _verify_hex(self, timestamp: str, signature: str, body: bytes) -> None:
+        given = signature.strip().lower()
         if len(given) > MAX_SIGNATURE_HEADER_CHARS:
             raise _invalid()
         given_bytes = given.encode("ascii", "replace")
@@ -224,12 +250,7 @@ class Verifier:
                 return
         raise _invalid()
 
-    def _verify_standard(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        msg_id = headers.get(SW_ID_HEADER)
-        if not msg_id:
-            raise _no_webhook_id()
-        timestamp = self._fresh_timestamp(headers.get(SW_TIMESTAMP_HEADER), now)
-        header = headers[SW_SIGNATURE_HEADER]
+    def _verify_standard(self, msg_id: str, timestamp: str, header: str, body: bytes) -> None:
         if len(header) > MAX_SIGNATURE_HEADER_CHARS:
             raise _invalid()
         given = [s.encode("ascii", "replace") for s in header.split() if s.startswith("v1,")]
@@ -255,6 +276,19 @@ class Verifier:
                 "the server's clock; sign with the current time.",
             )
         return value
+
+
+@dataclass(frozen=True)
+class _HeaderSet:
+    """One set of signature headers a request carries: the hex scheme's (no id) or a
+    Standard Webhooks one (``webhook-*`` or ``svix-*``). `decides`: a refusal of this
+    set refuses the request, whatever other sets it carries."""
+
+    msg_id: str | None
+    timestamp: str | None
+    signature: str | None
+    decides: bool
+    is_standard: bool
 
 
 def standard_names(headers: Mapping[str, str]) -> dict[str, str]:

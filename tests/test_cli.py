@@ -447,3 +447,42 @@ def test_secret_without_a_configuration_says_where_it_looked(tmp_path: Path) -> 
     assert secret().stdout.strip() == "whsec_made-by-serve"
     env["AGENTBOX_WEBHOOK_SECRET"] = "from-the-environment"
     assert secret().stdout.strip() == "from-the-environment"
+
+
+def test_token_never_makes_one_a_server_would_not_take(server_factory: Any,
+                                                       tmp_path: Path) -> None:
+    """`agentbox token` with no server and no token made one, which a server then
+    started with AGENTBOX_ADMIN_TOKEN did not know. Now: none made, where it looked
+    said; a running server that refuses the one found is said; its own is printed."""
+    server = server_factory({"AGENTBOX_ADMIN_TOKEN": "t" * 40})
+    kept = Path(server.env["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token"
+    plain = {k: v for k, v in server.env.items() if k != "AGENTBOX_ADMIN_TOKEN"}
+
+    def token(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentbox", "token"], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    none = token(plain)
+    assert none.returncode == 1 and none.stdout == ""
+    assert f"no admin token yet: none in AGENTBOX_ADMIN_TOKEN, none in {kept}" in none.stderr
+    assert not kept.exists()
+    server.start()  # (its user's token file is made by the test's start: another token)
+    assert kept.exists() and kept.read_text().strip() != "t" * 40
+    refused = token(plain)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert f"the agentbox at {server.url} does not take the token in {kept}" in refused.stderr
+    assert token(server.env).stdout.strip() == "t" * 40
+
+
+def test_send_refuses_a_field_the_payload_does_not_have_before_sending(
+        server: Server) -> None:
+    sent = agentbox(server, "send", "--url", server.url, "session.exported",
+                    "project_id=ok", "mix_ulr=/m.wav")
+    assert sent.returncode == 2 and sent.stdout == ""
+    assert "session.exported has no field 'mix_ulr'; its payload's fields: project_id, " \
+        "mix_url" in sent.stderr
+    assert server.client.get("/runs").json()["runs"] == []  # nothing was sent
+    mix = server.home / "night-drive.wav"
+    mix.write_bytes(b"RIFF")
+    as_file = agentbox(server, "send", str(mix), "genre=rock", "projekt=x")
+    assert as_file.returncode == 2 and "has no field 'projekt'" in as_file.stderr

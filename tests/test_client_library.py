@@ -42,7 +42,12 @@ from tests.conftest import SECRET, Server, free_port, make_event
 SCRIPT = """
 import json, sys
 from pathlib import Path
+from pydantic import BaseModel
 from agentbox.client import Client, build_event
+
+class Took(BaseModel):  # the scripted agent's result
+    project_id: str
+    attempt: int
 
 with Client(sys.argv[1]) as box:  # the secret and admin token from the configuration
     answer = box.send(build_event("session.exported", "script", "take-1",
@@ -54,6 +59,9 @@ with Client(sys.argv[1]) as box:  # the secret and admin token from the configur
     dead = box.send(build_event("session.exported", "script", "take-2",
                                 {"project_id": "always-fail", "mix_url": "/m.wav"}))
     failed = box.follow(dead["run_id"], timeout=60)  # read by name, as before models
+    # the agent's result read into its own model (None for the run that failed)
+    typed = box.follow(answer.run_id, result=Took)
+    typed_failed = box.run(dead.run_id, result=Took)
     replayed = box.replay(dead.run_id)
     found = {"answer": answer, "run": run, "export": export, "again": again,
              "mastered": mastered, "failed": failed, "replayed": replayed}
@@ -61,6 +69,8 @@ with Client(sys.argv[1]) as box:  # the secret and admin token from the configur
                       "types": {name: type(model).__name__ for name, model in found.items()},
                       "listed": [r.as_json() for r in box.runs(limit=10).runs],
                       "exports": [e.as_json() for e in box.exports("ok").exports],
+                      "typed": [type(typed.result).__name__, typed.result.attempt,
+                                typed_failed.result],
                       "cli": "agentbox.cli" in sys.modules,
                       "digest": "agentbox.review.digest" in sys.modules}))
 """
@@ -94,6 +104,7 @@ def test_a_script_sends_and_follows_with_the_library_alone(server: Server,
                              "failed": "RunDetail", "replayed": "RunView"}
     assert told["run"] == server.run(told["answer"]["run_id"])  # the answer as it came
     assert told["cli"] is False and told["digest"] is False  # the library alone
+    assert told["typed"] == ["Took", 1, None]
 
 
 def test_each_refusal_is_its_own_error(server_factory: Any) -> None:

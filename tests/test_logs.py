@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -397,3 +398,52 @@ def test_a_librarys_lines_are_json_lines_too(stderr: io.StringIO) -> None:
     line = json.loads(stderr.getvalue().splitlines()[-1])
     assert (line["level"], line["logger"], line["msg"]) == (
         "warning", "psycopg.pool", "error connecting in 'pool-1': refused")
+
+
+# -- every line of a real server's output is JSON ---------------------------------------
+
+
+@pytest.mark.slow
+def test_every_line_a_server_writes_is_json_through_a_refusal_warnings_and_prints(
+        server_factory: Any, tmp_path: Path) -> None:
+    """AGENTBOX_LOG_FORMAT=json: a refused start (with its exit status), an agent's
+    print() in pieces and from a thread (each with its run's run_id), its
+    warnings.warn, a library's logger and a stray stderr write, and the accepted
+    event's line (with run_id) are each one JSON object per line, stdout and stderr
+    alike (the test's server writes both into one file)."""
+    from tests.conftest import make_event
+
+    server = server_factory({"AGENTBOX_LOG_FORMAT": "json",
+                             "AGENTBOX_AGENTS": "session.exported=tests.support.agents:chatty"})
+    server.start()
+    run_id = server.post(make_event()).json()["run_id"]
+    assert server.wait_terminal(run_id)["status"] == "succeeded"
+    # A second agentbox on the same port: refused, in a JSON line with its status.
+    second = subprocess.run([sys.executable, "-m", "agentbox", "serve", "--port",
+                             str(server.port)], env=server.env, cwd=server.home,
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1 and second.stdout == ""
+    refusal = [json.loads(line) for line in second.stderr.splitlines()]
+    assert refusal[-1]["level"] == "error" and refusal[-1]["exit_status"] == 1
+    assert f"port {server.port} is in use" in refusal[-1]["msg"]
+    bad = subprocess.run([sys.executable, "-m", "agentbox", "serve"],
+                         env={**server.env, "AGENTBOX_PORT": "-4"}, cwd=server.home,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert [json.loads(line)["exit_status"] for line in bad.stderr.splitlines()] == [2]
+    server.stop()
+
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()]
+    said = {line["msg"]: line for line in lines}
+    assert said["event accepted"]["run_id"] == run_id
+    assert said["event accepted"]["run_ids"] == [run_id]
+    printed = said[f"printed by {run_id} (the rest of the line)"]
+    assert printed["run_id"] == run_id and printed["logger"] == "agentbox.stdout"
+    assert said[f"printed in a thread for {run_id}"]["run_id"] == run_id
+    stray = said[f"written to stderr by {run_id}"]
+    assert stray["run_id"] == run_id and stray["level"] == "warning"
+    warned = [line for line in lines if line["logger"] == "py.warnings"]
+    assert len(warned) == 1 and f"UserWarning: a warning of {run_id}" in warned[0]["msg"]
+    assert warned[0]["run_id"] == run_id
+    assert said[f"a library says {run_id}"]["logger"] == "somelibrary.client"
+    assert said[f"a library says {run_id}"]["run_id"] == run_id

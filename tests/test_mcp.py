@@ -335,6 +335,29 @@ async def test_arguments_that_do_not_fit_are_told_as_the_cli_tells_a_bad_option(
 
 
 @pytest.mark.anyio
+async def test_every_tool_has_a_title_and_an_unknown_argument_is_an_error_naming_it() -> None:
+    """The SDK drops an argument its tool does not declare: `{"limt": 3}` listed 20 runs.
+    Refused before anything is sent (nothing listens at the address), each unknown
+    argument named; and every tool carries a title for a client's menus."""
+    from mcp import Client
+
+    from agentbox.mcp_server import Agentbox, build_server
+
+    async with Client(build_server(Agentbox(f"http://127.0.0.1:{free_port()}"))) as client:
+        tools = (await client.list_tools()).tools
+        assert {t.name for t in tools} == TOOLS
+        titles = [t.title for t in tools]
+        assert all(titles) and len(set(titles)) == len(titles), titles
+        result = await client.call_tool("list_runs", {"limt": 3, "status": "succeeded"})
+        assert result.is_error, result
+        assert text_of(result) == ("list_runs: limt is not an argument of list_runs "
+                                   "(its arguments: status, limit, correlation_id)")
+        two = await client.call_tool("show_run", {"run_id": "run_x", "histroy": 1, "b": 2})
+        assert two.is_error and text_of(two).startswith(
+            "show_run: b is not an argument of show_run; histroy is not an argument")
+
+
+@pytest.mark.anyio
 async def test_a_run_id_that_is_no_run_id_is_refused_before_anything_is_sent() -> None:
     """`replay_run("../prune?")` once made the client POST /prune?/replay with the admin
     token. Nothing listens at the address: a request would say it cannot reach it."""

@@ -103,3 +103,21 @@ def test_the_process_cpu_an_instance_has_spent_is_a_metric() -> None:
              for sample in family.samples}
     assert found["process_cpu_seconds_total"] > 0
     assert found["process_resident_memory_bytes"] > 0
+
+
+def test_no_created_series_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """31 *_created series on a fresh server, one per counter and histogram child:
+    left out, unless prometheus-client's own switch asks for them."""
+    def rendered() -> str:
+        metrics = Metrics("i1", "sqlite")
+        metrics.accepted.labels("session.exported").inc()
+        metrics.attempt("mix_review", 0.2, "succeeded", time.time() - 1)
+        return metrics.render({"runs": {"accepted": 0}}, time.time()).decode()
+
+    monkeypatch.delenv("PROMETHEUS_DISABLE_CREATED_SERIES", raising=False)
+    plain = rendered()
+    assert "agentbox_events_accepted_total" in plain and "_created" not in plain
+    monkeypatch.setenv("PROMETHEUS_DISABLE_CREATED_SERIES", "false")
+    assert "agentbox_events_accepted_created" in rendered()
+    monkeypatch.delenv("PROMETHEUS_DISABLE_CREATED_SERIES")
+    assert "_created" not in rendered()

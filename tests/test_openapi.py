@@ -6,6 +6,7 @@ the document describes the contract, the fields of a run and what agentbox sends
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, SECRET, InProcess, Server, make_event
+from tests.conftest import ROOT, SECRET, InProcess, Server, make_event, wait_until
 from tests.support.callback_receiver import CallbackReceiver
 from tests.test_callbacks import CALLBACK_SECRET, receiver
 
@@ -44,6 +45,12 @@ def test_schemathesis_finds_nothing_with_all_its_checks(server_factory: Any) -> 
         capture_output=True, text=True, timeout=MAX_SECONDS + 120, cwd=server.home)
     report = run.stdout[-6000:] + run.stderr[-2000:]
     assert run.returncode == 0, report
+    # The hook signs every receiver case (but those invalid in their headers alone):
+    # most reach the contract's checks, where most stopped at signature_missing.
+    counted = re.search(r"receiver cases: (\d+) of (\d+) reached the contract", run.stderr)
+    assert counted, report
+    reached, sent = int(counted[1]), int(counted[2])
+    assert sent >= EXAMPLES and reached >= sent * 0.6, report
     assert "passed" in report and " failed" not in report.split("SUMMARY")[-1], report
     stored = server.client.get("/metrics").text  # the example event went through
     assert 'agentbox_events_accepted_total{event_type="session.exported"}' in stored
@@ -144,3 +151,111 @@ def test_the_document_describes_what_agentbox_sends_and_how_it_is_signed() -> No
     receiver = found["paths"]["/webhooks/events"]["post"]
     assert receiver["security"] == [{"webhookSignature": []}, {"standardWebhooks": []}]
     assert "webhook-id" in receiver["description"]
+
+
+# -- a client generated from the document ---------------------------------------------------
+
+
+def test_a_client_generated_with_openapi_python_client_sends_follows_and_lists(
+        server_factory: Any, tmp_path: Path) -> None:
+    """openapi-python-client, as a user runs it, against the running server's
+    /openapi.json (read without the token): every operation named by its operationId,
+    the audio answers kept (as bytes), and the generated code sends a signed event
+    (signed by an httpx hook over the bytes it sends), follows its run to the end
+    (history, a boolean) and lists the runs by status."""
+    import importlib
+    import time
+
+    import httpx
+
+    from agentbox.signing import sign_headers
+
+    server = server_factory({"AGENTBOX_ADMIN_TOKEN": TOKEN}).start()
+    assert server.anonymous.get("/openapi.json").status_code == 200  # no token needed
+    generator = Path(sys.executable).with_name("openapi-python-client")
+    made = subprocess.run(
+        [str(generator), "generate", "--url", server.url + "/openapi.json", "--meta", "none",
+         "--output-path", str(tmp_path / "agentbox_api")],
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "response will be omitted" not in made.stdout, made.stdout
+    operations = {p.stem for p in (tmp_path / "agentbox_api" / "api" / "default").glob("*.py")}
+    assert {"send_event", "get_run", "list_runs", "replay_run", "get_health"} <= operations
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        api = importlib.import_module("agentbox_api")
+        from agentbox_api.api.default import get_run, list_runs, send_event  # type: ignore
+        from agentbox_api.models import Accepted, Envelope, RunDetail, RunList  # type: ignore
+        from agentbox_api.models.list_runs_status import ListRunsStatus  # type: ignore
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    def sign(request: httpx.Request) -> None:
+        if request.url.path == "/webhooks/events":
+            request.headers.update(sign_headers(SECRET, request.read(), int(time.time())))
+
+    with api.AuthenticatedClient(base_url=server.url, token=TOKEN,
+                                 httpx_args={"event_hooks": {"request": [sign]}}) as client:
+        accepted = send_event.sync(client=client, body=Envelope.from_dict(make_event()))
+        assert isinstance(accepted, Accepted), accepted
+        assert accepted.status == "accepted" and accepted.duplicate is False
+
+        def finished() -> Any:
+            run = get_run.sync(accepted.run_id, client=client, history=True)
+            assert isinstance(run, RunDetail), run
+            return run if run.status in ("succeeded", "failed_permanent",
+                                         "dead_lettered") else None
+        run = wait_until(finished, 20, "the run to finish")
+        assert run.status == "succeeded" and run.attempts and run.history
+        listed = list_runs.sync(client=client, status=ListRunsStatus.SUCCEEDED, limit=5,
+                                discarded=False)
+        assert isinstance(listed, RunList)
+        assert [r.run_id for r in listed.runs] == [accepted.run_id]
+    with api.Client(base_url=server.url) as anonymous:
+        refused = get_run.sync_detailed(accepted.run_id, client=anonymous)
+    assert refused.status_code == 401  # declared: the token is the operation's security
+    assert refused.parsed is not None and refused.parsed.error_code == "admin_token_required"
+
+
+def test_every_operation_is_named_and_declares_who_may_call_it() -> None:
+    """What a client generator needs: a unique snake_case operationId on each
+    operation (stable: the engine's are pinned here), the token as the security of
+    every operation it opens, with the 401 it gets without, booleans as booleans,
+    the audio answers as bytes a generator reads."""
+    from agentbox.config import Settings
+    from agentbox.http.apps import api_document, load_apps
+
+    found = api_document(load_apps(Settings()))
+    operations = [(method, path, op) for path, item in found["paths"].items()
+                  for method, op in item.items()]
+    names = [op["operationId"] for _, _, op in operations]
+    assert len(names) == len(set(names)) and all(re.fullmatch(r"[a-z][a-z0-9_]*", n)
+                                                  for n in names), names
+    named = {(method, path): op["operationId"] for method, path, op in operations}
+    assert {named["post", "/webhooks/events"], named["get", "/runs"],
+            named["get", "/runs/{run_id}"], named["post", "/runs/{run_id}/replay"]} == {
+        "send_event", "list_runs", "get_run", "replay_run"}
+    schemes = found["components"]["securitySchemes"]
+    assert schemes["admin"] == {**schemes["admin"], "type": "http", "scheme": "bearer"}
+    for method, path, op in operations:
+        if path in ("/healthz", "/webhooks/events"):
+            continue
+        assert op["security"] and all(set(s) <= set(schemes) for s in op["security"]), path
+        assert {"admin": []} in op["security"] and "401" in op["responses"], (method, path)
+    assert found["paths"]["/healthz"]["get"]["security"] == []
+    history = found["paths"]["/runs/{run_id}"]["get"]["parameters"][1]
+    assert history["name"] == "history" and history["schema"] == {"type": "boolean"}
+    audio = found["paths"]["/runs/{run_id}/audio"]["get"]["responses"]["200"]["content"]
+    assert {"audio/*", "application/octet-stream"} <= set(audio)
+
+
+def test_a_runs_states_are_said_once_for_type_checkers_too() -> None:
+    """models.RunState (a Literal a type checker reads) holds RunStatus's values."""
+    from typing import get_args
+
+    from agentbox.models import RunState
+    from agentbox.runs import RunStatus
+
+    assert set(get_args(RunState)) == {status.value for status in RunStatus}

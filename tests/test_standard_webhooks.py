@@ -180,3 +180,44 @@ def test_svix_header_names_are_accepted_and_the_senders_id_is_kept(server: Serve
     assert server.run(plain.json()["run_id"])["webhook_id"] is None
     wait_until(lambda: f'"webhook_id": "{msg_id}"' in server.log_path.read_text(), 10,
                "the accepted event's line with the sender's id")
+
+
+def test_either_complete_header_set_verifies_as_the_svix_library_signs_it(
+        server: Server) -> None:
+    """The Svix library's own signer, its svix-* set beside a wrong webhook-* set (a
+    proxy's, a second signer's): taken, as the Svix libraries read svix-* first (it
+    was 401: webhook-* decided). The other way round too; the id of the set that
+    verified is the run's webhook_id; both within the same replay window."""
+    from svix.webhooks import Webhook as SvixWebhook
+
+    secret = "whsec_" + base64.b64encode(b"x" * 32).decode()
+    server.stop()
+    server.env["AGENTBOX_WEBHOOK_SECRET"] = secret
+    server.start()
+    now = datetime.now(UTC)
+
+    def sets(body: bytes, good: str, at: datetime = now) -> dict[str, str]:
+        stamp = str(int(at.timestamp()))
+        signed = SvixWebhook(secret).sign(f"msg_{good}", at, body.decode())
+        wrong = Webhook("whsec_" + base64.b64encode(b"y" * 32).decode()).sign(
+            "msg_other", at, body)
+        named = {"svix": signed, "webhook": wrong} if good == "svix" else {
+            "webhook": signed, "svix": wrong}
+        return {"Content-Type": "application/json",
+                **{f"{p}-id": f"msg_{good}" if p == good else "msg_other" for p in named},
+                **{f"{p}-timestamp": stamp for p in named},
+                **{f"{p}-signature": sig for p, sig in named.items()}}
+
+    for good in ("svix", "webhook"):
+        body = encode(make_event())
+        answer = server.client.post("/webhooks/events", content=body,
+                                    headers=sets(body, good))
+        assert answer.status_code == 202, (good, answer.text)
+        assert server.run(answer.json()["run_id"])["webhook_id"] == f"msg_{good}"
+    body = encode(make_event())
+    stale = server.client.post("/webhooks/events", content=body, headers=sets(
+        body, "svix", datetime.fromtimestamp(now.timestamp() - 3600, UTC)))
+    assert stale.status_code == 401 and stale.json()["error_code"] == "signature_expired"
+    neither = {**sets(body, "svix"), "svix-signature": "v1,AAAA"}
+    refused = server.client.post("/webhooks/events", content=body, headers=neither)
+    assert refused.status_code == 401 and refused.json()["error_code"] == "signature_invalid"

@@ -83,10 +83,12 @@ def test_configuration_that_cannot_serve_is_exit_status_2(tmp_path: Path) -> Non
     assert bad_toml.returncode == 2
     assert refused(bad_toml).startswith(f"agentbox: config file {toml} cannot be read: ")
     assert "at line 1" in bad_toml.stderr and "fix it there" in bad_toml.stderr
+    # The format itself refused: auto's, a JSON line where stderr is no terminal.
     bad_format = serve(tmp_path, AGENTBOX_LOG_FORMAT="xml")
     assert bad_format.returncode == 2
-    assert refused(bad_format) == ("agentbox: AGENTBOX_LOG_FORMAT must be one of auto, text, "
-                                   "json, not 'xml'")
+    said = json.loads(refused(bad_format))
+    assert said["msg"] == "AGENTBOX_LOG_FORMAT must be one of auto, text, json, not 'xml'"
+    assert said["exit_status"] == 2 and said["level"] == "error"
 
 
 def test_the_window_says_ready_then_each_review_with_its_verdict(server_factory: Any,

@@ -310,6 +310,7 @@ class Dispatcher:
     # -- running one attempt ----------------------------------------------------------
 
     async def _execute(self, claimed: ClaimedRun, ctx: AgentContext) -> None:
+        logs.CURRENT_RUN.set(claimed.run_id)  # (this task's own context) for its prints
         ran = lost = False
         try:
             async with self._slots:

@@ -45,8 +45,9 @@ log = get_logger("access")
 MAX_ADMIN_BODY_BYTES = 4096
 SESSION_COOKIE = "agentbox_session"
 # Open beyond loopback as well: the receiver checks signatures, /healthz is for load
-# balancers, the login form and the page's stylesheet and script are what asks.
-OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login", "/ui/static/")
+# balancers, the login form and the page's stylesheet and script are what asks, and
+# the API's document (no data: what a client generator reads) is what a program asks.
+OPEN_PATHS = ("/webhooks/events", "/healthz", "/openapi.json", "/ui/login", "/ui/static/")
 LOGIN_DELAY_BASE_SECONDS = 1.0  # the wait after a client's first failed login; doubles
 LOGIN_DELAY_MAX_SECONDS = 60.0  # ... up to this
 CSRF_HEADER = "x-csrf-token"  # how the pages' scripts send the CSRF token with an action

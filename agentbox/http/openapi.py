@@ -7,6 +7,7 @@ disagree about the contract.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -17,6 +18,7 @@ from pydantic.json_schema import models_json_schema
 
 from agentbox.engine.subscriptions import MAX_TOPICS, MAX_URL_CHARS
 from agentbox.events import MAX_ID_LENGTH, PAYLOAD_MODELS, Envelope
+from agentbox.http.access import SESSION_COOKIE
 from agentbox.models import (
     Accepted,
     Destinations,
@@ -30,6 +32,7 @@ from agentbox.models import (
     RunView,
 )
 from agentbox.runs import RunStatus
+from agentbox.signing import RECEIVER_PATH
 from agentbox.store import SubscriptionView
 
 REF = "#/components/schemas/{model}"
@@ -150,8 +153,12 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 
 def _audio(description: str) -> dict[str, Any]:
+    """Audio bytes, of the type the file has (audio/wav, audio/flac, ...): declared as
+    audio/* and as application/octet-stream too, which client generators read as
+    bytes (openapi-python-client leaves out an answer of a type it does not know)."""
+    binary = {"schema": {"type": "string", "format": "binary"}}
     return {"description": description,
-            "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}}}
+            "content": {"audio/*": binary, "application/octet-stream": binary}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -173,7 +180,12 @@ class ApiPart:
 
 
 def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
-    """The OpenAPI document: the engine's paths, then each app's (`parts`)."""
+    """The OpenAPI document: the engine's paths, then each app's (`parts`), each
+    operation named and its access declared (`for_generators`)."""
+    return for_generators(_document(parts))
+
+
+def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
     models: list[type[BaseModel]] = [Envelope, ErrorAnswer, Accepted, RunView, RunDetail,
                                      RunList, Health, Pruned, LoginLink,
                                      Notifications, Destinations, ResumeRequest,
@@ -225,7 +237,7 @@ def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
                                                "event_id it is if that one carries none "
                                                "(the chain's first)"},
                                {"name": "discarded", "in": "query", "required": False,
-                                "schema": {"type": "string", "enum": ["true", "false"]},
+                                "schema": {"type": "boolean"},
                                 "description": "false: leave out dead letters discarded "
                                                "with a reason"},
                                {"name": "prefix", "in": "query", "required": False,
@@ -239,8 +251,9 @@ def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
             "/runs/{run_id}": {"get": {
                 "summary": "One run",
                 "parameters": [run_id, {"name": "history", "in": "query", "required": False,
-                                        "schema": {"type": "string",
-                                                   "enum": ["1", "true", "0", "false"]}}],
+                                        "schema": {"type": "boolean"},
+                                        "description": "true (or 1): the run's attempts "
+                                                       "and state changes as well"}],
                 "responses": {"200": _json("RunDetail", "the run (with ?history=1: its "
                                                            "attempts and state changes)"),
                               **_errors(404, 422)},
@@ -328,7 +341,7 @@ def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
                 "responses": {"201": _json("LoginLink", "the link"), **_errors(401)},
             }},
             "/healthz": {"get": {
-                "summary": "Health",
+                "summary": "Health", "security": [],
                 "responses": {"200": _json("Health", "healthy"),
                               "503": _json("Health", "the store cannot take writes")},
             }},
@@ -337,7 +350,10 @@ def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
         "components": {
             "schemas": schemas.get("$defs", {}),
             "securitySchemes": {
-                "admin": {"type": "http", "scheme": "bearer", "description": "agentbox token"},
+                "admin": {"type": "http", "scheme": "bearer",
+                          "description": "the admin token (`agentbox token`)"},
+                "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE,
+                            "description": "a browser's login session (a login link)"},
                 "webhookSignature": {
                     "type": "apiKey", "in": "header", "name": "X-Webhook-Signature",
                     "description": "lowercase hex HMAC-SHA256(key, X-Webhook-Timestamp + '.' "
@@ -398,6 +414,62 @@ def _webhooks() -> dict[str, Any]:
                                                 "properties": {"challenge": {
                                                     "type": "string"}}}}}}}),
     }
+
+
+# The operations' names, where the path and method alone would name them badly: what a
+# generated client calls its functions (`client.list_runs`). The others are named by
+# `operation_id`. A name, once given, stays: it is a generated client's API.
+OPERATION_IDS = {
+    ("post", RECEIVER_PATH): "send_event",
+    ("get", "/runs"): "list_runs",
+    ("get", "/runs/{run_id}"): "get_run",
+    ("post", "/runs/{run_id}/replay"): "replay_run",
+    ("post", "/prune"): "prune",
+    ("get", "/callbacks"): "list_callbacks",
+    ("get", "/callbacks/destinations"): "list_callback_destinations",
+    ("post", "/callbacks/destinations/resume"): "resume_callback_destination",
+    ("post", "/subscriptions"): "create_subscription",
+    ("get", "/subscriptions"): "list_subscriptions",
+    ("delete", "/subscriptions/{subscription_id}"): "delete_subscription",
+    ("post", "/subscriptions/{subscription_id}/refresh"): "refresh_subscription",
+    ("post", "/login-links"): "create_login_link",
+    ("get", "/healthz"): "get_health",
+}
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
+# Who may call an operation that says nothing of it: the admin token, or a login
+# session (a browser's); without either, 401 (http.access).
+TOKEN_OR_SESSION: list[dict[str, list[str]]] = [{"admin": []}, {"session": []}]
+
+
+def operation_id(method: str, path: str) -> str:
+    """An operation's name from its method and path, snake_case:
+    `get /projects/{project}/reference` is `get_projects_project_reference`."""
+    words = [method, *(part.strip("{}") for part in path.split("/") if part)]
+    return re.sub(r"[^a-z0-9]+", "_", "_".join(words).lower()).strip("_")
+
+
+def for_generators(found: dict[str, Any]) -> dict[str, Any]:
+    """The document as client generators need it: every operation with a unique
+    snake_case operationId, and every one the admin token (or a session) opens
+    declaring so, with its 401."""
+    named: dict[str, str] = {}
+    for path, item in found["paths"].items():
+        for method in METHODS:
+            operation = item.get(method)
+            if operation is None:
+                continue
+            name = operation.setdefault(
+                "operationId", OPERATION_IDS.get((method, path)) or operation_id(method, path))
+            if name in named:
+                raise ValueError(f"operationId {name} of {method} {path} is "
+                                 f"{named[name]}'s already")
+            named[name] = f"{method} {path}"
+            security = operation.setdefault("security", TOKEN_OR_SESSION)
+            if security:
+                operation["responses"].setdefault(
+                    "401", _json(ERROR_ANSWER, "admin_token_required: no admin token or session, "
+                                               "or a wrong one"))
+    return found
 
 
 # For apps' parts of the document (App.api): the same pieces the engine's paths use.

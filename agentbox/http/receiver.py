@@ -161,10 +161,10 @@ class Receiver:
             raise await _refused_unread(exc, headers, receive) from None
         body = await self._read_body(headers, receive)
         try:
-            self.verifier.verify(headers, body, self.wall_clock())
+            verified_id = self.verifier.verify(headers, body, self.wall_clock())
         except SignatureError as exc:
             raise Rejected(401, exc.code, exc.message) from None
-        return await self.take(body, _webhook_id(headers))
+        return await self.take(body, _webhook_id(verified_id, headers))
 
     async def take(self, body: bytes, webhook_id: str | None = None) -> IngestResult:
         """Store an event whose sender is vouched for (its signature checked, or an
@@ -234,8 +234,11 @@ class Receiver:
         env = event.envelope
         webhook_id = self._webhook_ids.pop(env.idempotency_key, None)
         if log.isEnabledFor(logging.INFO):
+            run_ids = [run.run_id for run in result.runs]
+            # run_id: the (first) run, as the 202 names it, for a search by one field
             said = {"event_id": env.event_id, "event_type": env.event_type,
-                    "source": env.source, "run_ids": [run.run_id for run in result.runs]}
+                    "source": env.source, "run_id": run_ids[0] if run_ids else None,
+                    "run_ids": run_ids}
             if webhook_id is not None:
                 said["webhook_id"] = webhook_id
             logs.info(log, "event duplicate" if result.duplicate else "event accepted", said)
@@ -275,10 +278,11 @@ class Receiver:
                 self._webhook_ids.pop(key, None)  # no line will say it stored
 
 
-def _webhook_id(headers: dict[str, str]) -> str | None:
-    """The sender's own id of the request (webhook-id, svix-id), if any: kept with its
-    event, up to a length that no real id reaches."""
-    found = sender_message_id(headers)
+def _webhook_id(verified_id: str | None, headers: dict[str, str]) -> str | None:
+    """The sender's own id of the request, if any: the id of the Standard Webhooks set
+    that verified (webhook-id or svix-id), else one sent beside a hex signature; kept
+    with its event, up to a length that no real id reaches."""
+    found = verified_id or sender_message_id(headers)
     return found[:MAX_WEBHOOK_ID_CHARS] if found else None
 
 

@@ -149,3 +149,19 @@ async def subscribing(event: Event, ctx: AgentContext) -> dict[str, Any]:
         raise RetryableAgentError("changed my mind")
     journal("return", ctx)
     return {"agent": "subscribing", "project_id": project}
+
+
+async def chatty(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """Writes outside the log, as agents do: print() (a line in pieces, one from a
+    thread it starts), warnings.warn, a library's logger, a stray stderr write."""
+    import logging
+    import sys
+    import warnings
+
+    print("printed by", ctx.run_id, end="")
+    print(" (the rest of the line)")
+    await asyncio.to_thread(print, f"printed in a thread for {ctx.run_id}")
+    warnings.warn(f"a warning of {ctx.run_id}", UserWarning, stacklevel=1)
+    logging.getLogger("somelibrary.client").warning("a library says %s", ctx.run_id)
+    sys.stderr.write(f"written to stderr by {ctx.run_id}\n")
+    return {"chatted": True}

@@ -56,7 +56,21 @@ def loudness_verdict(t: Target, loudness: float, peak: float | None = None) -> s
         return "warn"
     if delta < 0 and raised_to_target(t, -delta, peak):
         return "warn"
+    if delta < 0 and quiet_by_choice(t, peak):
+        return "warn"
     return "fail" if abs(delta) > OFF_BY_TOLERANCES * t.tolerance_lu else "warn"
+
+
+# Peak room under the ceiling that makes a quiet master a choice, not a fault: the
+# platforms only play it quieter (one that must meet a specification still fails).
+QUIET_ROOM_DB = 1.0
+
+
+def quiet_by_choice(t: Target, peak: float | None) -> bool:
+    """A master under `t`'s loudness with QUIET_ROOM_DB of peak room or more (so
+    nothing at full scale): a warning at most, where a platform plays it."""
+    return (t.normalisation != DELIVER and peak is not None
+            and t.true_peak_max_dbtp - peak >= QUIET_ROOM_DB)
 
 
 def raised_to_target(t: Target, by: float, peak: float | None) -> bool:

@@ -27,6 +27,7 @@ from agentbox.review.delivery import (
     delivery_targets,
     loudness_verdict,
     over_ceiling,
+    quiet_by_choice,
     raise_it,
 )
 from agentbox.review.figures import length, places, tenths
@@ -47,6 +48,7 @@ from agentbox.review.profiles import (
     DELIVER,
     DOWN_ONLY,
     PROFILES,
+    TARGETS_BY_NAME,
     UP_TO_PEAK,
     Profile,
     Target,
@@ -73,6 +75,9 @@ CUT_ONSET_DB = 10.0
 # limiter's ceiling set too high, not a clipped render.
 AUDIBLE_RUN_SAMPLES = 6
 AUDIBLE_RUNS = 20
+# Flat runs under a true peak this far over full scale were cut from a signal driven
+# past it (a render's float peak), not left by a lossy decode's small overs.
+DRIVEN_PAST_DBTP = 1.5
 DC_OFFSET_NOTED = 0.002  # an offset held through the file, 0.2 % of full scale (-54 dBFS)
 # What mastering engineers ask of a mix's peaks: 3-6 dB under full scale, room for
 # their EQ and compression before their own limiter.
@@ -203,12 +208,13 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
             "the right tracks and was not muted."))]
     if stage == "mix":
         notes = [*_clipping_notes(m), *_mix_level_notes(m), *_mix_dynamics_notes(m),
-                 *_dc_notes(m, stage), *_stereo_notes(m, told), *tonal.notes(m, genre, told),
-                 *_cut_notes(m, stage), *_format_notes(m, stage)]
+                 *_dc_notes(m, stage), *_stereo_notes(m, told, stage),
+                 *tonal.notes(m, genre, told), *_cut_notes(m, stage), *_format_notes(m, stage)]
     else:
-        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m, stage),
-                 *_stereo_notes(m, told), *tonal.notes(m, genre, told), *_cut_notes(m, stage),
-                 *_silence_notes(m), *_format_notes(m, stage)]
+        level = _level_notes(m, p, told)
+        notes = [*_clipping_notes(m, level), *level, *_dc_notes(m, stage),
+                 *_stereo_notes(m, told, stage), *tonal.notes(m, genre, told, master=True),
+                 *_cut_notes(m, stage), *_silence_notes(m), *_format_notes(m, stage)]
     if reference is not None:
         notes.append(Note(severity="info", code="reference", text=reference.note))
     if comparison is not None and comparison.previous_run_id is not None:
@@ -293,14 +299,23 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
 # -- a master ------------------------------------------------------------------------------------
 
 
-def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
+def _level_notes(m: MixMetrics, p: Profile, told: Genre | None = None) -> list[Note]:
     """Loudness against the profile's target, said as its platform plays it; its
     severity is the target's verdict (agentbox.review.delivery), the one its row
-    shows."""
+    shows, except for a quiet master with peak room and nothing clipped: the
+    platforms only play it quieter, a warning at most."""
     assert m.integrated_lufs is not None
     t = p.delivery
     delta = m.integrated_lufs - t.integrated_lufs
     verdict = loudness_verdict(t, m.integrated_lufs, m.true_peak_dbtp)
+    if delta < 0 and verdict != "pass" and quiet_by_choice(t, m.true_peak_dbtp):
+        return [Note(severity=SEVERITY_OF[verdict], code="too_quiet", text=(
+            f"Integrated {tenths(m.integrated_lufs)} LUFS is {tenths(-delta)} LU below the "
+            f"{p.title} target of {t.integrated_lufs:g} LUFS, with "
+            f"{tenths(t.true_peak_max_dbtp - (m.true_peak_dbtp or 0.0))} dB of peak room "
+            f"and nothing clipped: {as_platforms_play(m, -delta)}. A dynamic master may "
+            f"stay so; to play as loud as others, {raise_it(t, -delta, m.true_peak_dbtp)}.")),
+            *_master_dynamics_notes(m, told)]
     where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")
@@ -315,7 +330,25 @@ def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
         level = Note(severity=SEVERITY_OF[verdict], code="too_quiet", text=(
             f"{where}: {_quiet(t, -delta, m.true_peak_dbtp)}."))
     shortfall = -delta if verdict != "pass" and delta < 0 else 0.0
-    return [level, *_ceiling_notes(m, t, shortfall), *_master_dynamics_notes(m)]
+    return [level, *_ceiling_notes(m, t, shortfall), *_master_dynamics_notes(m, told)]
+
+
+def as_platforms_play(m: MixMetrics, by: float) -> str:
+    """What each streaming platform does with a master `by` LU under -14 LUFS: turned
+    up as far as its peaks allow, or not at all."""
+    said = []
+    for t in (TARGETS_BY_NAME["spotify"], TARGETS_BY_NAME["apple_music"],
+              TARGETS_BY_NAME["youtube"]):
+        wanted = t.integrated_lufs - (m.integrated_lufs or 0.0)
+        if t.normalisation == UP_TO_PEAK and wanted > 0:
+            room = max(0.0, t.true_peak_max_dbtp - (m.true_peak_dbtp or 0.0))
+            up = min(wanted, room)
+            said.append(f"{t.platform} turns it up {tenths(up)} dB"
+                        + (" (as far as its peaks allow)" if up < wanted else ""))
+        elif t.normalisation == DOWN_ONLY or wanted > 0:
+            said.append(f"{t.title} play it as it is, {tenths(max(wanted, 0.0))} dB "
+                        "quieter than their louder tracks")
+    return "; ".join(said) if said else f"it plays {tenths(by)} dB quieter"
 
 
 def _loud(t: Target, by: float) -> str:
@@ -379,21 +412,33 @@ def _ceiling_notes(m: MixMetrics, t: Target, shortfall: float) -> list[Note]:
     return []
 
 
-def _master_dynamics_notes(m: MixMetrics) -> list[Note]:
+# Genres whose songs move between verses and choruses; the others (ambient, orchestral,
+# electronic, speech) are steady or shaped otherwise, and no verse is named to them.
+VERSE_GENRES = frozenset({"pop", "rock", "hip_hop", "acoustic", "jazz"})
+STEADY_GENRES = frozenset({"ambient", "electronic"})  # a narrow range is their nature
+
+
+def _master_dynamics_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
     notes = []
     if m.loudness_range_lu is not None:
-        if m.loudness_range_lu < 3 and m.duration_seconds >= 30:
+        steady = told is not None and told.name in STEADY_GENRES
+        if m.loudness_range_lu < 3 and m.duration_seconds >= 30 and not steady:
+            move = ("consider letting the verses breathe: ease the master's compression and "
+                    "limiting" if told is not None and told.name in VERSE_GENRES else
+                    "if the music should move more, ease the master's compression and "
+                    "limiting")
             notes.append(Note(severity="consider", code="narrow_range", text=(
-                f"Loudness range {m.loudness_range_lu:.1f} LU: very little movement "
-                "between sections; consider letting verses breathe.")))
+                f"Loudness range {tenths(m.loudness_range_lu)} LU: very little movement "
+                f"between sections; {move}.")))
         elif m.loudness_range_lu > 15:
             notes.append(Note(severity="consider", code="wide_range", text=(
-                f"Loudness range {m.loudness_range_lu:.1f} LU: quiet passages may get lost "
-                "on phones and in cars; ride the quiet sections up or compress gently.")))
+                f"Loudness range {tenths(m.loudness_range_lu)} LU: quiet passages may get "
+                "lost on phones and in cars; gentle compression on the master brings them "
+                "up.")))
     if m.plr_db is not None and m.plr_db < 8 and m.duration_seconds >= 30:
         notes.append(Note(severity="consider", code="low_plr", text=(
             f"Peak-to-loudness ratio {tenths(m.plr_db)} dB: the transients are squashed; "
-            "less limiting would keep the punch.")))
+            "less limiting on the master would keep the punch.")))
     return notes
 
 
@@ -415,10 +460,21 @@ def _silence_notes(m: MixMetrics) -> list[Note]:
 # -- either --------------------------------------------------------------------------------------
 
 
-def _clipping_notes(m: MixMetrics) -> list[Note]:
+def _clipping_notes(m: MixMetrics, level: list[Note] | None = None) -> list[Note]:
     """Clipping named by its evidence: how many flat runs at full scale, how long
-    the longest, and whether that is heard or is a lossy decode's overs."""
+    the longest, and whether that is heard or is a lossy decode's overs. On a master
+    whose peaks are over the ceiling (`level`: its level notes), short runs are the
+    ceiling's evidence, said in its note, not a note of their own."""
     if not m.clipped_runs:
+        return []
+    over = next((i for i, note in enumerate(level or []) if note.code == "true_peak_over"),
+                None)
+    if over is not None and level is not None and not audible_clipping(m):
+        note = level[over]
+        level[over] = note.model_copy(update={"text": note.text.rstrip(".") + (
+            f"; its {m.clipped_runs} short flat run{'s' if m.clipped_runs != 1 else ''} at "
+            f"full scale (the longest {m.clipped_longest_run} samples) are what a lossy "
+            "file's overs leave when decoded, not clipping anyone hears.")})
         return []
     clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
     where = f" at {spans(clipped)}" if clipped else ""
@@ -438,10 +494,12 @@ def _clipping_notes(m: MixMetrics) -> list[Note]:
 
 
 def audible_clipping(m: MixMetrics) -> bool:
-    """Flat runs long or many enough to be heard (a file measured before the longest
-    run was kept counts as heard, as it was judged then)."""
+    """Flat runs long or many enough to be heard, or cut from a signal driven well
+    past full scale (a file measured before the longest run was kept counts as
+    heard, as it was judged then)."""
     return (not m.clipped_longest_run or m.clipped_longest_run >= AUDIBLE_RUN_SAMPLES
-            or m.clipped_runs > AUDIBLE_RUNS)
+            or m.clipped_runs > AUDIBLE_RUNS
+            or (m.true_peak_dbtp is not None and m.true_peak_dbtp >= DRIVEN_PAST_DBTP))
 
 
 def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
@@ -455,13 +513,10 @@ def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
         f"(or a DC-removal plug-in) on {where} would reclaim headroom."))]
 
 
-def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
-    notes = []
-    if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
-        notes.append(Note(severity="fix", code="out_of_phase", text=(
-            f"Stereo correlation {m.stereo_correlation:+.2f}: left and right are largely "
-            "out of phase; check polarity on stereo sources.")))
-    if m.channels == 2 and not m.dual_mono:
+def _stereo_notes(m: MixMetrics, told: Genre | None = None, stage: str = "mix") -> list[Note]:
+    inverted = _polarity_note(m, stage)
+    notes = [] if inverted is None else [inverted]
+    if m.channels == 2 and not m.dual_mono and inverted is None:
         if m.mono_loudness_drop_lu is None:
             notes.append(Note(severity="fix", code="mono_cancels", text=(
                 "Folded to mono the mix cancels out entirely: one side is "
@@ -470,7 +525,7 @@ def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
             notes.append(Note(severity="consider", code="mono_drop", text=(
                 f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or phasey "
                 "elements will vanish on mono speakers; narrow the widest ones.")))
-    wide = _low_end_wide(m, told)
+    wide = None if inverted is not None else _low_end_wide(m, told, stage)
     if wide is not None:
         notes.append(wide)
     if m.mono:
@@ -482,6 +537,28 @@ def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
             "Left and right are identical (dual mono): the mix has no stereo image; check "
             "that the export was not summed to mono, or deliver it as a mono file.")))
     return notes
+
+
+def _polarity_note(m: MixMetrics, stage: str) -> Note | None:
+    """One channel's polarity, one note: the correlation, the mono fold and the low
+    end's width are its evidence, not three faults."""
+    corr = m.stereo_correlation
+    if corr is None or corr >= OUT_OF_PHASE_BELOW:
+        return None
+    evidence = [f"stereo correlation {corr:+.2f}"]
+    if m.channels == 2 and not m.dual_mono:
+        evidence.append("folded to mono it cancels out entirely"
+                        if m.mono_loudness_drop_lu is None else
+                        f"folded to mono it loses {tenths(m.mono_loudness_drop_lu)} LU")
+    if m.low_end_correlation is not None and m.low_end_correlation < 0:
+        evidence.append(f"below {LOW_END_HZ:g} Hz {m.low_end_correlation:+.2f}")
+    fix = ("flip the polarity of one channel (or of the stereo sources that are "
+           "inverted)" if stage == "mix" else
+           "if a whole channel is inverted, flip its polarity on the master; if only "
+           "some sources are, send it back to the mix")
+    return Note(severity="fix", code="out_of_phase", text=(
+        f"Left and right are largely out of phase, one cause for all of this: "
+        f"{', '.join(evidence)}; {fix}."))
 
 
 def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
@@ -509,7 +586,7 @@ def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
     return notes
 
 
-def _low_end_wide(m: MixMetrics, told: Genre | None) -> Note | None:
+def _low_end_wide(m: MixMetrics, told: Genre | None, stage: str = "mix") -> Note | None:
     """A wide low end: a fault in a produced record (it thins out in mono and on
     club systems), natural in a room's recording (an orchestra's basses and its
     hall), where only a low end out of phase is one."""
@@ -522,8 +599,9 @@ def _low_end_wide(m: MixMetrics, told: Genre | None) -> Note | None:
         assert told is not None
         return Note(severity="fix", code="low_end_wide", text=(
             f"{where}: out of phase, which even {told.title}'s wide low end is not; the "
-            "bass thins out in mono. Check the polarity of the low instruments' "
-            "microphones."))
+            "bass thins out in mono. " + ("Check the polarity of the low instruments' "
+            "microphones." if stage == "mix" else "Send it back to the mix: the low "
+            "instruments' polarity is set there.")))
     words = "" if told is not None else (
         " (a recording in a room, orchestral or acoustic, is often this wide down there: "
         "send its genre and it is judged as one)")

@@ -100,7 +100,16 @@ REGIONS = (
 )
 
 
-def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None) -> list[Note]:
+# On a master only the master's EQ can move: a broad, gentle curve; more than that is
+# the mix's to fix.
+MASTER_OVER = ("a broad cut of 1-2 dB there on the master's EQ; if it takes more, send "
+               "it back to the mix")
+MASTER_UNDER = ("a broad lift of 1-2 dB there on the master's EQ; if it takes more, send "
+                "it back to the mix")
+
+
+def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None,
+          master: bool = False) -> list[Note]:
     """The octaves furthest from the reference the bands carry (`reference_db`),
     named with what to try; none for a file too short to say. `genre`: that
     reference is a genre's average (the first note says genres differ); `told`: the
@@ -119,10 +128,11 @@ def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None) -> list[
             continue
         high, low = max(present), min(present)
         if high[0] > excess:
-            found.append((high[0], _note(over, over_what, _named(over_try, parts), high, m)))
+            fix = MASTER_OVER if master else _named(over_try, parts)
+            found.append((high[0], _note(over, over_what, fix, high, m)))
         elif under and low[0] < -lack:
-            found.append((-low[0], _note(under, under_what, _named(under_try, parts), low,
-                                         m)))
+            fix = MASTER_UNDER if master else _named(under_try, parts)
+            found.append((-low[0], _note(under, under_what, fix, low, m)))
     found.sort(key=lambda item: -item[0])
     kept = [note for _, note in found[:TONAL_NOTES_MAX]]
     if kept and genre:

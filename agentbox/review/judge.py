@@ -30,7 +30,7 @@ from agentbox.review.delivery import (
     quiet_by_choice,
     raise_it,
 )
-from agentbox.review.figures import length, places, tenths
+from agentbox.review.figures import fixed, length, places, rounded, tenths
 from agentbox.review.genres import Genre
 from agentbox.review.model import (
     SEVERITIES,
@@ -133,7 +133,7 @@ def with_profile(raw: dict[str, Any], profile: Profile, stage: str = StageName.M
     levels = tonal.aligned(reference, metrics.octave_bands)
     bands = [band.model_copy(update={"reference_db": levels.get(band.hz)})
              for band in metrics.octave_bands]
-    headroom = None if metrics.true_peak_dbtp is None else round(
+    headroom = None if metrics.true_peak_dbtp is None else rounded(
         ceiling(profile, stage) - metrics.true_peak_dbtp, 2)
     curve = LoudnessCurve(step_seconds=1.0, momentary=raw.get("momentary_lufs", []),
                           short_term=metrics.short_term_lufs)
@@ -171,19 +171,20 @@ def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) ->
         return f"The mix is silent ({m.duration_seconds:g} s of nothing above -70 LUFS)."
     when = f"{length(m.duration_seconds)} at {m.sample_rate} Hz"
     if stage == "mix":
-        peak = "" if m.true_peak_dbtp is None else f", peaks at {m.true_peak_dbtp:+.1f} dBTP"
+        peak = ("" if m.true_peak_dbtp is None
+                else f", peaks at {tenths(m.true_peak_dbtp, True)} dBTP")
         plr = "" if m.plr_db is None else f", PLR {tenths(m.plr_db)} dB"
-        return f"A mix at {m.integrated_lufs:.1f} LUFS{peak}{plr}; {when}."
+        return f"A mix at {tenths(m.integrated_lufs)} LUFS{peak}{plr}; {when}."
     delta = m.integrated_lufs - profile.target_lufs
     if loudness_verdict(profile.delivery, m.integrated_lufs) == "pass":
         level = f"on target for {profile.title}"
     else:
         side = "above" if delta > 0 else "below"
-        level = f"{abs(delta):.1f} LU {side} the {profile.title} target"
+        level = f"{tenths(abs(delta))} LU {side} the {profile.title} target"
     peak = ("" if m.true_peak_dbtp is None or not over_ceiling(profile.delivery, m.true_peak_dbtp)
-            else f", true peak {m.true_peak_dbtp:+.1f} dBTP over the {profile.max_true_peak_dbtp:g}"
-                 " dBTP ceiling")
-    return f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; {when}."
+            else f", true peak {tenths(m.true_peak_dbtp, True)} dBTP over the "
+                 f"{profile.max_true_peak_dbtp:g} dBTP ceiling")
+    return f"Integrated {tenths(m.integrated_lufs)} LUFS, {level}{peak}; {when}."
 
 
 def rule_notes(m: MixMetrics, p: Profile, stage: str = StageName.MASTER) -> list[str]:
@@ -228,9 +229,9 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
 def _mix_level_notes(m: MixMetrics) -> list[Note]:
     assert m.integrated_lufs is not None
     notes = [Note(severity="info", code="mix_loudness", text=(
-        f"Integrated {m.integrated_lufs:.1f} LUFS"
+        f"Integrated {tenths(m.integrated_lufs)} LUFS"
         + ("" if m.loudness_range_lu is None else
-           f", loudness range {m.loudness_range_lu:.1f} LU")
+           f", loudness range {tenths(m.loudness_range_lu)} LU")
         + ": information for mastering, not a verdict; the master's loudness is set "
         "there (the delivery targets below say what each platform asks for)."))]
     headroom = _mix_headroom_note(m)
@@ -247,28 +248,28 @@ def _mix_headroom_note(m: MixMetrics) -> Note | None:
     low, high = MIX_HEADROOM_DB
     if peak > MIX_NO_HEADROOM_DBTP:
         return Note(severity="consider", code="no_headroom", text=(
-            f"Peaks reach {peak:+.1f} dBTP: no headroom. Mastering engineers ask for peaks "
-            f"{low:g} to {high:g} dB under full scale, room for their EQ and compression "
+            f"Peaks reach {tenths(peak, True)} dBTP: no headroom. Mastering engineers ask for "
+            f"peaks {low:g} to {high:g} dB under full scale, room for their EQ and compression "
             "before their own limiter; lower the mix bus (or every fader) by about "
-            f"{peak + (low + high) / 2:.0f} dB: nothing else in the mix changes."))
+            f"{fixed(peak + (low + high) / 2, 0)} dB: nothing else in the mix changes."))
     if peak > -low:
         return Note(severity="info", code="headroom", text=(
-            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, a little under the "
-            f"{low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
+            f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, a little "
+            f"under the {low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
             "file."))
     if peak < MIX_LOW_PEAK_DBTP and m.bit_depth is not None and m.bit_depth <= 16:
         return Note(severity="consider", code="low_level", text=(
-            f"Peaks only at {peak:+.1f} dBTP in a {m.bit_depth}-bit file: the quiet "
+            f"Peaks only at {tenths(peak, True)} dBTP in a {m.bit_depth}-bit file: the quiet "
             "parts lose resolution; export 24-bit or float, or bring the mix bus up to "
             f"peak around -{high:g} dBFS."))
     if peak < -high:
         return Note(severity="info", code="headroom", text=(
-            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, more than the "
+            f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, more than the "
             f"{low:g}-{high:g} dB mastering engineers ask for: fine, they have room to "
             "spare; nothing to change."))
     return Note(severity="info", code="headroom", text=(
-        f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, as mastering engineers "
-        f"ask ({low:g}-{high:g} dB: room for their EQ and compression before their "
+        f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, as mastering "
+        f"engineers ask ({low:g}-{high:g} dB: room for their EQ and compression before their "
         "limiter)."))
 
 
@@ -291,7 +292,7 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
             "mastering engineer."))]
     if m.loudness_range_lu is not None and m.loudness_range_lu > 15:
         return [Note(severity="info", code="wide_range", text=(
-            f"Loudness range {m.loudness_range_lu:.1f} LU: a wide one; mastering can even "
+            f"Loudness range {tenths(m.loudness_range_lu)} LU: a wide one; mastering can even "
             "it out, or ride the quiet sections up in the mix."))]
     return []
 
@@ -316,12 +317,12 @@ def _level_notes(m: MixMetrics, p: Profile, told: Genre | None = None) -> list[N
             f"and nothing clipped: {as_platforms_play(m, -delta)}. A dynamic master may "
             f"stay so; to play as loud as others, {raise_it(t, -delta, m.true_peak_dbtp)}.")),
             *_master_dynamics_notes(m, told)]
-    where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
+    where = (f"Integrated {tenths(m.integrated_lufs)} LUFS is {tenths(abs(delta))} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")
     if verdict == "pass":
         level = Note(severity="info", code="on_target", text=(
-            f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{t.tolerance_lu:g} LU of "
+            f"Integrated {tenths(m.integrated_lufs)} LUFS sits within ±{t.tolerance_lu:g} LU of "
             f"the {p.title} target ({t.integrated_lufs:g} LUFS)."))
     elif delta > 0:
         level = Note(severity=SEVERITY_OF[verdict], code="too_loud",
@@ -355,13 +356,13 @@ def _loud(t: Target, by: float) -> str:
     """What the platform does with a master `by` LU louder than its target, and what
     to do."""
     if t.normalisation in (UP_TO_PEAK, DOWN_ONLY):
-        return (f"{t.platform} turns it down {by:.1f} dB, so the extra loudness only costs "
-                f"dynamics; ease the limiter by about {by:.1f} dB")
+        return (f"{t.platform} turns it down {tenths(by)} dB, so the extra loudness only costs "
+                f"dynamics; ease the limiter by about {tenths(by)} dB")
     if t.normalisation == DELIVER:
-        return (f"lower it {by:.1f} dB to meet the specification (gain only: the peaks come "
+        return (f"lower it {tenths(by)} dB to meet the specification (gain only: the peaks come "
                 "down with it)")
     return (f"{t.platform} plays it as it is, louder than the {t.integrated_lufs:g} LUFS "
-            f"usual there; easing the limiter by about {by:.1f} dB keeps more punch")
+            f"usual there; easing the limiter by about {tenths(by)} dB keeps more punch")
 
 
 def _quiet(t: Target, by: float, peak: float | None) -> str:
@@ -375,18 +376,18 @@ def _quiet(t: Target, by: float, peak: float | None) -> str:
                     f"every platform turns quiet tracks up (YouTube and Tidal do not); "
                     f"{raising}")
         if room > 0.05:
-            return (f"{t.platform} turns it up only {room:.1f} dB, as far as its peaks "
-                    f"allow, so it plays {by - room:.1f} dB quieter than other tracks; to "
+            return (f"{t.platform} turns it up only {tenths(room)} dB, as far as its peaks "
+                    f"allow, so it plays {tenths(by - room)} dB quieter than other tracks; to "
                     f"match them, {raising}")
         return (f"{t.platform} cannot turn it up (its peaks already reach "
-                f"{t.true_peak_max_dbtp:g} dBTP), so it plays {by:.1f} dB quieter than "
+                f"{t.true_peak_max_dbtp:g} dBTP), so it plays {tenths(by)} dB quieter than "
                 f"other tracks; to match them, {raising}")
     if t.normalisation == DOWN_ONLY:
-        return (f"{t.platform} does not turn quiet tracks up, so it plays {by:.1f} dB "
+        return (f"{t.platform} does not turn quiet tracks up, so it plays {tenths(by)} dB "
                 f"quieter than others; to match them, {raising}")
     if t.normalisation == DELIVER:
         return f"nobody turns it up, the file must meet the specification: {raising}"
-    return (f"{t.platform} plays it as it is, {by:.1f} dB quieter than the "
+    return (f"{t.platform} plays it as it is, {tenths(by)} dB quieter than the "
             f"{t.integrated_lufs:g} LUFS usual there; {raising}")
 
 
@@ -399,16 +400,16 @@ def _ceiling_notes(m: MixMetrics, t: Target, shortfall: float) -> list[Note]:
         overs = [r for r in m.clipping_ranges if r.kind == "over"]
         where = f" (over 0 dBTP at {spans(overs)})" if overs else ""
         return [Note(severity="fix", code="true_peak_over", text=(
-            f"True peak {peak:+.1f} dBTP exceeds the {t.true_peak_max_dbtp:g} dBTP "
+            f"True peak {tenths(peak, True)} dBTP exceeds the {t.true_peak_max_dbtp:g} dBTP "
             f"ceiling{after}{where}: lower the limiter's output ceiling by "
-            f"{peak - t.true_peak_max_dbtp:.1f} dB or enable its true-peak mode."))]
+            f"{tenths(peak - t.true_peak_max_dbtp)} dB or enable its true-peak mode."))]
     # Quiet, and only part of the way up is free: the rest takes a limiter (when all
     # of it is free, the level note says gain alone does it).
-    if m.headroom_db is not None and 1.0 <= m.headroom_db < shortfall:
+    if peak is not None and m.headroom_db is not None and 1.0 <= m.headroom_db < shortfall:
         return [Note(severity="consider", code="unused_headroom", text=(
-            f"The master peaks at {peak:+.1f} dBTP: {m.headroom_db:.1f} dB of headroom "
-            f"under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
-            f"{m.headroom_db:.1f} dB of raising it need no limiting."))]
+            f"The master peaks at {tenths(peak, True)} dBTP: {tenths(m.headroom_db)} dB of "
+            f"headroom under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
+            f"{tenths(m.headroom_db)} dB of raising it need no limiting."))]
     return []
 
 
@@ -448,11 +449,11 @@ def _silence_notes(m: MixMetrics) -> list[Note]:
     notes = []
     if m.leading_silence_seconds > LEADING_SILENCE_SECONDS:
         notes.append(Note(severity="consider", code="leading_silence", text=(
-            f"{m.leading_silence_seconds:.1f} s of silence before the music starts: trim the "
+            f"{tenths(m.leading_silence_seconds)} s of silence before the music starts: trim the "
             "start of the export (players play it as a gap).")))
     if m.trailing_silence_seconds > TRAILING_SILENCE_SECONDS:
         notes.append(Note(severity="consider", code="trailing_silence", text=(
-            f"{m.trailing_silence_seconds:.1f} s of silence at the end: shorten the render "
+            f"{tenths(m.trailing_silence_seconds)} s of silence at the end: shorten the render "
             "to the end of the reverb tail.")))
     return notes
 
@@ -509,7 +510,7 @@ def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
         return []
     where = "the mix bus" if stage == "mix" else "the master"
     return [Note(severity="consider", code="dc_offset", text=(
-        f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
+        f"DC offset of {fixed(m.dc_offset * 100, 2, True)} % of full scale: a high-pass filter "
         f"(or a DC-removal plug-in) on {where} would reclaim headroom."))]
 
 
@@ -523,7 +524,7 @@ def _stereo_notes(m: MixMetrics, told: Genre | None = None, stage: str = "mix") 
                 "polarity-inverted; flip the polarity of one channel.")))
         elif m.mono_loudness_drop_lu > 3:
             notes.append(Note(severity="consider", code="mono_drop", text=(
-                f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or phasey "
+                f"Folded to mono it loses {tenths(m.mono_loudness_drop_lu)} LU: wide or phasey "
                 "elements will vanish on mono speakers; narrow the widest ones.")))
     wide = None if inverted is not None else _low_end_wide(m, told, stage)
     if wide is not None:
@@ -545,13 +546,13 @@ def _polarity_note(m: MixMetrics, stage: str) -> Note | None:
     corr = m.stereo_correlation
     if corr is None or corr >= OUT_OF_PHASE_BELOW:
         return None
-    evidence = [f"stereo correlation {corr:+.2f}"]
+    evidence = [f"stereo correlation {fixed(corr, 2, True)}"]
     if m.channels == 2 and not m.dual_mono:
         evidence.append("folded to mono it cancels out entirely"
                         if m.mono_loudness_drop_lu is None else
                         f"folded to mono it loses {tenths(m.mono_loudness_drop_lu)} LU")
     if m.low_end_correlation is not None and m.low_end_correlation < 0:
-        evidence.append(f"below {LOW_END_HZ:g} Hz {m.low_end_correlation:+.2f}")
+        evidence.append(f"below {LOW_END_HZ:g} Hz {fixed(m.low_end_correlation, 2, True)}")
     fix = ("flip the polarity of one channel (or of the stereo sources that are "
            "inverted)" if stage == "mix" else
            "if a whole channel is inverted, flip its polarity on the master; if only "
@@ -572,15 +573,15 @@ def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
         notes.append(Note(severity="fix" if stage == "mix" else "consider", code="cut_tail",
                           text=(
             f"The render stops while the music plays (its last 100 ms at "
-            f"{m.end_lufs:.1f} LUFS, against {m.integrated_lufs:.1f} for the whole): a last "
-            "note or a reverb tail is cut off; extend the render past the end of the tail"
+            f"{tenths(m.end_lufs)} LUFS, against {tenths(m.integrated_lufs)} for the whole): a "
+            "last note or a reverb tail is cut off; extend the render past the end of the tail"
             + (", and leave the fade to mastering." if stage == "mix" else
                " (if the song stops dead on purpose, a moment of silence after it still "
                "helps players and crossfades)."))))
     if (m.start_lufs is not None and m.start_lufs > floor and m.leading_silence_seconds < 0.01
             and (m.start_onset_db is None or m.start_onset_db > -CUT_ONSET_DB)):
         notes.append(Note(severity="consider", code="cut_start", text=(
-            f"The render starts in the music (its first 100 ms at {m.start_lufs:.1f} LUFS, "
+            f"The render starts in the music (its first 100 ms at {tenths(m.start_lufs)} LUFS, "
             "sounding from the very first sample, with no attack): the first note is cut, "
             "or clicks; start the render a moment before the music.")))
     return notes
@@ -594,7 +595,7 @@ def _low_end_wide(m: MixMetrics, told: Genre | None, stage: str = "mix") -> Note
     room = told is not None and not told.mono_low_end
     if corr is None or corr >= (0.0 if room else LOW_END_CORRELATION_BELOW):
         return None
-    where = f"Below {LOW_END_HZ:g} Hz left and right correlate at {corr:+.2f}"
+    where = f"Below {LOW_END_HZ:g} Hz left and right correlate at {fixed(corr, 2, True)}"
     if room:
         assert told is not None
         return Note(severity="fix", code="low_end_wide", text=(

@@ -43,7 +43,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from agentbox import portable
 from agentbox.review.containers import declared_frames
-from agentbox.review.figures import mmss
+from agentbox.review.figures import mmss, rounded, tenths
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -346,7 +346,7 @@ def _measure(file: BinaryIO, path: str) -> Measurements:
         + K_WEIGHTING_MAX_GAIN_DB
     if measured.integrated_lufs is not None and measured.integrated_lufs > possible:
         raise AudioError("mix_truncated", (
-            f"the file reads {measured.integrated_lufs:+.1f} LUFS over "
+            f"the file reads {tenths(measured.integrated_lufs, True)} LUFS over "
             f"{mmss(measured.duration_seconds, 1)}, louder than any audio can be: its data is "
             "not the audio its header describes (a cut-off or corrupt render); export it "
             "again"))
@@ -662,12 +662,12 @@ class _Meter:
             mono = (subs[:, 0] + subs[:, 1] + 2 * subs[:, 2]) / 2
             folded = gated_loudness(_windows(mono, 4), RELATIVE_GATE_LU)
             if integrated is not None:
-                drop = None if folded is None else round(integrated - folded, 2)
+                drop = None if folded is None else rounded(integrated - folded, 2)
         correlation = None
         if self.channels >= 2:
             product, ll, rr = self.lr
             # A silent side correlates with nothing: undefined, not "uncorrelated" (0).
-            correlation = round(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
+            correlation = rounded(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
         short_term = _windows(programme, 30)
         seconds = range(10, len(programme) + 1, 10)
         true_peak = _db(max(self.true_peak, self.peak))
@@ -723,7 +723,7 @@ class _Meter:
         # nothing down there (or one side silent): no verdict on the low end
         if self.channels < 2 or ll <= 0 or rr <= 0 or (ll + rr) < total * 1e-6:
             return None
-        return round(product / math.sqrt(ll * rr), 3)
+        return rounded(product / math.sqrt(ll * rr), 3)
 
     def _octave_bands(self) -> list[dict[str, float]]:
         freqs = np.fft.rfftfreq(SPECTRUM_FRAME, 1 / self.rate)
@@ -818,7 +818,7 @@ def _dc(means: np.ndarray) -> float:
     channel's DC_QUANTILE of its blocks' means by size, with their usual sign."""
     held = np.percentile(np.abs(means), DC_QUANTILE, axis=0) * np.sign(np.median(means, axis=0))
     worst = int(np.argmax(np.abs(held)))
-    return round(float(held[worst]), 6)
+    return rounded(float(held[worst]), 6)
 
 
 def _onset(lanes: np.ndarray, rate: int) -> float | None:
@@ -835,4 +835,4 @@ def _onset(lanes: np.ndarray, rate: int) -> float | None:
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, digits)
+    return None if value is None or not math.isfinite(value) else rounded(value, digits)

@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agentbox.review.figures import tenths
 from agentbox.review.genres import NO_PARTS, Genre, Parts
 from agentbox.review.model import MixMetrics, Note, OctaveBand
 
@@ -159,6 +160,6 @@ def _note(code: str, what: str, fix: str, where: tuple[float, float], m: MixMetr
     level = next((b.db for b in m.octave_bands if b.hz == hz), 0.0)
     sits = (f"the {octave} octave holds next to nothing (far under {against})"
             if level <= EMPTY_DB else
-            f"the {octave} octave sits {abs(by):.1f} dB {'above' if by > 0 else 'under'} "
+            f"the {octave} octave sits {tenths(abs(by))} dB {'above' if by > 0 else 'under'} "
             f"{against}")
     return Note(severity="consider", code=code, text=f"{what}: {sits}; {fix}.")

@@ -43,6 +43,7 @@ def add_templates(env: Environment) -> Environment:
     assert isinstance(loader, ChoiceLoader)
     loader.loaders = [*loader.loaders, FileSystemLoader(TEMPLATES)]
     env.filters["signed"] = review_view.signed
+    env.filters["reading"] = review_view.number  # figures.fixed: never "-0.0"
     env.filters["mmss"] = figures.mmss
     return env
 

@@ -216,8 +216,8 @@ def first_fix(judged: Judgement) -> str:
                  None)
     if first is None:
         return "nothing to fix"
-    text = first.text.rstrip(".")
-    return text[0].lower() + text[1:]
+    sentence = first.text.split(". ")[0].rstrip(".")  # its first sentence
+    return sentence[0].lower() + sentence[1:]
 
 
 def choose_genre(payload: Any, previous: Previous) -> Genre | None:

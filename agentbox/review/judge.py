@@ -78,7 +78,7 @@ AUDIBLE_RUNS = 20
 # Flat runs under a true peak this far over full scale were cut from a signal driven
 # past it (a render's float peak), not left by a lossy decode's small overs.
 DRIVEN_PAST_DBTP = 1.5
-DC_OFFSET_NOTED = 0.002  # an offset held through the file, 0.2 % of full scale (-54 dBFS)
+DC_OFFSET_NOTED = 0.005  # an offset held through the file, 0.5 % of full scale (-46 dBFS)
 # What mastering engineers ask of a mix's peaks: 3-6 dB under full scale, room for
 # their EQ and compression before their own limiter.
 MIX_HEADROOM_DB = (3.0, 6.0)
@@ -316,7 +316,7 @@ def _level_notes(m: MixMetrics, p: Profile, told: Genre | None = None) -> list[N
             f"{tenths(t.true_peak_max_dbtp - (m.true_peak_dbtp or 0.0))} dB of peak room "
             f"and nothing clipped: {as_platforms_play(m, -delta)}. A dynamic master may "
             f"stay so; to play as loud as others, {raise_it(t, -delta, m.true_peak_dbtp)}.")),
-            *_master_dynamics_notes(m, told)]
+            *_ceiling_notes(m, t, -delta), *_master_dynamics_notes(m, told)]
     where = (f"Integrated {tenths(m.integrated_lufs)} LUFS is {tenths(abs(delta))} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ def test_a_release_is_heard_at_its_stage(release: rm.Release, form: str,
     row = next(row for row in EXPECTED if row.track == release.name)
     words = said(result)
     assert (result.stage, result.stage_source) == (row.stage(form), "auto"), words
-    assert "-0.0" not in words and "\N{MINUS SIGN}0.0" not in words, words
+    assert not re.search(r"[-\N{MINUS SIGN}]0\.0(?![0-9])", words), words
     if form != "24-bit":  # what looks released is never spoken to as a mix
         assert "lower the mix bus" not in words, words
         assert "Export the mix again" not in words, words

@@ -93,6 +93,46 @@ def test_auto_calls_limited_loud_files_masters_and_the_rest_mixes() -> None:
     assert stage.inferred(heard(None, None, None)).stage == "mix"  # silence
 
 
+def test_the_file_s_evidence_is_weighed_and_named() -> None:
+    """A release's marks (a lossy codec, tags, 16-bit with dither, a name that says
+    final) make a master; a session's (24-bit, no tags, headroom, a name that says mix)
+    a mix; the sentence names what it weighed."""
+    ogg = heard(-3.9, -19.0, 15.1, bit_depth=None, sample_format="VORBIS",
+                file_format="OGG", tags=["title", "artist", "album"])
+    judged = stage.inferred(ogg, "battle.ogg")
+    assert (judged.stage, judged.source, judged.split) == ("master", "auto", False)
+    assert "a lossy OGG file" in judged.reason and "title, artist and album" in judged.reason
+    dithered = stage.inferred(heard(-3.9, -19.0, 15.1, bit_depth=16, sample_format="PCM_16",
+                                    dithered=True), "battle.wav")
+    assert dithered.stage == "master" and "with dither" in dithered.reason, dithered.reason
+    mix = stage.inferred(heard(-4.0, -20.0, 16.0), "song mix v3.wav")
+    assert mix.stage == "mix" and "its name says 'mix'" in mix.reason, mix.reason
+    final = stage.inferred(heard(-0.5, -17.0, 16.5), "song_final.wav")
+    assert final.split and "the evidence is split" in final.reason, final.reason
+
+
+def test_a_project_does_not_flip_without_evidence() -> None:
+    """Weak evidence keeps the stage the project's last export was judged at, and says
+    so; strong evidence turns it, and says that too."""
+    before = stage.Before("mix", "the 14:02:37 export")
+    weak = stage.inferred(heard(-1.0, -14.0, 13.0), "take 2.wav", before)  # loud, limited
+    assert weak.stage == "mix" and "the 14:02:37 export of the project" in weak.reason
+    ogg = heard(-1.0, -14.0, 13.0, bit_depth=None, file_format="OGG", tags=["title"])
+    strong = stage.inferred(ogg, "take 2.ogg", before)
+    assert strong.stage == "master" and "unlike the 14:02:37 export" in strong.reason
+
+
+def test_one_inverted_channel_is_one_note() -> None:
+    m = MixMetrics(**{**figures(-16.0, -1.5).model_dump(), "stereo_correlation": -0.95,
+                      "mono_loudness_drop_lu": None, "low_end_correlation": -0.98})
+    for at in ("mix", "master"):
+        notes = notes_for(m, PROFILES["streaming"], stage=at)
+        fixes = [n for n in notes if n.code in ("out_of_phase", "mono_cancels", "low_end_wide",
+                                                "mono_drop")]
+        assert [n.code for n in fixes] == ["out_of_phase"], [n.text for n in notes]
+        assert "cancels out entirely" in fixes[0].text and "-0.98" in fixes[0].text
+
+
 @pytest.mark.parametrize("given, judged", [
     (stage.Given(event="master"), "master"), (stage.Given(project="mix", project_name="p"),
                                               "mix"),
@@ -476,3 +516,27 @@ def test_a_plr_that_rounds_to_nothing_reads_0_0_not_minus() -> None:
             *(n.text for n in notes_for(held, p, stage="mix"))]
     assert any("PLR 0.0 dB" in s or "ratio 0.0 dB" in s for s in said), said
     assert not any("-0.0" in s for s in said), said
+
+
+def test_the_meter_hears_dither_tags_and_a_pinned_ceiling(tmp_path: Path) -> None:
+    """What the stage weighs, measured: dither (a few steps of noise where a 16-bit
+    file is quiet, not digital silence), a release's tags, peaks held at one ceiling."""
+    from agentbox.review.meter import measure
+    rng = np.random.default_rng(3)
+    tone = 0.5 * np.sin(2 * np.pi * 220 * np.arange(RATE * 4) / RATE)
+    silent = np.concatenate([tone, np.zeros(RATE * 2)])
+    noisy = np.concatenate([tone, rng.integers(-2, 3, RATE * 2) / 32768])
+    for name, audio, dithered in (("plain.wav", silent, False), ("dithered.wav", noisy, True)):
+        path = tmp_path / name
+        with soundfile.SoundFile(path, "w", RATE, 1, "PCM_16") as out:
+            out.title, out.artist, out.album = "Night Drive", "The Band", "Roads"
+            out.write(audio)
+        m = measure(str(path))
+        assert m.dithered is dithered and m.tags == ["title", "artist", "album"], name
+        assert m.peaks_pinned is not None and m.peaks_pinned > 0.9  # a steady tone
+    loose = tmp_path / "loose.wav"
+    soundfile.write(loose, np.concatenate([tone * 0.1, tone[:RATE // 10]]), RATE,
+                    subtype="PCM_24")
+    m = measure(str(loose))
+    assert m.dithered is None and m.tags == [] and m.peaks_pinned is not None
+    assert m.peaks_pinned < 0.1  # one loud moment above the rest: no ceiling held

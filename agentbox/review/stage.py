@@ -8,17 +8,18 @@ other stage, for the same bytes); from the event, for the one file
 (`payload.project_stage`); from the watch folder (`agentbox watch --stage`, sent as
 `payload.default_stage`); from the project (the stage remembered for it, only when
 the musician said so for the project); from the configuration (`mix_stage`); and
-otherwise from the file itself: limited close to full scale at streaming loudness
-with a low peak-to-loudness ratio, it looks mastered; anything else is a mix. An
-explicit stage for the one file always beats a remembered one: a master sent once
-does not make the project's later mixes masters. Every review says in one sentence
-which stage it judged, why, and how to change it.
+otherwise weighed from the file's evidence (`evidence`: a lossy codec, 16-bit PCM
+and its dither, a release's tags, the file name's words, a limiter's signature,
+against 24-bit or float, headroom and no tags) with the project's last export's
+stage (a project does not flip between two renders of one song without strong
+evidence). An explicit stage for the one file always beats a remembered one: a
+master sent once does not make the project's later mixes masters. Every review
+says in one sentence which stage it judged, the evidence, and how to change it.
 
-From the file alone the stage is sometimes ambiguous: a file that peaks at full
-scale like a limited master but is quieter than -16 LUFS, or more open than a
-PLR of 14 dB, may be a hot mix or a dynamic master (orchestral, ambient, much game
-music). It is judged as a mix, and its sentence says that it is ambiguous, the
-first fix under each reading, and how to choose.
+When the evidence is split, the review is judged at the side it leans to, its
+verdict holds under both readings (agentbox.review.agent judges the other reading
+too), and its sentence gives the first fix under each and the one click that
+settles it (`both_readings`).
 """
 
 from __future__ import annotations

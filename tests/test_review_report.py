@@ -433,7 +433,7 @@ def test_delivery_format(write: Callable[..., Path]) -> None:
 def test_notes_are_ordered_by_what_to_fix_first() -> None:
     base = MixMetrics(
         integrated_lufs=-15.5, loudness_range_lu=6.0, true_peak_dbtp=0.3,
-        sample_peak_dbfs=-0.1, clipped_samples=30, clipped_runs=2, dc_offset=0.002,
+        sample_peak_dbfs=-0.1, clipped_samples=30, clipped_runs=2, dc_offset=0.006,
         stereo_correlation=0.6, mono_loudness_drop_lu=1.0, duration_seconds=215.0,
         sample_rate=48_000, channels=2, bit_depth=24, sample_format="PCM_24",
         file_format="WAV", short_term_lufs=[], leading_silence_seconds=2.5)

@@ -170,8 +170,8 @@ CORPUS = [
         "", "", "master", "warn", "too_loud",
         "limited close to -1 dBTP at -9 LUFS: looks mastered, 5 LU over streaming's -14 "
         "(turned down, it only costs punch)"),
-    Row("dc-mix.wav", changed(BASE, lambda a: a + 0.005), "", "", "mix", "warn", "dc_offset",
-        "a DC offset of 0.5 %"),
+    Row("dc-mix.wav", changed(BASE, lambda a: a + 0.01), "", "", "mix", "warn", "dc_offset",
+        "a DC offset of 1 % (offsets are noted from 0.5 %)"),
     Row("phase-mix.wav", changed(BASE, phase_flipped), "", "", "mix", "fail", "out_of_phase",
         "one channel's polarity inverted"),
     Row("dual-mono-mix.wav", changed(BASE, summed), "", "", "mix", "warn", "dual_mono",

@@ -439,8 +439,7 @@ def seed(data_dir: Path, count: int, backlog: bool = False) -> None:
         ids = range(start, min(start + batch, count))
         conn.executemany(
             "INSERT INTO events (pk, event_id, idempotency_key, event_type, source, "
-            "received_at, body, project) VALUES (?, ?, ?, 'session.exported', 'seed', ?, ?, "
-            "'bench')",
+            "received_at, body) VALUES (?, ?, ?, 'session.exported', 'seed', ?, ?)",
             ((i + 1, f"seed-{i}", f"seed:session.exported:seed-{i}", now + i * 1e-3,
               _seed_body(i)) for i in ids))
         conn.executemany(

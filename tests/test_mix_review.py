@@ -308,7 +308,7 @@ def test_problems_each_get_a_note() -> None:
                                         stereo_correlation=-0.4, mono_loudness_drop_lu=5.5,
                                         loudness_range_lu=1.2), PROFILES["streaming"]))
     for expected in ("40 samples sit at full scale in 4 flat runs", "DC offset of +1.20 %",
-                     "Stereo correlation -0.40", "loses 5.5 LU", "Loudness range 1.2 LU"):
+                     "stereo correlation -0.40", "loses 5.5 LU", "Loudness range 1.2 LU"):
         assert expected in notes
 
 

@@ -85,7 +85,8 @@ TONAL = ("muddy", "dull", "dull_presence", "harsh", "sub_rumble", "low_end_build
          "thin_low_end", "honky", "scooped", "bright", "hollow")
 CUTS = ("cut_start", "cut_tail")
 AMBIGUOUS = ("peaks near full scale, yet more open than a limited master (PLR over 14): a "
-             "hot mix or a dynamic master, judged a mix and said to be ambiguous")
+             "hot mix or a dynamic master; decoded to 24-bit with no tags, what a session "
+             "exports: a mix")
 
 CORPUS = [
     # -- released music, untouched ---------------------------------------------------------------
@@ -104,10 +105,10 @@ CORPUS = [
         (*CUTS, "clipping", "no_headroom"),
         "a DC offset held through it (right channel, about 2-6 % in every 2 s); a dark "
         "piece: extreme departures from the average curve"),
-    Row("sing-march.wav", untouched("sing-march.wav"), SING, "mix", ("warn",), "dc_offset",
+    Row("sing-march.wav", untouched("sing-march.wav"), SING, "mix", ("warn",), "dull",
         (*CUTS, "clipping", "low_end_wide", "no_headroom"),
-        "a DC offset held through it (right channel, 0.5 % and more); -18.5 LUFS, "
-        "-4.5 dBTP: a mix with headroom"),
+        "a dark piece (16 kHz empty, 4 kHz 26 dB under the average curve); its DC offset, "
+        "under 0.5 %, is not noted; -18.5 LUFS, -4.5 dBTP: a mix with headroom"),
     Row("sing-apex.wav", untouched("sing-apex.wav"), SING, "mix", ("warn",), "no_headroom",
         (*CUTS, *TONAL, "clipping"),
         "-17.4 LUFS, -0.8 dBTP, PLR 16.6: " + AMBIGUOUS + "; a DC offset of 4-10 %"),
@@ -160,9 +161,9 @@ CORPUS = [
     Row("fb-intro-from-mp3.wav",
         lambda folder: rm.decoded_from_mp3("fb-intro-from-mp3.wav", "fb-intro.wav", folder,
                                            1.0),
-        FB, "mix", ("warn",), "clipping", (*CUTS,),
-        "raised 1 dB, through MP3, back to 16-bit: a few short flat runs, a lossy decode's "
-        "overs, not audible clipping"),
+        FB, "master", ("fail",), "true_peak_over", (*CUTS, "clipping"),
+        "raised 1 dB, through MP3, back to 16-bit: a release's copy, a master; its few short "
+        "flat runs are a lossy decode's overs, the ceiling's evidence, not audible clipping"),
     Row("city-blues-cut.wav", changed("city-blues-cut.wav", "city-blues-redfarn.wav",
                                       rm.cut_mid_phrase(20.0, 50.0)), MSX, "mix", ("fail",),
         "cut_tail", (), "only 20-50 s of the render: it begins and stops mid-phrase"),
@@ -173,10 +174,14 @@ CORPUS = [
                                           rm.polarity_flipped), MSX, "mix", ("fail",),
         "out_of_phase", (), "the right channel's polarity flipped"),
     Row("ttsong-16-bit.wav", changed("ttsong-16-bit.wav", "ttsong-iii-imuh3.wav",
-                                     rm.unchanged, "PCM_16"), MSX, "mix", ("warn",),
-        "mix_bit_depth", (*CUTS, *TONAL), "the render as 16-bit"),
+                                     rm.unchanged, "PCM_16"), MSX, "master", ("warn",),
+        "too_quiet", (*CUTS, *TONAL, "mix_bit_depth"),
+        "the render as 16-bit, with dither in its quiet stretches: a release's format, a "
+        "master; 6.3 LU quiet with 4.2 dB of peak room: a warning"),
     Row("fb-main-2p.mp3", lambda folder: rm.as_mp3("fb-main-2p.mp3", "fb-main-2p.wav", folder),
-        FB, "mix", ("fail",), "lossy", (*CUTS,), "a 192 kbit/s MP3 of the track"),
+        FB, "master", ("fail",), "true_peak_over", (*CUTS,),
+        "a 192 kbit/s MP3 of the track: a release's format, a master; its true peak over "
+        "-1 dBTP"),
     Row("5432gone-master.wav", changed("5432gone-master.wav", "5432gone-redfarn.wav",
                                        rm.gained(6.4)), MSX, "master", ("warn",), "too_quiet",
         ("true_peak_over",), "sent as a master: 4.0 LU under streaming's -14 with 4.1 dB of "
@@ -226,21 +231,32 @@ def test_no_advice_note_fires_on_most_real_tracks(folder: Path) -> None:
     assert not too_often, (too_often, len(tracks))
 
 
-def test_an_ambiguous_stage_is_said_with_both_first_fixes(folder: Path) -> None:
-    result = review(CORPUS[0], folder)
+def test_split_evidence_is_said_with_both_first_fixes(folder: Path) -> None:
+    """A 24-bit file with no tags whose name says it is final: as much for a master as
+    for a mix. Judged at the side it leans to, with a verdict that holds under both
+    readings, the first fix under each, and the one click that settles it."""
+    final = Row("fb-intro-final.wav", changed("fb-intro-final.wav", "fb-intro.wav",
+                                              rm.unchanged), FB, "mix", ("warn",),
+                "no_headroom", (), "")
+    result = review(final, folder)
     reason = result.stage_reason
-    assert reason.startswith("Judged as a mix going to mastering, but from the file alone "
-                             "this is ambiguous"), reason
-    assert "as a mix, lower the mix bus" in reason and "as a master," in reason, reason
-    assert "send it with stage master" in reason, reason
+    assert reason.startswith("Judged as a mix, but the evidence is split: for a master, its "
+                             "name says 'final'; for a mix, 24-bit"), reason
+    assert "The first fix as a mix: " in reason and "; as a master: " in reason, reason
+    assert "Judge it as a master or as a mix with one click" in reason, reason
+    assert result.stage_source == "auto" and result.verdict != "fail", result.verdict
 
 
 def test_clipping_is_named_by_its_evidence(folder: Path) -> None:
-    """Flat runs a lossy decode leaves are named so and are not a fix; a render pushed
-    into full scale is audible clipping, its first fix."""
-    decoded = next(n for n in review(CORPUS[-7], folder).notes if n.code == "clipping")
+    """Flat runs a lossy decode leaves are named so, as the ceiling's evidence (its
+    note first, no clipping note); a render pushed into full scale is audible
+    clipping, its first fix."""
+    decoded = review(CORPUS[-7], folder).notes
     pushed = review(CORPUS[-8], folder).notes[0]
-    assert decoded.severity == "consider" and "lossy file's overs" in decoded.text, decoded
+    # the decode's runs are the ceiling's evidence: one note, true_peak_over first
+    assert decoded[0].code == "true_peak_over" and "lossy file's overs" in decoded[0].text, \
+        decoded[0]
+    assert "clipping" not in {n.code for n in decoded}, decoded
     assert pushed.severity == "fix" and "audible clipping" in pushed.text, pushed
     assert "the longest" in pushed.text, pushed
 

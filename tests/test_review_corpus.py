@@ -139,11 +139,17 @@ def targets_rows() -> list[Row]:
                 + LOUD_WHY[t.normalisation]),
             Row(f"{t.name}-master-quiet.wav",
                 master(song, t.integrated_lufs - over, t.true_peak_max_dbtp),
-                "master", profile.name, "master", "fail", "too_quiet",
-                f"{over:.1f} LU under the target"),
+                "master", profile.name, "master", QUIET_VERDICT.get(t.name, "fail"),
+                "too_quiet", f"{over:.1f} LU under the target" + QUIET_WHY.get(t.name, "")),
         ]
     return rows
 
+
+# A quiet master with 1 dB or more of peak room where a platform plays it is a warning:
+# at -20.4 LUFS this song's limiter never reaches Apple Music's ceiling.
+QUIET_VERDICT = {"apple_music": "warn"}
+QUIET_WHY = {"apple_music": ", with 2.6 dB of peak room: the platforms only play it "
+             "quieter, a warning"}
 
 CORPUS = [
     Row("quiet-mix.wav", mix(QUIET), "", "", "mix", "pass", "mix_loudness",
@@ -164,16 +170,17 @@ CORPUS = [
         "", "", "master", "warn", "too_loud",
         "limited close to -1 dBTP at -9 LUFS: looks mastered, 5 LU over streaming's -14 "
         "(turned down, it only costs punch)"),
-    Row("dc-mix.wav", changed(BASE, lambda a: a + 0.005), "", "", "mix", "warn", "dc_offset",
-        "a DC offset of 0.5 %"),
+    Row("dc-mix.wav", changed(BASE, lambda a: a + 0.01), "", "", "mix", "warn", "dc_offset",
+        "a DC offset of 1 % (offsets are noted from 0.5 %)"),
     Row("phase-mix.wav", changed(BASE, phase_flipped), "", "", "mix", "fail", "out_of_phase",
         "one channel's polarity inverted"),
     Row("dual-mono-mix.wav", changed(BASE, summed), "", "", "mix", "warn", "dual_mono",
         "both channels the same: summed to mono"),
     Row("mono-mix.wav", lambda path: write(path, song_audio(BASE).mean(axis=1)), "", "",
         "mix", "pass", "mix_loudness", "a one-channel file: fine"),
-    Row("mix.mp3", lambda path: mp3(path, song_audio(BASE)), "", "", "mix", "fail", "lossy",
-        "a lossy file: export the mix again, lossless, at the session's resolution"),
+    Row("mix.mp3", lambda path: mp3(path, song_audio(BASE)), "", "", "mix", "warn", "lossy",
+        "a lossy file named a mix, with a mix's headroom: split evidence, judged a mix under "
+        "both readings; export the mix again, lossless, at the session's resolution"),
     Row("16-bit-mix.wav", mix(BASE, "PCM_16"), "", "", "mix", "warn", "mix_bit_depth",
         "16-bit: under the session's resolution"),
     Row("cut-mix.wav", changed(BASE, cut), "", "", "mix", "fail", "cut_tail",
@@ -218,12 +225,15 @@ def test_the_corpus(row: Row, tmp_path: Path) -> None:
 
 
 def test_a_lossy_mix_is_told_how_to_export_and_still_measured(tmp_path: Path) -> None:
-    """The MP3 of a healthy mix fails on its format alone: its first note says what to
-    export; the rest of the review is the mix's own, as for the WAV."""
+    """The MP3 of a healthy mix, named a mix: lossy as a release is, named and peaking as
+    a mix is, so the evidence is split and the verdict holds under both readings (a
+    warning, not a fail); its first note says what to export; the rest of the review
+    is the mix's own, as for the WAV."""
     wav, mp3 = (review(next(row for row in CORPUS if row.file == name), tmp_path)
                 for name in ("mix.wav", "mix.mp3"))
     first = mp3.notes[0]
-    assert (mp3.verdict, first.severity, first.code) == ("fail", "fix", "lossy")
+    assert (mp3.verdict, first.severity, first.code) == ("warn", "consider", "lossy")
+    assert "the evidence is split" in mp3.stage_reason, mp3.stage_reason
     assert first.text.startswith("Export the mix again as WAV, AIFF or FLAC, at the "
                                  "session's sample rate and 24-bit or 32-bit float"), first.text
     assert [n.code for n in mp3.notes[1:]] == [n.code for n in wav.notes]

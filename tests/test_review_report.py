@@ -334,9 +334,10 @@ def test_every_delivery_target_side_by_side(write: Callable[..., Path]) -> None:
                                    "allow")
     assert spotify.result_true_peak_dbtp == pytest.approx(-1.0, abs=0.05)
     assert youtube.gain_db == 0.0 and youtube.note.startswith("not turned up")
-    # more than three tolerances under the target: not ready, wherever it plays
+    # more than three tolerances under the target, but with 2 dB of peak room: the
+    # platforms only play it quieter, a warning wherever it plays
     assert -14 - quiet.integrated_lufs > 3
-    assert spotify.verdict == youtube.verdict == "fail"
+    assert spotify.verdict == youtube.verdict == "warn"
     assert "raise it" in spotify.note and "raise it" in youtube.note
     # a mix: what mastering would take for each target, and no verdicts
     mix = review(str(write(sine(-10, 8), "loud-mix.wav")))
@@ -390,8 +391,11 @@ def test_wide_bass_is_called_out(write: Callable[..., Path]) -> None:
     result = review(str(write(mix, "wide-bass.wav")))
     assert result.metrics.low_end_correlation is not None
     assert result.metrics.low_end_correlation < -0.9
-    note = next(n for n in result.notes if n.code == "low_end_wide")
-    assert note.severity == "fix" and "make the low end mono" in note.text
+    # the whole mix is the bass, so its sides are out of phase: one cause, one note
+    # that gives the low end's correlation as its evidence
+    note = next(n for n in result.notes if n.code == "out_of_phase")
+    assert note.severity == "fix" and "below 120 Hz -1.00" in note.text, note.text
+    assert not {"low_end_wide", "mono_cancels", "mono_drop"} & {n.code for n in result.notes}
     tidy = review(str(write(sine(-12, 20, freq=50) + noise(20, 0.02), "tidy.wav")))
     assert tidy.metrics.low_end_correlation is not None
     assert tidy.metrics.low_end_correlation > 0.9
@@ -429,7 +433,7 @@ def test_delivery_format(write: Callable[..., Path]) -> None:
 def test_notes_are_ordered_by_what_to_fix_first() -> None:
     base = MixMetrics(
         integrated_lufs=-15.5, loudness_range_lu=6.0, true_peak_dbtp=0.3,
-        sample_peak_dbfs=-0.1, clipped_samples=30, clipped_runs=2, dc_offset=0.002,
+        sample_peak_dbfs=-0.1, clipped_samples=30, clipped_runs=2, dc_offset=0.006,
         stereo_correlation=0.6, mono_loudness_drop_lu=1.0, duration_seconds=215.0,
         sample_rate=48_000, channels=2, bit_depth=24, sample_format="PCM_24",
         file_format="WAV", short_term_lufs=[], leading_silence_seconds=2.5)
@@ -458,7 +462,8 @@ def test_the_first_export_of_a_project_has_nothing_to_compare(
 
 
 def test_an_export_is_compared_with_the_previous_one(write: Callable[..., Path]) -> None:
-    before = review(str(write(sine(-14, 5), "v1.wav"))).model_dump(mode="json")
+    before = review(str(write(sine(-14, 5), "v1.wav")), stage="master").model_dump(
+        mode="json")
     asked: list[str] = []
 
     async def previous(project: str) -> ProjectExport:
@@ -470,7 +475,7 @@ def test_an_export_is_compared_with_the_previous_one(write: Callable[..., Path])
 
     louder = np.clip(sine(-12.8, 5) * 1.0, -1, 1)
     louder[RATE, :] = 0.99  # a peak over the -1 dBTP ceiling
-    result = review(str(write(louder, "v2.wav")), context(previous))
+    result = review(str(write(louder, "v2.wav")), context(previous), stage="master")
     assert asked == ["night-drive"]
     comparison = result.comparison
     assert comparison.previous_run_id == "run_v1"

@@ -54,8 +54,16 @@ def analysis_processes() -> Iterator[None]:
 
 # -- where the stage comes from --------------------------------------------------------------------
 
-MASTERED = (-1.2, -9.5, 8.3)  # true peak, loudness, PLR of a limited master
-UNMASTERED = (-2.8, -23.0, 20.2)  # the healthy mix a user found failed
+def heard(peak: float | None, loudness: float | None, plr: float | None,
+          **more: Any) -> dict[str, Any]:
+    """What the meter says of a 24-bit WAV at 48 kHz with no tags (`more` to change it)."""
+    return {"true_peak_dbtp": peak, "integrated_lufs": loudness, "plr_db": plr,
+            "bit_depth": 24, "sample_format": "PCM_24", "file_format": "WAV",
+            "sample_rate": 48_000, "duration_seconds": 180.0, **more}
+
+
+MASTERED = (heard(-1.2, -9.5, 8.3),)  # a limited master
+UNMASTERED = (heard(-2.8, -23.0, 20.2),)  # the healthy mix a user found failed
 
 
 def test_the_file_s_own_stage_wins_over_the_project_s_remembered_one() -> None:
@@ -80,10 +88,50 @@ def test_the_file_s_own_stage_wins_over_the_project_s_remembered_one() -> None:
 def test_auto_calls_limited_loud_files_masters_and_the_rest_mixes() -> None:
     assert stage.inferred(*MASTERED).stage == "master"
     assert stage.inferred(*UNMASTERED).stage == "mix"
-    assert stage.inferred(-1.0, -14.0, 13.0).stage == "master"  # Spotify's own advice
-    assert stage.inferred(-4.0, -10.0, 6.0).stage == "mix"  # limited well under full scale
-    assert stage.inferred(-1.0, -18.0, 17.0).stage == "mix"  # near full scale, not loud
-    assert stage.inferred(None, None, None).stage == "mix"  # silence
+    assert stage.inferred(heard(-1.0, -14.0, 13.0)).stage == "master"  # Spotify's advice
+    assert stage.inferred(heard(-4.0, -10.0, 6.0)).stage == "mix"  # limited well under 0 dB
+    assert stage.inferred(heard(-1.0, -18.0, 17.0)).stage == "mix"  # near 0 dB, not loud
+    assert stage.inferred(heard(None, None, None)).stage == "mix"  # silence
+
+
+def test_the_file_s_evidence_is_weighed_and_named() -> None:
+    """A release's marks (a lossy codec, tags, 16-bit with dither, a name that says
+    final) make a master; a session's (24-bit, no tags, headroom, a name that says mix)
+    a mix; the sentence names what it weighed."""
+    ogg = heard(-3.9, -19.0, 15.1, bit_depth=None, sample_format="VORBIS",
+                file_format="OGG", tags=["title", "artist", "album"])
+    judged = stage.inferred(ogg, "battle.ogg")
+    assert (judged.stage, judged.source, judged.split) == ("master", "auto", False)
+    assert "a lossy OGG file" in judged.reason and "title, artist and album" in judged.reason
+    dithered = stage.inferred(heard(-3.9, -19.0, 15.1, bit_depth=16, sample_format="PCM_16",
+                                    dithered=True), "battle.wav")
+    assert dithered.stage == "master" and "with dither" in dithered.reason, dithered.reason
+    mix = stage.inferred(heard(-4.0, -20.0, 16.0), "song mix v3.wav")
+    assert mix.stage == "mix" and "its name says 'mix'" in mix.reason, mix.reason
+    final = stage.inferred(heard(-0.5, -17.0, 16.5), "song_final.wav")
+    assert final.split and "the evidence is split" in final.reason, final.reason
+
+
+def test_a_project_does_not_flip_without_evidence() -> None:
+    """Weak evidence keeps the stage the project's last export was judged at, and says
+    so; strong evidence turns it, and says that too."""
+    before = stage.Before("mix", "the 14:02:37 export")
+    weak = stage.inferred(heard(-1.0, -14.0, 13.0), "take 2.wav", before)  # loud, limited
+    assert weak.stage == "mix" and "the 14:02:37 export of the project" in weak.reason
+    ogg = heard(-1.0, -14.0, 13.0, bit_depth=None, file_format="OGG", tags=["title"])
+    strong = stage.inferred(ogg, "take 2.ogg", before)
+    assert strong.stage == "master" and "unlike the 14:02:37 export" in strong.reason
+
+
+def test_one_inverted_channel_is_one_note() -> None:
+    m = MixMetrics(**{**figures(-16.0, -1.5).model_dump(), "stereo_correlation": -0.95,
+                      "mono_loudness_drop_lu": None, "low_end_correlation": -0.98})
+    for at in ("mix", "master"):
+        notes = notes_for(m, PROFILES["streaming"], stage=at)
+        fixes = [n for n in notes if n.code in ("out_of_phase", "mono_cancels", "low_end_wide",
+                                                "mono_drop")]
+        assert [n.code for n in fixes] == ["out_of_phase"], [n.text for n in notes]
+        assert "cancels out entirely" in fixes[0].text and "-0.98" in fixes[0].text
 
 
 @pytest.mark.parametrize("given, judged", [
@@ -285,7 +333,9 @@ def the_rule(t: Target, loudness: float, peak: float) -> str:
     """The manual's rule for a master on a target, said again here: over the ceiling
     fails; within the tolerance passes; louder than a platform that turns it down
     (or a club's convention) warns; quieter than a platform that turns it up all
-    the way within its ceiling warns; otherwise more than three tolerances off fails."""
+    the way within its ceiling warns; quieter with 1 dB of peak room or more where a
+    platform plays it (not a specification it must meet) warns: the platforms only
+    play it quieter; otherwise more than three tolerances off fails."""
     if peak > t.true_peak_max_dbtp + 0.05:
         return "fail"
     off = round(loudness - t.integrated_lufs, 1)
@@ -294,6 +344,8 @@ def the_rule(t: Target, loudness: float, peak: float) -> str:
     if off > 0 and t.normalisation != DELIVER:
         return "warn"
     if off < 0 and t.normalisation == UP_TO_PEAK and t.true_peak_max_dbtp - peak >= -off - 0.05:
+        return "warn"
+    if off < 0 and t.normalisation != DELIVER and t.true_peak_max_dbtp - peak >= 1.0:
         return "warn"
     return "fail" if abs(off) > 3 * t.tolerance_lu else "warn"
 
@@ -321,19 +373,40 @@ def test_a_masters_verdict_is_the_row_of_its_target(loudness: float, crest: floa
 
 
 @pytest.mark.parametrize(("profile", "verdict", "rows"), [
-    ("streaming", "fail", {"spotify": "fail", "youtube": "fail", "apple_music": "fail",
+    ("streaming", "warn", {"spotify": "warn", "youtube": "warn", "apple_music": "warn",
                            "amazon_music": "fail", "broadcast": "pass"}),
-    ("ebu_r128", "pass", {"broadcast": "pass", "spotify": "fail"}),
+    ("ebu_r128", "pass", {"broadcast": "pass", "spotify": "warn"}),
 ])
-def test_a_quiet_master_fails_where_its_row_does(profile: str, verdict: str,
-                                                 rows: dict[str, str]) -> None:
-    """-23 LUFS, -2.9 dBTP: 9 LU under streaming's -14 is not ready for streaming
-    (raise it, with a limiter), and is a broadcast master on target."""
+def test_a_quiet_master_with_peak_room_is_a_warning_where_its_row_is(
+        profile: str, verdict: str, rows: dict[str, str]) -> None:
+    """-23 LUFS, -2.9 dBTP: 9 LU under streaming's -14 with 1.9 dB of peak room and
+    nothing clipped: the platforms only play it quieter (a warning, saying what each
+    does; Amazon Music's -2 dBTP ceiling leaves it 0.9 dB, too little); a broadcast
+    master on target."""
     p = PROFILES[profile]
     judged = judge(with_profile(figures(-23.0, -2.9).model_dump(), p), p)
     by_name = {row.name: row for row in judged.targets}
     assert judged.verdict == verdict
     assert {name: by_name[name].verdict for name in rows} == rows
+    if profile == "streaming":
+        level = next(n for n in judged.notes if n.code == "too_quiet")
+        assert level.severity == "consider", level
+        assert "Spotify turns it up 1.9 dB (as far as its peaks allow)" in level.text, level
+        assert "YouTube, Tidal play it as it is" in level.text, level
+
+
+def test_a_quiet_master_without_peak_room_still_fails() -> None:
+    """-23 LUFS at -1.5 dBTP: 0.5 dB under the ceiling, too little room to call quiet
+    a choice: gain alone cannot bring it up."""
+    p = PROFILES["streaming"]
+    judged = judge(with_profile(figures(-23.0, -1.5).model_dump(), p), p)
+    assert judged.verdict == "fail", [n.text for n in judged.notes]
+
+
+def test_a_quiet_masters_platform_rows() -> None:
+    p = PROFILES["streaming"]
+    judged = judge(with_profile(figures(-23.0, -2.9).model_dump(), p), p)
+    by_name = {row.name: row for row in judged.targets}
     spotify = by_name["spotify"].note
     assert spotify.startswith("turned up only 1.9 dB") and "raise it 9.0 dB with a limiter" \
         in spotify, spotify
@@ -444,3 +517,27 @@ def test_a_plr_that_rounds_to_nothing_reads_0_0_not_minus() -> None:
             *(n.text for n in notes_for(held, p, stage="mix"))]
     assert any("PLR 0.0 dB" in s or "ratio 0.0 dB" in s for s in said), said
     assert not any("-0.0" in s for s in said), said
+
+
+def test_the_meter_hears_dither_tags_and_a_pinned_ceiling(tmp_path: Path) -> None:
+    """What the stage weighs, measured: dither (a few steps of noise where a 16-bit
+    file is quiet, not digital silence), a release's tags, peaks held at one ceiling."""
+    from agentbox.review.meter import measure
+    rng = np.random.default_rng(3)
+    tone = 0.5 * np.sin(2 * np.pi * 220 * np.arange(RATE * 4) / RATE)
+    silent = np.concatenate([tone, np.zeros(RATE * 2)])
+    noisy = np.concatenate([tone, rng.integers(-2, 3, RATE * 2) / 32768])
+    for name, audio, dithered in (("plain.wav", silent, False), ("dithered.wav", noisy, True)):
+        path = tmp_path / name
+        with soundfile.SoundFile(path, "w", RATE, 1, "PCM_16") as out:
+            out.title, out.artist, out.album = "Night Drive", "The Band", "Roads"
+            out.write(audio)
+        m = measure(str(path))
+        assert m.dithered is dithered and m.tags == ["title", "artist", "album"], name
+        assert m.peaks_pinned is not None and m.peaks_pinned > 0.9  # a steady tone
+    loose = tmp_path / "loose.wav"
+    soundfile.write(loose, np.concatenate([tone * 0.1, tone[:RATE // 10]]), RATE,
+                    subtype="PCM_24")
+    m = measure(str(loose))
+    assert m.dithered is None and m.tags == [] and m.peaks_pinned is not None
+    assert m.peaks_pinned < 0.1  # one loud moment above the rest: no ceiling held

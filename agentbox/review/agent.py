@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,20 @@ from agentbox.review.compare import (
 )
 from agentbox.review.delivery import shared_note
 from agentbox.review.genres import GENRES, Genre
-from agentbox.review.judge import ceiling, judge, with_profile
+from agentbox.review.judge import Judgement, ceiling, judge, verdict_for, with_profile
 from agentbox.review.llm import LlmSettings, llm_notes
-from agentbox.review.model import MixReview, ProfileView, as_review
+from agentbox.review.model import (
+    SEVERITIES,
+    Comparison,
+    MixReview,
+    ProfileView,
+    ReferenceView,
+    as_review,
+)
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from agentbox.review.reference import Track, against, project_reference
 from agentbox.review.settings import ReviewSettings
-from agentbox.review.stage import Given, Stage
+from agentbox.review.stage import Before, Given, Stage, StageName
 
 # The folders a sender's files must be in (AGENTBOX_MIX_ROOTS), for the admission
 # check, which is given the event only: the app sets them at its setup
@@ -127,7 +135,8 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     rejudged = await rejudged_export(ctx, payload)
     if rejudged is not None and rejudged.review is not None and rejudged.review.file:
         file = file.model_copy(update={"name": rejudged.review.file.name})
-    stage = choose_stage(payload, settings, project_id, previous, measured, rejudged)
+    stage = choose_stage(payload, settings, project_id, previous, measured, rejudged,
+                         file.name)
     # The event's reference track wins for this event; else the project's, if any. Its
     # own balance stands in for the genre curve.
     reference_url = getattr(payload, "reference_url", None)
@@ -143,6 +152,9 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     comparison = compare_with_previous(previous, metrics, ceiling(profile, stage.stage))
     judged = judge(metrics, profile, stage.stage, comparison, reference,
                    genre=tonal_reference is None, told=told)
+    if stage.split:
+        judged, stage = under_both(judged, stage, measured, profile, tonal_reference, told,
+                                   comparison, reference)
     texts, source = [n.text for n in judged.notes], "rules"
     llm = LlmSettings.from_settings(settings)
     if llm is not None:
@@ -174,6 +186,39 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
     )
 
 
+def under_both(judged: Judgement, chosen: Stage, measured: dict[str, Any], profile: Profile,
+               tonal_reference: tonal.TonalReference | None, told: Genre | None,
+               comparison: Comparison, reference: ReferenceView | None
+               ) -> tuple[Judgement, Stage]:
+    """Split evidence: the judgment at the chosen stage, with a verdict that holds
+    under both readings (a note that is a fix under one reading only is something
+    to consider), and the stage sentence given the first fix under each."""
+    other = StageName.MIX if chosen.stage == StageName.MASTER else StageName.MASTER
+    metrics = with_profile(measured, profile, other, tonal_reference, told)
+    alternative = judge(metrics, profile, other, comparison, reference,
+                        genre=tonal_reference is None, told=told)
+    fixes = {note.code for note in alternative.notes if note.severity == "fix"}
+    notes = sorted((note if note.severity != "fix" or note.code in fixes else
+                    note.model_copy(update={"severity": "consider"}) for note in judged.notes),
+                   key=lambda note: SEVERITIES.index(note.severity))
+    held = replace(judged, notes=notes, verdict=verdict_for(notes))
+    firsts = {chosen.stage: first_fix(held), other: first_fix(alternative)}
+    reason = stage.both_readings(chosen.reason, firsts[StageName.MIX],
+                                 firsts[StageName.MASTER])
+    return held, replace(chosen, reason=reason)
+
+
+def first_fix(judged: Judgement) -> str:
+    """The first thing to change, as its note says it (its first sentence's advice),
+    or that there is nothing."""
+    first = next((note for note in judged.notes if note.severity in ("fix", "consider")),
+                 None)
+    if first is None:
+        return "nothing to fix"
+    sentence = first.text.split(". ")[0].rstrip(".")  # its first sentence
+    return sentence[0].lower() + sentence[1:]
+
+
 def choose_genre(payload: Any, previous: Previous) -> Genre | None:
     """The event's genre, else the last one given for the project (it sticks, as a
     stage does), else none."""
@@ -183,7 +228,8 @@ def choose_genre(payload: Any, previous: Previous) -> Genre | None:
 
 
 def choose_stage(payload: Any, settings: ReviewSettings, project: str, previous: Previous,
-                 measured: dict[str, Any], rejudged: Previous | None = None) -> Stage:
+                 measured: dict[str, Any], rejudged: Previous | None = None,
+                 name: str = "") -> Stage:
     """The stage from a re-judgment, the event (for the file, then for the project),
     the watch folder, the project's memory, the configuration, else the file
     (agentbox.review.stage)."""
@@ -196,8 +242,15 @@ def choose_stage(payload: Any, settings: ReviewSettings, project: str, previous:
         config=settings.mix_stage,
         rejudge=None if rejudged is None else getattr(payload, "stage", None),
         rejudged="" if rejudged is None else rejudged.called)
-    return stage.choose(given, measured.get("true_peak_dbtp"), measured.get("integrated_lufs"),
-                        measured.get("plr_db"))
+    return stage.choose(given, measured, name, stage_before(previous))
+
+
+def stage_before(previous: Previous) -> Before | None:
+    """The stage the project's last export was judged at, for the stage's evidence."""
+    review = previous.review
+    if review is None or review.stage not in stage.STAGES:
+        return None
+    return Before(str(review.stage), previous.called)
 
 
 def remembered_stage(payload: Any, previous: Previous) -> str | None:

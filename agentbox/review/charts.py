@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from markupsafe import escape
 
-from agentbox.review.figures import SIGNED_UNITS, mmss
+from agentbox.review.figures import SIGNED_UNITS, mmss, tenths
 
 TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 LOUDNESS_FLOOR = -60.0  # quieter readings are drawn on the chart's bottom edge
@@ -325,7 +325,8 @@ def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
             parts.append(f'<rect class="band-delta" x="{px(i) - 9:.1f}" y="{top:.1f}" '
                          f'width="18" height="{max(bottom - top, 1):.1f}" '
                          f'fill="{CLIP if over else SHORT_TERM}" fill-opacity="0.18">'
-                         f'<title>{band_label(band.hz)} Hz: {band.db - band.reference_db:+.1f} dB '
+                         f'<title>{band_label(band.hz)} Hz: '
+                         f'{tenths(band.db - band.reference_db, True)} dB '
                          f'against the reference</title></rect>')
     curve = [None if b.reference_db is None else (px(i), py(b.reference_db))
              for i, b in enumerate(bands)]
@@ -337,7 +338,7 @@ def tonal_chart(bands: Sequence[Band], reference: str = "the reference curve",
         if band.db is not None:
             parts.append(f'<circle cx="{px(i):.1f}" cy="{py(band.db):.1f}" r="3" '
                          f'fill="{SHORT_TERM}"><title>{band_label(band.hz)} Hz: '
-                         f'{band.db:.1f} dB</title></circle>')
+                         f'{tenths(band.db)} dB</title></circle>')
     parts.append(_legend(frame, keys))
     parts.append(_axis_titles(frame, "octave band (Hz)", "level (dB)"))
     parts.append(_frame_box(frame))
@@ -355,8 +356,7 @@ class TrendPoint:
 
 def _reading(value: float, unit: str) -> str:
     """A figure as the pages show it: one decimal, a peak with its sign."""
-    return f"{value:+.1f}" if unit in SIGNED_UNITS and round(value, 1) != 0 else (
-        f"{value:.1f}")
+    return tenths(value, signed=unit in SIGNED_UNITS)
 
 
 def trend_chart(element_id: str, title: str, unit: str, points: Sequence[TrendPoint],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from agentbox.archive.history import History
 from agentbox.engine.agents import AgentContext, PermanentAgentError, RetryableAgentError
 from agentbox.review.analysis import Analysis, local_path
-from agentbox.review.figures import local_time
+from agentbox.review.figures import local_time, rounded, tenths
 from agentbox.review.model import Comparison, MixMetrics, MixReview, ReferenceView, as_review
 from agentbox.review.present import mix_name
 from agentbox.review.reference import Track
@@ -28,7 +28,7 @@ def deltas(new: MixMetrics, old: MixMetrics) -> dict[str, float]:
     for name in HEADLINE:
         a, b = getattr(new, name), getattr(old, name)
         if a is not None and b is not None:
-            found[name] = round(float(a) - float(b), 2)
+            found[name] = rounded(float(a) - float(b), 2)
     return found
 
 
@@ -96,7 +96,8 @@ def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics
     elif abs(loudness) < 0.1:
         parts = [f"As loud as {when}"]
     else:
-        parts = [f"{abs(loudness):.1f} LU {'louder' if loudness > 0 else 'quieter'} than {when}"]
+        louder = "louder" if loudness > 0 else "quieter"
+        parts = [f"{tenths(abs(loudness))} LU {louder} than {when}"]
     over_now = new.true_peak_dbtp is not None and new.true_peak_dbtp > ceiling
     over_then = old.true_peak_dbtp is not None and old.true_peak_dbtp > ceiling
     if over_now and not over_then:
@@ -104,16 +105,16 @@ def _comparison_note(changes: dict[str, float], new: MixMetrics, old: MixMetrics
     elif over_then and not over_now:
         parts.append("true peak now under the ceiling")
     elif abs(changes.get("true_peak_dbtp", 0.0)) >= 0.5:
-        parts.append(f"true peak {changes['true_peak_dbtp']:+.1f} dB")
+        parts.append(f"true peak {tenths(changes['true_peak_dbtp'], True)} dB")
     if abs(changes.get("loudness_range_lu", 0.0)) >= 1.0:
-        parts.append(f"loudness range {changes['loudness_range_lu']:+.1f} LU")
+        parts.append(f"loudness range {tenths(changes['loudness_range_lu'], True)} LU")
     if new.clipped_runs and not old.clipped_runs:
         parts.append("clipping is new")
     elif old.clipped_runs and not new.clipped_runs:
         parts.append("the clipping is gone")
     if abs(changes.get("duration_seconds", 0.0)) >= 1.0:
         longer = changes["duration_seconds"]
-        parts.append(f"{abs(longer):.1f} s {'longer' if longer > 0 else 'shorter'}")
+        parts.append(f"{tenths(abs(longer))} s {'longer' if longer > 0 else 'shorter'}")
     return "; ".join(parts) + "."
 
 

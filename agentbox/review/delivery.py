@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from agentbox.review.figures import tenths
+from agentbox.review.figures import rounded, tenths
 from agentbox.review.model import MixMetrics, TargetView
 from agentbox.review.profiles import AS_IS, DELIVER, DOWN_ONLY, TARGETS, UP_TO_PEAK, Target
 from agentbox.review.stage import StageName
@@ -56,7 +56,21 @@ def loudness_verdict(t: Target, loudness: float, peak: float | None = None) -> s
         return "warn"
     if delta < 0 and raised_to_target(t, -delta, peak):
         return "warn"
+    if delta < 0 and quiet_by_choice(t, peak):
+        return "warn"
     return "fail" if abs(delta) > OFF_BY_TOLERANCES * t.tolerance_lu else "warn"
+
+
+# Peak room under the ceiling that makes a quiet master a choice, not a fault: the
+# platforms only play it quieter (one that must meet a specification still fails).
+QUIET_ROOM_DB = 1.0
+
+
+def quiet_by_choice(t: Target, peak: float | None) -> bool:
+    """A master under `t`'s loudness with QUIET_ROOM_DB of peak room or more (so
+    nothing at full scale): a warning at most, where a platform plays it."""
+    return (t.normalisation != DELIVER and peak is not None
+            and t.true_peak_max_dbtp - peak >= QUIET_ROOM_DB)
 
 
 def raised_to_target(t: Target, by: float, peak: float | None) -> bool:
@@ -76,10 +90,10 @@ def raise_it(t: Target, by: float, peak: float | None) -> str:
     its peaks past the ceiling."""
     room = 0.0 if peak is None else t.true_peak_max_dbtp - peak
     if room >= by:
-        return f"raise it {by:.1f} dB (gain alone does it: its peaks stay under the ceiling)"
-    return (f"raise it {by:.1f} dB with a limiter holding the true peak at "
+        return f"raise it {tenths(by)} dB (gain alone does it: its peaks stay under the ceiling)"
+    return (f"raise it {tenths(by)} dB with a limiter holding the true peak at "
             f"{t.true_peak_max_dbtp:g} dBTP (gain alone would take the peaks "
-            f"{by - room:.1f} dB over it)")
+            f"{tenths(by - room)} dB over it)")
 
 
 def delivery_targets(m: MixMetrics, stage: str = StageName.MASTER) -> list[TargetView]:
@@ -94,8 +108,8 @@ def _view(t: Target, gain: float | None, peak: float | None, verdict: str | None
           note: str) -> TargetView:
     return TargetView(name=t.name, title=t.title, integrated_target_lufs=t.integrated_lufs,
                       true_peak_max_dbtp=t.true_peak_max_dbtp,
-                      gain_db=None if gain is None else round(gain, 1),
-                      result_true_peak_dbtp=None if peak is None else round(peak, 1),
+                      gain_db=None if gain is None else rounded(gain, 1),
+                      result_true_peak_dbtp=None if peak is None else rounded(peak, 1),
                       verdict=verdict, note=note)
 
 
@@ -137,14 +151,14 @@ def _heard(t: Target, gain: float) -> str:
     if t.normalisation in (DELIVER, AS_IS):
         return f"plays as it is, within ±{t.tolerance_lu:g} LU of {t.integrated_lufs:g} LUFS"
     if gain < -0.05:
-        return f"turned down {-gain:.1f} dB"
-    return f"turned up {gain:.1f} dB" if gain > 0.05 else "plays as it is"
+        return f"turned down {tenths(-gain)} dB"
+    return f"turned up {tenths(gain)} dB" if gain > 0.05 else "plays as it is"
 
 
 def _loud(t: Target, by: float, gain: float) -> str:
     if t.normalisation in (UP_TO_PEAK, DOWN_ONLY):
-        return f"turned down {-gain:.1f} dB"  # what that costs: LOUD_COSTS, said once
-    return (f"plays as it is, {by:.1f} LU louder than {t.integrated_lufs:g} LUFS: "
+        return f"turned down {tenths(-gain)} dB"  # what that costs: LOUD_COSTS, said once
+    return (f"plays as it is, {tenths(by)} LU louder than {t.integrated_lufs:g} LUFS: "
             + ("lower it that much" if t.normalisation == DELIVER else
                "fine in a club, at the cost of punch"))
 
@@ -153,16 +167,16 @@ def _quiet(t: Target, by: float, gain: float, peak: float) -> str:
     off = by - gain  # how much quieter than the target it plays there
     raising = _raise_row(t, by, peak)
     if t.normalisation == DOWN_ONLY:
-        return f"not turned up: plays {off:.1f} dB quieter; {raising}"
+        return f"not turned up: plays {tenths(off)} dB quieter; {raising}"
     if t.normalisation != UP_TO_PEAK:
-        return (f"plays as it is, {by:.1f} LU quieter than {t.integrated_lufs:g} LUFS: "
+        return (f"plays as it is, {tenths(by)} LU quieter than {t.integrated_lufs:g} LUFS: "
                 f"{raising}")
     if raised_to_target(t, round(by, 1), peak):  # the verdict's rule, at the review's 0.1 dB
-        return f"turned up {gain:.1f} dB, to the target; {raising}"
+        return f"turned up {tenths(gain)} dB, to the target; {raising}"
     if gain > 0.05:
-        return (f"turned up only {gain:.1f} dB, as far as its peaks allow: plays "
-                f"{off:.1f} dB quieter; {raising}")
-    return f"not turned up (its peaks reach the ceiling): plays {off:.1f} dB quieter; {raising}"
+        return (f"turned up only {tenths(gain)} dB, as far as its peaks allow: plays "
+                f"{tenths(off)} dB quieter; {raising}")
+    return f"not turned up (its peaks reach the ceiling): plays {tenths(off)} dB quieter; {raising}"
 
 
 def _off(t: Target, loudness: float) -> float:
@@ -205,7 +219,7 @@ def _raise_row(t: Target, by: float, peak: float) -> str:
     """`raise_it` for a row: the amount and the means; how a limiter is set is the
     shared sentence's (LIMITER)."""
     gain_alone = t.true_peak_max_dbtp - peak >= by
-    return f"raise it {by:.1f} dB " + ("(gain alone)" if gain_alone else "with a limiter")
+    return f"raise it {tenths(by)} dB " + ("(gain alone)" if gain_alone else "with a limiter")
 
 
 # What every row that needs it would say again, said once beside the table.
@@ -247,11 +261,11 @@ def once_mastered(m: MixMetrics, t: Target) -> TargetView:
     louder = t.integrated_lufs - m.integrated_lufs
     needed_plr = t.true_peak_max_dbtp - t.integrated_lufs
     plr = m.true_peak_dbtp - m.integrated_lufs
-    change = (f"{louder:.1f} dB louder than this mix" if louder > 0.05 else
-              f"{-louder:.1f} dB quieter than this mix" if louder < -0.05 else
+    change = (f"{tenths(louder)} dB louder than this mix" if louder > 0.05 else
+              f"{tenths(-louder)} dB quieter than this mix" if louder < -0.05 else
               "as loud as this mix")
     # the mix's own PLR is the shared sentence's (`_mix_shared`)
-    limiting = (f"about {plr - needed_plr:.1f} dB of limiting, to a PLR of {needed_plr:g} dB"
+    limiting = (f"about {tenths(plr - needed_plr)} dB of limiting, to a PLR of {needed_plr:g} dB"
                 if plr - needed_plr > 0.5 else "no limiting needed")
     return _view(t, None, None, None, (
         f"{t.integrated_lufs:g} LUFS under {t.true_peak_max_dbtp:g} dBTP: {change}; "

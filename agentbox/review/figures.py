@@ -48,11 +48,22 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def fixed(value: float, digits: int = 1, signed: bool = False) -> str:
+    """A reading to `digits` decimals as the review writes it, the one formatter of
+    every sentence, table, chart label and terminal line: never "-0.0" (a reading
+    that rounds to nothing is "0.0"); `signed`, with its sign: "+0.4", "-1.2"."""
+    shown = round(value, digits) + 0.0  # + 0.0: -0.0 becomes 0.0
+    return f"{shown:+.{digits}f}" if signed and shown != 0 else f"{shown:.{digits}f}"
+
+
+def rounded(value: float, digits: int = 2) -> float:
+    """A reading rounded for a stored document: never -0.0 (JSON would say "-0.0")."""
+    return round(value, digits) + 0.0
+
+
 def tenths(value: float, signed: bool = False) -> str:
-    """A reading to 0.1 as the review writes it: never "-0.0" (a reading that rounds
-    to nothing is "0.0"); `signed`, with its sign: "+0.4", "-1.2"."""
-    shown = round(value, 1) + 0.0  # + 0.0: -0.0 becomes 0.0
-    return f"{shown:+.1f}" if signed and shown != 0 else f"{shown:.1f}"
+    """A reading to 0.1 (`fixed`): "0.0", never "-0.0"; `signed`: "+0.4", "-1.2"."""
+    return fixed(value, 1, signed)
 
 
 def change_unit(unit: str) -> str:
@@ -74,7 +85,7 @@ def mmss(seconds: float, decimals: int = 0) -> str:
 
 def length(seconds: float) -> str:
     """How long a file is: 3:02, or 8.0 s under a minute."""
-    return mmss(seconds) if round(seconds) >= 60 else f"{seconds:.1f} s"
+    return mmss(seconds) if round(seconds) >= 60 else f"{tenths(seconds)} s"
 
 
 def places(spans: Iterable[tuple[float, float]]) -> str:

@@ -27,9 +27,10 @@ from agentbox.review.delivery import (
     delivery_targets,
     loudness_verdict,
     over_ceiling,
+    quiet_by_choice,
     raise_it,
 )
-from agentbox.review.figures import length, places, tenths
+from agentbox.review.figures import fixed, length, places, rounded, tenths
 from agentbox.review.genres import Genre
 from agentbox.review.model import (
     SEVERITIES,
@@ -47,6 +48,7 @@ from agentbox.review.profiles import (
     DELIVER,
     DOWN_ONLY,
     PROFILES,
+    TARGETS_BY_NAME,
     UP_TO_PEAK,
     Profile,
     Target,
@@ -73,7 +75,10 @@ CUT_ONSET_DB = 10.0
 # limiter's ceiling set too high, not a clipped render.
 AUDIBLE_RUN_SAMPLES = 6
 AUDIBLE_RUNS = 20
-DC_OFFSET_NOTED = 0.002  # an offset held through the file, 0.2 % of full scale (-54 dBFS)
+# Flat runs under a true peak this far over full scale were cut from a signal driven
+# past it (a render's float peak), not left by a lossy decode's small overs.
+DRIVEN_PAST_DBTP = 1.5
+DC_OFFSET_NOTED = 0.005  # an offset held through the file, 0.5 % of full scale (-46 dBFS)
 # What mastering engineers ask of a mix's peaks: 3-6 dB under full scale, room for
 # their EQ and compression before their own limiter.
 MIX_HEADROOM_DB = (3.0, 6.0)
@@ -128,7 +133,7 @@ def with_profile(raw: dict[str, Any], profile: Profile, stage: str = StageName.M
     levels = tonal.aligned(reference, metrics.octave_bands)
     bands = [band.model_copy(update={"reference_db": levels.get(band.hz)})
              for band in metrics.octave_bands]
-    headroom = None if metrics.true_peak_dbtp is None else round(
+    headroom = None if metrics.true_peak_dbtp is None else rounded(
         ceiling(profile, stage) - metrics.true_peak_dbtp, 2)
     curve = LoudnessCurve(step_seconds=1.0, momentary=raw.get("momentary_lufs", []),
                           short_term=metrics.short_term_lufs)
@@ -166,19 +171,20 @@ def summarise(m: MixMetrics, profile: Profile, stage: str = StageName.MASTER) ->
         return f"The mix is silent ({m.duration_seconds:g} s of nothing above -70 LUFS)."
     when = f"{length(m.duration_seconds)} at {m.sample_rate} Hz"
     if stage == "mix":
-        peak = "" if m.true_peak_dbtp is None else f", peaks at {m.true_peak_dbtp:+.1f} dBTP"
+        peak = ("" if m.true_peak_dbtp is None
+                else f", peaks at {tenths(m.true_peak_dbtp, True)} dBTP")
         plr = "" if m.plr_db is None else f", PLR {tenths(m.plr_db)} dB"
-        return f"A mix at {m.integrated_lufs:.1f} LUFS{peak}{plr}; {when}."
+        return f"A mix at {tenths(m.integrated_lufs)} LUFS{peak}{plr}; {when}."
     delta = m.integrated_lufs - profile.target_lufs
     if loudness_verdict(profile.delivery, m.integrated_lufs) == "pass":
         level = f"on target for {profile.title}"
     else:
         side = "above" if delta > 0 else "below"
-        level = f"{abs(delta):.1f} LU {side} the {profile.title} target"
+        level = f"{tenths(abs(delta))} LU {side} the {profile.title} target"
     peak = ("" if m.true_peak_dbtp is None or not over_ceiling(profile.delivery, m.true_peak_dbtp)
-            else f", true peak {m.true_peak_dbtp:+.1f} dBTP over the {profile.max_true_peak_dbtp:g}"
-                 " dBTP ceiling")
-    return f"Integrated {m.integrated_lufs:.1f} LUFS, {level}{peak}; {when}."
+            else f", true peak {tenths(m.true_peak_dbtp, True)} dBTP over the "
+                 f"{profile.max_true_peak_dbtp:g} dBTP ceiling")
+    return f"Integrated {tenths(m.integrated_lufs)} LUFS, {level}{peak}; {when}."
 
 
 def rule_notes(m: MixMetrics, p: Profile, stage: str = StageName.MASTER) -> list[str]:
@@ -203,12 +209,13 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
             "the right tracks and was not muted."))]
     if stage == "mix":
         notes = [*_clipping_notes(m), *_mix_level_notes(m), *_mix_dynamics_notes(m),
-                 *_dc_notes(m, stage), *_stereo_notes(m, told), *tonal.notes(m, genre, told),
-                 *_cut_notes(m, stage), *_format_notes(m, stage)]
+                 *_dc_notes(m, stage), *_stereo_notes(m, told, stage),
+                 *tonal.notes(m, genre, told), *_cut_notes(m, stage), *_format_notes(m, stage)]
     else:
-        notes = [*_clipping_notes(m), *_level_notes(m, p), *_dc_notes(m, stage),
-                 *_stereo_notes(m, told), *tonal.notes(m, genre, told), *_cut_notes(m, stage),
-                 *_silence_notes(m), *_format_notes(m, stage)]
+        level = _level_notes(m, p, told)
+        notes = [*_clipping_notes(m, level), *level, *_dc_notes(m, stage),
+                 *_stereo_notes(m, told, stage), *tonal.notes(m, genre, told, master=True),
+                 *_cut_notes(m, stage), *_silence_notes(m), *_format_notes(m, stage)]
     if reference is not None:
         notes.append(Note(severity="info", code="reference", text=reference.note))
     if comparison is not None and comparison.previous_run_id is not None:
@@ -222,9 +229,9 @@ def notes_for(m: MixMetrics, p: Profile, comparison: Comparison | None = None,
 def _mix_level_notes(m: MixMetrics) -> list[Note]:
     assert m.integrated_lufs is not None
     notes = [Note(severity="info", code="mix_loudness", text=(
-        f"Integrated {m.integrated_lufs:.1f} LUFS"
+        f"Integrated {tenths(m.integrated_lufs)} LUFS"
         + ("" if m.loudness_range_lu is None else
-           f", loudness range {m.loudness_range_lu:.1f} LU")
+           f", loudness range {tenths(m.loudness_range_lu)} LU")
         + ": information for mastering, not a verdict; the master's loudness is set "
         "there (the delivery targets below say what each platform asks for)."))]
     headroom = _mix_headroom_note(m)
@@ -241,28 +248,28 @@ def _mix_headroom_note(m: MixMetrics) -> Note | None:
     low, high = MIX_HEADROOM_DB
     if peak > MIX_NO_HEADROOM_DBTP:
         return Note(severity="consider", code="no_headroom", text=(
-            f"Peaks reach {peak:+.1f} dBTP: no headroom. Mastering engineers ask for peaks "
-            f"{low:g} to {high:g} dB under full scale, room for their EQ and compression "
+            f"Peaks reach {tenths(peak, True)} dBTP: no headroom. Mastering engineers ask for "
+            f"peaks {low:g} to {high:g} dB under full scale, room for their EQ and compression "
             "before their own limiter; lower the mix bus (or every fader) by about "
-            f"{peak + (low + high) / 2:.0f} dB: nothing else in the mix changes."))
+            f"{fixed(peak + (low + high) / 2, 0)} dB: nothing else in the mix changes."))
     if peak > -low:
         return Note(severity="info", code="headroom", text=(
-            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, a little under the "
-            f"{low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
+            f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, a little "
+            f"under the {low:g}-{high:g} dB mastering engineers ask for; fine in a 24-bit or float "
             "file."))
     if peak < MIX_LOW_PEAK_DBTP and m.bit_depth is not None and m.bit_depth <= 16:
         return Note(severity="consider", code="low_level", text=(
-            f"Peaks only at {peak:+.1f} dBTP in a {m.bit_depth}-bit file: the quiet "
+            f"Peaks only at {tenths(peak, True)} dBTP in a {m.bit_depth}-bit file: the quiet "
             "parts lose resolution; export 24-bit or float, or bring the mix bus up to "
             f"peak around -{high:g} dBFS."))
     if peak < -high:
         return Note(severity="info", code="headroom", text=(
-            f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, more than the "
+            f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, more than the "
             f"{low:g}-{high:g} dB mastering engineers ask for: fine, they have room to "
             "spare; nothing to change."))
     return Note(severity="info", code="headroom", text=(
-        f"Peaks at {peak:+.1f} dBTP: {-peak:.1f} dB of headroom, as mastering engineers "
-        f"ask ({low:g}-{high:g} dB: room for their EQ and compression before their "
+        f"Peaks at {tenths(peak, True)} dBTP: {tenths(-peak)} dB of headroom, as mastering "
+        f"engineers ask ({low:g}-{high:g} dB: room for their EQ and compression before their "
         "limiter)."))
 
 
@@ -285,7 +292,7 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
             "mastering engineer."))]
     if m.loudness_range_lu is not None and m.loudness_range_lu > 15:
         return [Note(severity="info", code="wide_range", text=(
-            f"Loudness range {m.loudness_range_lu:.1f} LU: a wide one; mastering can even "
+            f"Loudness range {tenths(m.loudness_range_lu)} LU: a wide one; mastering can even "
             "it out, or ride the quiet sections up in the mix."))]
     return []
 
@@ -293,20 +300,29 @@ def _mix_dynamics_notes(m: MixMetrics) -> list[Note]:
 # -- a master ------------------------------------------------------------------------------------
 
 
-def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
+def _level_notes(m: MixMetrics, p: Profile, told: Genre | None = None) -> list[Note]:
     """Loudness against the profile's target, said as its platform plays it; its
     severity is the target's verdict (agentbox.review.delivery), the one its row
-    shows."""
+    shows, except for a quiet master with peak room and nothing clipped: the
+    platforms only play it quieter, a warning at most."""
     assert m.integrated_lufs is not None
     t = p.delivery
     delta = m.integrated_lufs - t.integrated_lufs
     verdict = loudness_verdict(t, m.integrated_lufs, m.true_peak_dbtp)
-    where = (f"Integrated {m.integrated_lufs:.1f} LUFS is {abs(delta):.1f} LU "
+    if delta < 0 and verdict != "pass" and quiet_by_choice(t, m.true_peak_dbtp):
+        return [Note(severity=SEVERITY_OF[verdict], code="too_quiet", text=(
+            f"Integrated {tenths(m.integrated_lufs)} LUFS is {tenths(-delta)} LU below the "
+            f"{p.title} target of {t.integrated_lufs:g} LUFS, with "
+            f"{tenths(t.true_peak_max_dbtp - (m.true_peak_dbtp or 0.0))} dB of peak room "
+            f"and nothing clipped: {as_platforms_play(m, -delta)}. A dynamic master may "
+            f"stay so; to play as loud as others, {raise_it(t, -delta, m.true_peak_dbtp)}.")),
+            *_ceiling_notes(m, t, -delta), *_master_dynamics_notes(m, told)]
+    where = (f"Integrated {tenths(m.integrated_lufs)} LUFS is {tenths(abs(delta))} LU "
              f"{'above' if delta > 0 else 'below'} the {p.title} target of "
              f"{t.integrated_lufs:g} LUFS")
     if verdict == "pass":
         level = Note(severity="info", code="on_target", text=(
-            f"Integrated {m.integrated_lufs:.1f} LUFS sits within ±{t.tolerance_lu:g} LU of "
+            f"Integrated {tenths(m.integrated_lufs)} LUFS sits within ±{t.tolerance_lu:g} LU of "
             f"the {p.title} target ({t.integrated_lufs:g} LUFS)."))
     elif delta > 0:
         level = Note(severity=SEVERITY_OF[verdict], code="too_loud",
@@ -315,20 +331,38 @@ def _level_notes(m: MixMetrics, p: Profile) -> list[Note]:
         level = Note(severity=SEVERITY_OF[verdict], code="too_quiet", text=(
             f"{where}: {_quiet(t, -delta, m.true_peak_dbtp)}."))
     shortfall = -delta if verdict != "pass" and delta < 0 else 0.0
-    return [level, *_ceiling_notes(m, t, shortfall), *_master_dynamics_notes(m)]
+    return [level, *_ceiling_notes(m, t, shortfall), *_master_dynamics_notes(m, told)]
+
+
+def as_platforms_play(m: MixMetrics, by: float) -> str:
+    """What each streaming platform does with a master `by` LU under -14 LUFS: turned
+    up as far as its peaks allow, or not at all."""
+    said = []
+    for t in (TARGETS_BY_NAME["spotify"], TARGETS_BY_NAME["apple_music"],
+              TARGETS_BY_NAME["youtube"]):
+        wanted = t.integrated_lufs - (m.integrated_lufs or 0.0)
+        if t.normalisation == UP_TO_PEAK and wanted > 0:
+            room = max(0.0, t.true_peak_max_dbtp - (m.true_peak_dbtp or 0.0))
+            up = min(wanted, room)
+            said.append(f"{t.platform} turns it up {tenths(up)} dB"
+                        + (" (as far as its peaks allow)" if up < wanted else ""))
+        elif t.normalisation == DOWN_ONLY or wanted > 0:
+            said.append(f"{t.title} play it as it is, {tenths(max(wanted, 0.0))} dB "
+                        "quieter than their louder tracks")
+    return "; ".join(said) if said else f"it plays {tenths(by)} dB quieter"
 
 
 def _loud(t: Target, by: float) -> str:
     """What the platform does with a master `by` LU louder than its target, and what
     to do."""
     if t.normalisation in (UP_TO_PEAK, DOWN_ONLY):
-        return (f"{t.platform} turns it down {by:.1f} dB, so the extra loudness only costs "
-                f"dynamics; ease the limiter by about {by:.1f} dB")
+        return (f"{t.platform} turns it down {tenths(by)} dB, so the extra loudness only costs "
+                f"dynamics; ease the limiter by about {tenths(by)} dB")
     if t.normalisation == DELIVER:
-        return (f"lower it {by:.1f} dB to meet the specification (gain only: the peaks come "
+        return (f"lower it {tenths(by)} dB to meet the specification (gain only: the peaks come "
                 "down with it)")
     return (f"{t.platform} plays it as it is, louder than the {t.integrated_lufs:g} LUFS "
-            f"usual there; easing the limiter by about {by:.1f} dB keeps more punch")
+            f"usual there; easing the limiter by about {tenths(by)} dB keeps more punch")
 
 
 def _quiet(t: Target, by: float, peak: float | None) -> str:
@@ -342,18 +376,18 @@ def _quiet(t: Target, by: float, peak: float | None) -> str:
                     f"every platform turns quiet tracks up (YouTube and Tidal do not); "
                     f"{raising}")
         if room > 0.05:
-            return (f"{t.platform} turns it up only {room:.1f} dB, as far as its peaks "
-                    f"allow, so it plays {by - room:.1f} dB quieter than other tracks; to "
+            return (f"{t.platform} turns it up only {tenths(room)} dB, as far as its peaks "
+                    f"allow, so it plays {tenths(by - room)} dB quieter than other tracks; to "
                     f"match them, {raising}")
         return (f"{t.platform} cannot turn it up (its peaks already reach "
-                f"{t.true_peak_max_dbtp:g} dBTP), so it plays {by:.1f} dB quieter than "
+                f"{t.true_peak_max_dbtp:g} dBTP), so it plays {tenths(by)} dB quieter than "
                 f"other tracks; to match them, {raising}")
     if t.normalisation == DOWN_ONLY:
-        return (f"{t.platform} does not turn quiet tracks up, so it plays {by:.1f} dB "
+        return (f"{t.platform} does not turn quiet tracks up, so it plays {tenths(by)} dB "
                 f"quieter than others; to match them, {raising}")
     if t.normalisation == DELIVER:
         return f"nobody turns it up, the file must meet the specification: {raising}"
-    return (f"{t.platform} plays it as it is, {by:.1f} dB quieter than the "
+    return (f"{t.platform} plays it as it is, {tenths(by)} dB quieter than the "
             f"{t.integrated_lufs:g} LUFS usual there; {raising}")
 
 
@@ -366,34 +400,46 @@ def _ceiling_notes(m: MixMetrics, t: Target, shortfall: float) -> list[Note]:
         overs = [r for r in m.clipping_ranges if r.kind == "over"]
         where = f" (over 0 dBTP at {spans(overs)})" if overs else ""
         return [Note(severity="fix", code="true_peak_over", text=(
-            f"True peak {peak:+.1f} dBTP exceeds the {t.true_peak_max_dbtp:g} dBTP "
+            f"True peak {tenths(peak, True)} dBTP exceeds the {t.true_peak_max_dbtp:g} dBTP "
             f"ceiling{after}{where}: lower the limiter's output ceiling by "
-            f"{peak - t.true_peak_max_dbtp:.1f} dB or enable its true-peak mode."))]
+            f"{tenths(peak - t.true_peak_max_dbtp)} dB or enable its true-peak mode."))]
     # Quiet, and only part of the way up is free: the rest takes a limiter (when all
     # of it is free, the level note says gain alone does it).
-    if m.headroom_db is not None and 1.0 <= m.headroom_db < shortfall:
+    if peak is not None and m.headroom_db is not None and 1.0 <= m.headroom_db < shortfall:
         return [Note(severity="consider", code="unused_headroom", text=(
-            f"The master peaks at {peak:+.1f} dBTP: {m.headroom_db:.1f} dB of headroom "
-            f"under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
-            f"{m.headroom_db:.1f} dB of raising it need no limiting."))]
+            f"The master peaks at {tenths(peak, True)} dBTP: {tenths(m.headroom_db)} dB of "
+            f"headroom under the {t.true_peak_max_dbtp:g} dBTP ceiling is unused; the first "
+            f"{tenths(m.headroom_db)} dB of raising it need no limiting."))]
     return []
 
 
-def _master_dynamics_notes(m: MixMetrics) -> list[Note]:
+# Genres whose songs move between verses and choruses; the others (ambient, orchestral,
+# electronic, speech) are steady or shaped otherwise, and no verse is named to them.
+VERSE_GENRES = frozenset({"pop", "rock", "hip_hop", "acoustic", "jazz"})
+STEADY_GENRES = frozenset({"ambient", "electronic"})  # a narrow range is their nature
+
+
+def _master_dynamics_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
     notes = []
     if m.loudness_range_lu is not None:
-        if m.loudness_range_lu < 3 and m.duration_seconds >= 30:
+        steady = told is not None and told.name in STEADY_GENRES
+        if m.loudness_range_lu < 3 and m.duration_seconds >= 30 and not steady:
+            move = ("consider letting the verses breathe: ease the master's compression and "
+                    "limiting" if told is not None and told.name in VERSE_GENRES else
+                    "if the music should move more, ease the master's compression and "
+                    "limiting")
             notes.append(Note(severity="consider", code="narrow_range", text=(
-                f"Loudness range {m.loudness_range_lu:.1f} LU: very little movement "
-                "between sections; consider letting verses breathe.")))
+                f"Loudness range {tenths(m.loudness_range_lu)} LU: very little movement "
+                f"between sections; {move}.")))
         elif m.loudness_range_lu > 15:
             notes.append(Note(severity="consider", code="wide_range", text=(
-                f"Loudness range {m.loudness_range_lu:.1f} LU: quiet passages may get lost "
-                "on phones and in cars; ride the quiet sections up or compress gently.")))
+                f"Loudness range {tenths(m.loudness_range_lu)} LU: quiet passages may get "
+                "lost on phones and in cars; gentle compression on the master brings them "
+                "up.")))
     if m.plr_db is not None and m.plr_db < 8 and m.duration_seconds >= 30:
         notes.append(Note(severity="consider", code="low_plr", text=(
             f"Peak-to-loudness ratio {tenths(m.plr_db)} dB: the transients are squashed; "
-            "less limiting would keep the punch.")))
+            "less limiting on the master would keep the punch.")))
     return notes
 
 
@@ -403,11 +449,11 @@ def _silence_notes(m: MixMetrics) -> list[Note]:
     notes = []
     if m.leading_silence_seconds > LEADING_SILENCE_SECONDS:
         notes.append(Note(severity="consider", code="leading_silence", text=(
-            f"{m.leading_silence_seconds:.1f} s of silence before the music starts: trim the "
+            f"{tenths(m.leading_silence_seconds)} s of silence before the music starts: trim the "
             "start of the export (players play it as a gap).")))
     if m.trailing_silence_seconds > TRAILING_SILENCE_SECONDS:
         notes.append(Note(severity="consider", code="trailing_silence", text=(
-            f"{m.trailing_silence_seconds:.1f} s of silence at the end: shorten the render "
+            f"{tenths(m.trailing_silence_seconds)} s of silence at the end: shorten the render "
             "to the end of the reverb tail.")))
     return notes
 
@@ -415,10 +461,21 @@ def _silence_notes(m: MixMetrics) -> list[Note]:
 # -- either --------------------------------------------------------------------------------------
 
 
-def _clipping_notes(m: MixMetrics) -> list[Note]:
+def _clipping_notes(m: MixMetrics, level: list[Note] | None = None) -> list[Note]:
     """Clipping named by its evidence: how many flat runs at full scale, how long
-    the longest, and whether that is heard or is a lossy decode's overs."""
+    the longest, and whether that is heard or is a lossy decode's overs. On a master
+    whose peaks are over the ceiling (`level`: its level notes), short runs are the
+    ceiling's evidence, said in its note, not a note of their own."""
     if not m.clipped_runs:
+        return []
+    over = next((i for i, note in enumerate(level or []) if note.code == "true_peak_over"),
+                None)
+    if over is not None and level is not None and not audible_clipping(m):
+        note = level[over]
+        level[over] = note.model_copy(update={"text": note.text.rstrip(".") + (
+            f"; its {m.clipped_runs} short flat run{'s' if m.clipped_runs != 1 else ''} at "
+            f"full scale (the longest {m.clipped_longest_run} samples) are what a lossy "
+            "file's overs leave when decoded, not clipping anyone hears.")})
         return []
     clipped = [r for r in m.clipping_ranges if r.kind == "clipping"]
     where = f" at {spans(clipped)}" if clipped else ""
@@ -438,10 +495,12 @@ def _clipping_notes(m: MixMetrics) -> list[Note]:
 
 
 def audible_clipping(m: MixMetrics) -> bool:
-    """Flat runs long or many enough to be heard (a file measured before the longest
-    run was kept counts as heard, as it was judged then)."""
+    """Flat runs long or many enough to be heard, or cut from a signal driven well
+    past full scale (a file measured before the longest run was kept counts as
+    heard, as it was judged then)."""
     return (not m.clipped_longest_run or m.clipped_longest_run >= AUDIBLE_RUN_SAMPLES
-            or m.clipped_runs > AUDIBLE_RUNS)
+            or m.clipped_runs > AUDIBLE_RUNS
+            or (m.true_peak_dbtp is not None and m.true_peak_dbtp >= DRIVEN_PAST_DBTP))
 
 
 def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
@@ -451,26 +510,23 @@ def _dc_notes(m: MixMetrics, stage: str) -> list[Note]:
         return []
     where = "the mix bus" if stage == "mix" else "the master"
     return [Note(severity="consider", code="dc_offset", text=(
-        f"DC offset of {m.dc_offset * 100:+.2f} % of full scale: a high-pass filter "
+        f"DC offset of {fixed(m.dc_offset * 100, 2, True)} % of full scale: a high-pass filter "
         f"(or a DC-removal plug-in) on {where} would reclaim headroom."))]
 
 
-def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
-    notes = []
-    if m.stereo_correlation is not None and m.stereo_correlation < OUT_OF_PHASE_BELOW:
-        notes.append(Note(severity="fix", code="out_of_phase", text=(
-            f"Stereo correlation {m.stereo_correlation:+.2f}: left and right are largely "
-            "out of phase; check polarity on stereo sources.")))
-    if m.channels == 2 and not m.dual_mono:
+def _stereo_notes(m: MixMetrics, told: Genre | None = None, stage: str = "mix") -> list[Note]:
+    inverted = _polarity_note(m, stage)
+    notes = [] if inverted is None else [inverted]
+    if m.channels == 2 and not m.dual_mono and inverted is None:
         if m.mono_loudness_drop_lu is None:
             notes.append(Note(severity="fix", code="mono_cancels", text=(
                 "Folded to mono the mix cancels out entirely: one side is "
                 "polarity-inverted; flip the polarity of one channel.")))
         elif m.mono_loudness_drop_lu > 3:
             notes.append(Note(severity="consider", code="mono_drop", text=(
-                f"Folded to mono it loses {m.mono_loudness_drop_lu:.1f} LU: wide or phasey "
+                f"Folded to mono it loses {tenths(m.mono_loudness_drop_lu)} LU: wide or phasey "
                 "elements will vanish on mono speakers; narrow the widest ones.")))
-    wide = _low_end_wide(m, told)
+    wide = None if inverted is not None else _low_end_wide(m, told, stage)
     if wide is not None:
         notes.append(wide)
     if m.mono:
@@ -484,6 +540,28 @@ def _stereo_notes(m: MixMetrics, told: Genre | None = None) -> list[Note]:
     return notes
 
 
+def _polarity_note(m: MixMetrics, stage: str) -> Note | None:
+    """One channel's polarity, one note: the correlation, the mono fold and the low
+    end's width are its evidence, not three faults."""
+    corr = m.stereo_correlation
+    if corr is None or corr >= OUT_OF_PHASE_BELOW:
+        return None
+    evidence = [f"stereo correlation {fixed(corr, 2, True)}"]
+    if m.channels == 2 and not m.dual_mono:
+        evidence.append("folded to mono it cancels out entirely"
+                        if m.mono_loudness_drop_lu is None else
+                        f"folded to mono it loses {tenths(m.mono_loudness_drop_lu)} LU")
+    if m.low_end_correlation is not None and m.low_end_correlation < 0:
+        evidence.append(f"below {LOW_END_HZ:g} Hz {fixed(m.low_end_correlation, 2, True)}")
+    fix = ("flip the polarity of one channel (or of the stereo sources that are "
+           "inverted)" if stage == "mix" else
+           "if a whole channel is inverted, flip its polarity on the master; if only "
+           "some sources are, send it back to the mix")
+    return Note(severity="fix", code="out_of_phase", text=(
+        f"Left and right are largely out of phase, one cause for all of this: "
+        f"{', '.join(evidence)}; {fix}."))
+
+
 def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
     """A render that stops, or starts, while the music plays. A mix must hold its
     whole tail (mastering makes the fades; a cut tail cannot be put back); a master
@@ -495,21 +573,21 @@ def _cut_notes(m: MixMetrics, stage: str) -> list[Note]:
         notes.append(Note(severity="fix" if stage == "mix" else "consider", code="cut_tail",
                           text=(
             f"The render stops while the music plays (its last 100 ms at "
-            f"{m.end_lufs:.1f} LUFS, against {m.integrated_lufs:.1f} for the whole): a last "
-            "note or a reverb tail is cut off; extend the render past the end of the tail"
+            f"{tenths(m.end_lufs)} LUFS, against {tenths(m.integrated_lufs)} for the whole): a "
+            "last note or a reverb tail is cut off; extend the render past the end of the tail"
             + (", and leave the fade to mastering." if stage == "mix" else
                " (if the song stops dead on purpose, a moment of silence after it still "
                "helps players and crossfades)."))))
     if (m.start_lufs is not None and m.start_lufs > floor and m.leading_silence_seconds < 0.01
             and (m.start_onset_db is None or m.start_onset_db > -CUT_ONSET_DB)):
         notes.append(Note(severity="consider", code="cut_start", text=(
-            f"The render starts in the music (its first 100 ms at {m.start_lufs:.1f} LUFS, "
+            f"The render starts in the music (its first 100 ms at {tenths(m.start_lufs)} LUFS, "
             "sounding from the very first sample, with no attack): the first note is cut, "
             "or clicks; start the render a moment before the music.")))
     return notes
 
 
-def _low_end_wide(m: MixMetrics, told: Genre | None) -> Note | None:
+def _low_end_wide(m: MixMetrics, told: Genre | None, stage: str = "mix") -> Note | None:
     """A wide low end: a fault in a produced record (it thins out in mono and on
     club systems), natural in a room's recording (an orchestra's basses and its
     hall), where only a low end out of phase is one."""
@@ -517,13 +595,14 @@ def _low_end_wide(m: MixMetrics, told: Genre | None) -> Note | None:
     room = told is not None and not told.mono_low_end
     if corr is None or corr >= (0.0 if room else LOW_END_CORRELATION_BELOW):
         return None
-    where = f"Below {LOW_END_HZ:g} Hz left and right correlate at {corr:+.2f}"
+    where = f"Below {LOW_END_HZ:g} Hz left and right correlate at {fixed(corr, 2, True)}"
     if room:
         assert told is not None
         return Note(severity="fix", code="low_end_wide", text=(
             f"{where}: out of phase, which even {told.title}'s wide low end is not; the "
-            "bass thins out in mono. Check the polarity of the low instruments' "
-            "microphones."))
+            "bass thins out in mono. " + ("Check the polarity of the low instruments' "
+            "microphones." if stage == "mix" else "Send it back to the mix: the low "
+            "instruments' polarity is set there.")))
     words = "" if told is not None else (
         " (a recording in a room, orchestral or acoustic, is often this wide down there: "
         "send its genre and it is judged as one)")

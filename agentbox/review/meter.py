@@ -43,7 +43,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from agentbox import portable
 from agentbox.review.containers import declared_frames
-from agentbox.review.figures import mmss
+from agentbox.review.figures import mmss, rounded, tenths
 
 SUB_BLOCK_SECONDS = 0.1
 READ_SECONDS = 2.0  # decoded at a time: memory does not grow with the file
@@ -82,6 +82,10 @@ MAX_RANGES = 50
 # channel lifted by the K-weighting's shelf (+4 dB): data that does is not the
 # audio the header describes (say, integers read as floats).
 K_WEIGHTING_MAX_GAIN_DB = 4.3
+PINNED_DB = 0.5  # a peak this close to the file's sample peak is at its ceiling
+PINNED_LOUD_DB = 20.0  # stretches quieter than the loudest by this are not the music
+DITHER_STEPS = 8  # a 16-bit stretch that peaks at this many steps or fewer is quiet
+RELEASE_TAGS = ("title", "artist", "album")
 BIT_DEPTHS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32,
               "FLOAT": 32, "DOUBLE": 64}
 
@@ -139,6 +143,13 @@ class Measurements:
     octave_bands: list[dict[str, float]] = field(default_factory=list)  # hz, db (of total)
     frames_declared: int | None = None  # what the header promises, when it says
     frames_read: int = 0
+    # A limiter's signature: the share of the music's 100 ms stretches whose peak
+    # reaches within PINNED_DB of the file's sample peak (a ceiling held down on).
+    peaks_pinned: float | None = None
+    # A 16-bit file's quiet stretches: True when they hold a few steps of noise
+    # (dither) and no digital silence, None when it has no quiet stretch or is not 16-bit.
+    dithered: bool | None = None
+    tags: list[str] = field(default_factory=list)  # which of title, artist, album it names
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,6 +327,8 @@ def _measure(file: BinaryIO, path: str) -> Measurements:
     if info.frames <= 0 or info.channels <= 0:
         raise AudioError("mix_unreadable", "the file holds no audio")
     file.seek(0)
+    tags = release_tags(file)
+    file.seek(0)
     meter = _Meter(info.samplerate, info.channels, BIT_DEPTHS.get(info.subtype))
     try:
         # one buffer decoded into again and again (the meter keeps no block it is fed)
@@ -328,16 +341,27 @@ def _measure(file: BinaryIO, path: str) -> Measurements:
         raise AudioError("mix_unreadable", f"reading the audio failed: {exc}") from None
     if meter.frames < info.frames and str(info.format) not in ("MPEG", "MP3"):
         raise truncated(info.frames, meter.frames, info.samplerate)
-    measured = meter.result(info, None if header is None else header[0])
+    measured = meter.result(info, None if header is None else header[0], tags)
     possible = -0.691 + 10 * math.log10(channel_weights(info.channels).sum()) \
         + K_WEIGHTING_MAX_GAIN_DB
     if measured.integrated_lufs is not None and measured.integrated_lufs > possible:
         raise AudioError("mix_truncated", (
-            f"the file reads {measured.integrated_lufs:+.1f} LUFS over "
+            f"the file reads {tenths(measured.integrated_lufs, True)} LUFS over "
             f"{mmss(measured.duration_seconds, 1)}, louder than any audio can be: its data is "
             "not the audio its header describes (a cut-off or corrupt render); export it "
             "again"))
     return measured
+
+
+def release_tags(file: BinaryIO) -> list[str]:
+    """Which of a release's tags (title, artist, album) the file names: its Vorbis
+    comments, its INFO chunk, its ID3 frames, as libsndfile reads them."""
+    try:
+        with soundfile.SoundFile(file) as opened:
+            found = opened.copy_metadata()
+    except (soundfile.LibsndfileError, RuntimeError, OSError):
+        return []
+    return [tag for tag in RELEASE_TAGS if str(found.get(tag, "")).strip()]
 
 
 def within_limits(channels: int, rate: int, frames: int) -> None:
@@ -399,6 +423,8 @@ class _Meter:
         self.spectrum = np.zeros(SPECTRUM_FRAME // 2 + 1)
         self.low_bins = np.fft.rfftfreq(SPECTRUM_FRAME, 1 / rate) < LOW_END_HZ
         self.low = np.zeros(3)  # below LOW_END_HZ: sum Re(L R*), |L|^2, |R|^2
+        self.sub_peaks: list[np.ndarray] = []  # each 100 ms stretch's sample peak
+        self.step = 2.0 ** -15 if bits == 16 else 0.0  # one 16-bit step (dither's size)
 
     def feed(self, block: np.ndarray) -> None:
         # One lane per channel, contiguous, in float64: the K-weighting filter's
@@ -417,6 +443,10 @@ class _Meter:
             self.onset = _onset(lanes, self.rate)
         block_peak = max(float(block.max()), -float(block.min()))
         self.peak = max(self.peak, block_peak)
+        whole = block.shape[0] // self.sub * self.sub
+        if whole:
+            shaped = block[:whole].reshape(-1, self.sub * self.channels)
+            self.sub_peaks.append(np.maximum(shaped.max(axis=1), -shaped.min(axis=1)))
         if self.channels >= 2:
             left, right = block[:, 0], block[:, 1]
             self.lr += (float(left @ right), float(left @ left), float(right @ right))
@@ -592,7 +622,27 @@ class _Meter:
                          float(power[:, 0, self.low_bins].sum()),
                          float(power[:, 1, self.low_bins].sum()))
 
-    def result(self, info: Any, declared: int | None) -> Measurements:
+    def _pinned(self) -> float | None:
+        """The share of the music's stretches (within PINNED_LOUD_DB of the loudest)
+        whose peak sits within PINNED_DB of the sample peak."""
+        if not self.sub_peaks or self.peak <= 0:
+            return None
+        peaks = np.concatenate(self.sub_peaks)
+        music = peaks[peaks >= self.peak * 10 ** (-PINNED_LOUD_DB / 20)]
+        pinned = music >= self.peak * 10 ** (-PINNED_DB / 20)
+        return round(float(pinned.mean()), 3) if len(music) else None
+
+    def _dithered(self) -> bool | None:
+        """In a 16-bit file: its quiet stretches hold a few steps of noise (True) or
+        digital silence (False); None with no quiet stretch."""
+        if not self.step or not self.sub_peaks:
+            return None
+        peaks = np.concatenate(self.sub_peaks)
+        quiet = peaks[peaks <= DITHER_STEPS * self.step]
+        return None if not len(quiet) else bool((quiet > 0).all())
+
+    def result(self, info: Any, declared: int | None, tags: list[str] | None = None
+               ) -> Measurements:
         self._true_peak(np.zeros((TRUE_PEAK_HALF_TAPS, self.channels), dtype=np.float32),
                         self.frames)
         for ch in range(self.channels):  # runs still open at the end of the file
@@ -612,12 +662,12 @@ class _Meter:
             mono = (subs[:, 0] + subs[:, 1] + 2 * subs[:, 2]) / 2
             folded = gated_loudness(_windows(mono, 4), RELATIVE_GATE_LU)
             if integrated is not None:
-                drop = None if folded is None else round(integrated - folded, 2)
+                drop = None if folded is None else rounded(integrated - folded, 2)
         correlation = None
         if self.channels >= 2:
             product, ll, rr = self.lr
             # A silent side correlates with nothing: undefined, not "uncorrelated" (0).
-            correlation = round(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
+            correlation = rounded(product / math.sqrt(ll * rr), 4) if ll > 0 and rr > 0 else None
         short_term = _windows(programme, 30)
         seconds = range(10, len(programme) + 1, 10)
         true_peak = _db(max(self.true_peak, self.peak))
@@ -662,6 +712,9 @@ class _Meter:
             octave_bands=self._octave_bands(),
             frames_declared=declared,
             frames_read=self.frames,
+            peaks_pinned=self._pinned(),
+            dithered=self._dithered(),
+            tags=tags or [],
         )
 
     def _low_end_correlation(self) -> float | None:
@@ -670,7 +723,7 @@ class _Meter:
         # nothing down there (or one side silent): no verdict on the low end
         if self.channels < 2 or ll <= 0 or rr <= 0 or (ll + rr) < total * 1e-6:
             return None
-        return round(product / math.sqrt(ll * rr), 3)
+        return rounded(product / math.sqrt(ll * rr), 3)
 
     def _octave_bands(self) -> list[dict[str, float]]:
         freqs = np.fft.rfftfreq(SPECTRUM_FRAME, 1 / self.rate)
@@ -765,7 +818,7 @@ def _dc(means: np.ndarray) -> float:
     channel's DC_QUANTILE of its blocks' means by size, with their usual sign."""
     held = np.percentile(np.abs(means), DC_QUANTILE, axis=0) * np.sign(np.median(means, axis=0))
     worst = int(np.argmax(np.abs(held)))
-    return round(float(held[worst]), 6)
+    return rounded(float(held[worst]), 6)
 
 
 def _onset(lanes: np.ndarray, rate: int) -> float | None:
@@ -782,4 +835,4 @@ def _onset(lanes: np.ndarray, rate: int) -> float | None:
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, digits)
+    return None if value is None or not math.isfinite(value) else rounded(value, digits)

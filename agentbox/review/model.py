@@ -77,6 +77,10 @@ class MixMetrics(BaseModel):
     clipping_ranges: list[ClippingRange] = []
     octave_bands: list[OctaveBand] = []
     loudness_curve: LoudnessCurve | None = None
+    # The stage's evidence (agentbox.review.stage): a limiter's ceiling, dither, tags.
+    peaks_pinned: float | None = None
+    dithered: bool | None = None
+    tags: list[str] = []
 
 
 class FileInfo(BaseModel):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from agentbox.archive import Archive
 from agentbox.engine.agents import AgentContext
+from agentbox.review.figures import fixed, rounded, tenths
 from agentbox.review.model import MixMetrics, ReferenceView
 
 SOURCES = ("project", "event")  # where a review's reference came from
@@ -77,10 +78,10 @@ def against(m: MixMetrics, track: Track) -> ReferenceView:
                 "stereo_correlation"):
         a, b = getattr(m, key), getattr(ref, key)
         if a is not None and b is not None:
-            changes[key] = round(float(a) - float(b), 2)
+            changes[key] = rounded(float(a) - float(b), 2)
     for band in m.octave_bands:
         if band.reference_db is not None:
-            changes[f"band_{band.hz:g}_hz_db"] = round(band.db - band.reference_db, 1)
+            changes[f"band_{band.hz:g}_hz_db"] = rounded(band.db - band.reference_db, 1)
     return ReferenceView(file=track.name, integrated_lufs=ref.integrated_lufs,
                          true_peak_dbtp=ref.true_peak_dbtp,
                          loudness_range_lu=ref.loudness_range_lu, plr_db=ref.plr_db,
@@ -109,19 +110,19 @@ def note(changes: dict[str, float], track: Track) -> str:
         if by <= -NEARLY_NONE_DB:
             parts.append(f"next to no {name} {where}, where {called} has it")
         elif abs(by) >= TONAL_SAID_DB:
-            parts.append(f"{abs(by):.1f} dB {'more' if by > 0 else 'less'} {name} {where} "
+            parts.append(f"{tenths(abs(by))} dB {'more' if by > 0 else 'less'} {name} {where} "
                          f"than {called}")
     plr = changes.get("plr_db")
     if plr is not None and abs(plr) >= PLR_SAID_DB:
-        parts.append(f"{abs(plr):.1f} dB {'more' if plr > 0 else 'less'} punch (peak to "
+        parts.append(f"{tenths(abs(plr))} dB {'more' if plr > 0 else 'less'} punch (peak to "
                      f"loudness): {'more open' if plr > 0 else 'more squashed'} than {called}")
     lra = changes.get("loudness_range_lu")
     if lra is not None and abs(lra) >= LRA_SAID_LU:
-        parts.append(f"a loudness range {abs(lra):.1f} LU {'wider' if lra > 0 else 'narrower'}")
+        parts.append(f"a loudness range {tenths(abs(lra))} LU {'wider' if lra > 0 else 'narrower'}")
     width = changes.get("stereo_correlation")
     if width is not None and abs(width) >= WIDTH_SAID:
         parts.append(f"a {'narrower' if width > 0 else 'wider'} stereo image (correlation "
-                     f"{width:+.2f})")
+                     f"{fixed(width, 2, True)})")
     if len(parts) == 1:
         parts.append("close to it in tonal balance, dynamics and width")
     return "; ".join(parts) + "."
@@ -132,4 +133,4 @@ def _loudness(by: float | None, called: str, name: str) -> str:
         return f"Beside {called} {name}"
     if abs(by) < LOUDNESS_SAID_LU:
         return f"As loud as {called} {name}"
-    return f"{abs(by):.1f} LU {'louder' if by > 0 else 'quieter'} than {called} {name}"
+    return f"{tenths(abs(by))} LU {'louder' if by > 0 else 'quieter'} than {called} {name}"

@@ -8,25 +8,30 @@ other stage, for the same bytes); from the event, for the one file
 (`payload.project_stage`); from the watch folder (`agentbox watch --stage`, sent as
 `payload.default_stage`); from the project (the stage remembered for it, only when
 the musician said so for the project); from the configuration (`mix_stage`); and
-otherwise from the file itself: limited close to full scale at streaming loudness
-with a low peak-to-loudness ratio, it looks mastered; anything else is a mix. An
-explicit stage for the one file always beats a remembered one: a master sent once
-does not make the project's later mixes masters. Every review says in one sentence
-which stage it judged, why, and how to change it.
+otherwise weighed from the file's evidence (`evidence`: a lossy codec, 16-bit PCM
+and its dither, a release's tags, the file name's words, a limiter's signature,
+against 24-bit or float, headroom and no tags) with the project's last export's
+stage (a project does not flip between two renders of one song without strong
+evidence). An explicit stage for the one file always beats a remembered one: a
+master sent once does not make the project's later mixes masters. Every review
+says in one sentence which stage it judged, the evidence, and how to change it.
 
-From the file alone the stage is sometimes ambiguous: a file that peaks at full
-scale like a limited master but is quieter than -16 LUFS, or more open than a
-PLR of 14 dB, may be a hot mix or a dynamic master (orchestral, ambient, much game
-music). It is judged as a mix, and its sentence says that it is ambiguous, the
-first fix under each reading, and how to choose.
+When the evidence is split, the review is judged at the side it leans to, its
+verdict holds under both readings (agentbox.review.agent judges the other reading
+too), and its sentence gives the first fix under each and the one click that
+settles it (`both_readings`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
-from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES
+from agentbox.review.figures import tenths
 
 # What a master looks like to `auto`: its true peak close to full scale (a limiter's
 # ceiling), its loudness at or above the quietest streaming normalisation (Apple
@@ -54,6 +59,7 @@ class Stage:
     stage: StageName
     source: str  # "rejudge", "event", "project", "watch", "config" or "auto"
     reason: str  # one sentence: which stage, why, how to change it
+    split: bool = False  # the evidence is split: judged under both readings
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,12 @@ class Given:
     rejudged: str = ""  # the review re-judged, as the notes name it ("the 14:02 export")
 
 
-def choose(given: Given, true_peak: float | None, loudness: float | None,
-           plr: float | None) -> Stage:
+def choose(given: Given, heard: Mapping[str, Any], name: str = "",
+           before: Before | None = None) -> Stage:
     """The stage to judge at, and the sentence that says why: a stage said for this
-    file beats the one remembered for its project."""
+    file beats the one remembered for its project; with none said, the file's
+    evidence (`heard`: its measurements; `name`: its file name) and the project's
+    last export (`before`) decide."""
     if given.rejudge:
         return Stage(StageName(given.rejudge), "rejudge", _said(
             given.rejudge, f"re-judged at your request, the same audio as "
@@ -100,7 +108,121 @@ def choose(given: Given, true_peak: float | None, loudness: float | None,
         return Stage(StageName(given.config), "config", _said(
             given.config, f'the configuration says so (mix_stage = "{given.config}", '
             "AGENTBOX_MIX_STAGE)"))
-    return inferred(true_peak, loudness, plr)
+    return inferred(heard, name, before)
+
+
+# -- the stage from the file's evidence ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clue:
+    """One piece of evidence: `weight` toward a master (+) or a mix (-), in words."""
+
+    weight: int
+    words: str
+
+
+@dataclass(frozen=True)
+class Before:
+    """The project's last export, as the stage reads it: a project does not flip
+    between two renders of one song without evidence."""
+
+    stage: str  # "mix" or "master"
+    called: str  # "the 14:02:37 export"
+
+
+# How much each piece of evidence weighs; MASTER_AT or more is a master, MIX_AT or
+# less a mix, anything between is split (both readings, and a question).
+MASTER_AT, MIX_AT = 2, -2
+STRONG = 4  # evidence this strong turns a project's stage; weaker follows it
+LOSSY_WEIGHT = 3  # a lossy file is a release's copy: mixes go to mastering lossless
+SESSION_RATES = (48_000, 88_200, 96_000, 176_400, 192_000)
+PINNED_SHARE = 0.15  # a limiter holds a ceiling: its peaks meet it this often
+FLAT_RUNS = 10  # flat-topped runs at full scale: a clipper or a limiter at 0 dBFS
+STEADY_LRA_LU, STEADY_PLR_DB = 4.0, 12.0  # a short-term loudness that barely moves
+HEADROOM_DBTP = -3.0  # peaks this far under full scale: a mix's headroom
+MASTER_WORDS = frozenset({"master", "mastered", "final", "release", "remaster"})
+MIX_WORDS = frozenset({"mix", "mixdown", "bounce", "rough", "premaster", "demo", "stem",
+                       "stems"})
+
+
+def evidence(heard: Mapping[str, Any], name: str = "") -> list[Clue]:
+    """What the file says of its stage: its codec, bit depth and rate, its tags, its
+    name's words, a limiter's signature, its headroom."""
+    return [clue for clue in (*_format_clues(heard), _tag_clue(heard), _name_clue(name),
+                              *_limiter_clues(heard), _headroom_clue(heard))
+            if clue is not None]
+
+
+def _format_clues(heard: Mapping[str, Any]) -> list[Clue]:
+    bits, rate = heard.get("bit_depth"), int(heard.get("sample_rate") or 0)
+    fmt = str(heard.get("file_format") or "")
+    if bits is None:
+        return [Clue(LOSSY_WEIGHT, f"a lossy {fmt} file, as releases are shipped")]
+    if bits == 16:
+        dither = " with dither in its quiet stretches" if heard.get("dithered") else ""
+        return [Clue(3 if dither else 2, f"16-bit PCM{dither}, as releases are delivered")]
+    if bits >= 24:
+        depth = "float" if heard.get("sample_format") in ("FLOAT", "DOUBLE") else f"{bits}-bit"
+        at_session = rate in SESSION_RATES
+        where = f"{depth} at {rate / 1000:g} kHz"
+        return [Clue(-1, f"{where}, a session's resolution" if at_session
+                     else f"{where}, as a session exports")]
+    return []
+
+
+def _tag_clue(heard: Mapping[str, Any]) -> Clue | None:
+    tags = [str(tag) for tag in heard.get("tags") or []]
+    if tags:
+        return Clue(2 if len(tags) >= 2 else 1, f"tagged with its {_listed(tags)}")
+    if heard.get("bit_depth") is not None and heard.get("bit_depth") != 16:
+        return Clue(-1, "no release tags")
+    return None
+
+
+def _name_clue(name: str) -> Clue | None:
+    words = set(re.split(r"[^a-z]+", Path(name).stem.lower()))
+    if words & MASTER_WORDS:
+        return Clue(2, f"its name says {sorted(words & MASTER_WORDS)[0]!r}")
+    if words & MIX_WORDS:
+        return Clue(-2, f"its name says {sorted(words & MIX_WORDS)[0]!r}")
+    return None
+
+
+def _limiter_clues(heard: Mapping[str, Any]) -> list[Clue]:
+    found = []
+    peak, loudness, plr = (heard.get(key) for key in ("true_peak_dbtp", "integrated_lufs",
+                                                      "plr_db"))
+    sample_peak, pinned = heard.get("sample_peak_dbfs"), heard.get("peaks_pinned")
+    if looks_mastered(peak, loudness, plr):
+        assert peak is not None and loudness is not None
+        found.append(Clue(STRONG, f"limited close to full scale (true peak "
+                                  f"{tenths(peak, True)} dBTP) at streaming loudness "
+                                  f"({tenths(loudness)} LUFS)"))
+    if (pinned is not None and sample_peak is not None and pinned >= PINNED_SHARE
+          and sample_peak >= HEADROOM_DBTP):
+        found.append(Clue(2, f"its peaks pinned under one ceiling ({tenths(sample_peak, True)} "
+                             f"dBFS, met in {round(pinned * 100)} % of its loud moments)"))
+    runs = int(heard.get("clipped_runs") or 0)
+    if runs >= FLAT_RUNS:
+        found.append(Clue(1, f"{runs} flat-topped runs at full scale"))
+    lra = heard.get("loudness_range_lu")
+    if (lra is not None and plr is not None and lra <= STEADY_LRA_LU and plr <= STEADY_PLR_DB
+            and float(heard.get("duration_seconds") or 0) >= 30):
+        found.append(Clue(1, f"a short-term loudness that barely moves (LRA {tenths(lra)} LU, "
+                             f"PLR {tenths(plr)} dB)"))
+    return found
+
+
+def _headroom_clue(heard: Mapping[str, Any]) -> Clue | None:
+    peak = heard.get("true_peak_dbtp")
+    if peak is not None and peak <= HEADROOM_DBTP:
+        return Clue(-1, f"peaks {tenths(-peak)} dB under full scale, a mix's headroom")
+    return None
+
+
+def score(clues: list[Clue]) -> int:
+    return sum(clue.weight for clue in clues)
 
 
 def looks_mastered(true_peak: float | None, loudness: float | None,
@@ -110,41 +232,60 @@ def looks_mastered(true_peak: float | None, loudness: float | None,
             and plr <= MASTERED_PLR_DB)
 
 
-def inferred(true_peak: float | None, loudness: float | None, plr: float | None) -> Stage:
-    if looks_mastered(true_peak, loudness, plr):
-        assert true_peak is not None and loudness is not None and plr is not None
-        return Stage(StageName.MASTER, AUTO, _said("master", (
-            f"no stage was given and it looks mastered: limited close to full scale "
-            f"(true peak {true_peak:+.1f} dBTP) at streaming loudness ({loudness:.1f} LUFS) "
-            f"with a low peak-to-loudness ratio ({plr:.1f} dB)")))
-    if true_peak is not None and loudness is not None and true_peak >= MASTERED_PEAK_DBTP:
-        return Stage(StageName.MIX, AUTO, ambiguous(true_peak, loudness, plr))
-    why = "no stage was given and it does not look mastered"
-    if true_peak is not None and loudness is not None:
-        why += f" ({loudness:.1f} LUFS, true peak {true_peak:+.1f} dBTP"
-        why += f", PLR {plr:.1f} dB)" if plr is not None else ")"
-    return Stage(StageName.MIX, AUTO, _said("mix", why))
+def inferred(heard: Mapping[str, Any], name: str = "", before: Before | None = None
+             ) -> Stage:
+    """The stage the evidence points to: a master, a mix, or split (judged at the
+    side it leans to, or the project's stage, and said to be a question)."""
+    clues = evidence(heard, name)
+    total = score(clues)
+    leaning = StageName.MASTER if total > 0 else StageName.MIX
+    if before is not None and before.stage != leaning and abs(total) < STRONG:
+        held = StageName(before.stage)
+        if MIX_AT < total < MASTER_AT:
+            return Stage(held, AUTO, split(held, clues, before), split=True)
+        return Stage(held, AUTO, _said(held.value, (
+            f"no stage was given, and {before.called} of the project was judged a "
+            f"{held.value}; this file's evidence ({_weighed(clues)}) is not enough to "
+            "change that")))
+    if MIX_AT < total < MASTER_AT:
+        return Stage(leaning, AUTO, split(leaning, clues, before), split=True)
+    looks = "it looks mastered" if leaning == StageName.MASTER else "it looks like a mix"
+    turned = "" if before is None or before.stage == leaning else (
+        f", unlike {before.called} of the project")
+    return Stage(leaning, AUTO, _said(leaning.value, (
+        f"no stage was given and {looks}{turned}: {_weighed(clues)}")))
 
 
-def ambiguous(true_peak: float, loudness: float, plr: float | None) -> str:
-    """The sentence for a file that peaks like a master but is not as loud or as
-    limited as one: both readings, each one's first fix, and how to choose."""
-    quieter = f"{loudness:.1f} LUFS" + ("" if plr is None else f", PLR {plr:.1f} dB")
-    target = PROFILES[DEFAULT_PROFILE].delivery
-    as_mix = (f"as a mix, lower the mix bus by about {true_peak + 4.5:.0f} dB for "
-              "mastering's headroom")
-    over = true_peak - target.true_peak_max_dbtp
-    as_master = (f"as a master, lower the limiter's ceiling by {over:.1f} dB (true peak "
-                 f"{target.true_peak_max_dbtp:g} dBTP at most for streaming)" if over > 0.05
-                 else f"as a master, nothing to fix in its peaks; the {target.title} "
-                 f"target is {target.integrated_lufs:g} LUFS")
-    return (f"Judged as a mix going to mastering, but from the file alone this is "
-            f"ambiguous: no stage was given, and it peaks at {true_peak:+.1f} dBTP as a "
-            f"limited master does, yet is quieter or more open than most masters "
-            f"({quieter}), as a hot mix or a dynamic master (orchestral, ambient, much "
-            f"game music) is. The first fix: {as_mix}; {as_master}. If it is a finished "
-            "master, send it with stage master (agentbox send --stage master, or "
-            "\"stage\": \"master\" in the payload); a mix needs nothing said.")
+def split(stage: StageName, clues: list[Clue], before: Before | None) -> str:
+    """The sentence for split evidence, before the first fixes are known (the review
+    adds them: `both_readings`)."""
+    held = "" if before is None or before.stage != stage else (
+        f", as {before.called} of the project was")
+    return (f"Judged as a {stage.value}{held}, but the evidence is split: "
+            f"{_weighed(clues)}. The verdict holds under both readings.")
+
+
+def both_readings(reason: str, as_mix: str, as_master: str) -> str:
+    """The split sentence with the first fix under each reading, and how to choose."""
+    return (f"{reason} The first fix as a mix: {as_mix}; as a master: {as_master}. "
+            "Judge it as a master or as a mix with one click on its page (or send it "
+            "with agentbox send --stage master, or --stage mix).")
+
+
+def _weighed(clues: list[Clue]) -> str:
+    """The evidence in words: what marks a master, then what marks a mix."""
+    master = [clue.words for clue in clues if clue.weight > 0]
+    mix = [clue.words for clue in clues if clue.weight < 0]
+    said = []
+    if master:
+        said.append(f"for a master, {_listed(master)}")
+    if mix:
+        said.append(f"for a mix, {_listed(mix)}")
+    return "; ".join(said) or "nothing in the file marks either"
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _said(stage: str, why: str) -> str:

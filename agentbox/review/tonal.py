@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agentbox.review.figures import tenths
 from agentbox.review.genres import NO_PARTS, Genre, Parts
 from agentbox.review.model import MixMetrics, Note, OctaveBand
 
@@ -100,7 +101,16 @@ REGIONS = (
 )
 
 
-def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None) -> list[Note]:
+# On a master only the master's EQ can move: a broad, gentle curve; more than that is
+# the mix's to fix.
+MASTER_OVER = ("a broad cut of 1-2 dB there on the master's EQ; if it takes more, send "
+               "it back to the mix")
+MASTER_UNDER = ("a broad lift of 1-2 dB there on the master's EQ; if it takes more, send "
+                "it back to the mix")
+
+
+def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None,
+          master: bool = False) -> list[Note]:
     """The octaves furthest from the reference the bands carry (`reference_db`),
     named with what to try; none for a file too short to say. `genre`: that
     reference is a genre's average (the first note says genres differ); `told`: the
@@ -119,10 +129,11 @@ def notes(m: MixMetrics, genre: bool = True, told: Genre | None = None) -> list[
             continue
         high, low = max(present), min(present)
         if high[0] > excess:
-            found.append((high[0], _note(over, over_what, _named(over_try, parts), high, m)))
+            fix = MASTER_OVER if master else _named(over_try, parts)
+            found.append((high[0], _note(over, over_what, fix, high, m)))
         elif under and low[0] < -lack:
-            found.append((-low[0], _note(under, under_what, _named(under_try, parts), low,
-                                         m)))
+            fix = MASTER_UNDER if master else _named(under_try, parts)
+            found.append((-low[0], _note(under, under_what, fix, low, m)))
     found.sort(key=lambda item: -item[0])
     kept = [note for _, note in found[:TONAL_NOTES_MAX]]
     if kept and genre:
@@ -149,6 +160,6 @@ def _note(code: str, what: str, fix: str, where: tuple[float, float], m: MixMetr
     level = next((b.db for b in m.octave_bands if b.hz == hz), 0.0)
     sits = (f"the {octave} octave holds next to nothing (far under {against})"
             if level <= EMPTY_DB else
-            f"the {octave} octave sits {abs(by):.1f} dB {'above' if by > 0 else 'under'} "
+            f"the {octave} octave sits {tenths(abs(by))} dB {'above' if by > 0 else 'under'} "
             f"{against}")
     return Note(severity="consider", code=code, text=f"{what}: {sits}; {fix}.")

@@ -17,7 +17,16 @@ from markupsafe import Markup
 
 from agentbox.archive.records import ProjectExport
 from agentbox.review import charts, present
-from agentbox.review.figures import FIGURES, SIGNED_UNITS, change_unit, finite, mmss, places
+from agentbox.review.figures import (
+    FIGURES,
+    SIGNED_UNITS,
+    change_unit,
+    finite,
+    fixed,
+    mmss,
+    places,
+    tenths,
+)
 from agentbox.review.model import MixReview, as_review
 from agentbox.review.present import mix_name
 
@@ -29,16 +38,14 @@ def signed(value: Any, digits: int = 1) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
             value):
         return "—"
-    if round(value, digits) == 0:
-        return f"{0:.{digits}f}"  # no "+0.0" or "-0.0": nothing changed
-    return f"{value:+.{digits}f}".replace("-", MINUS)
+    return fixed(value, digits, signed=True).replace("-", MINUS)  # "0.0": nothing changed
 
 
 def number(value: Any, digits: int = 1) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
             value):
         return "—"
-    return f"{value:.{digits}f}".replace("-", MINUS)
+    return fixed(value, digits).replace("-", MINUS)
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -301,7 +308,7 @@ def _change_note(before: Review, after: Review) -> str:
     parts = []
     b, a = before.figure("integrated_lufs"), after.figure("integrated_lufs")
     if a is not None and b is not None and round(a - b, 1):
-        parts.append(f"{abs(a - b):.1f} LU {'louder' if a > b else 'quieter'} than the "
+        parts.append(f"{tenths(abs(a - b))} LU {'louder' if a > b else 'quieter'} than the "
                      "previous export")
     ceiling = after.model.profile.max_true_peak_dbtp
     b, a = before.figure("true_peak_dbtp"), after.figure("true_peak_dbtp")

@@ -293,3 +293,137 @@ def decoded_from_mp3(name: str, of: str, folder: Path, gain_db: float = 0.0) -> 
         partial.replace(out)
         settled(out)
     return out
+
+
+# -- released tracks, as shipped and as copies: the stage they are heard at -----------------------
+
+# Each track's excerpt: its first RELEASE_SECONDS (its start is the musicians'), enough
+# for a stage and cheap to measure. The copies fade out over its last FADE_SECONDS, as
+# a preview does; the shipped excerpt's packets are the release's own and stop where
+# the excerpt does (a cut tail that is ours, not the release's).
+RELEASE_SECONDS = 30.0
+DRASCULA = Path("/usr/share/scummvm/drascula/audio")
+ASC = Path("/usr/share/games/asc/music")
+HEX_A_HOP = Path("/usr/share/games/hex-a-hop/hex-a-hop")
+PINGUS = Path("/usr/share/games/pingus/data/music")
+TECNOBALLZ = Path("/usr/share/games/tecnoballz/musics")
+# Debian package -> a file of it the release corpus reads, as PACKAGES.
+RELEASE_PACKAGES = {"frozen-bubble-data": FROZEN_BUBBLE / "introzik.ogg",
+                    "singularity-music": SINGULARITY / "Awakening.ogg",
+                    "drascula-music": DRASCULA / "track1.ogg",
+                    "asc-music": ASC / "frontiers.mp3",
+                    "hex-a-hop-data": HEX_A_HOP / "music-game.ogg",
+                    "pingus-data": PINGUS / "pingus-1.it",
+                    "tecnoballz-data": TECNOBALLZ / "tecnoballz.mod",
+                    "fb-music-high": FROZEN_BUBBLE / "frozen-mainzik-2p.xm",
+                    "ffmpeg": Path("ffmpeg")}
+RELEASE_LICENCES = {"frozen-bubble-data": "GPL-2", "singularity-music": "CC BY-SA 3.0",
+                    "drascula-music": "Drascula licence", "asc-music": "GPL-2+",
+                    "hex-a-hop-data": "GPL-2+, CC BY-SA 3.0", "pingus-data": "GPL-2+",
+                    "tecnoballz-data": "GPL-3+", "fb-music-high": "GPL-2+"}
+FORMS = ("shipped", "16-bit", "24-bit")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A released track of a package: shipped lossy (Ogg, MP3), or a tracker module
+    whose shipped form no review reads (it is played, then: its 16-bit and 24-bit
+    renders are its copies)."""
+
+    name: str  # the corpus's name for it
+    package: str
+    path: Path
+    genre: str  # the kind of music, as the package describes its soundtrack
+
+    @property
+    def module(self) -> bool:
+        return self.path.suffix in (".it", ".mod", ".xm", ".s3m")
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        return FORMS[1:] if self.module else FORMS
+
+
+def missing_releases() -> list[str]:
+    return [package for package, path in RELEASE_PACKAGES.items()
+            if not (path.exists() if path.is_absolute() else shutil.which(str(path)))]
+
+
+def need_releases() -> None:
+    """Skip for want of a package, or fail under AGENTBOX_TEST_REQUIRE_MUSIC=1."""
+    absent = missing_releases()
+    if not absent:
+        return
+    message = (f"the released-music corpus needs the Debian packages {', '.join(absent)} "
+               "(scripts/test installs them)")
+    if required():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def release_folder() -> Path:
+    """Where the release corpus is kept: named after its packages' versions."""
+    versions = []
+    for package in sorted(RELEASE_PACKAGES):
+        found = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
+                               capture_output=True, text=True, check=False)
+        versions.append(f"{package}={found.stdout.strip()}")
+    key = hashlib.sha256(("\n".join(versions) + f"\n{RELEASE_SECONDS}").encode()).hexdigest()
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "agentbox-tests")
+    return root / "releases" / key[:16]
+
+
+def released(release: Release, form: str, folder: Path) -> Path:
+    """The track in `form`: "shipped" (its own codec and tags: the excerpt's packets
+    copied as they are), "16-bit" (decoded, dithered to 16-bit PCM, TPDF), "24-bit"
+    (decoded, 24-bit PCM); the copies carry no tags, as a file a DAW writes."""
+    suffix = release.path.suffix if form == "shipped" else ".wav"
+    out = folder / f"{release.name}-{form}{suffix}"
+    if out.exists():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = partial_of(out)
+    head = [ffmpeg(), "-loglevel", "error", "-y", "-t", f"{RELEASE_SECONDS:g}", "-i",
+            str(release.path)]
+    fade = f"afade=t=out:st={RELEASE_SECONDS - FADE_SECONDS:g}:d={FADE_SECONDS:g}"
+    if form == "shipped":
+        tail = ["-c", "copy", "-map_metadata", "0"]
+    elif form == "16-bit":
+        tail = ["-map_metadata", "-1", "-af",
+                f"{fade},aresample=osf=s16:dither_method=triangular", "-c:a", "pcm_s16le"]
+    else:
+        tail = ["-map_metadata", "-1", "-af", fade, "-c:a", "pcm_s24le"]
+    subprocess.run([*head, *tail, str(partial)], check=True, timeout=120)
+    partial.replace(out)
+    settled(out)
+    return out
+
+
+def _tracks(package: str, folder: Path, genre: str, files: list[str], prefix: str
+            ) -> list[Release]:
+    return [Release(f"{prefix}-{Path(f).stem.lower().replace(' ', '-')}", package, folder / f,
+                    genre) for f in files]
+
+
+RELEASES = [
+    *_tracks("frozen-bubble-data", FROZEN_BUBBLE, "electronic",
+             ["introzik.ogg", "frozen-mainzik-1p.ogg", "frozen-mainzik-2p.ogg"], "fb"),
+    *_tracks("singularity-music", SINGULARITY, "ambient",
+             ["Awakening.ogg", "Coherence.ogg", "Nebula.ogg", "Through Space.ogg",
+              "Enemy Unknown.ogg", "Inevitable.ogg", "Deprecation.ogg",
+              "lose/Chimes They Fade.ogg", "lose/March Thee to Dis.ogg",
+              "win/Apex Aleph.ogg"], "sing"),
+    *_tracks("drascula-music", DRASCULA, "orchestral",
+             [f"track{n}.ogg" for n in (1, 2, 3, 4, 5, 6, 9, 12, 16, 20)], "dras"),
+    *_tracks("asc-music", ASC, "rock",
+             ["frontiers.mp3", "machine_wars.mp3", "time_to_strike.mp3"], "asc"),
+    *_tracks("hex-a-hop-data", HEX_A_HOP, "acoustic",
+             ["music-game.ogg", "music-game-1.ogg", "music-ending.ogg"], "hex"),
+    *_tracks("pingus-data", PINGUS, "chiptune",
+             ["pingus-1.it", "pingus-4.it", "goin_march.it", "pingus-5.it",
+              "sorcerer.it", "gd-giirm.s3m"], "pingus"),
+    *_tracks("tecnoballz-data", TECNOBALLZ, "chiptune",
+             ["tecnoballz.mod", "area1-game.mod", "mon-lapin_reg-zbb.mod",
+              "fridge-in-space_from_reg-zbb.mod", "over-theme.mod"], "tecno"),
+    *_tracks("fb-music-high", FROZEN_BUBBLE, "chiptune", ["frozen-mainzik-2p.xm"], "fbhi"),
+]

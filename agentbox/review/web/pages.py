@@ -40,6 +40,7 @@ def add_templates(env: Environment) -> Environment:
     """The review's filters, in the pages' environment `env` (its templates, "review/
     <file>", and static files come in as the app's: ReviewApp.templates, .static)."""
     env.filters["signed"] = review_view.signed
+    env.filters["reading"] = review_view.number  # figures.fixed: never "-0.0"
     env.filters["mmss"] = figures.mmss
     return env
 

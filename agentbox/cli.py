@@ -33,6 +33,7 @@ from agentbox.client import (
     Misconfigured,
     NotFinished,
     NotFound,
+    NotProven,
     Refused,
     Unreachable,
     build_event,
@@ -65,7 +66,18 @@ DATABASE_URL_OPTION = click.option(
          "all, shows in the process list.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands; wherever a client meets a listener that is not the user's
+    agentbox (client.NotProven), one sentence and exit status 3, as for no server."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NotProven as exc:
+            raise GaveUp(str(exc)) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def main() -> None:
     """agentbox: each mix you render, reviewed: is it ready, and what to fix first.
@@ -108,11 +120,16 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     setup_logging(settings.log_level, settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
-    recorded = None
+    # Recorded once this server has started (the data directory is its own then: a
+    # second serve refused never touches the first's file), removed at every stop.
+    recorded: list[Path | None] = []
     try:
         sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
-        recorded = record_address(settings, found.getsockname()[1] if found else settings.port)
-        server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
+        port = found.getsockname()[1] if found else settings.port
+        server.run(app, settings, sockets=sockets,
+                   on_ready=lambda: recorded.append(record_address(settings, port)),
+                   on_stop=lambda: forget_address(*recorded[:1]),
+                   host=settings.host, port=settings.port,
                    log_config=None, access_log=False, loop=portable.EVENT_LOOP,
                    lifespan="on",
                    timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
@@ -120,7 +137,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     except (server.PortInUse, server.StartupFailed) as exc:
         _refuse(str(exc), EXIT_REFUSED)
     finally:
-        forget_address(recorded)
+        forget_address(*recorded[:1])
 
 
 def record_address(settings: cfg.Settings, port: int) -> Path | None:
@@ -140,7 +157,7 @@ def record_address(settings: cfg.Settings, port: int) -> Path | None:
     return path
 
 
-def forget_address(path: Path | None) -> None:
+def forget_address(path: Path | None = None) -> None:
     """Remove this server's runtime file, unless a later server has made it its own."""
     if path is None:
         return
@@ -384,6 +401,8 @@ def _client_errors() -> Iterator[None]:
     """The client's errors as the command line's: their sentence, exit status 1."""
     try:
         yield
+    except NotProven as exc:
+        raise GaveUp(str(exc)) from None
     except AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
 
@@ -429,7 +448,7 @@ def follow(url: str | Client, run_id: str, timeout: float,
                           sleep=sleep)
     except NotFinished:
         return None
-    except Unreachable as exc:
+    except (Unreachable, NotProven) as exc:
         raise GaveUp(str(exc)) from None
     except AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
@@ -646,8 +665,8 @@ def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> Accept
     the retries said why (exit status 3)."""
     try:
         return box.send_body(body, retries=retries)
-    except Unreachable as exc:
-        _say(f"giving up: {exc}")
+    except (Unreachable, NotProven) as exc:
+        _say(f"giving up: {exc}" if isinstance(exc, Unreachable) else str(exc))
         sys.exit(EXIT_UNAVAILABLE)
     except Refused as exc:
         if for_people:

@@ -41,10 +41,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
+import httpcore
 import httpx
 from pydantic import ValidationError
 
 from agentbox import config as cfg
+from agentbox import proof
 from agentbox.events import SCHEMA_VERSION, project_name
 from agentbox.events import project_of_file as project_of  # the name it had here
 from agentbox.logs import one_line
@@ -144,6 +146,12 @@ class Unreachable(AgentboxError):
 
 class NotAgentbox(AgentboxError):
     """Something answered at the address that is not agentbox (another program)."""
+
+
+class NotProven(AgentboxError):
+    """What listens at agentbox's loopback address did not prove it is the user's
+    agentbox (agentbox.proof): another account's program, say, on the port of a
+    stopped agentbox. Nothing was sent to it: no token, no event, no request."""
 
 
 class UnexpectedAnswer(NotAgentbox):
@@ -384,7 +392,27 @@ class Client:
         self._admin_token = admin_token
         self.retries = retries
         self.progress: Progress = progress or (lambda message: None)
-        self._http = httpx.Client(timeout=timeout)
+        self._http = httpx.Client(timeout=timeout, transport=self._transport())
+
+    def _transport(self) -> httpx.HTTPTransport:
+        """httpx's transport; to a loopback address over http, each new connection
+        proves the server first (agentbox.proof)."""
+        transport = httpx.HTTPTransport()
+        parts = urlsplit(self.url)
+        if parts.scheme == "http" and cfg.is_loopback_host(parts.hostname or ""):
+            # httpx names no door for a network backend: its pool's is set here
+            pool = transport._pool
+            pool._network_backend = _ProvingBackend(
+                pool._network_backend, self._proof_token, self.url)
+        return transport
+
+    def _proof_token(self) -> str | None:
+        """The token a server must prove it holds; None when this client has none (it
+        then sends no admin call either)."""
+        try:
+            return self._token()
+        except Misconfigured:
+            return None
 
     def close(self) -> None:
         self._http.close()
@@ -411,16 +439,19 @@ class Client:
             raise _cannot_keep("the webhook secret", "AGENTBOX_WEBHOOK_SECRET", exc) from None
         return settings.webhook_secret[0]
 
+    def _token(self) -> str:
+        """The admin token: given, else the user's own (read afresh)."""
+        if self._admin_token is not None:
+            return self._admin_token
+        try:
+            return cfg.admin_token(load_settings(self.config_file), self._environ)
+        except cfg.ConfigError as exc:
+            raise Misconfigured(str(exc)) from None
+        except OSError as exc:
+            raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
+
     def _admin_headers(self) -> dict[str, str]:
-        token = self._admin_token
-        if token is None:
-            try:
-                token = cfg.admin_token(load_settings(self.config_file), self._environ)
-            except cfg.ConfigError as exc:
-                raise Misconfigured(str(exc)) from None
-            except OSError as exc:
-                raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
-        return {"Authorization": f"Bearer {token}"}
+        return {"Authorization": f"Bearer {self._token()}"}
 
     # -- sending --
 
@@ -777,6 +808,49 @@ class Client:
                 yield from _events(response.iter_lines())
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
+
+
+class _ProvingBackend(httpcore.NetworkBackend):
+    """httpcore's network, where each new connection proves the server before httpx
+    sends a request on it (agentbox.proof); NotProven closes it unused."""
+
+    def __init__(self, inner: httpcore.NetworkBackend, token: Callable[[], str | None],
+                 url: str) -> None:
+        self._inner, self._token, self._url = inner, token, url
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        token = self._token()
+        if token is None:
+            return stream
+        try:
+            self._prove(stream, token, f"{host}:{port}" if ":" not in host
+                        else f"[{host}]:{port}")
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _prove(self, stream: httpcore.NetworkStream, token: str, host: str) -> None:
+        nonce = proof.new_nonce()
+        try:
+            body = proof.exchange(lambda data: stream.write(data, proof.PROOF_SECONDS),
+                                  lambda: stream.read(65536, proof.PROOF_SECONDS), host, nonce)
+            proof.check(token, nonce, stream.get_extra_info("server_addr"), body)
+        except (proof.NotProven, httpcore.TimeoutException) as exc:
+            why = str(exc) if isinstance(exc, proof.NotProven) else \
+                f"it did not prove itself within {proof.PROOF_SECONDS:g} s"
+            raise NotProven(f"something else listens at {self._url}, not your agentbox "
+                            f"({why}); nothing was sent to it") from None
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        return self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
 
 
 START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "

@@ -33,9 +33,10 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox import proof
 from agentbox.config import Settings, is_loopback_host, session_seconds
 from agentbox.engine.metrics import Metrics
 from agentbox.http.errors import error_response
@@ -296,6 +297,8 @@ class Access:
                 response = error_response(400, "host_not_allowed", (
                     "agentbox on a loopback address answers only when addressed as "
                     "localhost or a loopback IP (the Host header)."))
+            elif scope["path"] == proof.PROOF_PATH:
+                response = self.proof(scope)
             elif scope["path"].startswith(OPEN_PATHS) or self.authorised(Request(scope)):
                 await app(scope, receive, send)
                 return
@@ -306,6 +309,16 @@ class Access:
                 response = token_required()
             await response(scope, receive, send)
         return guarded
+
+    def proof(self, scope: Scope) -> Response:
+        """`GET /.well-known/agentbox-proof?nonce=...`: that this is the user's agentbox,
+        shown to a client before it sends the token (agentbox.proof)."""
+        nonce = Request(scope).query_params.get("nonce", "")
+        found = proof.answer(self._token, nonce, scope.get("server"))
+        if found is None:
+            return error_response(400, "invalid_nonce", (
+                "Send a random nonce of 32 to 128 hexadecimal digits as ?nonce=."))
+        return JSONResponse(found, headers={"Cache-Control": "no-store"})
 
     def rebound(self, scope: Scope) -> bool:
         """The request names another host than this machine: a site whose name now

@@ -729,7 +729,7 @@ def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) ->
     """AGENTBOX_ADMIN_TOKEN, else the token kept in the config dir (made on first use)."""
     environ = os.environ if environ is None else environ
     path = settings.config_dir / ADMIN_TOKEN_FILE
-    given = environ.get(env_name("admin_token"))
+    given = environ.get(env_name("admin_token"), "").strip()  # as a Bearer token is read
     token = given or secret_from_file(path)
     if len(token) < MIN_ADMIN_TOKEN_CHARS:  # guessed in minutes, throttle or not
         where = env_name("admin_token") if given else str(path)

@@ -107,6 +107,27 @@ async def page_form(request: Request, csrf: str) -> FormData | Response:
     return error_response(403, "csrf_failed", CSRF_FAILED)
 
 
+def bearer(request: Request) -> str | None:
+    """The token of `Authorization: Bearer`, stripped; None when there is none."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+LOOPBACK_CLIENT = "loopback"  # every address of 127.0.0.0/8 and ::1: one client
+
+
+def client_host(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def client_of(scope: Scope) -> str:
+    """Who the login throttle counts: the client's address, every loopback one as one
+    (a program on this machine can bind any of 127.0.0.0/8's sixteen million)."""
+    host = client_host(scope)
+    return LOOPBACK_CLIENT if is_loopback_host(host.split("%", 1)[0]) else host
+
+
 class TooManyLogins(Exception):
     def __init__(self, retry_after: float) -> None:
         super().__init__(f"retry after {retry_after:.0f} s")
@@ -237,17 +258,17 @@ class Access:
 
     def authorised(self, request: Request) -> bool:
         """The admin token as a Bearer token, or a session's cookie."""
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.token_is(token.strip())
+        token = bearer(request)
+        if token is not None:
+            return self.token_is(token)
         return self.sessions.valid(request.cookies.get(SESSION_COOKIE, ""))
 
     def may_change(self, request: Request, csrf: str) -> bool:
         """An action's caller: the admin token as a Bearer token (the CLI), or the
         page's own script (its CSRF token in X-CSRF-Token, from this site)."""
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.token_is(token.strip())
+        token = bearer(request)
+        if token is not None:
+            return self.token_is(token)
         given = request.headers.get(CSRF_HEADER, "")
         return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
             given.encode(), csrf.encode())
@@ -256,19 +277,29 @@ class Access:
         return hmac.compare_digest(given.encode(), self._token)
 
     async def log_in(self, request: Request, token: str) -> str | None:
-        """A new session's id for the right token, else None (counted, and this client's
-        next attempt waits longer). TooManyLogins when the client has queued too many."""
-        client = request.client.host if request.client else ""
-        await asyncio.sleep(self.throttle.reserve(client))  # this request waits, no other
-        if not self.token_is(token):
+        """A new session's id for the right token, at once; else None, once this
+        client's wait is over (counted, and its next wrong one waits longer).
+        TooManyLogins when the client has queued too many."""
+        if self.token_is(token):
+            return self.sessions.start()
+        await self.wrong_token(request.scope, "a login to the page failed")
+        return None
+
+    async def wrong_token(self, scope: Scope, said: str) -> None:
+        """A wrong admin token (the login form's or a Bearer token): counted, logged
+        and answered once this client's wait is over (it doubles with each, up to a
+        minute); TooManyLogins when a minute of them is queued already. The right
+        token is checked before any wait: it never waits for another's wrong ones."""
+        client = client_of(scope)
+        try:
+            wait = self.throttle.reserve(client)
+        finally:
             self.throttle.failed(client)
             self.metrics.login_failed()
             # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
             # counts only from AGENTBOX_TRUSTED_PROXIES).
-            log.warning("a login to the page failed", extra={"client": client})
-            return None
-        self.throttle.succeeded(client)
-        return self.sessions.start()
+            log.warning(said, extra={"client": client_host(scope)})
+        await asyncio.sleep(wait)  # this request waits, no other
 
     def login_link(self, base_url: str) -> str:
         """A one-time login link to the page at `base_url` (http://127.0.0.1:8000)."""
@@ -302,6 +333,8 @@ class Access:
             elif scope["path"].startswith(OPEN_PATHS) or self.authorised(Request(scope)):
                 await app(scope, receive, send)
                 return
+            elif bearer(Request(scope)) is not None:  # and not the right one
+                response = await self.refused_bearer(scope)
             elif (scope["method"] == "GET"
                   and "text/html" in Request(scope).headers.get("accept", "")):
                 response = login_page()
@@ -309,6 +342,20 @@ class Access:
                 response = token_required()
             await response(scope, receive, send)
         return guarded
+
+    async def refused_bearer(self, scope: Scope) -> Response:
+        """401 for a wrong Bearer token, slowed as a wrong login is; 429 when this
+        client has a minute of them queued."""
+        if bearer(Request(scope)) is None:
+            return token_required()
+        try:
+            await self.wrong_token(scope, "an admin call with a wrong token was refused")
+        except TooManyLogins as exc:
+            return error_response(429, "too_many_wrong_tokens", (
+                "Too many wrong admin tokens from this client: wait, then send the "
+                "right one (agentbox token)."), headers={
+                    "Retry-After": str(math.ceil(exc.retry_after))})
+        return token_required()
 
     def proof(self, scope: Scope) -> Response:
         """`GET /.well-known/agentbox-proof?nonce=...`: that this is the user's agentbox,

@@ -53,8 +53,10 @@ from agentbox.http.access import (
     LOGIN_LINK_SECONDS,
     Access,
     TooManyLogins,
+    bearer,
     from_this_site,
     page_token_ok,
+    token_required,
 )
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
@@ -156,7 +158,10 @@ class StatusPages:
         return response
 
     async def new_login_link(self, request: Request) -> Response:
-        """`POST /login-links` (admin token): a one-time login link to this page."""
+        """`POST /login-links` (the admin token as a Bearer token; a session is not
+        enough): a one-time login link to this page."""
+        if not self.access.token_is(bearer(request) or ""):
+            return token_required()
         link = LoginLink(url=self.access.login_link(str(request.base_url)),
                          expires_in_seconds=LOGIN_LINK_SECONDS)
         return JSONResponse(link.as_json(), status_code=201)

@@ -345,18 +345,30 @@ def open_page(url: str | None, config_file: Path | None, print_only: bool) -> No
 
     The page is yours alone, not every account's on this machine: the link is
     asked of the running agentbox with your admin token, works once, within
-    minutes, and leaves a session in the browser that opened it."""
+    minutes, and leaves a session in the browser that opened it. The browser is
+    given a file of yours that forwards to the link, never the link itself (any
+    account can read a program's arguments); it waits up to a minute for the
+    browser to use it, then removes the file."""
+    from agentbox import browser
+
     with _client_errors(), _client(url, config_file) as client:
-        link = client.login_link()
-    if print_only or not _browser_opened(link):
-        click.echo(link)
+        if print_only:
+            click.echo(client.login_link())
+            return
+        opened = browser.open_logged_in(client, _browser_opened)
+        if opened is False:  # no browser to start: the link, to paste into one
+            click.echo(client.login_link())
+    if opened is None:
+        raise click.ClickException(
+            f"the browser did not open the page within {browser.HANDOFF_SECONDS:g} s; "
+            "run agentbox open --print for a link to paste into one")
 
 
-def _browser_opened(link: str) -> bool:
+def _browser_opened(uri: str) -> bool:
     import webbrowser
 
     try:
-        return webbrowser.open(link)
+        return webbrowser.open(uri)
     except webbrowser.Error:
         return False
 

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
 import httpx
@@ -611,6 +611,18 @@ class Client:
         url = self._read(LoginLink, self._call("POST", "/login-links",
                                                 headers=self._admin_headers())).url
         return url if next_path is None else f"{url}&next={quote(next_path, safe='/')}"
+
+    def login_link_used(self, link: str) -> bool | None:
+        """Whether the one-time login link `link` (of `login_link`) was used yet; None
+        once it has expired. Needs the admin token."""
+        code = parse_qs(urlsplit(link).query).get("code", [""])[0]
+        link_id = hashlib.sha256(code.encode()).hexdigest()[:32]
+        try:
+            found = self._call("GET", f"/login-links/{link_id}",
+                               headers=self._admin_headers())
+        except NotFound:
+            return None
+        return bool(found.get("used")) if isinstance(found, dict) else None
 
     def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same

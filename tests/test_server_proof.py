@@ -145,3 +145,67 @@ def test_the_address_file_goes_at_ctrl_c_and_a_refused_serve_leaves_it(
     assert recorded.read_text() == before  # the running server's, untouched
     server.stop(signal.SIGINT)
     assert not recorded.exists()
+
+
+PROCESS_READER = """
+import os, sys
+seen = set()
+while True:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    line = f.read().replace(b"\\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if line not in seen:
+                seen.add(line)
+                print(line, flush=True)
+"""
+
+
+def test_agentbox_open_gives_chromium_no_secret_in_its_arguments(
+        server_factory: Any, runtime: Path, tmp_path: Path) -> None:
+    """The process list, read by another account while `agentbox open` runs with
+    Chromium as the browser, shows the file it was given, never the login link; the
+    link is used, the browser logged in, and the file gone."""
+    from tests.support.browser import CHROMIUM, QUIET
+
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or python is None:
+        pytest.skip("playing another account needs root, setpriv and python3")
+    server: Server = server_factory({"XDG_RUNTIME_DIR": str(runtime)})
+    server.start()
+    dumped = tmp_path / "dom.html"
+    browser = tmp_path / "browser.sh"  # what BROWSER names: headless Chromium
+    browser.write_text(  # started in the background, as a desktop's browser is
+        "#!/bin/sh\n"
+        f"{CHROMIUM} --headless {' '.join(QUIET)} --user-data-dir={tmp_path}/profile "
+        f"--timeout=8000 --dump-dom \"$1\" > {dumped} 2>/dev/null &\n")
+    browser.chmod(0o700)
+    reader = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,
+         "-I", "-c", PROCESS_READER], stdout=subprocess.PIPE, text=True, cwd="/")
+    seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(reader.stdout or ()), daemon=True).start()
+    try:
+        wait_until(lambda: any("PROCESS_READER" in s or "/proc" in s for s in seen) or seen,
+                   30, "the process list to be read")
+        opened = agentbox(server, "open", BROWSER=f"{browser} %s")
+        assert opened.returncode == 0, opened.stderr
+        assert opened.stdout == ""  # nothing printed: the browser was opened
+        wait_until(lambda: any("--dump-dom" in s for s in seen), 30,
+                   "the reader to see Chromium's arguments")
+    finally:
+        reader.kill()
+        reader.wait(10)
+        if reader.stdout is not None:
+            reader.stdout.close()
+    handed = [s for s in seen if "--dump-dom" in s]
+    assert any("file://" in s and "/open-" in s for s in handed), handed
+    assert not any("code=" in s for s in seen)  # no login link in any argument list
+    assert "code=" not in opened.stderr
+    assert list(runtime.rglob("open-*.html")) == []  # the file gone after use
+    page = wait_until(lambda: "</html>" in dumped.read_text() and dumped.read_text(), 60,
+                      "Chromium to show the page")
+    assert "agentbox" in page and 'name="token"' not in page  # logged in, no login form

@@ -48,8 +48,7 @@ SESSION_COOKIE = "agentbox_session"
 # Open beyond loopback as well: the receiver checks signatures, /healthz is for load
 # balancers, the login form and the page's stylesheet and script are what asks.
 OPEN_PATHS = ("/webhooks/events", "/healthz", "/ui/login", "/ui/static/")
-LOGIN_DELAY_BASE_SECONDS = 1.0  # the wait after a client's first failed login; doubles
-LOGIN_DELAY_MAX_SECONDS = 60.0  # ... up to this
+LOGIN_DELAY_MAX_TIMES = 60  # a wrong token's wait doubles up to this many times the first
 CSRF_HEADER = "x-csrf-token"  # how the pages' scripts send the CSRF token with an action
 LOGIN_QUEUE_SECONDS = 60.0  # a client whose next attempt is further off gets 429
 LOGIN_FORGET_SECONDS = 900.0  # a client's failures are forgotten after this without one
@@ -137,46 +136,37 @@ class TooManyLogins(Exception):
 @dataclass
 class _Failures:
     count: int
-    next_at: float  # when this client's next attempt may be checked
+    next_at: float  # when this client's next wrong token may be answered
     last: float
 
-    def delay(self) -> float:
-        return float(min(LOGIN_DELAY_BASE_SECONDS * 2.0 ** (self.count - 1),
-                         LOGIN_DELAY_MAX_SECONDS))
+    def delay(self, base: float) -> float:
+        return float(min(base * 2.0 ** (self.count - 1), base * LOGIN_DELAY_MAX_TIMES))
 
 
 class LoginThrottle:
-    """Each client's failed logins, and when its next attempt may be checked."""
+    """Each client's wrong tokens, and when the answer to its next one may be given."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self, base: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock, self._base = clock, base
         self._clients: dict[str, _Failures] = {}  # the least recently failed first
 
-    def reserve(self, client: str) -> float:
-        """Seconds this attempt must wait; the one after it waits longer (it is counted
-        as failing until it succeeds). TooManyLogins if a minute is queued already."""
+    def failed(self, client: str) -> float:
+        """A wrong token from `client`, counted now (those sent at once count each):
+        the seconds its answer must wait; the next one's waits twice as long.
+        TooManyLogins when a minute of answers is queued already."""
         now = self.clock()
-        found = self._clients.get(client)
+        found = self._clients.pop(client, None)
         if found is None or now - found.last > LOGIN_FORGET_SECONDS:
-            self._clients.pop(client, None)
-            return 0.0
-        slot = max(now, found.next_at)
-        if slot - now > LOGIN_QUEUE_SECONDS:
-            raise TooManyLogins(slot - now)
-        found.next_at = slot + found.delay()
-        return slot - now
-
-    def failed(self, client: str) -> None:
-        now = self.clock()
-        found = self._clients.pop(client, None) or _Failures(0, now, now)
+            found = _Failures(0, now, now)
         found.count, found.last = found.count + 1, now
-        found.next_at = max(found.next_at, now + found.delay())
         self._clients[client] = found  # now the most recent
         if len(self._clients) > LOGIN_CLIENTS:
             del self._clients[next(iter(self._clients))]
-
-    def succeeded(self, client: str) -> None:
-        self._clients.pop(client, None)
+        slot = max(now, found.next_at)
+        if slot - now > LOGIN_QUEUE_SECONDS:
+            raise TooManyLogins(slot - now)
+        found.next_at = slot + found.delay(self._base)
+        return slot - now
 
 
 class Sessions:
@@ -226,6 +216,7 @@ class LoginLinks:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._ends: dict[str, float] = {}  # code -> when it stops working, oldest first
+        self._used: dict[str, float] = {}  # a used link's id -> when it would have ended
 
     def make(self) -> str:
         code = secrets.token_urlsafe(32)
@@ -236,7 +227,27 @@ class LoginLinks:
 
     def use(self, code: str) -> bool:
         end = self._ends.pop(code, None)
-        return end is not None and end > self.clock()
+        now = self.clock()
+        if end is None or end <= now:
+            return False
+        self._used = {link: at for link, at in self._used.items() if at > now}
+        self._used[link_id(code)] = end
+        return True
+
+    def used(self, link: str) -> bool | None:
+        """Whether the link of this id (link_id) was used; None: no such link, or
+        expired. What `agentbox open` waits for before it removes the file it gave
+        the browser."""
+        now = self.clock()
+        if self._used.get(link, 0.0) > now:
+            return True
+        waiting = any(link_id(code) == link for code, end in self._ends.items() if end > now)
+        return False if waiting else None
+
+
+def link_id(code: str) -> str:
+    """A login link's name that opens nothing: asked after by whoever made the link."""
+    return hashlib.sha256(code.encode()).hexdigest()[:32]
 
 
 class Access:
@@ -249,7 +260,7 @@ class Access:
         self._token = admin_token.encode()
         self.metrics = metrics
         self.sessions = Sessions(self._token, session_seconds(settings))
-        self.throttle = LoginThrottle(clock)
+        self.throttle = LoginThrottle(settings.login_delay_seconds, clock)
         self.links = LoginLinks(clock)
 
     @property
@@ -290,16 +301,11 @@ class Access:
         and answered once this client's wait is over (it doubles with each, up to a
         minute); TooManyLogins when a minute of them is queued already. The right
         token is checked before any wait: it never waits for another's wrong ones."""
-        client = client_of(scope)
-        try:
-            wait = self.throttle.reserve(client)
-        finally:
-            self.throttle.failed(client)
-            self.metrics.login_failed()
-            # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
-            # counts only from AGENTBOX_TRUSTED_PROXIES).
-            log.warning(said, extra={"client": client_host(scope)})
-        await asyncio.sleep(wait)  # this request waits, no other
+        self.metrics.login_failed()
+        # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
+        # counts only from AGENTBOX_TRUSTED_PROXIES).
+        log.warning(said, extra={"client": client_host(scope)})
+        await asyncio.sleep(self.throttle.failed(client_of(scope)))  # this request alone
 
     def login_link(self, base_url: str) -> str:
         """A one-time login link to the page at `base_url` (http://127.0.0.1:8000)."""

@@ -34,6 +34,7 @@ from agentbox.client import (
     NotFinished,
     NotFound,
     NotProven,
+    NotTrusted,
     Refused,
     Unreachable,
     build_event,
@@ -53,10 +54,17 @@ from agentbox.signing import RECEIVER_PATH
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
+    """The configuration; what another account can change refused (exit status 2)."""
+    from agentbox import ownership
+
     try:
-        return cfg.load_settings(config_file, overrides=overrides)
+        settings = cfg.load_settings(config_file, overrides=overrides)
+        ownership.check(settings, config_file)
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    except ownership.Untrusted as exc:
+        raise Unsafe(str(exc)) from None
+    return settings
 
 
 DATABASE_URL_OPTION = click.option(
@@ -75,6 +83,8 @@ class _Commands(click.Group):
             return super().invoke(ctx)
         except NotProven as exc:
             raise GaveUp(str(exc)) from None
+        except NotTrusted as exc:
+            raise Unsafe(str(exc)) from None
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,6 +127,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
             "host": host, "port": port, "data_dir": data_dir, "database_url": database_url})
     except cfg.ConfigError as exc:
         _refuse(str(exc), EXIT_USAGE)
+    _trusted(settings, config_file)
     setup_logging(settings.log_level, settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
@@ -170,6 +181,18 @@ def _refuse(sentence: str, status: int) -> NoReturn:
     """Why agentbox does not start, in a sentence on stderr; no traceback."""
     click.echo(f"agentbox: {sentence}", err=True)
     sys.exit(status)
+
+
+def _trusted(settings: cfg.Settings, config_file: Path | None) -> None:
+    """Nothing another account can change is served from (agentbox.ownership): the
+    config file, folders, token and secret files, and the runtime folder."""
+    from agentbox import ownership
+
+    try:
+        ownership.check(settings, config_file)
+        ownership.check_path(runtime_file(settings.data_dir).parent)
+    except ownership.Untrusted as exc:
+        _refuse(str(exc), EXIT_USAGE)
 
 
 def _data_directory(settings: cfg.Settings) -> None:
@@ -395,6 +418,8 @@ def client_url(url: str | None, config_file: Path | None = None) -> str:
         return find_url(url, config_file, where="--url")
     except BadAddress as exc:
         raise click.UsageError(str(exc)) from None
+    except NotTrusted as exc:
+        raise Unsafe(str(exc)) from None
     except Misconfigured as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -415,6 +440,8 @@ def _client_errors() -> Iterator[None]:
         yield
     except NotProven as exc:
         raise GaveUp(str(exc)) from None
+    except NotTrusted as exc:
+        raise Unsafe(str(exc)) from None
     except AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
 
@@ -441,6 +468,12 @@ EXIT_USAGE = 2  # as click's own usage errors; serve: a configuration that does 
 EXIT_UNAVAILABLE = 3  # agentbox unreachable, busy (429) or unavailable (503) after retries
 EXIT_RUN_FAILED = 4  # --wait: the run ended failed_permanent or dead_lettered
 EXIT_WAIT_TIMEOUT = 5  # --wait: the run was not finished in time
+
+
+class Unsafe(click.ClickException):
+    """A file of the configuration another account can change: exit status 2."""
+
+    exit_code = EXIT_USAGE
 
 
 class GaveUp(click.ClickException):

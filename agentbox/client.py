@@ -46,7 +46,7 @@ import httpx
 from pydantic import ValidationError
 
 from agentbox import config as cfg
-from agentbox import proof
+from agentbox import ownership, proof
 from agentbox.events import SCHEMA_VERSION, project_name
 from agentbox.events import project_of_file as project_of  # the name it had here
 from agentbox.logs import one_line
@@ -120,6 +120,12 @@ class BadAddress(AgentboxError, ValueError):
 
 class Misconfigured(AgentboxError):
     """The configuration (its file, the secret or token files) cannot be read."""
+
+
+class NotTrusted(Misconfigured):
+    """A file or folder of the configuration (the config file, the token or a secret
+    file, the config, data or runtime folder) can be changed by another account
+    (agentbox.ownership): nothing is read from it, nothing sent."""
 
 
 class InvalidRunId(AgentboxError, ValueError):
@@ -253,6 +259,7 @@ def find_url(url: str | None = None, config_file: Path | None = None,
     if environ.get(URL_ENV, "").strip():
         return base_url(environ[URL_ENV], URL_ENV)
     settings = load_settings(config_file)
+    check_runtime_folder(settings.data_dir)
     return recorded_url(settings.data_dir) or configured_url(settings)
 
 
@@ -299,10 +306,25 @@ def configured_url(settings: cfg.Settings) -> str:
 
 
 def load_settings(config_file: Path | None) -> cfg.Settings:
+    """The configuration, as `agentbox serve` reads it: Misconfigured when it cannot be
+    read, NotTrusted when another account can change it (agentbox.ownership)."""
     try:
-        return cfg.load_settings(config_file)
+        settings = cfg.load_settings(config_file)
+        ownership.check(settings, config_file)
     except cfg.ConfigError as exc:
         raise Misconfigured(str(exc)) from None
+    except ownership.Untrusted as exc:
+        raise NotTrusted(str(exc)) from None
+    return settings
+
+
+def check_runtime_folder(data_dir: Path) -> None:
+    """NotTrusted when the folder of the server's address file is another account's: its
+    file would name that account's address (and no port is guessed instead)."""
+    try:
+        ownership.check_path(runtime_file(data_dir).parent)
+    except ownership.Untrusted as exc:
+        raise NotTrusted(str(exc)) from None
 
 
 # -- events -------------------------------------------------------------------------------------

@@ -414,14 +414,18 @@ class Client:
         self._admin_token = admin_token
         self.retries = retries
         self.progress: Progress = progress or (lambda message: None)
-        self._http = httpx.Client(timeout=timeout, transport=self._transport())
-
-    def _transport(self) -> httpx.HTTPTransport:
-        """httpx's transport; to a loopback address over http, each new connection
-        proves the server first (agentbox.proof)."""
-        transport = httpx.HTTPTransport()
         parts = urlsplit(self.url)
-        if parts.scheme == "http" and cfg.is_loopback_host(parts.hostname or ""):
+        proving = parts.scheme == "http" and cfg.is_loopback_host(parts.hostname or "")
+        # To loopback, no proxy of the environment's (HTTP_PROXY): the token would
+        # go to the proxy, unproved
+        self._http = httpx.Client(timeout=timeout, transport=self._transport(proving),
+                                  trust_env=not proving)
+
+    def _transport(self, proving: bool) -> httpx.HTTPTransport:
+        """httpx's transport; `proving` (to a loopback address over http), each new
+        connection proves the server first (agentbox.proof)."""
+        transport = httpx.HTTPTransport()
+        if proving:
             # httpx names no door for a network backend: its pool's is set here
             pool = transport._pool
             pool._network_backend = _ProvingBackend(

@@ -209,3 +209,19 @@ def test_agentbox_open_gives_chromium_no_secret_in_its_arguments(
     page = wait_until(lambda: "</html>" in dumped.read_text() and dumped.read_text(), 60,
                       "Chromium to show the page")
     assert "agentbox" in page and 'name="token"' not in page  # logged in, no login form
+
+
+def test_a_proxy_of_the_environment_never_gets_a_loopback_call(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY would take the token unproved: to loopback, no proxy is used."""
+    impostor = Impostor(free_port())  # as a proxy: it would answer, and record the token
+    try:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{impostor.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with Client(server.url, admin_token=server.admin_token()) as box:
+            assert box.runs().runs == []
+        assert impostor.received() == ""
+    finally:
+        impostor.stop()

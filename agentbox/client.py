@@ -433,10 +433,18 @@ class Client:
         return transport
 
     def _proof_token(self) -> str | None:
-        """The token a server must prove it holds; None when this client has none (it
-        then sends no admin call either)."""
+        """The token a server must prove it holds; None when this client has none (a
+        sender's configuration, with the webhook secret alone: none is made for it
+        here, as an admin call would)."""
         try:
+            if self._admin_token is None and not self._environ.get(
+                    cfg.env_name("admin_token"), "").strip():
+                kept = load_settings(self.config_file).config_dir / cfg.ADMIN_TOKEN_FILE
+                if not kept.exists():
+                    return None
             return self._token()
+        except NotTrusted:
+            raise  # nothing is sent, proved or not
         except Misconfigured:
             return None
 

@@ -22,9 +22,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
-        "files"}
+        "files", "proof", "ownership"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
-SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
+SHELLS = {"cli", "client", "browser", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
 
 # What each room may import (its own modules are always allowed). The engine (the
@@ -41,7 +41,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "review": {"engine", "store", "archive", "http"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).
     "archive": {"store"} | CORE,
-    "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
+    "desktop": {"client", "browser", "terminal", "review", "store", "engine", "http"} | CORE,
     "client": set(CORE),
     "terminal": {"review", "engine"} | CORE,  # the mix review's names
 }

@@ -19,7 +19,10 @@ every failure is an `AgentboxError`, one of the typed errors below (`Unreachable
 connection that fails (`retries` times, with backoff); `follow` waits out a
 restart; nothing else is tried twice. Waiting (a busy or restarting agentbox) is
 told to the `progress` callback, never printed. One Client keeps one HTTP
-connection alive; close it, or use it in a `with`.
+connection alive; close it, or use it in a `with`. To a loopback address, each new
+connection first has the server prove it holds this user's admin token
+(agentbox.proof): a listener that cannot gets nothing, and the call raises
+`NotProven`. A configuration another account can change raises `NotTrusted`.
 """
 
 from __future__ import annotations

@@ -859,6 +859,9 @@ class Client:
             raise self._unreachable(exc) from None
 
 
+PROOF_TRIES = 3  # connections proved and then closed by the server, before giving up
+
+
 class _ProvingBackend(httpcore.NetworkBackend):
     """httpcore's network, where each new connection proves the server before httpx
     sends a request on it (agentbox.proof); NotProven closes it unused."""
@@ -870,24 +873,32 @@ class _ProvingBackend(httpcore.NetworkBackend):
     def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                     local_address: str | None = None,
                     socket_options: Any = None) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        token = self._token()
-        if token is None:
-            return stream
-        try:
-            self._prove(stream, token, f"{host}:{port}" if ":" not in host
-                        else f"[{host}]:{port}")
-        except BaseException:
-            stream.close()
-            raise
-        return stream
+        for _ in range(PROOF_TRIES):
+            stream = self._inner.connect_tcp(host, port, timeout, local_address,
+                                             socket_options)
+            token = self._token()
+            if token is None:
+                return stream
+            try:
+                open_on = self._prove(stream, token, f"{host}:{port}" if ":" not in host
+                                      else f"[{host}]:{port}")
+            except BaseException:
+                stream.close()
+                raise
+            if open_on:
+                return stream
+            stream.close()  # proved, but closed after it (at its connections' limit)
+        raise httpcore.ConnectError(f"{self._url} closed each connection after its proof")
 
-    def _prove(self, stream: httpcore.NetworkStream, token: str, host: str) -> None:
+    def _prove(self, stream: httpcore.NetworkStream, token: str, host: str) -> bool:
+        """NotProven unless the server proves itself; whether the connection stays open."""
         nonce = proof.new_nonce()
         try:
-            body = proof.exchange(lambda data: stream.write(data, proof.PROOF_SECONDS),
-                                  lambda: stream.read(65536, proof.PROOF_SECONDS), host, nonce)
+            body, open_on = proof.exchange(
+                lambda data: stream.write(data, proof.PROOF_SECONDS),
+                lambda: stream.read(65536, proof.PROOF_SECONDS), host, nonce)
             proof.check(token, nonce, stream.get_extra_info("server_addr"), body)
+            return open_on
         except (proof.NotProven, httpcore.TimeoutException) as exc:
             why = str(exc) if isinstance(exc, proof.NotProven) else \
                 f"it did not prove itself within {proof.PROOF_SECONDS:g} s"

@@ -88,10 +88,11 @@ def new_nonce() -> str:
 
 
 def exchange(write: Callable[[bytes], None], read: Callable[[], bytes],
-             host_header: str, nonce: str) -> bytes:
+             host_header: str, nonce: str) -> tuple[bytes, bool]:
     """One GET of PROOF_PATH over a fresh connection (`write`, `read`: its bytes; read
-    returns b"" at its end): the answer's body, when the status is 200. The connection
-    stays open for the requests that follow (HTTP/1.1 keep-alive)."""
+    returns b"" at its end): the answer's body, when the status is 200, and whether the
+    connection stays open for the requests that follow (HTTP/1.1 keep-alive; a server
+    at its connections' limit may close it)."""
     import h11
 
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_PROOF_BYTES)
@@ -117,6 +118,6 @@ def exchange(write: Callable[[bytes], None], read: Callable[[], bytes],
                 raise NotProven("it closed the connection instead of proving itself")
     except h11.ProtocolError:
         raise NotProven("it did not answer in HTTP") from None
-    if status != 200 or conn.their_state is not h11.DONE:
+    if status != 200:
         raise NotProven(f"it answered agentbox's proof with {status or 'nothing'}")
-    return body
+    return body, conn.their_state is h11.DONE

@@ -345,3 +345,26 @@ def test_a_credential_that_cannot_be_kept_is_misconfigured(tmp_path: Path,
             with pytest.raises(Misconfigured) as unkept:
                 call()
             assert f"give it in {variable}" in str(unkept.value)
+
+
+class ClosingAfterProof(Recorder):
+    """agentbox at its connections' limit: it proves itself, then closes."""
+
+    def end_headers(self) -> None:
+        if self.path.startswith(proof.PROOF_PATH):
+            self.send_header("Connection", "close")
+        super().end_headers()
+
+
+def test_a_connection_closed_after_its_proof_is_not_used_for_the_request() -> None:
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosingAfterProof)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    Recorder.seen.clear()
+    try:
+        with Client(f"http://127.0.0.1:{served.server_address[1]}",
+                    admin_token=RECORDER_TOKEN) as box, pytest.raises(Unreachable):
+            box.runs()
+    finally:
+        served.shutdown()
+        served.server_close()
+    assert Recorder.seen == []  # proved each time, closed each time: never asked

@@ -33,6 +33,8 @@ from agentbox.client import (
     Misconfigured,
     NotFinished,
     NotFound,
+    NotProven,
+    NotTrusted,
     Refused,
     Unreachable,
     build_event,
@@ -54,10 +56,17 @@ if TYPE_CHECKING:
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
+    """The configuration; what another account can change refused (exit status 2)."""
+    from agentbox import ownership
+
     try:
-        return cfg.load_settings(config_file, overrides=overrides)
+        settings = cfg.load_settings(config_file, overrides=overrides)
+        ownership.check(settings, config_file)
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    except ownership.Untrusted as exc:
+        raise Unsafe(str(exc)) from None
+    return settings
 
 
 DATABASE_URL_OPTION = click.option(
@@ -67,7 +76,20 @@ DATABASE_URL_OPTION = click.option(
          "all, shows in the process list.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands; wherever a client meets a listener that is not the user's
+    agentbox (client.NotProven), one sentence and exit status 3, as for no server."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NotProven as exc:
+            raise GaveUp(str(exc)) from None
+        except NotTrusted as exc:
+            raise Unsafe(str(exc)) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def main() -> None:
     """agentbox: each mix you render, reviewed: is it ready, and what to fix first.
@@ -107,15 +129,21 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
             "host": host, "port": port, "data_dir": data_dir, "database_url": database_url})
     except cfg.ConfigError as exc:
         _refuse(str(exc), EXIT_USAGE)
+    _trusted(settings, config_file)
     setup_logging(settings.log_level, settings.log_format)
     capture_output(settings.log_format)
     _data_directory(settings)
     settings, app = _app(settings)
-    recorded = None
+    # Recorded once this server has started (the data directory is its own then: a
+    # second serve refused never touches the first's file), removed at every stop.
+    recorded: list[Path | None] = []
     try:
         sockets = [found] if (found := server.listen(settings.host, settings.port)) else None
-        recorded = record_address(settings, found.getsockname()[1] if found else settings.port)
-        server.run(app, settings, sockets=sockets, host=settings.host, port=settings.port,
+        port = found.getsockname()[1] if found else settings.port
+        server.run(app, settings, sockets=sockets,
+                   on_ready=lambda: recorded.append(record_address(settings, port)),
+                   on_stop=lambda: forget_address(*recorded[:1]),
+                   host=settings.host, port=settings.port,
                    log_config=None, access_log=False, loop=portable.EVENT_LOOP,
                    lifespan="on",
                    timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 5,
@@ -123,7 +151,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     except (server.PortInUse, server.StartupFailed) as exc:
         _refuse(str(exc), EXIT_REFUSED, settings)
     finally:
-        forget_address(recorded)
+        forget_address(*recorded[:1])
 
 
 def record_address(settings: cfg.Settings, port: int) -> Path | None:
@@ -143,7 +171,7 @@ def record_address(settings: cfg.Settings, port: int) -> Path | None:
     return path
 
 
-def forget_address(path: Path | None) -> None:
+def forget_address(path: Path | None = None) -> None:
     """Remove this server's runtime file, unless a later server has made it its own."""
     if path is None:
         return
@@ -165,6 +193,18 @@ def _refuse(sentence: str, status: int, settings: cfg.Settings | None = None) ->
         log_format = log_format if log_format in cfg.LOG_FORMATS else "auto"
     click.echo(refusal_line(sentence, status, log_format), file=unwrapped(sys.stderr))
     sys.exit(status)
+
+
+def _trusted(settings: cfg.Settings, config_file: Path | None) -> None:
+    """Nothing another account can change is served from (agentbox.ownership): the
+    config file, folders, token and secret files, and the runtime folder."""
+    from agentbox import ownership
+
+    try:
+        ownership.check(settings, config_file)
+        ownership.check_path(runtime_file(settings.data_dir).parent)
+    except ownership.Untrusted as exc:
+        _refuse(str(exc), EXIT_USAGE)
 
 
 def _data_directory(settings: cfg.Settings) -> None:
@@ -423,18 +463,30 @@ def open_page(url: str | None, config_file: Path | None, print_only: bool) -> No
 
     The page is yours alone, not every account's on this machine: the link is
     asked of the running agentbox with your admin token, works once, within
-    minutes, and leaves a session in the browser that opened it."""
+    minutes, and leaves a session in the browser that opened it. The browser is
+    given a file of yours that forwards to the link, never the link itself (any
+    account can read a program's arguments); it waits up to a minute for the
+    browser to use it, then removes the file."""
+    from agentbox import browser
+
     with _client_errors(), _client(url, config_file) as client:
-        link = client.login_link()
-    if print_only or not _browser_opened(link):
-        click.echo(link)
+        if print_only:
+            click.echo(client.login_link())
+            return
+        opened = browser.open_logged_in(client, _browser_opened)
+        if opened is False:  # no browser to start: the link, to paste into one
+            click.echo(client.login_link())
+    if opened is None:
+        raise click.ClickException(
+            f"the browser did not open the page within {browser.HANDOFF_SECONDS:g} s; "
+            "run agentbox open --print for a link to paste into one")
 
 
-def _browser_opened(link: str) -> bool:
+def _browser_opened(uri: str) -> bool:
     import webbrowser
 
     try:
-        return webbrowser.open(link)
+        return webbrowser.open(uri)
     except webbrowser.Error:
         return False
 
@@ -461,6 +513,8 @@ def client_url(url: str | None, config_file: Path | None = None) -> str:
         return find_url(url, config_file, where="--url")
     except BadAddress as exc:
         raise click.UsageError(str(exc)) from None
+    except NotTrusted as exc:
+        raise Unsafe(str(exc)) from None
     except Misconfigured as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -479,6 +533,10 @@ def _client_errors() -> Iterator[None]:
     """The client's errors as the command line's: their sentence, exit status 1."""
     try:
         yield
+    except NotProven as exc:
+        raise GaveUp(str(exc)) from None
+    except NotTrusted as exc:
+        raise Unsafe(str(exc)) from None
     except AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
 
@@ -507,6 +565,12 @@ EXIT_RUN_FAILED = 4  # --wait: the run ended failed_permanent or dead_lettered
 EXIT_WAIT_TIMEOUT = 5  # --wait: the run was not finished in time
 
 
+class Unsafe(click.ClickException):
+    """A file of the configuration another account can change: exit status 2."""
+
+    exit_code = EXIT_USAGE
+
+
 class GaveUp(click.ClickException):
     """agentbox unreachable for good: exit status 3, as `send`'s retries running out."""
 
@@ -524,7 +588,7 @@ def follow(url: str | Client, run_id: str, timeout: float,
                           sleep=sleep)
     except NotFinished:
         return None
-    except Unreachable as exc:
+    except (Unreachable, NotProven) as exc:
         raise GaveUp(str(exc)) from None
     except AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
@@ -757,8 +821,8 @@ def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> Accept
     the retries said why (exit status 3)."""
     try:
         return box.send_body(body, retries=retries)
-    except Unreachable as exc:
-        _say(f"giving up: {exc}")
+    except (Unreachable, NotProven) as exc:
+        _say(f"giving up: {exc}" if isinstance(exc, Unreachable) else str(exc))
         sys.exit(EXIT_UNAVAILABLE)
     except Refused as exc:
         if for_people:

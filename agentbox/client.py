@@ -19,7 +19,10 @@ every failure is an `AgentboxError`, one of the typed errors below (`Unreachable
 connection that fails (`retries` times, with backoff); `follow` waits out a
 restart; nothing else is tried twice. Waiting (a busy or restarting agentbox) is
 told to the `progress` callback, never printed. One Client keeps one HTTP
-connection alive; close it, or use it in a `with`.
+connection alive; close it, or use it in a `with`. To a loopback address, each new
+connection first has the server prove it holds this user's admin token
+(agentbox.proof): a listener that cannot gets nothing, and the call raises
+`NotProven`. A configuration another account can change raises `NotTrusted`.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast, overload
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
+import httpcore
 import httpx
 from pydantic import BaseModel, ValidationError
 
 from agentbox import config as cfg
+from agentbox import ownership, proof
 
 # The apps' answers, read into their models; importable from here too, as they were
 # from agentbox.models before the apps owned them.
@@ -134,6 +139,12 @@ class Misconfigured(AgentboxError):
     """The configuration (its file, the secret or token files) cannot be read."""
 
 
+class NotTrusted(Misconfigured):
+    """A file or folder of the configuration (the config file, the token or a secret
+    file, the config, data or runtime folder) can be changed by another account
+    (agentbox.ownership): nothing is read from it, nothing sent."""
+
+
 class InvalidRunId(AgentboxError, ValueError):
     """Not a run id (they look like run_0192f3a4b5c6...): never put into a path."""
 
@@ -158,6 +169,12 @@ class Unreachable(AgentboxError):
 
 class NotAgentbox(AgentboxError):
     """Something answered at the address that is not agentbox (another program)."""
+
+
+class NotProven(AgentboxError):
+    """What listens at agentbox's loopback address did not prove it is the user's
+    agentbox (agentbox.proof): another account's program, say, on the port of a
+    stopped agentbox. Nothing was sent to it: no token, no event, no request."""
 
 
 class UnexpectedAnswer(NotAgentbox):
@@ -259,6 +276,7 @@ def find_url(url: str | None = None, config_file: Path | None = None,
     if environ.get(URL_ENV, "").strip():
         return base_url(environ[URL_ENV], URL_ENV)
     settings = load_settings(config_file)
+    check_runtime_folder(settings.data_dir)
     return recorded_url(settings.data_dir) or configured_url(settings)
 
 
@@ -305,10 +323,25 @@ def configured_url(settings: cfg.Settings) -> str:
 
 
 def load_settings(config_file: Path | None) -> cfg.Settings:
+    """The configuration, as `agentbox serve` reads it: Misconfigured when it cannot be
+    read, NotTrusted when another account can change it (agentbox.ownership)."""
     try:
-        return cfg.load_settings(config_file)
+        settings = cfg.load_settings(config_file)
+        ownership.check(settings, config_file)
     except cfg.ConfigError as exc:
         raise Misconfigured(str(exc)) from None
+    except ownership.Untrusted as exc:
+        raise NotTrusted(str(exc)) from None
+    return settings
+
+
+def check_runtime_folder(data_dir: Path) -> None:
+    """NotTrusted when the folder of the server's address file is another account's: its
+    file would name that account's address (and no port is guessed instead)."""
+    try:
+        ownership.check_path(runtime_file(data_dir).parent)
+    except ownership.Untrusted as exc:
+        raise NotTrusted(str(exc)) from None
 
 
 # -- events -------------------------------------------------------------------------------------
@@ -404,7 +437,39 @@ class Client:
         self._admin_token = admin_token
         self.retries = retries
         self.progress: Progress = progress or (lambda message: None)
-        self._http = httpx.Client(timeout=timeout)
+        parts = urlsplit(self.url)
+        proving = parts.scheme == "http" and cfg.is_loopback_host(parts.hostname or "")
+        # To loopback, no proxy of the environment's (HTTP_PROXY): the token would
+        # go to the proxy, unproved
+        self._http = httpx.Client(timeout=timeout, transport=self._transport(proving),
+                                  trust_env=not proving)
+
+    def _transport(self, proving: bool) -> httpx.HTTPTransport:
+        """httpx's transport; `proving` (to a loopback address over http), each new
+        connection proves the server first (agentbox.proof)."""
+        transport = httpx.HTTPTransport()
+        if proving:
+            # httpx names no door for a network backend: its pool's is set here
+            pool = transport._pool
+            pool._network_backend = _ProvingBackend(
+                pool._network_backend, self._proof_token, self.url)
+        return transport
+
+    def _proof_token(self) -> str | None:
+        """The token a server must prove it holds; None when this client has none (a
+        sender's configuration, with the webhook secret alone: none is made for it
+        here, as an admin call would)."""
+        try:
+            if self._admin_token is None and not self._environ.get(
+                    cfg.env_name("admin_token"), "").strip():
+                kept = load_settings(self.config_file).config_dir / cfg.ADMIN_TOKEN_FILE
+                if not kept.exists():
+                    return None
+            return self._token()
+        except NotTrusted:
+            raise  # nothing is sent, proved or not
+        except Misconfigured:
+            return None
 
     def close(self) -> None:
         self._http.close()
@@ -431,16 +496,19 @@ class Client:
             raise _cannot_keep("the webhook secret", "AGENTBOX_WEBHOOK_SECRET", exc) from None
         return settings.webhook_secret[0]
 
+    def _token(self) -> str:
+        """The admin token: given, else the user's own (read afresh)."""
+        if self._admin_token is not None:
+            return self._admin_token
+        try:
+            return cfg.admin_token(load_settings(self.config_file), self._environ)
+        except cfg.ConfigError as exc:
+            raise Misconfigured(str(exc)) from None
+        except OSError as exc:
+            raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
+
     def _admin_headers(self) -> dict[str, str]:
-        token = self._admin_token
-        if token is None:
-            try:
-                token = cfg.admin_token(load_settings(self.config_file), self._environ)
-            except cfg.ConfigError as exc:
-                raise Misconfigured(str(exc)) from None
-            except OSError as exc:
-                raise _cannot_keep("the admin token", "AGENTBOX_ADMIN_TOKEN", exc) from None
-        return {"Authorization": f"Bearer {token}"}
+        return {"Authorization": f"Bearer {self._token()}"}
 
     # -- sending --
 
@@ -625,6 +693,18 @@ class Client:
         url = self._read(LoginLink, self._call("POST", "/login-links",
                                                 headers=self._admin_headers())).url
         return url if next_path is None else f"{url}&next={quote(next_path, safe='/')}"
+
+    def login_link_used(self, link: str) -> bool | None:
+        """Whether the one-time login link `link` (of `login_link`) was used yet; None
+        once it has expired. Needs the admin token."""
+        code = parse_qs(urlsplit(link).query).get("code", [""])[0]
+        link_id = hashlib.sha256(code.encode()).hexdigest()[:32]
+        try:
+            found = self._call("GET", f"/login-links/{link_id}",
+                               headers=self._admin_headers())
+        except NotFound:
+            return None
+        return bool(found.get("used")) if isinstance(found, dict) else None
 
     def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same
@@ -822,6 +902,60 @@ class Client:
                 yield from _events(response.iter_lines())
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
+
+
+PROOF_TRIES = 3  # connections proved and then closed by the server, before giving up
+
+
+class _ProvingBackend(httpcore.NetworkBackend):
+    """httpcore's network, where each new connection proves the server before httpx
+    sends a request on it (agentbox.proof); NotProven closes it unused."""
+
+    def __init__(self, inner: httpcore.NetworkBackend, token: Callable[[], str | None],
+                 url: str) -> None:
+        self._inner, self._token, self._url = inner, token, url
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        for _ in range(PROOF_TRIES):
+            stream = self._inner.connect_tcp(host, port, timeout, local_address,
+                                             socket_options)
+            token = self._token()
+            if token is None:
+                return stream
+            try:
+                open_on = self._prove(stream, token, f"{host}:{port}" if ":" not in host
+                                      else f"[{host}]:{port}")
+            except BaseException:
+                stream.close()
+                raise
+            if open_on:
+                return stream
+            stream.close()  # proved, but closed after it (at its connections' limit)
+        raise httpcore.ConnectError(f"{self._url} closed each connection after its proof")
+
+    def _prove(self, stream: httpcore.NetworkStream, token: str, host: str) -> bool:
+        """NotProven unless the server proves itself; whether the connection stays open."""
+        nonce = proof.new_nonce()
+        try:
+            body, open_on = proof.exchange(
+                lambda data: stream.write(data, proof.PROOF_SECONDS),
+                lambda: stream.read(65536, proof.PROOF_SECONDS), host, nonce)
+            proof.check(token, nonce, stream.get_extra_info("server_addr"), body)
+            return open_on
+        except (proof.NotProven, httpcore.TimeoutException) as exc:
+            why = str(exc) if isinstance(exc, proof.NotProven) else \
+                f"it did not prove itself within {proof.PROOF_SECONDS:g} s"
+            raise NotProven(f"something else listens at {self._url}, not your agentbox "
+                            f"({why}); nothing was sent to it") from None
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        return self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
 
 
 START_HINT = ("Is it running? Start it with: agentbox serve (in a checkout: scripts/run; at "

@@ -67,6 +67,7 @@ DEFAULT_SESSION_SECONDS = 43_200.0  # a login to the page (beyond loopback) last
 # ... and on loopback 400 days, the longest a browser keeps a cookie: a musician logs in
 # once per browser, and the page is still the user's alone (agentbox.http.access).
 DEFAULT_LOOPBACK_SESSION_SECONDS = 400 * 86_400.0
+DEFAULT_LOGIN_DELAY_SECONDS = 1.0  # a wrong admin token's first wait (see login_delay_seconds)
 # Retention: finished runs go after a month (a month of history on the operator's
 # page, and well past the 7-day idempotency window, which it may not undercut);
 # raw event bodies, which may carry personal data, after a week.
@@ -176,6 +177,9 @@ class Settings:
     head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT_SECONDS
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
     session_seconds: float | None = None  # None: session_seconds() by the host
+    # The wait after a client's first wrong admin token; it doubles with each, up to 60
+    # times this (agentbox.http.access)
+    login_delay_seconds: float = DEFAULT_LOGIN_DELAY_SECONDS
     # Reverse proxies (IPs or networks) whose X-Forwarded-For / -Proto are believed: the
     # client address the login throttle counts by. None by default: nobody's.
     trusted_proxies: tuple[str, ...] = ()
@@ -382,6 +386,7 @@ _POSITIVE_FLOATS = {
     "lease_seconds", "retry_base_seconds", "retry_max_seconds", "shutdown_grace_seconds",
     "maintenance_interval_seconds", "callback_timeout_seconds", "body_timeout_seconds",
     "keep_alive_seconds", "head_timeout_seconds", "session_seconds", "retention_days",
+    "login_delay_seconds",
     "body_retention_days", "subscription_min_ttl_seconds", "subscription_max_ttl_seconds",
 }
 _POSITIVE_INTS = {"port", "max_retries", "max_body_bytes", "max_pending", "worker_concurrency",
@@ -818,7 +823,7 @@ def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) ->
     """AGENTBOX_ADMIN_TOKEN, else the token kept in the config dir (made on first use)."""
     environ = os.environ if environ is None else environ
     path = settings.config_dir / ADMIN_TOKEN_FILE
-    given = environ.get(env_name("admin_token"))
+    given = environ.get(env_name("admin_token"), "").strip()  # as a Bearer token is read
     token = given or secret_from_file(path)
     if len(token) < MIN_ADMIN_TOKEN_CHARS:  # guessed in minutes, throttle or not
         where = env_name("admin_token") if given else str(path)

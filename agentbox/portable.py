@@ -92,6 +92,25 @@ def private_file(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
 
 
+def others_may_change(path: Path) -> str | None:
+    """POSIX: why another account could change `path`, in a few words with its mode
+    (another account owns it, or its group or everyone may write it); None when only
+    this user (or root) can, or there is nothing there. Windows: None (its ACLs are
+    not read)."""
+    if WINDOWS:
+        return None
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    mode = f"mode {stat.S_IMODE(found.st_mode):04o}"
+    if found.st_uid not in (os.getuid(), 0):  # type: ignore[attr-defined,unused-ignore]
+        return f"owned by another account (uid {found.st_uid}, {mode})"
+    if found.st_mode & 0o022:
+        return f"writable by {'everyone' if found.st_mode & 0o002 else 'its group'} ({mode})"
+    return None
+
+
 def make_private(path: Path, mode: int) -> int | None:
     """POSIX: if `path` lets anyone but its owner in and this user owns it, set it to
     `mode` and return the mode it had; else None (Windows: always None)."""

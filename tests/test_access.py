@@ -102,9 +102,8 @@ async def test_logout_ends_the_session_and_needs_the_csrf_token(tmp_path: Path,
 
 
 async def test_failed_logins_slow_down_that_client_alone_and_are_counted(
-        tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(access, "LOGIN_DELAY_BASE_SECONDS", 0.3)
-    async with in_process(tmp_path, **BEYOND) as box:
+        tmp_path: Path, anyio_backend: str) -> None:
+    async with in_process(tmp_path, **BEYOND, AGENTBOX_LOGIN_DELAY_SECONDS="0.3") as box:
         async with client(box, "10.0.0.66") as guesser, client(box, "10.0.0.7") as owner:
             took = []
             for _ in range(3):
@@ -129,9 +128,12 @@ async def test_failed_logins_slow_down_that_client_alone_and_are_counted(
 
 async def test_a_client_with_a_minute_of_attempts_queued_gets_429(
         tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(access, "LOGIN_DELAY_BASE_SECONDS", 10.0)
     monkeypatch.setattr(access, "LOGIN_QUEUE_SECONDS", 5.0)
-    async with in_process(tmp_path, **BEYOND) as box, client(box, "10.0.0.66") as guesser:
+    async with in_process(tmp_path, **BEYOND, AGENTBOX_LOGIN_DELAY_SECONDS="10") as box, \
+            client(box, "10.0.0.66") as guesser:
         assert (await guesser.post("/ui/login", data={"token": "x"})).status_code == 401
-        refused = await guesser.post("/ui/login", data={"token": ADMIN_TOKEN})
+        refused = await guesser.post("/ui/login", data={"token": "y"})
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 5
+        # The right token is checked before any wait: it never waits for wrong ones.
+        right = await guesser.post("/ui/login", data={"token": ADMIN_TOKEN})
+        assert right.status_code == 303

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentbox import proof
 from agentbox.client import (
     RUN_ID,
     START_HINT,
@@ -156,12 +157,33 @@ def test_an_agentbox_that_is_not_there_is_unreachable_and_waited_for() -> None:
 # -- what goes into a request's path --------------------------------------------------------
 
 
+RECORDER_TOKEN = "the-recorder-s-admin-token-0123"
+
+
 class Recorder(http.server.BaseHTTPRequestHandler):
-    """A server that writes down every request line and answers 404 as agentbox does."""
+    """A server that writes down every request line and answers 404 as agentbox does
+    (and proves itself as agentbox does, with RECORDER_TOKEN: agentbox.proof)."""
 
     seen: ClassVar[list[str]] = []
+    protocol_version = "HTTP/1.1"  # kept alive, as uvicorn's: the proof's connection serves on
+
+    def _proved(self) -> bool:
+        """Whether this was the proof asked before any request, now answered."""
+        if not self.path.startswith(proof.PROOF_PATH):
+            return False
+        nonce = parse_qs(urlsplit(self.path).query)["nonce"][0]
+        body = json.dumps(proof.answer(RECORDER_TOKEN.encode(), nonce,
+                                       self.server.server_address[:2])).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
 
     def _answer(self) -> None:
+        if self._proved():
+            return
         self.seen.append(f"{self.command} {self.path}")
         body = json.dumps({"error_code": "run_not_found", "message": "no such run"}).encode()
         self.send_response(404)
@@ -192,7 +214,7 @@ HOSTILE = ["../prune?", "run_1/replay", "run_1?history=1", "run_1#x", "run_%2e%2
 @pytest.mark.parametrize("run_id", HOSTILE)
 def test_what_is_not_a_run_id_is_never_sent(recorder: str, run_id: str) -> None:
     Recorder.seen.clear()
-    with Client(recorder, secret="s", admin_token="t") as box:
+    with Client(recorder, secret="s", admin_token=RECORDER_TOKEN) as box:
         for call in (box.run, box.replay, box.follow):
             with pytest.raises(InvalidRunId) as refused:
                 call(run_id)
@@ -204,7 +226,7 @@ def test_what_is_not_a_run_id_is_never_sent(recorder: str, run_id: str) -> None:
 @given(st.text(max_size=40))
 def test_a_run_id_reaches_its_own_path_or_none(recorder: str, run_id: str) -> None:
     Recorder.seen.clear()
-    with Client(recorder, admin_token="t") as box:
+    with Client(recorder, admin_token=RECORDER_TOKEN) as box:
         try:
             box.replay(run_id)
         except InvalidRunId:
@@ -220,7 +242,7 @@ def test_a_run_id_reaches_its_own_path_or_none(recorder: str, run_id: str) -> No
 @given(st.text(min_size=1, max_size=40).filter(lambda t: "\x00" not in t))
 def test_a_project_name_reaches_the_query_as_it_is(recorder: str, project: str) -> None:
     Recorder.seen.clear()
-    with Client(recorder) as box, pytest.raises(NotFound):
+    with Client(recorder, admin_token=RECORDER_TOKEN) as box, pytest.raises(NotFound):
         box.exports(project)
     method, target = Recorder.seen[0].split(" ", 1)
     parts = urlsplit(target)
@@ -258,7 +280,7 @@ def test_a_file_that_cannot_be_read_is_an_agentbox_error(recorder: str,
                                                          tmp_path: Path) -> None:
     Recorder.seen.clear()
     missing = tmp_path / "never rendered.wav"
-    with Client(recorder, secret="s", admin_token="t") as box:
+    with Client(recorder, secret="s", admin_token=RECORDER_TOKEN) as box:
         for send in (box.send_export, lambda path: box.add_reference(path, "p")):
             with pytest.raises(FileUnreadable) as unread:
                 send(missing)
@@ -273,6 +295,8 @@ class Stranger(Recorder):
     """JSON that is not agentbox's answer (a field missing)."""
 
     def _answer(self) -> None:
+        if self._proved():
+            return
         body = json.dumps({"runs": [{"run_id": "run_1"}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -287,7 +311,8 @@ def test_json_of_another_shape_is_not_agentbox_s_answer() -> None:
     served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
     threading.Thread(target=served.serve_forever, daemon=True).start()
     try:
-        with Client(f"http://127.0.0.1:{served.server_address[1]}") as box, \
+        with Client(f"http://127.0.0.1:{served.server_address[1]}",
+                    admin_token=RECORDER_TOKEN) as box, \
                 pytest.raises(UnexpectedAnswer) as odd:
             box.runs()
     finally:
@@ -331,3 +356,26 @@ def test_a_credential_that_cannot_be_kept_is_misconfigured(tmp_path: Path,
             with pytest.raises(Misconfigured) as unkept:
                 call()
             assert f"give it in {variable}" in str(unkept.value)
+
+
+class ClosingAfterProof(Recorder):
+    """agentbox at its connections' limit: it proves itself, then closes."""
+
+    def end_headers(self) -> None:
+        if self.path.startswith(proof.PROOF_PATH):
+            self.send_header("Connection", "close")
+        super().end_headers()
+
+
+def test_a_connection_closed_after_its_proof_is_not_used_for_the_request() -> None:
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosingAfterProof)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    Recorder.seen.clear()
+    try:
+        with Client(f"http://127.0.0.1:{served.server_address[1]}",
+                    admin_token=RECORDER_TOKEN) as box, pytest.raises(Unreachable):
+            box.runs()
+    finally:
+        served.shutdown()
+        served.server_close()
+    assert Recorder.seen == []  # proved each time, closed each time: never asked

@@ -22,12 +22,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
-        "files", "bundled"}
+        "files", "bundled", "proof", "ownership"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
 # The app hook (agentbox/apps.py: App, Host): above the engine and the HTTP core,
 # which it lends to the apps; the server (http/app.py) assembles the apps through it.
 HOOK = {"apps"}
-SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
+SHELLS = {"cli", "client", "browser", "mcp_server", "terminal", "__main__"}  # the client side
 ANYTHING = CORE | ROOMS | HOOK | SHELLS | {"agentbox"}
 
 # What each room may import (its own modules are always allowed). The engine (the
@@ -45,7 +45,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "review": {"engine", "store", "archive", "http", "apps"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).
     "archive": {"store"} | CORE,
-    "desktop": {"client", "terminal", "review", "store", "engine", "http", "apps"} | CORE,
+    "desktop": {"client", "browser", "terminal", "review", "store", "engine", "http",
+                "apps"} | CORE,
     "client": set(CORE),
     "terminal": {"review", "engine"} | CORE,  # the mix review's names
 }

@@ -146,8 +146,9 @@ def test_the_units_exec_start_is_this_python_serving_with_the_config(tmp_path: P
     # systemd doubles % and $ and quotes as a shell does with double quotes.
     words = shlex.split(exec_start.removeprefix("ExecStart=").replace("%%", "%"))
     words = [w.replace("$$", "$") for w in words]
-    assert words == [os.path.abspath(sys.executable), "-m", "agentbox", "serve", "--config",
-                     str(inst.config_file)]
+    # -P: the service's working folder is not on the import path (agentbox.desktop.service)
+    assert words == [os.path.abspath(sys.executable), "-P", "-m", "agentbox", "serve",
+                     "--config", str(inst.config_file)]
     assert "WantedBy=default.target" in text and "Restart=on-failure" in text
 
 

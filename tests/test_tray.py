@@ -11,15 +11,19 @@ trays are pystray's AppKit and Shell_NotifyIcon backends, not run here.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -320,6 +324,8 @@ def test_the_menus_items_do_what_they_say(server: Server,
     """The menu as pystray holds it (its dummy backend, in this process): a review opens
     its page, Pause and Resume reach the server, Start agentbox when it is not running."""
     monkeypatch.setenv("PYSTRAY_BACKEND", "dummy")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(server.home / "run"))  # the hand-off's folder
+    (server.home / "run").mkdir(mode=0o700)
     monkeypatch.delitem(sys.modules, "pystray", raising=False)
     from agentbox.client import Client
     from agentbox.desktop.tray import Tray
@@ -332,21 +338,32 @@ def test_the_menus_items_do_what_they_say(server: Server,
     started: list[bool] = []
     token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
     with Client(server.url, admin_token=token) as box:
-        tray = Tray(box, start_server=lambda: started.append(True), open_url=opened.append)
+        tray = Tray(box, start_server=lambda: started.append(True),
+                    open_url=lambda uri: opened.append(uri) or True)  # a browser started
         tray.follower.show(Look(running=True, reviews=(Review(run_id, "a.wav", "pass", ""),)))
 
         def item(text: str) -> Any:
             return next(i for i in tray.icon.menu.items if str(i.text).startswith(text))
 
-        item("a.wav")(tray.icon)
-        item("Open agentbox")(tray.icon)
-        # each through a one-time login link (the page is the user's alone) that,
-        # followed, lands on the page asked for
-        assert [url.split("&next=")[1] for url in opened] == [f"/ui/runs/{run_id}", "/"]
-        assert all(url.startswith(f"{server.url}/ui/login?code=") for url in opened)
-        landed = server.anonymous.get(opened[0], follow_redirects=False)
-        assert landed.status_code == 303 and landed.headers["location"] == f"/ui/runs/{run_id}"
-        assert server.anonymous.get(opened[0]).status_code == 401  # used: once only
+        # each through a one-time login link (the page is the user's alone), handed to
+        # the browser in a file of the user's (never in its arguments), that, followed,
+        # lands on the page asked for; the file goes once the link is used
+        links: list[str] = []
+        for text, path in (("a.wav", f"/ui/runs/{run_id}"), ("Open agentbox", "/")):
+            item(text)(tray.icon)
+            asked = len(links) + 1
+            wait_until(lambda n=asked: len(opened) == n, 30, "the browser asked")
+            handed = Path(urlsplit(opened[-1]).path)
+            assert opened[-1].startswith("file://") and "code=" not in opened[-1]
+            assert stat.S_IMODE(handed.stat().st_mode) == 0o600
+            link = html.unescape(re.search(r'url=([^"]+)"', handed.read_text())[1])
+            assert link.startswith(f"{server.url}/ui/login?code=")
+            assert link.split("&next=")[1] == path
+            landed = server.anonymous.get(link, follow_redirects=False)
+            assert landed.status_code == 303 and landed.headers["location"] == path
+            wait_until(lambda h=handed: not h.exists(), 30, "the file to be removed")
+            links.append(link)
+        assert server.anonymous.get(links[0]).status_code == 401  # used: once only
         item("Pause watch folders")(tray.icon)
         assert server.client.get("/watch").json()["paused"] is True
         assert tray.follower.look.paused

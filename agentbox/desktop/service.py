@@ -75,11 +75,17 @@ def run_command(args: Sequence[str]) -> CommandResult:
     return CommandResult(done.returncode, (done.stdout + done.stderr).strip())
 
 
+SAFE_PATH = ("-P",)  # python: no working folder (nor script's folder) on the import path
+
+
 @dataclass(frozen=True)
 class Installation:
     """What the service runs: this agentbox (the one-file executable itself when
-    frozen, else this interpreter with -m agentbox, so a venv's python keeps its
-    venv) with this config file, if one was given."""
+    frozen, else this interpreter with -P -m agentbox, so a venv's python keeps its
+    venv) with this config file, if one was given. -P: the working folder is not put
+    on the import path (a module there named in `apps` would run as the user); not
+    -I, which leaves out the user's site-packages, where `pip install --user` puts
+    agentbox."""
 
     program: tuple[str, ...]
     config_file: Path | None = None
@@ -92,7 +98,7 @@ class Installation:
             config_file = Path(environ["AGENTBOX_CONFIG"])
         executable = os.path.abspath(sys.executable)
         program = (executable,) if getattr(sys, "frozen", False) else (
-            executable, "-m", "agentbox")
+            executable, *SAFE_PATH, "-m", "agentbox")
         return cls(program, None if config_file is None else config_file.expanduser().resolve())
 
     def serve_args(self) -> list[str]:

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agentbox import portable
-from agentbox.client import AgentboxError, Client, LiveUpdate
+from agentbox import browser, portable
+from agentbox.client import AgentboxError, Client, LiveUpdate, NotProven
 from agentbox.desktop.answers import WatchState
 from agentbox.logs import get_logger, one_line
 from agentbox.models import RunView
@@ -388,13 +388,20 @@ class Tray:
         return lambda: self._open(path)
 
     def _open(self, path: str) -> None:
-        """The page at `path`, through a one-time login link (the page is the user's
-        alone, on loopback too); the plain address when no link can be had."""
+        """The page at `path`, through a one-time login link handed over in a file of
+        the user's (agentbox.browser: never in the browser's arguments), from a thread
+        of its own (it waits for the browser); the plain address when no link can be
+        had."""
+        threading.Thread(target=self._open_logged_in, args=(path,), name="agentbox-open",
+                         daemon=True).start()
+
+    def _open_logged_in(self, path: str) -> None:
         try:
-            url = self.client.login_link(next_path=path)
-        except AgentboxError:
-            url = self.client.url + path
-        self.open_url(url)
+            browser.open_logged_in(self.client, self.open_url, next_path=path)
+        except NotProven as exc:  # another's program: not even its address is opened
+            log.warning("the page was not opened", extra={"error": one_line(exc)[:300]})
+        except (AgentboxError, OSError):
+            self.open_url(self.client.url + path)
 
     def _toggle_pause(self) -> None:
         try:
@@ -411,8 +418,10 @@ class Tray:
 def start_agentbox(config_file: Path | None = None) -> None:
     """`agentbox serve` in the background with the tray's config, as the service would
     (the one-file build is agentbox itself)."""
+    # -P: not the working folder on the import path (a module there named in `apps`
+    # would run as the user), as the service runs it
     command = ([sys.executable, "serve"] if getattr(sys, "frozen", False)
-               else [sys.executable, "-m", "agentbox", "serve"])
+               else [sys.executable, "-P", "-m", "agentbox", "serve"])
     if config_file is not None:
         command += ["--config", str(config_file)]
     subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -33,9 +33,10 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox import proof
 from agentbox.config import Settings, is_loopback_host, session_seconds
 from agentbox.engine.metrics import Metrics
 from agentbox.http.errors import error_response
@@ -48,8 +49,7 @@ SESSION_COOKIE = "agentbox_session"
 # balancers, the login form and the page's stylesheet and script are what asks, and
 # the API's document (no data: what a client generator reads) is what a program asks.
 OPEN_PATHS = ("/webhooks/events", "/healthz", "/openapi.json", "/ui/login", "/ui/static/")
-LOGIN_DELAY_BASE_SECONDS = 1.0  # the wait after a client's first failed login; doubles
-LOGIN_DELAY_MAX_SECONDS = 60.0  # ... up to this
+LOGIN_DELAY_MAX_TIMES = 60  # a wrong token's wait doubles up to this many times the first
 CSRF_HEADER = "x-csrf-token"  # how the pages' scripts send the CSRF token with an action
 LOGIN_QUEUE_SECONDS = 60.0  # a client whose next attempt is further off gets 429
 LOGIN_FORGET_SECONDS = 900.0  # a client's failures are forgotten after this without one
@@ -107,6 +107,27 @@ async def page_form(request: Request, csrf: str) -> FormData | Response:
     return error_response(403, "csrf_failed", CSRF_FAILED)
 
 
+def bearer(request: Request) -> str | None:
+    """The token of `Authorization: Bearer`, stripped; None when there is none."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+LOOPBACK_CLIENT = "loopback"  # every address of 127.0.0.0/8 and ::1: one client
+
+
+def client_host(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def client_of(scope: Scope) -> str:
+    """Who the login throttle counts: the client's address, every loopback one as one
+    (a program on this machine can bind any of 127.0.0.0/8's sixteen million)."""
+    host = client_host(scope)
+    return LOOPBACK_CLIENT if is_loopback_host(host.split("%", 1)[0]) else host
+
+
 class TooManyLogins(Exception):
     def __init__(self, retry_after: float) -> None:
         super().__init__(f"retry after {retry_after:.0f} s")
@@ -116,46 +137,37 @@ class TooManyLogins(Exception):
 @dataclass
 class _Failures:
     count: int
-    next_at: float  # when this client's next attempt may be checked
+    next_at: float  # when this client's next wrong token may be answered
     last: float
 
-    def delay(self) -> float:
-        return float(min(LOGIN_DELAY_BASE_SECONDS * 2.0 ** (self.count - 1),
-                         LOGIN_DELAY_MAX_SECONDS))
+    def delay(self, base: float) -> float:
+        return float(min(base * 2.0 ** (self.count - 1), base * LOGIN_DELAY_MAX_TIMES))
 
 
 class LoginThrottle:
-    """Each client's failed logins, and when its next attempt may be checked."""
+    """Each client's wrong tokens, and when the answer to its next one may be given."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self, base: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock, self._base = clock, base
         self._clients: dict[str, _Failures] = {}  # the least recently failed first
 
-    def reserve(self, client: str) -> float:
-        """Seconds this attempt must wait; the one after it waits longer (it is counted
-        as failing until it succeeds). TooManyLogins if a minute is queued already."""
+    def failed(self, client: str) -> float:
+        """A wrong token from `client`, counted now (those sent at once count each):
+        the seconds its answer must wait; the next one's waits twice as long.
+        TooManyLogins when a minute of answers is queued already."""
         now = self.clock()
-        found = self._clients.get(client)
+        found = self._clients.pop(client, None)
         if found is None or now - found.last > LOGIN_FORGET_SECONDS:
-            self._clients.pop(client, None)
-            return 0.0
-        slot = max(now, found.next_at)
-        if slot - now > LOGIN_QUEUE_SECONDS:
-            raise TooManyLogins(slot - now)
-        found.next_at = slot + found.delay()
-        return slot - now
-
-    def failed(self, client: str) -> None:
-        now = self.clock()
-        found = self._clients.pop(client, None) or _Failures(0, now, now)
+            found = _Failures(0, now, now)
         found.count, found.last = found.count + 1, now
-        found.next_at = max(found.next_at, now + found.delay())
         self._clients[client] = found  # now the most recent
         if len(self._clients) > LOGIN_CLIENTS:
             del self._clients[next(iter(self._clients))]
-
-    def succeeded(self, client: str) -> None:
-        self._clients.pop(client, None)
+        slot = max(now, found.next_at)
+        if slot - now > LOGIN_QUEUE_SECONDS:
+            raise TooManyLogins(slot - now)
+        found.next_at = slot + found.delay(self._base)
+        return slot - now
 
 
 class Sessions:
@@ -205,6 +217,7 @@ class LoginLinks:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._ends: dict[str, float] = {}  # code -> when it stops working, oldest first
+        self._used: dict[str, float] = {}  # a used link's id -> when it would have ended
 
     def make(self) -> str:
         code = secrets.token_urlsafe(32)
@@ -215,7 +228,27 @@ class LoginLinks:
 
     def use(self, code: str) -> bool:
         end = self._ends.pop(code, None)
-        return end is not None and end > self.clock()
+        now = self.clock()
+        if end is None or end <= now:
+            return False
+        self._used = {link: at for link, at in self._used.items() if at > now}
+        self._used[link_id(code)] = end
+        return True
+
+    def used(self, link: str) -> bool | None:
+        """Whether the link of this id (link_id) was used; None: no such link, or
+        expired. What `agentbox open` waits for before it removes the file it gave
+        the browser."""
+        now = self.clock()
+        if self._used.get(link, 0.0) > now:
+            return True
+        waiting = any(link_id(code) == link for code, end in self._ends.items() if end > now)
+        return False if waiting else None
+
+
+def link_id(code: str) -> str:
+    """A login link's name that opens nothing: asked after by whoever made the link."""
+    return hashlib.sha256(code.encode()).hexdigest()[:32]
 
 
 class Access:
@@ -228,7 +261,7 @@ class Access:
         self._token = admin_token.encode()
         self.metrics = metrics
         self.sessions = Sessions(self._token, session_seconds(settings))
-        self.throttle = LoginThrottle(clock)
+        self.throttle = LoginThrottle(settings.login_delay_seconds, clock)
         self.links = LoginLinks(clock)
 
     @property
@@ -237,17 +270,17 @@ class Access:
 
     def authorised(self, request: Request) -> bool:
         """The admin token as a Bearer token, or a session's cookie."""
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.token_is(token.strip())
+        token = bearer(request)
+        if token is not None:
+            return self.token_is(token)
         return self.sessions.valid(request.cookies.get(SESSION_COOKIE, ""))
 
     def may_change(self, request: Request, csrf: str) -> bool:
         """An action's caller: the admin token as a Bearer token (the CLI), or the
         page's own script (its CSRF token in X-CSRF-Token, from this site)."""
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            return self.token_is(token.strip())
+        token = bearer(request)
+        if token is not None:
+            return self.token_is(token)
         given = request.headers.get(CSRF_HEADER, "")
         return bool(given) and from_this_site(request.headers) and hmac.compare_digest(
             given.encode(), csrf.encode())
@@ -256,19 +289,24 @@ class Access:
         return hmac.compare_digest(given.encode(), self._token)
 
     async def log_in(self, request: Request, token: str) -> str | None:
-        """A new session's id for the right token, else None (counted, and this client's
-        next attempt waits longer). TooManyLogins when the client has queued too many."""
-        client = request.client.host if request.client else ""
-        await asyncio.sleep(self.throttle.reserve(client))  # this request waits, no other
-        if not self.token_is(token):
-            self.throttle.failed(client)
-            self.metrics.login_failed()
-            # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
-            # counts only from AGENTBOX_TRUSTED_PROXIES).
-            log.warning("a login to the page failed", extra={"client": client})
-            return None
-        self.throttle.succeeded(client)
-        return self.sessions.start()
+        """A new session's id for the right token, at once; else None, once this
+        client's wait is over (counted, and its next wrong one waits longer).
+        TooManyLogins when the client has queued too many."""
+        if self.token_is(token):
+            return self.sessions.start()
+        await self.wrong_token(request.scope, "a login to the page failed")
+        return None
+
+    async def wrong_token(self, scope: Scope, said: str) -> None:
+        """A wrong admin token (the login form's or a Bearer token): counted, logged
+        and answered once this client's wait is over (it doubles with each, up to a
+        minute); TooManyLogins when a minute of them is queued already. The right
+        token is checked before any wait: it never waits for another's wrong ones."""
+        self.metrics.login_failed()
+        # By address, for whoever watches for guessing (a proxy's X-Forwarded-For
+        # counts only from AGENTBOX_TRUSTED_PROXIES).
+        log.warning(said, extra={"client": client_host(scope)})
+        await asyncio.sleep(self.throttle.failed(client_of(scope)))  # this request alone
 
     def login_link(self, base_url: str) -> str:
         """A one-time login link to the page at `base_url` (http://127.0.0.1:8000)."""
@@ -297,9 +335,13 @@ class Access:
                 response = error_response(400, "host_not_allowed", (
                     "agentbox on a loopback address answers only when addressed as "
                     "localhost or a loopback IP (the Host header)."))
+            elif scope["path"] == proof.PROOF_PATH:
+                response = self.proof(scope)
             elif scope["path"].startswith(OPEN_PATHS) or self.authorised(Request(scope)):
                 await app(scope, receive, send)
                 return
+            elif bearer(Request(scope)) is not None:  # and not the right one
+                response = await self.refused_bearer(scope)
             elif (scope["method"] == "GET"
                   and "text/html" in Request(scope).headers.get("accept", "")):
                 response = login_page()
@@ -307,6 +349,30 @@ class Access:
                 response = token_required()
             await response(scope, receive, send)
         return guarded
+
+    async def refused_bearer(self, scope: Scope) -> Response:
+        """401 for a wrong Bearer token, slowed as a wrong login is; 429 when this
+        client has a minute of them queued."""
+        if bearer(Request(scope)) is None:
+            return token_required()
+        try:
+            await self.wrong_token(scope, "an admin call with a wrong token was refused")
+        except TooManyLogins as exc:
+            return error_response(429, "too_many_wrong_tokens", (
+                "Too many wrong admin tokens from this client: wait, then send the "
+                "right one (agentbox token)."), headers={
+                    "Retry-After": str(math.ceil(exc.retry_after))})
+        return token_required()
+
+    def proof(self, scope: Scope) -> Response:
+        """`GET /.well-known/agentbox-proof?nonce=...`: that this is the user's agentbox,
+        shown to a client before it sends the token (agentbox.proof)."""
+        nonce = Request(scope).query_params.get("nonce", "")
+        found = proof.answer(self._token, nonce, scope.get("server"))
+        if found is None:
+            return error_response(400, "invalid_nonce", (
+                "Send a random nonce of 32 to 128 hexadecimal digits as ?nonce=."))
+        return JSONResponse(found, headers={"Cache-Control": "no-store"})
 
     def rebound(self, scope: Scope) -> bool:
         """The request names another host than this machine: a site whose name now

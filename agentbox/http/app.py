@@ -185,6 +185,7 @@ def create_app(
             Route("/ui/login", pages.login, methods=["POST"]),
             Route("/ui/login", pages.login_link, methods=["GET"]),
             Route("/login-links", pages.new_login_link, methods=["POST"]),
+            Route("/login-links/{link_id}", pages.login_link_used, methods=["GET"]),
             Route("/ui/logout", pages.logout, methods=["POST"]),
             Route("/metrics", api.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_json(apps), methods=["GET"]),

@@ -340,6 +340,20 @@ def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
                 "security": admin,
                 "responses": {"201": _json("LoginLink", "the link"), **_errors(401)},
             }},
+            "/login-links/{link_id}": {"get": {
+                "summary": "Whether a one-time login link was used yet (admin)",
+                "description": "link_id: the first 32 hexadecimal digits of the SHA-256 of "
+                               "the link's code (agentbox open waits for it before it "
+                               "removes the file it gave the browser).",
+                "security": admin,
+                "parameters": [{"name": "link_id", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the link's state", "content": {
+                    "application/json": {"schema": {
+                        "type": "object", "required": ["used"],
+                        "properties": {"used": {"type": "boolean"}}}}}},
+                    **_errors(401, 404)},
+            }},
             "/healthz": {"get": {
                 "summary": "Health", "security": [],
                 "responses": {"200": _json("Health", "healthy"),

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import html
 import json
 import re
 import secrets
@@ -53,8 +54,10 @@ from agentbox.http.access import (
     LOGIN_LINK_SECONDS,
     Access,
     TooManyLogins,
+    bearer,
     from_this_site,
     page_token_ok,
+    token_required,
 )
 from agentbox.http.errors import error_response
 from agentbox.http.server import stopping
@@ -169,15 +172,35 @@ class StatusPages:
                                    "new one.")
         after = request.query_params.get("next", "/")
         local = after.startswith("/") and not after.startswith(("//", "/\\"))
-        response = RedirectResponse(after if local else "/", status_code=303)
+        response: Response = RedirectResponse(after if local else "/", status_code=303)
+        if request.headers.get("sec-fetch-site", "none") not in ("none", "same-origin"):
+            # Come from elsewhere (agentbox open's file): a redirect would still be that
+            # navigation, which a browser sends no SameSite=Strict cookie with; a
+            # refresh from this page is this site's own.
+            response = forward(after if local else "/")
         self.access.session_cookie(response, request, self.access.sessions.start())
         return response
 
     async def new_login_link(self, request: Request) -> Response:
-        """`POST /login-links` (admin token): a one-time login link to this page."""
+        """`POST /login-links` (the admin token as a Bearer token; a session is not
+        enough): a one-time login link to this page."""
+        if not self.access.token_is(bearer(request) or ""):
+            return token_required()
         link = LoginLink(url=self.access.login_link(str(request.base_url)),
                          expires_in_seconds=LOGIN_LINK_SECONDS)
         return JSONResponse(link.as_json(), status_code=201)
+
+    async def login_link_used(self, request: Request) -> Response:
+        """`GET /login-links/{link_id}` (the admin token): whether the one-time link of
+        that id (the SHA-256 of its code, 32 hexadecimal digits) was used yet."""
+        if not self.access.token_is(bearer(request) or ""):
+            return token_required()
+        used = self.access.links.used(request.path_params["link_id"])
+        if used is None:
+            return error_response(404, "login_link_not_found", (
+                "No login link of that id is waiting or used: it expired, or was never "
+                "made."))
+        return JSONResponse({"used": used}, headers={"Cache-Control": "no-store"})
 
     async def logout(self, request: Request) -> Response:
         form = await self._checked_form(request)
@@ -428,6 +451,15 @@ class TokenGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._inner(scope, receive, send)
+
+
+def forward(path: str) -> Response:
+    """A page that sends the browser on to `path` (of this site) at once."""
+    quoted = html.escape(path, quote=True)
+    return HTMLResponse(
+        f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url='
+        f'{quoted}"><title>agentbox</title><p><a href="{quoted}">Open agentbox</a></p>',
+        headers={"Cache-Control": "no-store"})
 
 
 def redact(value: Any) -> Any:

@@ -16,7 +16,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from email.utils import formatdate
 from types import FrameType
 from typing import Any
@@ -85,8 +85,10 @@ def listen(host: str, port: int) -> socket.socket | None:
 
 
 class QuietServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] = lambda: None,
+                 on_stop: Callable[[], None] = lambda: None) -> None:
         super().__init__(config)
+        self.on_ready, self.on_stop = on_ready, on_stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit = asyncio.Event()
         self._connected = asyncio.Event()
@@ -102,8 +104,20 @@ class QuietServer(uvicorn.Server):
             # The page is the user's alone: a one-time link opens it, logged in (and
             # `agentbox open` makes another).
             opened = {"open": access.login_link(url)} if access is not None else {}
+            self.on_ready()
             log.info("agentbox is ready", extra={
                 "url": url, **opened, **getattr(state, "ready", {})})
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, which raises a caught SIGTERM again once the server has stopped
+        (the process ends there, before any `finally` of its caller): `on_stop` runs
+        before that."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self.on_stop()
 
     async def main_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -188,14 +202,18 @@ class _StartupErrorsSaid(logging.Filter):
 
 
 def run(app: Any, settings: Settings, sockets: list[socket.socket] | None = None,
-        **options: Any) -> None:
+        on_ready: Callable[[], None] = lambda: None,
+        on_stop: Callable[[], None] = lambda: None, **options: Any) -> None:
     """`uvicorn.run(app, **options)` with the quiet main loop and the connections'
     limits of `settings` (agentbox.http.connections), serving on `sockets` when
-    given (bound already: see `listen`). StartupFailed with the app's sentence when
-    it could not start for a reason it knows; exit status 3 for another."""
+    given (bound already: see `listen`). `on_ready` runs once the app has started
+    and listens, `on_stop` as it stops, whatever stops it (a signal too).
+    StartupFailed with the app's sentence when it could not start for a reason it
+    knows; exit status 3 for another."""
     portable.raise_open_files_limit()  # the connections' limits, not the OS's, apply
     protocol = protocol_for(ConnectionLimits.of(settings))
-    server = QuietServer(uvicorn.Config(app, http=protocol, **proxies(settings), **options))
+    server = QuietServer(uvicorn.Config(app, http=protocol, **proxies(settings), **options),
+                         on_ready, on_stop)
     said = _StartupErrorsSaid(app)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(said)

@@ -60,6 +60,7 @@ from agentbox.review.web.rejudge import Refusal, Take, accepted, hand_over
 from agentbox.runs import RunStatus
 from agentbox.store import Store, Transition
 
+MAX_FILE_NAME_BYTES = 255  # the longest file name most file systems keep (ext4, APFS, NTFS)
 DROPPED = "dropped"  # the archive folder's folder of files given on the page
 DROP_SOURCE = "agentbox.page"  # the events' source: a file given on the page
 DROP_EVENT = "session.exported"  # as `agentbox send FILE` sends one
@@ -309,6 +310,9 @@ def _file_name(given: str) -> str:
     """The file's own name (a browser sends it without folders; Windows' may have
     some), as a name agentbox keeps."""
     name = PurePath(given.replace("\\", "/")).name.strip()
+    if name in (".", "..") or len(name.encode()) > MAX_FILE_NAME_BYTES:
+        raise Refusal(422, "invalid_request", "The file's name cannot be kept: name it "
+                      f"something other than . or .., within {MAX_FILE_NAME_BYTES} bytes.")
     try:
         return _NAME.validate_python(name or "mix.wav")
     except ValidationError:

@@ -1,0 +1,50 @@
+"""`Gated`: an agent's coroutine whose every step passes a gate first.
+
+A task runs a coroutine in steps: it resumes it, the coroutine runs until it
+waits on something, and the task resumes it again once that is done. The
+dispatcher puts a gate before each resumption of an agent (its lease's fence,
+`Dispatcher._hold`): after a pause of the machine, the agent's next step waits
+for its lease's renewal, and never runs on a lease another instance took. A
+check on a clock per step, and no timer: a pause stops every timer, and the
+agent's own may be the first to fire after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+Hold = Callable[[], "asyncio.Future[None] | None"]
+
+
+class Gated(Generic[T]):
+    """`await Gated(awaitable, hold)` is `await awaitable`, except that before each
+    step after the first, `hold()` may answer a future to wait for first (None:
+    go on). A cancellation, while it waits there or elsewhere, reaches the
+    awaitable where it waits, as it would without the gate."""
+
+    def __init__(self, awaitable: Awaitable[T], hold: Hold) -> None:
+        self._awaitable, self._hold = awaitable, hold
+
+    def __await__(self) -> Generator[Any, None, T]:
+        steps, hold = self._awaitable.__await__(), self._hold
+        try:
+            waits_on = steps.send(None)
+            while True:
+                try:
+                    yield waits_on
+                    while (gate := hold()) is not None:
+                        yield from gate.__await__()
+                except GeneratorExit:
+                    steps.close()
+                    raise
+                except BaseException as exc:  # a cancellation: where the awaitable waits
+                    waits_on = steps.throw(exc)
+                else:
+                    waits_on = steps.send(None)
+        except StopIteration as done:  # the awaitable returned
+            value: T = done.value
+            return value

@@ -45,7 +45,7 @@ from agentbox.engine.agents import (
     PermanentAgentError,
     RetryableAgentError,
 )
-from agentbox.engine.gate import Gated
+from agentbox.engine.gate import Hold
 from agentbox.engine.loop import AGAIN, IDLE, Loop
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
@@ -150,6 +150,9 @@ class Dispatcher:
         self._fence_timer: asyncio.TimerHandle | None = None  # while agents run
         self._fence_by = -math.inf  # when that timer fires, on since_boot
         self._renewals: set[asyncio.Task[None]] = set()  # leases renewed past their fence
+        # No lease held here ends before this (on `clock`): a bound, made exact by each
+        # look for overdue ones (`_renew_own`), which it spares every other claim round.
+        self._soonest_end = math.inf
         # The claims' due times are read on `clock` (the store's); the renewals' and the
         # upkeep's are intervals, read on the monotonic clock.
         self.claims = Loop("agentbox-claim", self._claim_round, clock=clock,
@@ -301,10 +304,14 @@ class Dispatcher:
         """Renew this instance's attempts whose lease ended by `now` (a pause, a sleep)
         before a claim at `now`: else the claim would take them from their own agents.
         Those it cannot renew are lost (their agents cancelled), and claimable."""
+        if now < self._soonest_end:
+            return  # the usual case: renewed by the heartbeat, no lease has ended
         overdue = [self._renewal(attempt) for attempt in self._inflight.values()
                    if attempt.leased_until <= now and not attempt.ctx.lease_lost]
         if overdue:
             await asyncio.wait(overdue)  # not gather: a cancellation must not reach them
+        self._soonest_end = min((a.leased_until for a in self._inflight.values()
+                                 if not a.ctx.lease_lost), default=math.inf)
 
     def _spawn(self, claimed: ClaimedRun, leased_until: float, fence: float) -> None:
         ctx = AgentContext(
@@ -319,6 +326,7 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until, fence)
+        self._soonest_end = min(self._soonest_end, leased_until)
         self.heartbeat.due(time.monotonic() + self.settings.lease_seconds / 3)
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
@@ -386,6 +394,8 @@ class Dispatcher:
         then would run its agent twice (only one outcome would land)."""
         run_id, delay = claimed.run_id, 0.1
         while (attempt := self._inflight.get(run_id)) is not None and attempt.ctx is ctx:
+            if ctx.lease_lost:
+                break  # a renewal found it taken (`_renew_late`)
             now = self.clock()
             known_until = attempt.leased_until
             if now < known_until - self.settings.lease_seconds / 3:
@@ -456,7 +466,7 @@ class Dispatcher:
         if fences:
             self._arm_fence(min(fences))
 
-    def _hold(self, attempt: InFlight) -> Callable[[], asyncio.Future[None] | None]:
+    def _hold(self, attempt: InFlight) -> Hold:
         """The gate before each step of `attempt`'s agent: past its fence, the step
         waits for the lease's renewal (which cancels the agent if the lease is lost)."""
         def hold() -> asyncio.Future[None] | None:
@@ -495,7 +505,8 @@ class Dispatcher:
                            "by another claim; its agent is cancelled" if held is False else
                            "a running attempt's lease could not be renewed past its deadline "
                            "(the storage did not answer); its agent is cancelled")
-            # (One waiting for a slot is checked again as it starts: `_still_held`.)
+            elif held is False and not attempt.running:  # waiting for a slot: another's
+                ctx.lease_lost = True  # never renewed again; `_still_held` says so at its slot
         finally:
             done, attempt.renewing = attempt.renewing, None
             if done is not None and not done.done():
@@ -507,8 +518,7 @@ class Dispatcher:
         attempt.task.cancel()
         _stale(attempt.ctx.run_id, attempt.ctx.attempt, why)
 
-    async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext,
-                       hold: Callable[[], asyncio.Future[None] | None]) -> Outcome:
+    async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext, hold: Hold) -> Outcome:
         spec = self.registry.get(claimed.agent)
         if spec is None:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="agent_not_configured",
@@ -522,8 +532,8 @@ class Dispatcher:
         ctx.event = event
         ctx.deadline = time.monotonic() + self.settings.run_timeout_seconds
         try:
-            value = await within(self.settings.run_timeout_seconds,
-                                 Gated(spec.function(event, ctx), hold))
+            value = await within(self.settings.run_timeout_seconds, spec.function(event, ctx),
+                                 hold)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
                            emitted=await self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
         except AttemptGivenBack as exc:

@@ -30,21 +30,42 @@ class Gated(Generic[T]):
         self._awaitable, self._hold = awaitable, hold
 
     def __await__(self) -> Generator[Any, None, T]:
-        steps, hold = self._awaitable.__await__(), self._hold
+        steps = self._awaitable.__await__()
         try:
             waits_on = steps.send(None)
-            while True:
-                try:
-                    yield waits_on
-                    while (gate := hold()) is not None:
-                        yield from gate.__await__()
-                except GeneratorExit:
-                    steps.close()
-                    raise
-                except BaseException as exc:  # a cancellation: where the awaitable waits
-                    waits_on = steps.throw(exc)
-                else:
-                    waits_on = steps.send(None)
-        except StopIteration as done:  # the awaitable returned
+        except StopIteration as done:  # returned at its first step
             value: T = done.value
             return value
+        return (yield from gated(steps, waits_on, self._hold))
+
+
+class Rest(Generic[T]):
+    """The steps of an awaitable after its first (taken by `within`), through the gate."""
+
+    def __init__(self, steps: Generator[Any, None, T], waits_on: Any, hold: Hold) -> None:
+        self._steps, self._waits_on, self._hold = steps, waits_on, hold
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return gated(self._steps, self._waits_on, self._hold)
+
+
+def gated(steps: Generator[Any, None, T], waits_on: Any,
+          hold: Hold) -> Generator[Any, None, T]:
+    """Hand the task what `steps` waits on; before resuming it, wait while `hold()`
+    answers a future; pass on what the task throws (what `await` itself does)."""
+    try:
+        while True:
+            try:
+                yield waits_on
+                while (gate := hold()) is not None:
+                    yield from gate.__await__()
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # a cancellation: where the awaitable waits
+                waits_on = steps.throw(exc)
+            else:
+                waits_on = steps.send(None)
+    except StopIteration as done:  # the awaitable returned
+        value: T = done.value
+        return value

@@ -76,3 +76,34 @@ def test_an_error_the_awaitable_raises_passes_through() -> None:
             await Gated(failing(), lambda: None)
 
     asyncio.run(scenario())
+
+
+def test_within_puts_the_gate_on_the_steps_after_the_first() -> None:
+    from agentbox.engine.timeouts import within
+
+    async def scenario() -> None:
+        asked: list[str] = []
+        held = asyncio.get_running_loop().create_future()
+
+        def hold() -> asyncio.Future[None] | None:
+            asked.append("hold")
+            return None if held.done() else held
+
+        async def at_once() -> str:
+            return "first step"
+
+        assert await within(5, at_once(), hold) == "first step"
+        assert asked == []  # it never waited: no gate
+
+        async def waits() -> str:
+            await asyncio.sleep(0)
+            return "later step"
+
+        task = asyncio.create_task(within(5, waits(), hold))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and asked  # the second step waits for the gate
+        held.set_result(None)
+        assert await task == "later step"
+
+    asyncio.run(scenario())

@@ -1,4 +1,5 @@
-"""`Gated`: an agent's coroutine whose every step passes a gate first.
+"""A gate before each step of an agent's coroutine (`Gated`; `Rest` for the steps
+after a first that `within` took itself).
 
 A task runs a coroutine in steps: it resumes it, the coroutine runs until it
 waits on something, and the task resumes it again once that is done. The

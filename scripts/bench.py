@@ -85,9 +85,13 @@ class Server:
     log_level = "info"  # agentbox's (--log-level): the default configuration's
 
     def __init__(self, kind: str, data_dir: Path, database_url: str | None = None,
-                 floor: str = "", settings: dict[str, str] | None = None) -> None:
+                 floor: str = "", settings: dict[str, str] | None = None,
+                 checkout: Path | None = None) -> None:
         """`floor`: agentbox with parts taken out (bench_floor.py; scripts/floors);
-        `settings`: AGENTBOX_* variables of this server's own."""
+        `settings`: AGENTBOX_* variables of this server's own; `checkout`: another
+        checkout's agentbox, run by its own venv with its own scripts (--against)."""
+        scripts = HERE if checkout is None else checkout / "scripts"
+        python = sys.executable if checkout is None else str(checkout_python(checkout))
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -96,7 +100,7 @@ class Server:
             **os.environ,
             # A copy of the package first on PYTHONPATH is what an A/B measures.
             "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                        str(HERE)])),
+                                                        str(scripts)])),
             "XDG_CONFIG_HOME": str(data_dir / "config"),
             "AGENTBOX_DATA_DIR": str(data_dir),
             "AGENTBOX_WEBHOOK_SECRET": SECRET,
@@ -114,12 +118,12 @@ class Server:
                    "127.0.0.1", "--port", str(self.port), "--loop", "uvloop", "--http",
                    "httptools", "--no-access-log", "--log-level", "warning"]
         else:
-            cmd = [sys.executable, "-m", "bench_floor" if floor else "agentbox", "serve",
+            cmd = [python, "-m", "bench_floor" if floor else "agentbox", "serve",
                    "--port", str(self.port)]
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(data_dir / f"{kind}.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log,
-                                        cwd=HERE)
+                                        cwd=scripts)
         RUNNING.add(self)
         deadline = time.monotonic() + 60
         while True:
@@ -319,9 +323,14 @@ def postgres_drain_phase(pg: Postgres, work: Path, events: Path, rate: float,
 # -- phases -----------------------------------------------------------------------
 
 
+def checkout_python(checkout: Path, windows: bool = os.name == "nt") -> Path:
+    """The python of another checkout's own venv (made by its scripts/_setup: --against)."""
+    return checkout / ".venv" / ("Scripts/python.exe" if windows else "bin/python")
+
+
 def load_phase(kind: str, data_dir: Path, events: Path, connections: int,
-               duration: float) -> dict[str, Any]:
-    server = Server(kind, data_dir)
+               duration: float, checkout: Path | None = None) -> dict[str, Any]:
+    server = Server(kind, data_dir, checkout=checkout)
     monitor = Monitor(server.process.pid)
     monitor.start()
     wrk = run_wrk(server.url, events, connections, duration)
@@ -652,9 +661,25 @@ def main() -> None:
                              "agentbox on PostgreSQL against procrastinate and pgqueuer: "
                              "scripts/bench_pg.py")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="--peers with --database-url: rounds, each taking every target")
+                        help="--peers with --database-url or --against: rounds, each taking "
+                             "every target")
+    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
+                        help="with --peers: also run the agentbox of the checkout in DIR (an "
+                             "older commit: git worktree add DIR COMMIT; its own venv, made by "
+                             "its scripts/_setup), alternated with this one in the same rounds, "
+                             "each with its ratios to the peers of its round: "
+                             "scripts/bench_against.py")
     args = parser.parse_args()
     Server.log_level = args.log_level
+    if args.against is not None:
+        import bench_against
+
+        if not args.peers:
+            parser.error("--against DIR compares with the peers: give --peers too")
+        args.against = bench_against.prepare(args.against, bool(args.database_url))
+        if not args.database_url:
+            bench_against.main(sys.modules[__name__], args)
+            return
     if args.peers and args.database_url:
         postgres_peers(args)
         return
@@ -756,6 +781,18 @@ def main() -> None:
     shutil.rmtree(work)  # a seeded store alone is most of a gigabyte
 
 
+def finish(report: dict[str, Any], json_path: Path | None, work: Path, failed: bool) -> None:
+    """Write the report (with --json), and fail naming the kept work directory, or remove it."""
+    text = json.dumps(report, indent=2)
+    if json_path:
+        json_path.write_text(text)
+    if failed:
+        print("\n" + text)
+        raise SystemExit("FAILED: a request was not answered 202, or a target did not run "
+                         f"every event it accepted (logs: {work})")
+    shutil.rmtree(work)
+
+
 def postgres_peers(args: argparse.Namespace) -> None:
     """--peers --database-url: agentbox on PostgreSQL against procrastinate and pgqueuer,
     in rounds (bench_pg.py), and nothing else."""
@@ -766,19 +803,15 @@ def postgres_peers(args: argparse.Namespace) -> None:
     report: dict[str, Any] = {"duration_s": args.duration, "log_level": args.log_level,
                               "rounds": args.rounds, "load": [], "cpus": os.cpu_count(),
                               "started": time.strftime("%FT%TZ", time.gmtime())}
+    if args.against is not None:
+        report["against"] = str(args.against)
     failed = bench_pg.run(sys.modules[__name__], args.database_url, work,
                           [int(c) for c in (args.concurrency or "16,64").split(",")],
                           args.duration, args.rounds,
-                          [int(n) for n in (args.instances or "1,2").split(",")], report)
+                          [int(n) for n in (args.instances or "1,2").split(",")], report,
+                          against=args.against)
     bench_pg.print_summary(report)
-    text = json.dumps(report, indent=2)
-    if args.json:
-        args.json.write_text(text)
-    if failed:
-        print("\n" + text)
-        raise SystemExit("FAILED: a request was not answered 202, or a target did not run "
-                         f"every event it accepted (logs: {work})")
-    shutil.rmtree(work)
+    finish(report, args.json, work, failed)
 
 
 def postgres_phases(args: argparse.Namespace, report: dict[str, Any], work: Path,

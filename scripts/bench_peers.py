@@ -137,8 +137,9 @@ def receiver(bench: Any, app: str, directory: Path, env: dict[str, str],
 
 
 def peer_phase(bench: Any, work: Path, events: Path, connections: int, duration: float,
-               target: str, store: str) -> dict[str, Any]:
-    directory = work / f"{target}-{store}-{connections}"
+               target: str, store: str, tag: str = "") -> dict[str, Any]:
+    """`tag` names this phase's directory apart from others of the same peer (rounds)."""
+    directory = work / f"{target}-{store}-{connections}{tag}"
     directory.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(bench.HERE), "BENCH_SECRET": bench.SECRET}
     processes: list[Process] = []

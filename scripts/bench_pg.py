@@ -165,9 +165,12 @@ def peer_processes(bench: Any, peer: str, directory: Path, url: str
 
 
 def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
-          duration: float, target: str, instances: int = 1) -> dict[str, Any]:
-    """One target at one concurrency on a fresh database: the row of the table."""
-    kind = "agentbox" if target.startswith("agentbox") else target
+          duration: float, target: str, instances: int = 1,
+          against: Path | None = None) -> dict[str, Any]:
+    """One target at one concurrency on a fresh database: the row of the table
+    (`against xN`: the agentbox of the checkout `against`, bench_against.py)."""
+    kind = "agentbox" if target.startswith(AGENTBOXES) else target
+    checkout = against if target.startswith("against") else None
     directory = work / f"{target}-{connections}-{time.monotonic_ns()}"
     directory.mkdir(parents=True)
     url = pg.create()
@@ -176,8 +179,8 @@ def phase(bench: Any, pg: Any, work: Path, events: Path, connections: int,
     watch: PgWatch | None = None
     try:
         if kind == "agentbox":
-            servers = [bench.Server("agentbox", directory / f"instance-{i}", url)
-                       for i in range(instances)]
+            servers = [bench.Server("agentbox", directory / f"instance-{i}", url,
+                                    checkout=checkout) for i in range(instances)]
             urls = [server.url for server in servers]
             watched = [(f"agentbox-{i}", server.process.pid)
                        for i, server in enumerate(servers)]
@@ -271,17 +274,22 @@ def ceiling_phase(bench: Any, work: Path, events: Path, connections: int,
             "store_check": {"ok": True}}
 
 
-def targets(instances: list[int]) -> list[str]:
-    return [*(f"agentbox x{n}" for n in instances), "procrastinate", "pgqueuer", "ceiling"]
+AGENTBOXES = ("agentbox", "against")  # this checkout's, and --against DIR's
+
+
+def targets(instances: list[int], against: bool = False) -> list[str]:
+    return [*(f"{name} x{n}" for n in instances for name in AGENTBOXES[:1 + against]),
+            "procrastinate", "pgqueuer", "ceiling"]
 
 
 def run(bench: Any, database_url: str, work: Path, levels: list[int], duration: float,
-        rounds: int, instances: list[int], report: dict[str, Any]) -> bool:
+        rounds: int, instances: list[int], report: dict[str, Any],
+        against: Path | None = None) -> bool:
     """Every target at every concurrency, `rounds` times; True if anything failed."""
     for peer in PEER_PACKAGES:  # before anything is measured: an install that fails ends it
         environment(peer)
     pg = bench.Postgres(database_url)
-    names = targets(instances)
+    names = targets(instances, against is not None)
     count = int(bench.MAX_EVENTS_PER_SECOND * duration)
     failed = False
     for round_ in range(1, rounds + 1):
@@ -296,8 +304,9 @@ def run(bench: Any, database_url: str, work: Path, levels: list[int], duration: 
                 if target == "ceiling":
                     figures = ceiling_phase(bench, work, events, connections, duration)
                 else:
-                    n = int(target.rsplit("x", 1)[1]) if target.startswith("agentbox") else 1
-                    figures = phase(bench, pg, work, events, connections, duration, target, n)
+                    n = int(target.rsplit("x", 1)[1]) if target.startswith(AGENTBOXES) else 1
+                    figures = phase(bench, pg, work, events, connections, duration, target, n,
+                                    against)
                 events.unlink()
                 figures.update(round=round_, load_average=round(load, 2))
                 report["load"].append(figures)
@@ -335,8 +344,10 @@ def summary(rows: list[dict[str, Any]], names: list[str], levels: list[int]
                                      for part in ("servers", "worker", "postgres", "total")},
                 "load_averages": [r.get("load_average") for r in mine],
             }
-            if name.startswith("agentbox"):
-                for peer in ("procrastinate", "pgqueuer"):
+            if name.startswith(AGENTBOXES):
+                older = [f"against x{name.rsplit('x', 1)[1]}"] if name.startswith("agentbox") \
+                    else []
+                for peer in ("procrastinate", "pgqueuer", *older):
                     ratios = []
                     for r in mine:
                         other = next((p for p in rows if p["target"] == peer and p["round"]
@@ -344,7 +355,7 @@ def summary(rows: list[dict[str, Any]], names: list[str], levels: list[int]
                         if other and other["completed_per_s"]:
                             ratios.append(round(r["completed_per_s"]
                                                 / other["completed_per_s"], 2))
-                    entry[f"x_{peer}"] = ratios
+                    entry["x_against" if peer in older else f"x_{peer}"] = ratios
             out.append(entry)
     return out
 
@@ -354,7 +365,7 @@ def print_summary(report: dict[str, Any]) -> None:
           "same wrk load; medians of the rounds):\n")
     print(f"{'system':<16} {'conns':>5} {'accepted/s':>10} {'end-to-end/s':>12} "
           f"{'p99 ms':>7}  {'CPU us per completed event: servers + worker + postgres = total':<64}"
-          f" {'x procrastinate':>16} {'x pgqueuer':>12}")
+          f" {'x procrastinate':>16} {'x pgqueuer':>12} {'x --against':>12}")
     for entry in report["pg_peers"]:
         cpu = entry["cpu_us_per_event"]
         split = (f"{cpu['servers'] or 0:.0f} + {cpu['worker'] or 0:.0f} + "
@@ -364,4 +375,5 @@ def print_summary(report: dict[str, Any]) -> None:
         print(f"{entry['system']:<16} {entry['connections']:>5} {entry['accepted_per_s']:>10.0f}"
               f" {(f'{done:.0f}' if done else '-'):>12} {entry['p99_ms']:>7.1f}  {split:<64}"
               f" {'/'.join(map(str, entry.get('x_procrastinate', []))):>16}"
-              f" {'/'.join(map(str, entry.get('x_pgqueuer', []))):>12}")
+              f" {'/'.join(map(str, entry.get('x_pgqueuer', []))):>12}"
+              f" {'/'.join(map(str, entry.get('x_against', []))) or '-':>12}")

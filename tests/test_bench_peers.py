@@ -78,3 +78,39 @@ def test_a_missing_python_package_is_named_with_the_extra_to_install() -> None:
                     ".venv/bin/pip install -e '.[bench]')"]
     assert peers.missing(which=lambda name: f"/usr/bin/{name}",
                          find_spec=lambda name: object()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_against_runs_another_checkout_alternated_with_this_one(tmp_path: Path) -> None:
+    """--against DIR: DIR's agentbox (here this checkout again, through its own venv and
+    scripts) and this one, in turned order each round, each with its ratios to the
+    peers of the same round."""
+    report_file = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--peers", "--against", str(ROOT),
+                           "--duration", "2", "--concurrency", "4", "--rounds", "2",
+                           "--json", str(report_file)],
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(report_file.read_text())
+    order = [(r["round"], r["target"]) for r in report["load"]]
+    assert order == [(1, "agentbox"), (1, "against"), (1, "huey"), (1, "reference"),
+                     (2, "against"), (2, "huey"), (2, "reference"), (2, "agentbox")]
+    for row in report["load"]:
+        assert row["completed_per_s"] > 0 and row["store_check"]["ok"], row["target"]
+        assert row["load_average"] >= 0
+    ab = {entry["target"]: entry for entry in report["ab"]}
+    assert set(ab) == {"agentbox", "against", "huey", "reference"}
+    for target in ("agentbox", "against"):
+        for peer in ("huey", "reference"):
+            assert len(ab[target][f"x_{peer}"]) == 2 and all(ab[target][f"x_{peer}"])
+    assert len(ab["agentbox"]["x_against"]) == 2 and "x_against" not in ab["against"]
+    assert "agentbox (--against)" in done.stdout and "x --against" in done.stdout
+
+
+def test_against_a_directory_that_is_no_checkout_measures_nothing(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--peers", "--against", str(tmp_path),
+                           *SHORT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{tmp_path} has no scripts/_setup" in done.stderr
+    assert "nothing was measured" in done.stderr and done.stdout == ""

@@ -224,9 +224,10 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
         tmp_path: Path, monkeypatch: Any, taken_by: str) -> None:
     """Two runs claimed, one slot: while the first runs, the second's lease runs out
     unrenewed (the clock jumps past it, as in a storage outage that stops the
-    heartbeats) and the run is claimed again, by another instance or by this one as
-    its next attempt. When the slot frees, the stale claim must not start: the
-    agent would run twice for one attempt's worth of work."""
+    heartbeats). Claimed again by another instance, the stale claim must not start
+    when the slot frees: the agent would run twice for one attempt's worth of work.
+    This instance's own claim loop takes neither back: it renews them first, and
+    both run once, as attempt 1."""
     journal = tmp_path / "journal.jsonl"
     monkeypatch.setenv("AGENTBOX_TEST_JOURNAL", str(journal))
     settings = in_process_settings(tmp_path, AGENTBOX_LEASE_SECONDS="30")
@@ -260,12 +261,15 @@ def test_a_run_whose_lease_ran_out_while_it_waited_for_a_slot_does_not_start(
                 assert sorted((r["attempt"], r["status"]) for r in runs) == [
                     (2, "processing"), (2, "processing")]  # the other instance's attempts
             else:
-                dispatcher.wake()  # this instance's claim loop takes both back, attempt 2
+                dispatcher.wake()  # this instance's claim loop renews both, claims neither
                 await wait_for_succeeded(store, 2)
+                runs = await store.list_runs(None, 10)
+                assert sorted((r["attempt"], r["status"]) for r in runs) == [
+                    (1, "succeeded"), (1, "succeeded")]
             starts = [json.loads(line) for line in journal.read_text().splitlines()
                       if '"start"' in line]
-            # The waiting run never started under its first claim.
+            # The waiting run never started under a claim it had lost.
             assert [s["attempt"] for s in starts if s["run_id"] == waiting] == (
-                [] if taken_by == "another instance" else [2])
+                [] if taken_by == "another instance" else [1])
 
     asyncio.run(scenario())

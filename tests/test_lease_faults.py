@@ -1,8 +1,10 @@
-"""Lost leases between two real `agentbox serve` processes on one real PostgreSQL.
+"""Leases across a pause, with real `agentbox serve` processes.
 
 An instance paused (SIGSTOP, as a laptop sleeps or a VM stalls) past its lease
-loses its runs to the other instance; resumed, its stale agents are cancelled
-before they reach their end, so no side effect happens twice.
+that nobody took renews it at resume and its agents go on (SQLite, and
+PostgreSQL with no other instance). One whose runs another instance took on a
+shared PostgreSQL has its stale agents cancelled at resume, before their next
+step, so no side effect happens twice.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import pytest
 
 from tests import postgres
 from tests.conftest import Server, make_event, wait_until
-
-pytestmark = pytest.mark.postgres
 
 DEADLINE = 60.0  # for each condition waited on: far above what any should take
 OUTAGE_SECONDS = 2.5  # how long the crashed database stays down (plus its recovery)
@@ -48,6 +48,39 @@ def journal_lines(journal: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in journal.read_text().splitlines() if line.endswith("}")]
 
 
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_an_instance_paused_past_its_lease_that_nobody_took_runs_each_run_once(
+        engine: str, server_factory: Callable[..., Server], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    lease = 3.0
+    env = {"AGENTBOX_LEASE_SECONDS": str(lease), "AGENTBOX_WORKER_CONCURRENCY": "4"}
+    if engine == "postgres":
+        env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+    server = server_factory(env=env).start()
+    assert server.process is not None
+    run_ids = [server.post(make_event(project_id="sleep-4")).json()["run_id"] for _ in range(3)]
+    wait_until(lambda: {line["run_id"] for line in journal_lines(server.journal)
+                        if line["kind"] == "start"} == set(run_ids),
+               DEADLINE, "the three runs to start")
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(lease * 2)  # the pause itself: the leases' ends pass on every clock
+    finally:
+        resumed_at = time.time()
+        server.process.send_signal(signal.SIGCONT)
+
+    finished = [server.wait_terminal(run_id, timeout=DEADLINE) for run_id in run_ids]
+    assert [(run["status"], run["attempt"]) for run in finished] == [("succeeded", 1)] * 3
+    lines = journal_lines(server.journal)
+    for run_id in run_ids:
+        assert [(line["kind"], line["attempt"], line["lease_lost"]) for line in lines
+                if line["run_id"] == run_id] == [("start", 1, False), ("return", 1, False)]
+    # The agents' last step came after the resume: they went on, their leases renewed.
+    assert all(line["t"] >= resumed_at for line in lines if line["kind"] == "return")
+    assert "lease_lost" not in server.log_path.read_text()
+
+
+@pytest.mark.postgres
 def test_a_paused_instance_stale_agents_never_reach_their_end(
         server_factory: Callable[..., Server], tmp_path: Path, postgres_url: str) -> None:
     lease = 3.0
@@ -85,6 +118,7 @@ def test_a_paused_instance_stale_agents_never_reach_their_end(
                    for line in log.splitlines()), (run_id, log[-3000:])
 
 
+@pytest.mark.postgres
 def test_a_database_crash_shorter_than_the_lease_runs_no_finished_attempt_again(
         server_factory: Callable[..., Server], tmp_path: Path) -> None:
     """The server stopped as a crash would (`pg_ctl stop -m immediate`) while agents

@@ -1,7 +1,8 @@
-"""A lost lease stops the agent: the dispatcher fences every running agent by its
-lease. In process, on a real SQLite file, to reach the two ways a lease is lost:
-the process is paused past it (its event loop blocked, as SIGSTOP or a stalled VM
-would), or another claim takes it (found by the next heartbeat)."""
+"""A lost lease stops the agent, a lease only overdue is renewed: the dispatcher
+fences every running agent by its lease. In process, on a real SQLite file: the
+process paused past the lease (its event loop blocked, as SIGSTOP or a stalled VM
+would) goes on, its lease renewed; a lease another claim took is found by the
+renewal at the fence, or by the next heartbeat, and cancels the agent."""
 
 from __future__ import annotations
 
@@ -43,8 +44,12 @@ def lease_lost_warnings(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int
             and getattr(record, "reason", None) == "lease_lost"]
 
 
-def test_a_pause_past_the_lease_cancels_the_agent_before_it_goes_on(
-        tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("first", ["agent", "claim"])
+def test_a_pause_past_the_lease_renews_it_and_the_agent_goes_on(
+        first: str, tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Nobody took the lease while the process stood still: at resume it is renewed
+    and attempt 1 runs to its end. With `first` "claim", the claim loop is the
+    first to run at resume: it must not take the run from its own agent."""
     journal = tmp_path / "journal.jsonl"
     monkeypatch.setenv("AGENTBOX_TEST_JOURNAL", str(journal))
     lease = 1.0
@@ -54,22 +59,53 @@ def test_a_pause_past_the_lease_cancels_the_agent_before_it_goes_on(
         app = create_app(settings, admin_token="t")
         async with app.router.lifespan_context(app):
             store: SqliteStore = app.state.store
-            body = encode(make_event(project_id="sleep-3"))
+            dispatcher: Dispatcher = app.state.dispatcher
+            body = encode(make_event(project_id="sleep-2"))
             run_id = (await app.state.receiver._store(parse_event(body), body)).runs[0].run_id
             await wait_until_async(lambda: journal_of(journal, run_id), DEADLINE,
                                    "the agent to start")
-            time.sleep(lease * 1.5)  # the whole process stalls: no heartbeat renews
-            # Attempt 1 was cancelled and never returned; the lease's end made the run
-            # claimable again, and attempt 2 ran it to its end.
-            await wait_until_async(
-                lambda: ("return", 2, False) in journal_of(journal, run_id), DEADLINE,
-                "attempt 2 to return")
-            assert journal_of(journal, run_id) == [
-                ("start", 1, False), ("raise", 1, True), ("start", 2, False),
-                ("return", 2, False)]
+            if first == "claim":
+                dispatcher.wake()  # ready before any timer when the loop runs again
+            time.sleep(lease * 2.5)  # the whole process stalls: no heartbeat renews
             run = await wait_until_async(lambda: _succeeded(store, run_id), DEADLINE,
                                          "the run to succeed")
-            assert run.attempt == 2
+            assert run.attempt == 1
+            assert journal_of(journal, run_id) == [("start", 1, False), ("return", 1, False)]
+            return run_id
+
+    with caplog.at_level(logging.WARNING, logger="agentbox"):
+        asyncio.run(scenario())
+    assert lease_lost_warnings(caplog) == []
+
+
+def test_a_lease_taken_during_a_pause_cancels_the_agent_before_its_next_step(
+        tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Another instance took the run while this one stood still (its steady clock
+    moved past the lease's end, its heartbeat far off): the agent's next step
+    waits for the renewal, which finds the lease taken, and is never taken."""
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv("AGENTBOX_TEST_JOURNAL", str(journal))
+    lease = 60.0  # the next heartbeat is 20 s away: the renewal at the fence decides
+    settings = in_process_settings(tmp_path, AGENTBOX_LEASE_SECONDS=str(lease))
+
+    async def scenario() -> str:
+        app = create_app(settings, admin_token="t")
+        async with app.router.lifespan_context(app):
+            store: SqliteStore = app.state.store
+            body = encode(make_event(project_id="sleep-1"))
+            run_id = (await app.state.receiver._store(parse_event(body), body)).runs[0].run_id
+            await wait_until_async(lambda: journal_of(journal, run_id), DEADLINE,
+                                   "the agent to start")
+            taken = await store.claim("another-instance", 1, time.time() + lease * 2, lease, 10)
+            assert [run.attempt for run in taken.claimed] == [2]
+            since_boot = portable.since_boot
+            monkeypatch.setattr(portable, "since_boot", lambda: since_boot() + lease * 2)
+            await wait_until_async(lambda: len(journal_of(journal, run_id)) == 2, DEADLINE,
+                                   "the agent to be cancelled")
+            assert journal_of(journal, run_id) == [("start", 1, False), ("raise", 1, True)]
+            run = await store.get_run(run_id)
+            assert run is not None
+            assert (run.status, run.attempt) == ("processing", 2)  # the other's
             return run_id
 
     with caplog.at_level(logging.WARNING, logger="agentbox"):

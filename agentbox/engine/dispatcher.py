@@ -4,11 +4,16 @@ It is woken in-process when a run is committed (no polling delay when idle)
 and otherwise sleeps until the next retry time or lease end. Retries are
 scheduled in the store (a next-attempt time), never by sleeping in a worker.
 
-Every running agent is fenced by its lease: when the lease was not renewed by
-its deadline (read on `portable.since_boot`, which a pause or a sleep of the
-machine does not stop) or a renewal finds it taken, the agent is cancelled (an
-asyncio.CancelledError inside it, `ctx.lease_lost` set) and its outcome refused,
-because another instance may be running the same attempt's successor.
+Every running agent is fenced by its lease. When the lease's deadline passes
+without a renewal (read on `portable.since_boot`, which a pause or a sleep of
+the machine does not stop), the agent's next step waits while the lease is
+renewed with one conditional write (`Store.renew_lease`: still this attempt,
+nobody claimed the run since); renewed, the agent goes on untouched. A lease
+another claim took, or one the storage cannot renew, cancels the agent (an
+asyncio.CancelledError inside it, `ctx.lease_lost` set) and its outcome is
+refused, because another instance may be running the same attempt's successor.
+An instance never takes a lease from itself: before it claims, it renews its own
+attempts whose lease ran out, so its claim never reclaims one of them.
 
 When it has slots free and knows of nothing older waiting, the receiver stores
 a new event's runs already claimed (`lease_for`, then `started`, both called
@@ -40,6 +45,7 @@ from agentbox.engine.agents import (
     PermanentAgentError,
     RetryableAgentError,
 )
+from agentbox.engine.gate import Hold
 from agentbox.engine.loop import AGAIN, IDLE, Loop
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
@@ -103,6 +109,8 @@ class InFlight:
     # was sent (so never later than the end the database holds): the agent's fence.
     fence: float = math.inf
     running: bool = False  # the agent is running (a lost lease cancels it)
+    # Set while the lease is renewed past its fence: the agent's next step waits for it.
+    renewing: asyncio.Future[None] | None = None
 
 
 class Dispatcher:
@@ -141,6 +149,10 @@ class Dispatcher:
         self._next_due: float | None = None  # when the next retry or lease end falls due
         self._fence_timer: asyncio.TimerHandle | None = None  # while agents run
         self._fence_by = -math.inf  # when that timer fires, on since_boot
+        self._renewals: set[asyncio.Task[None]] = set()  # leases renewed past their fence
+        # No lease held here ends before this (on `clock`): a bound, made exact by each
+        # look for overdue ones (`_renew_own`), which it spares every other claim round.
+        self._soonest_end = math.inf
         # The claims' due times are read on `clock` (the store's); the renewals' and the
         # upkeep's are intervals, read on the monotonic clock.
         self.claims = Loop("agentbox-claim", self._claim_round, clock=clock,
@@ -184,6 +196,8 @@ class Dispatcher:
             await loop.stop()
         if self._fence_timer is not None:
             self._fence_timer.cancel()
+        if self._renewals:  # else one could land after the leases are given back
+            await asyncio.wait(self._renewals)
         with contextlib.suppress(StorageUnavailable):  # else the leases run out by themselves
             given_back = await self.store.release_leases(self.owner, self.clock(),
                                                          self._unstarted)
@@ -271,6 +285,7 @@ class Dispatcher:
         self._claiming = True
         now, steady = self.clock(), portable.since_boot()
         try:
+            await self._renew_own(now)
             result = await self.store.claim(
                 self.owner, free, now, s.lease_seconds, s.max_retries + 1
             )
@@ -285,6 +300,19 @@ class Dispatcher:
         self._next_due = result.next_due_at
         return AGAIN if self._backlog else result.next_due_at
 
+    async def _renew_own(self, now: float) -> None:
+        """Renew this instance's attempts whose lease ended by `now` (a pause, a sleep)
+        before a claim at `now`: else the claim would take them from their own agents.
+        Those it cannot renew are lost (their agents cancelled), and claimable."""
+        if now < self._soonest_end:
+            return  # the usual case: renewed by the heartbeat, no lease has ended
+        overdue = [self._renewal(attempt) for attempt in self._inflight.values()
+                   if attempt.leased_until <= now and not attempt.ctx.lease_lost]
+        if overdue:
+            await asyncio.wait(overdue)  # not gather: a cancellation must not reach them
+        self._soonest_end = min((a.leased_until for a in self._inflight.values()
+                                 if not a.ctx.lease_lost), default=math.inf)
+
     def _spawn(self, claimed: ClaimedRun, leased_until: float, fence: float) -> None:
         ctx = AgentContext(
             run_id=claimed.run_id,
@@ -298,6 +326,7 @@ class Dispatcher:
         )
         task = asyncio.create_task(self._execute(claimed, ctx), name=f"run-{claimed.run_id}")
         self._inflight[claimed.run_id] = InFlight(task, ctx, leased_until, fence)
+        self._soonest_end = min(self._soonest_end, leased_until)
         self.heartbeat.due(time.monotonic() + self.settings.lease_seconds / 3)
         self._held += 1
         task.add_done_callback(lambda done: self._finished(claimed.run_id, done))
@@ -366,6 +395,8 @@ class Dispatcher:
         then would run its agent twice (only one outcome would land)."""
         run_id, delay = claimed.run_id, 0.1
         while (attempt := self._inflight.get(run_id)) is not None and attempt.ctx is ctx:
+            if ctx.lease_lost:
+                break  # a renewal found it taken (`_renew_late`)
             now = self.clock()
             known_until = attempt.leased_until
             if now < known_until - self.settings.lease_seconds / 3:
@@ -394,7 +425,7 @@ class Dispatcher:
         attempt.running = True
         self._arm_fence(attempt.fence)
         try:
-            outcome: Outcome | None = await self._attempt(claimed, ctx)
+            outcome: Outcome | None = await self._attempt(claimed, ctx, self._hold(attempt))
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not ctx.lease_lost or task is None:
@@ -423,18 +454,64 @@ class Dispatcher:
         self._fence_by = now + wait
 
     def _check_fences(self) -> None:
-        """Cancel every running agent whose lease was not renewed by its deadline. A
-        timer runs this: after a pause, it comes before the agents' own next steps."""
+        """Renew the lease of every running agent whose deadline passed without a
+        renewal, for an agent that waits long (on a thread, a slow call): its next
+        step, whenever it comes, waits for the answer (`_hold`)."""
         self._fence_timer = None
         now = portable.since_boot()
         running = [a for a in self._inflight.values() if a.running and not a.ctx.lease_lost]
         for attempt in running:
             if attempt.fence <= now:
-                self._lose(attempt, "a running attempt's lease was not renewed by its "
-                           "deadline; its agent is cancelled")
-        fences = [a.fence for a in running if not a.ctx.lease_lost]
+                self._renewal(attempt)
+        fences = [a.fence for a in running if a.renewing is None and not a.ctx.lease_lost]
         if fences:
             self._arm_fence(min(fences))
+
+    def _hold(self, attempt: InFlight) -> Hold:
+        """The gate before each step of `attempt`'s agent: past its fence, the step
+        waits for the lease's renewal (which cancels the agent if the lease is lost)."""
+        def hold() -> asyncio.Future[None] | None:
+            if attempt.renewing is None and (
+                    attempt.ctx.lease_lost or portable.since_boot() < attempt.fence):
+                return None  # the usual case: one clock read
+            # Shielded: cancelling the agent (a timeout) leaves the renewal to others.
+            return asyncio.shield(self._renewal(attempt))
+        return hold
+
+    def _renewal(self, attempt: InFlight) -> asyncio.Future[None]:
+        """The renewal of `attempt`'s lease past its fence, started if none is under way;
+        done once it is renewed, or lost."""
+        if attempt.renewing is None:
+            attempt.renewing = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(self._renew_late(attempt))
+            self._renewals.add(task)
+            task.add_done_callback(self._renewals.discard)
+        return attempt.renewing
+
+    async def _renew_late(self, attempt: InFlight) -> None:
+        ctx, lease = attempt.ctx, self.settings.lease_seconds
+        held: bool | None = None  # None: the storage did not answer
+        try:
+            until, fence = self.clock() + lease, portable.since_boot() + lease
+            with contextlib.suppress(StorageUnavailable):
+                held = await self.store.renew_lease(self.owner, ctx.run_id, ctx.attempt, until)
+            if held:
+                attempt.leased_until = max(attempt.leased_until, until)
+                attempt.fence = max(attempt.fence, fence)
+                if attempt.running:
+                    self._arm_fence(attempt.fence)
+            elif attempt.running and not ctx.lease_lost and (
+                    self._inflight.get(ctx.run_id) is attempt):
+                self._lose(attempt, "a running attempt's lease, past its deadline, was taken "
+                           "by another claim; its agent is cancelled" if held is False else
+                           "a running attempt's lease could not be renewed past its deadline "
+                           "(the storage did not answer); its agent is cancelled")
+            elif held is False and not attempt.running:  # waiting for a slot: another's
+                ctx.lease_lost = True  # never renewed again; `_still_held` says so at its slot
+        finally:
+            done, attempt.renewing = attempt.renewing, None
+            if done is not None and not done.done():
+                done.set_result(None)
 
     def _lose(self, attempt: InFlight, why: str) -> None:
         attempt.ctx.lease_lost = True
@@ -442,7 +519,7 @@ class Dispatcher:
         attempt.task.cancel()
         _stale(attempt.ctx.run_id, attempt.ctx.attempt, why)
 
-    async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext) -> Outcome:
+    async def _attempt(self, claimed: ClaimedRun, ctx: AgentContext, hold: Hold) -> Outcome:
         spec = self.registry.get(claimed.agent)
         if spec is None:
             return Outcome(RunStatus.FAILED_PERMANENT, error_code="agent_not_configured",
@@ -456,7 +533,8 @@ class Dispatcher:
         ctx.event = event
         ctx.deadline = time.monotonic() + self.settings.run_timeout_seconds
         try:
-            value = await within(self.settings.run_timeout_seconds, spec.function(event, ctx))
+            value = await within(self.settings.run_timeout_seconds, spec.function(event, ctx),
+                                 hold)
             return Outcome(RunStatus.SUCCEEDED, result=spec.to_json(value),
                            emitted=await self._emitted(ctx), subscriptions=tuple(ctx.subscriptions))
         except AttemptGivenBack as exc:

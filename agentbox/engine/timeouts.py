@@ -14,13 +14,15 @@ import asyncio
 from collections.abc import Awaitable, Generator
 from typing import Any, Generic, TypeVar
 
+from agentbox.engine.gate import Hold, Rest
+
 T = TypeVar("T")
 
 
-async def within(seconds: float, awaitable: Awaitable[T]) -> T:
+async def within(seconds: float, awaitable: Awaitable[T], hold: Hold | None = None) -> T:
     """`await awaitable` under `asyncio.timeout(seconds)`: the same deadline (counted
     from this call), the same TimeoutError, the same cancellation; a timer only
-    if it waits."""
+    if it waits. With `hold`, its steps after the first pass that gate (gate.py)."""
     deadline = asyncio.get_running_loop().time() + seconds
     steps = awaitable.__await__()
     try:
@@ -29,6 +31,8 @@ async def within(seconds: float, awaitable: Awaitable[T]) -> T:
         value: T = done.value
         return value  # finished without waiting: nothing could have cut it off
     async with asyncio.timeout_at(deadline):
+        if hold is not None:
+            return await Rest(steps, waits_on, hold)
         return await _Resumed(steps, waits_on)
 
 

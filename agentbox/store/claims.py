@@ -112,6 +112,12 @@ def extend_leases(db: Db, state: Batch, *, owner: str, attempts: Sequence[tuple[
     return [run_id for run_id, attempt in ordered if (run_id, attempt) in held]
 
 
+def renew_lease(db: Db, state: Batch, *, owner: str, run_id: str, attempt: int,
+                until: float) -> bool:
+    params = {"until": until, "run_id": run_id, "owner": owner, "attempt": attempt}
+    return db.run("renew_lease", params).fetchone() is not None
+
+
 def release_leases(db: Db, state: Batch, *, owner: str, now: float,
                    unstarted: Sequence[tuple[str, int]]) -> int:
     state.runs_ready = True

@@ -90,6 +90,12 @@ class IngestStore(Protocol):
         lease ran out: by another owner, or by this one as a later attempt)."""
 
     @abc.abstractmethod
+    async def renew_lease(self, owner: str, run_id: str, attempt: int, until: float) -> bool:
+        """Renew one attempt's lease to `until`, even past its end, if `owner` still
+        holds that attempt (nobody claimed the run since); whether it did. One
+        conditional write: what a holder asks when its own deadline passed."""
+
+    @abc.abstractmethod
     async def release_leases(self, owner: str, now: float,
                              unstarted: Sequence[tuple[str, int]] = ()) -> int:
         """Expire every lease `owner` ('*': anyone) holds (shutdown, or start-up of

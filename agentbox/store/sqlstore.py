@@ -188,6 +188,11 @@ class SqlStore(Reads, GroupCommit, Store):
         return await self._write(functools.partial(
             claims.extend_leases, owner=owner, attempts=attempts, until=until), durable=False)
 
+    async def renew_lease(self, owner: str, run_id: str, attempt: int, until: float) -> bool:
+        return await self._write(functools.partial(
+            claims.renew_lease, owner=owner, run_id=run_id, attempt=attempt, until=until),
+            order=run_id, durable=False)
+
     async def release_leases(self, owner: str, now: float,
                              unstarted: Sequence[tuple[str, int]] = ()) -> int:
         return await self._write(functools.partial(

@@ -229,6 +229,27 @@ async def test_extend_leases_keeps_runs_leased(store: Store, aio: Any) -> None:
 
 
 @async_test
+async def test_renew_lease_past_its_end_only_while_nobody_claimed_the_run(
+        engine: Engine, store: Store, aio: Any) -> None:
+    run = await ingest_and_claim(store, "e1", "w1")
+    # Past its end, not yet claimed by anyone: renewed (a holder back from a pause).
+    assert await store.renew_lease("w1", run.run_id, 1, T0 + 3 * LEASE)
+    assert engine.leases()[run.run_id] == ("processing", "w1", ms(T0 + 3 * LEASE))
+    assert (await claim(store, "w2", now=T0 + 2 * LEASE)).claimed == []
+    # Not its holder, or not the attempt held: nothing renewed.
+    assert not await store.renew_lease("intruder", run.run_id, 1, T0 + 9 * LEASE)
+    assert not await store.renew_lease("w1", run.run_id, 2, T0 + 9 * LEASE)
+    # Claimed by another once the lease ran out: the old holder renews nothing.
+    assert (await claim_one(store, "w2", now=T0 + 3 * LEASE)).attempt == 2
+    assert not await store.renew_lease("w1", run.run_id, 1, T0 + 9 * LEASE)
+    assert engine.leases()[run.run_id] == ("processing", "w2", ms(T0 + 4 * LEASE))
+    # A finished attempt has no lease to renew.
+    assert await store.finish(run.run_id, "w2", 2, SUCCEEDED, T0 + 3 * LEASE + 1) is not None
+    assert not await store.renew_lease("w2", run.run_id, 2, T0 + 9 * LEASE)
+    assert await status_of(store, run.run_id) == "succeeded"
+
+
+@async_test
 async def test_release_all_leases(store: Store, aio: Any) -> None:
     a = await ingest_and_claim(store, "a", "w1")
     b = await ingest_and_claim(store, "b", "w2")

@@ -49,6 +49,15 @@ UPDATE runs SET lease_expires_at = :until
 WHERE run_id = :run_id AND lease_owner = :owner AND attempt = :attempt
   AND status = 'processing'
 
+-- name: renew_lease
+-- One attempt's lease, renewed by its holder whose own deadline passed (a pause, a
+-- sleep): only if nobody claimed the run since (a claim moves the attempt on), even
+-- past the lease's end. The row it answers says it was renewed.
+UPDATE runs SET lease_expires_at = :until
+WHERE run_id = :run_id AND lease_owner = :owner AND attempt = :attempt
+  AND status = 'processing'
+RETURNING run_id
+
 -- name: held_leases
 SELECT run_id, attempt FROM runs WHERE status = 'processing' AND lease_owner = :owner
 

@@ -37,7 +37,9 @@ class Answer(BaseModel):
 
     # The document says what this version answers (additionalProperties: false); a
     # client keeps what another version adds, and gives it back in as_json().
-    model_config = ConfigDict(frozen=True, extra="allow",
+    # defer_build: a model's validator is built when it first reads an answer, not when
+    # agentbox.models is imported (`agentbox runs` reads two of the twenty).
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True,
                               json_schema_extra={"additionalProperties": False})
 
     def __getitem__(self, name: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentbox.review.stage import StageName
 
@@ -17,7 +17,14 @@ SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
 VERDICTS = ("pass", "warn", "fail")
 
 
-class ProfileView(BaseModel):
+class Model(BaseModel):
+    """A part of the review. Its validator is built when it first reads one, not when
+    the module is imported (the CLI tells runs without reading a review)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class ProfileView(Model):
     name: str
     title: str
     target_lufs: float
@@ -25,25 +32,25 @@ class ProfileView(BaseModel):
     max_true_peak_dbtp: float
 
 
-class ClippingRange(BaseModel):
+class ClippingRange(Model):
     start: float  # seconds
     end: float
     kind: str = "clipping"  # "clipping": samples at full scale; "over": above 0 dBTP between
 
 
-class OctaveBand(BaseModel):
+class OctaveBand(Model):
     hz: float
     db: float  # the band's share of the mix's power
     reference_db: float | None = None  # the profile's reference curve
 
 
-class LoudnessCurve(BaseModel):
+class LoudnessCurve(Model):
     step_seconds: float
     momentary: list[float | None]
     short_term: list[float | None]
 
 
-class MixMetrics(BaseModel):
+class MixMetrics(Model):
     integrated_lufs: float | None
     loudness_range_lu: float | None
     true_peak_dbtp: float | None
@@ -83,7 +90,7 @@ class MixMetrics(BaseModel):
     tags: list[str] = []
 
 
-class FileInfo(BaseModel):
+class FileInfo(Model):
     name: str
     format: str
     sample_rate: int
@@ -99,7 +106,7 @@ class FileInfo(BaseModel):
     modified_ns: int | None = None
 
 
-class TargetView(BaseModel):
+class TargetView(Model):
     name: str
     title: str
     integrated_target_lufs: float
@@ -111,14 +118,14 @@ class TargetView(BaseModel):
     note: str = ""
 
 
-class Comparison(BaseModel):
+class Comparison(Model):
     previous_run_id: str | None  # None: the project's first export
     previous_accepted_at: str | None = None
     deltas: dict[str, float] = {}  # figure -> this export minus the previous one
     note: str = ""
 
 
-class ReferenceView(BaseModel):
+class ReferenceView(Model):
     file: str
     integrated_lufs: float | None = None
     true_peak_dbtp: float | None = None
@@ -134,13 +141,13 @@ class ReferenceView(BaseModel):
     source: str | None = None
 
 
-class Note(BaseModel):
+class Note(Model):
     severity: str  # "fix", "consider" or "info"
     code: str
     text: str
 
 
-class MixReview(BaseModel):
+class MixReview(Model):
     """A mix review: the `result` of a review's run (GET /runs/{run_id}, GET /exports)."""
 
     project_id: str

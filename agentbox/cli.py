@@ -43,7 +43,8 @@ from agentbox.client import (
     runtime_file,
 )
 from agentbox.events import is_event_type_name, project_name
-from agentbox.models import Accepted, Answer, ReferenceOut, RunDetail, RunView
+from agentbox.models import Accepted, Answer, RunDetail, RunView
+from agentbox.review.answers import ReferenceOut
 from agentbox.review.contract import AGENTS as REVIEW_AGENTS
 from agentbox.review.genres import GENRES
 from agentbox.review.present import mix_name
@@ -169,8 +170,8 @@ def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
     """The secrets, the schema brought up to date and the app; what stops them said."""
     from agentbox import files
     from agentbox import store as st
+    from agentbox.apps import schemas_of
     from agentbox.http.app import create_app
-    from agentbox.http.apps import schemas_of
     from agentbox.store import engines
 
     try:
@@ -823,7 +824,7 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
     On PostgreSQL, instances starting together take turns on an advisory lock.
     A database written by a newer agentbox is refused, and left as it is.
     """
-    from agentbox.http.apps import schemas_of
+    from agentbox.apps import schemas_of
     from agentbox.store import StoreError, engines
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)
@@ -857,7 +858,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     """
     import asyncio
 
-    from agentbox.http.apps import prune_alone
+    from agentbox.apps import prune_alone
     from agentbox.store import StoreError, StoreInUse
 
     settings = _settings(config_file, data_dir=data_dir, database_url=database_url)

@@ -45,6 +45,11 @@ import httpx
 from pydantic import ValidationError
 
 from agentbox import config as cfg
+
+# The apps' answers, read into their models; importable from here too, as they were
+# from agentbox.models before the apps owned them.
+from agentbox.desktop.answers import WatchedFolderOut as WatchedFolderOut
+from agentbox.desktop.answers import WatchState
 from agentbox.events import SCHEMA_VERSION, project_name
 from agentbox.events import project_of_file as project_of  # the name it had here
 from agentbox.logs import one_line
@@ -52,20 +57,23 @@ from agentbox.models import (
     Accepted,
     Answer,
     Destinations,
-    ExportList,
     LoginLink,
     Notifications,
-    ProjectChanged,
     Pruned,
-    ReferenceList,
-    ReferenceOut,
-    ReferenceRemoved,
     Resumed,
     RunDetail,
     RunList,
     RunView,
-    WatchState,
 )
+from agentbox.review.answers import (
+    ExportList,
+    ProjectChanged,
+    ReferenceList,
+    ReferenceOut,
+    ReferenceRemoved,
+)
+from agentbox.review.answers import ExportView as ExportView
+from agentbox.review.answers import OctaveBandOut as OctaveBandOut
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
 

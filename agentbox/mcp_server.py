@@ -40,8 +40,9 @@ from agentbox.client import (
 )
 from agentbox.config import ConfigError, load_settings
 from agentbox.logs import one_line, setup_logging
-from agentbox.models import Accepted, ExportView, RunDetail, RunView
+from agentbox.models import Accepted, RunDetail, RunView
 from agentbox.review import digest, present
+from agentbox.review.answers import ExportView
 from agentbox.review.figures import FIGURES
 from agentbox.review.genres import GENRES
 from agentbox.review.profiles import PROFILES

@@ -1,10 +1,11 @@
-"""What agentbox's API answers, as models: the shape of a run, an export, a
-reference track, a callback, said once.
+"""What agentbox's API answers, as models: the shape of a run, a callback, a
+pruning, said once (an app's answers are its own: agentbox.review.answers,
+agentbox.desktop.answers, on `Answer` as these are).
 
 The server answers with them (http/api.py builds a run's answer from them), the
 OpenAPI document is generated from them (http/openapi.py), and the client
 (agentbox.client) reads its answers into them, so the document, the answers and
-what a program reads cannot disagree. Nothing here imports the store, the review
+what a program reads cannot disagree. Nothing here imports the store, an app
 or the server: a program that only talks to agentbox imports this and the client.
 
 Every model is read by attribute (`run.status`); a field a newer agentbox adds is
@@ -181,79 +182,6 @@ class RunList(Answer):
     runs: list[RunView]
 
 
-# -- exports and reference tracks -----------------------------------------------------------
-
-
-class ExportView(Answer):
-    """One export of a project (a run of an event naming it) as `GET /exports` shows it."""
-
-    run_id: str
-    project: str
-    agent: str
-    status: str  # the run's status
-    accepted_at: str  # ISO 8601, UTC
-    finished_at: str | None  # ISO 8601, UTC, when terminal
-    result: dict[str, Any] | None  # the agent's result (the review) when succeeded
-    # Retention removed its run (GET /runs/{run_id} answers 404): what is here is all
-    # that is kept of it.
-    archived: bool = False
-    # A project's exports (GET /exports?project=NAME): its place among them, the oldest
-    # #1, and the number of the earliest one whose audio is identical (every render is
-    # an export of its own, even of the same audio), else None.
-    number: int | None = None
-    same_audio_as: int | None = None
-
-
-class ExportList(Answer):
-    exports: list[ExportView]
-
-
-class ProjectChanged(Answer):
-    """A project renamed, merged or removed (POST /projects/{project}/rename, /merge,
-    /remove): the project it is now (None: removed) and what became of the other."""
-
-    project: str | None
-    was: str | None = None  # rename: its former name
-    merged: str | None = None  # merge: the project merged into `project`
-    removed: str | None = None  # remove: the project removed
-    exports: int | None = None  # remove: how many exports left the pages
-    audio_dropped: int | None = None  # remove: how many kept copies the archive let go
-
-
-class OctaveBandOut(Answer):
-    hz: float
-    db: float  # the band's share of the track's power
-
-
-class ReferenceOut(Answer):
-    """A project's reference track, as `GET /projects/{project}/reference` shows it:
-    its file and what was measured of it, once, when it was added."""
-
-    project: str
-    name: str  # its file's name
-    sha256: str  # of its bytes, kept in the archive
-    size_bytes: int
-    added_at: str | None  # ISO 8601, UTC
-    audio_url: str  # its bytes, for the page's A/B player
-    integrated_lufs: float | None
-    loudness_range_lu: float | None
-    true_peak_dbtp: float | None
-    plr_db: float | None
-    stereo_correlation: float | None
-    duration_seconds: float | None
-    sample_rate: int | None
-    channels: int | None
-    octave_bands: list[OctaveBandOut]
-
-
-class ReferenceList(Answer):
-    references: list[ReferenceOut]
-
-
-class ReferenceRemoved(Answer):
-    removed: ReferenceOut
-
-
 # -- callbacks and maintenance --------------------------------------------------------------
 
 
@@ -314,23 +242,3 @@ class Health(Answer):
     model_config = ConfigDict(json_schema_extra={})  # the figures: additionalProperties
 
     status: str
-
-
-class WatchedFolderOut(Answer):
-    """One folder the server watches, as `GET /watch` shows it."""
-
-    path: str
-    stage: str | None  # mix or master: how its exports are judged, when the folder says
-    state: str  # starting, watching, missing or unreadable
-    said: str  # the state in a musician's words
-    note: str = ""  # the last trouble told of it, cleared by success
-    last_file: str = ""  # the last file handed over
-    last_at: float | None = None  # when (Unix seconds)
-
-
-class WatchState(Answer):
-    """`GET /watch`, `POST /watch/pause`, `POST /watch/resume`: whether the watched
-    folders are paused (renders found meanwhile are sent on resume), and each folder."""
-
-    paused: bool
-    folders: list[WatchedFolderOut]

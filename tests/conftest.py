@@ -31,7 +31,7 @@ import pytest
 
 import agentbox.review.contract  # noqa: F401 - the review's event types, as its app registers them
 from agentbox.config import Settings, load_settings
-from agentbox.http.app import App, create_app
+from agentbox.http.app import AgentboxServer, create_app
 from agentbox.signing import sign_headers
 from tests import postgres
 
@@ -451,7 +451,7 @@ class InProcess:
     `httpx.ASGITransport` at http://localhost: no socket, no subprocess.
     For the fast tier; what needs a real socket or a real process stays with `Server`."""
 
-    def __init__(self, app: App, client: httpx.AsyncClient, settings: Settings) -> None:
+    def __init__(self, app: AgentboxServer, client: httpx.AsyncClient, settings: Settings) -> None:
         self.app, self.client, self.settings = app, client, settings
         self.token = ADMIN_TOKEN
 

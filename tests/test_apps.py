@@ -1,46 +1,70 @@
-"""Apps on the engine (agentbox.http.apps, docs/apps.md): a second app written from the
-manual alone runs beside the review in a real server on both engines (its agent, its
-table, its page); a database made before the review had tables of its own opens with
-everything in place; and the engine runs with no app and no numpy."""
+"""Apps on the engine (agentbox.apps, docs/apps.md): the manual's backup app, built
+from the manual's own text, and an export log written from the manual alone run
+beside the review in a real server on both engines (their agents, tables, pages and
+files); an app without the app it requires is refused in words that name it; a
+database made before the review had tables of its own opens with everything in
+place; and the engine runs with no app and no numpy."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agentbox.archive.history import SCHEMA
+from agentbox.config import ConfigError
 from agentbox.store.sqlite import SqliteStore
-from tests.conftest import ROOT, Server, make_event
-from tests.support.backup_app.app import SCHEMA as BACKUP
+from tests.conftest import ROOT, Server, in_process_settings, make_event
+from tests.support import manual
 from tests.test_page_reviews import song, write
 
-APPS = "agentbox.review.app:app,agentbox.desktop.app:app,tests.support.backup_app.app:app"
+APPS = "agentbox.review.app:app,agentbox.desktop.app:app,mybackup.app:app"
+COPY = "mybackup.agent:copy"
+EXPORT_LOG = "tests.support.export_log.app"  # written from docs/apps.md alone
+
+
+@pytest.fixture(scope="module")
+def backup_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """docs/apps.md's backup app, its files as the manual gives them (`mybackup`), in a
+    folder on sys.path (and on the servers' PYTHONPATH)."""
+    root = tmp_path_factory.mktemp("manual")
+    manual.write("apps", root)
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+    for name in [name for name in sys.modules if name.split(".")[0] == "mybackup"]:
+        del sys.modules[name]
+
+
+def with_app(root: Path, env: dict[str, str]) -> dict[str, str]:
+    return {**env, "PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgres"])
-def test_a_second_app_runs_beside_the_review(
+def test_the_manuals_app_runs_beside_the_review(
         engine: str, server_factory: Callable[..., Server], request: pytest.FixtureRequest,
-        tmp_path: Path) -> None:
-    """The backup app of docs/apps.md: each export has two runs (the review and the
-    copy), the copy's bytes are the mix's, its table lists it and its page shows it."""
+        tmp_path: Path, backup_app: Path) -> None:
+    """The backup app of docs/apps.md, built from its text: each export has two runs
+    (the review and the copy), the copy's bytes are the mix's, its table lists it, its
+    page shows it and every page's menu links it."""
     env = {"AGENTBOX_APPS": APPS, "AGENTBOX_AGENTS": ""}  # the apps' own agents
     if engine == "postgres":
         env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
-    server = server_factory(env).start()
+    server = server_factory(with_app(backup_app, env)).start()
     mix = write(tmp_path, "take 1.wav", song(4, 0.4, 1))
     answer = server.post(make_event(project_id="Backed up", payload={
         "project_id": "Backed up", "mix_url": str(mix)})).json()
     runs = {run["agent"]: run["run_id"] for run in answer["runs"]}
-    assert set(runs) == {"agentbox.review.agent:mix_review",
-                         "tests.support.backup_app.app:copy"}
-    copied = server.wait_terminal(runs["tests.support.backup_app.app:copy"], timeout=60)
+    assert set(runs) == {"agentbox.review.agent:mix_review", COPY}
+    copied = server.wait_terminal(runs[COPY], timeout=60)
     assert copied["status"] == "succeeded", (copied["error_code"], copied["error_message"])
     copy = Path(copied["result"]["saved_to"])
     assert copy.parent == server.home / "data" / "backup" and copy.read_bytes() == mix.read_bytes()
@@ -48,10 +72,91 @@ def test_a_second_app_runs_beside_the_review(
     assert reviewed["status"] == "succeeded" and reviewed["result"]["verdict"]
     page = server.client.get("/backup")
     assert page.status_code == 200 and page.headers["x-frame-options"] == "DENY"
-    assert f'data-run-id="{runs["tests.support.backup_app.app:copy"]}"' in page.text
+    assert f'data-run-id="{runs[COPY]}"' in page.text
     assert str(mix) in page.text and "succeeded" in page.text
-    # the review's pages are as they were beside it
-    assert 'data-project="Backed up"' in server.client.get("/").text
+    assert '<a href="/backup" id="nav-backup" aria-current="page">Backup</a>' in page.text
+    # the review's pages are as they were beside it, the backup one click away
+    home = server.client.get("/").text
+    assert 'data-project="Backed up"' in home and 'id="nav-backup"' in home
+    assert '<a href="/" id="nav-projects" aria-current="page">Projects</a>' in home
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_an_app_written_from_the_manual_alone_starts_beside_the_review(
+        engine: str, server_factory: Callable[..., Server], request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
+    """The export log (tests/support/export_log: a CSV log of exports with a page):
+    each export is a line of its log, its page and its CSV show it, and its files,
+    named as the engine's and the review's are, are its own under its name."""
+    env = {"AGENTBOX_APPS": f"agentbox.review.app:app,{EXPORT_LOG}:app",
+           "AGENTBOX_AGENTS": ""}
+    if engine == "postgres":
+        env["AGENTBOX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+    server = server_factory(env).start()
+    mix = write(tmp_path, "take 2.wav", song(3, 0.4, 2))
+    answer = server.post(make_event(project_id="Logged", payload={
+        "project_id": "Logged", "mix_url": str(mix)})).json()
+    runs = {run["agent"]: run["run_id"] for run in answer["runs"]}
+    assert set(runs) == {"agentbox.review.agent:mix_review", f"{EXPORT_LOG}:log_export"}
+    logged = server.wait_terminal(runs[f"{EXPORT_LOG}:log_export"], timeout=60)
+    assert logged["status"] == "succeeded", (logged["error_code"], logged["error_message"])
+    assert logged["result"] == {"log": str(server.home / "data" / "exports.csv")}
+    page = server.client.get("/exportlog")
+    assert page.status_code == 200 and page.headers["x-frame-options"] == "DENY"
+    assert f'data-run-id="{runs[f"{EXPORT_LOG}:log_export"]}"' in page.text
+    assert ">Logged<" in page.text and "take 2.wav" in page.text
+    log = server.client.get("/exportlog.csv")
+    assert log.headers["content-type"].startswith("text/csv")
+    [line] = log.text.splitlines()[1:]
+    assert line.startswith(f'{runs[f"{EXPORT_LOG}:log_export"]},Logged,take 2.wav,')
+    # its page.css and home.html beside the engine's and the review's
+    theirs = server.client.get("/static/exportlog/page.css")
+    assert theirs.status_code == 200 and b"export-log" in theirs.content
+    assert theirs.content != server.client.get("/ui/static/page.css").content
+    assert "/static/exportlog/page.css?v=" in page.text
+    home = server.client.get("/").text
+    assert "Your projects" in home and "Export log" not in home.split("<main>")[1]
+    assert '<a href="/exportlog" id="nav-exportlog">Export log</a>' in home
+    for missing in ("/static/exportlog/home.html", "/static/exportlog/..%2Fapp.py",
+                    "/static/nobody/page.css", "/static/review/page.css"):
+        assert server.client.get(missing).status_code == 404, missing
+
+
+def test_an_app_without_the_app_it_requires_is_refused_in_words_that_name_it(
+        tmp_path: Path) -> None:
+    """Not `AGENTBOX_AGENTS: unknown event type`, which the user never set: the app
+    that is missing, or listed after the app that needs it."""
+    from agentbox.apps import load_apps
+
+    alone = in_process_settings(tmp_path, AGENTBOX_APPS=f"{EXPORT_LOG}:app")
+    with pytest.raises(ConfigError) as refused:
+        load_apps(alone)
+    said = str(refused.value)
+    assert "the app 'exportlog' requires the app 'review'" in said
+    assert "AGENTBOX_AGENTS" not in said and "unknown event type" not in said
+    late = in_process_settings(tmp_path, AGENTBOX_APPS=f"{EXPORT_LOG}:app,"
+                                                      "agentbox.review.app:app")
+    with pytest.raises(ConfigError, match="listed after it"):
+        load_apps(late)
+    assert [app.name for app in load_apps(in_process_settings(
+        tmp_path, AGENTBOX_APPS=f"agentbox.review.app:app,{EXPORT_LOG}:app"))] == [
+        "review", "exportlog"]
+
+
+def test_an_app_whose_event_type_nobody_registers_is_named_in_the_error() -> None:
+    from agentbox.apps import App, default_agents
+
+    class Careless(App):
+        name = "careless"
+
+        def agents(self) -> dict[str, tuple[str, ...]]:
+            return {"take.comped": ("careless.agent:comp",)}
+
+    with pytest.raises(ConfigError) as refused:
+        default_agents([Careless()])
+    said = str(refused.value)
+    assert "the app 'careless' runs agents for the event type 'take.comped'" in said
+    assert "Careless.requires" in said and "AGENTBOX_AGENTS" not in said
 
 
 def test_an_app_that_cannot_be_imported_stops_the_start(server_factory: Callable[..., Server]
@@ -206,9 +311,12 @@ def test_the_engine_runs_with_no_app_and_no_numpy(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_two_apps_share_the_store_and_keep_their_own_lines(tmp_path: Path) -> None:
+async def test_two_apps_share_the_store_and_keep_their_own_lines(tmp_path: Path,
+                                                                backup_app: Path) -> None:
     """Each app's line is migrated and recorded on its own; the same line twice with
     another schema is refused."""
+    from mybackup.copies import SCHEMA as BACKUP
+
     from agentbox.store import Schema
 
     store = SqliteStore(tmp_path / "agentbox.sqlite3")
@@ -236,3 +344,55 @@ def test_a_schema_line_is_a_word() -> None:
         with pytest.raises(ValueError, match="lowercase word"):
             Schema(line=bad, package="agentbox.archive")
 
+
+
+def test_one_class_is_named_app_and_its_former_home_still_imports_it() -> None:
+    """agentbox.apps.App is the hook (the server is AgentboxServer); agentbox.http.apps
+    names the same objects for a release."""
+    import ast
+
+    import agentbox.apps
+    import agentbox.http.apps
+
+    named = [str(path.relative_to(ROOT)) for path in (ROOT / "agentbox").rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and node.name == "App"]
+    assert named == ["agentbox/apps.py"]
+    assert agentbox.http.apps.App is agentbox.apps.App
+    assert agentbox.http.apps.Host is agentbox.apps.Host
+
+
+def test_no_app_reads_starlettes_app_state() -> None:
+    """Apps reach the engine through their Host, never `request.app.state`."""
+    readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "agentbox").rglob("*.py")
+                     if "app.state" in path.read_text(encoding="utf-8")
+                     and path.parent.name != "http")
+    assert readers == []
+
+
+def test_an_app_gets_the_tables_it_declares_once(tmp_path: Path) -> None:
+    """`host.tables()` hands the handle of the app's `schemas` (given once, there);
+    asking for another line, or for none when it has no tables, says what to do."""
+    from agentbox.apps import App, Host
+    from agentbox.store import Schema
+
+    class Keeper(App):
+        name = "keeper"
+        schemas = (SCHEMA,)
+
+    other = Schema(line="other", package="agentbox.archive")
+    store = SqliteStore(tmp_path / "agentbox.sqlite3")
+    tables = {SCHEMA.line: store.add_tables(SCHEMA)}
+
+    def host(app: App) -> Host:
+        return Host(app, settings=in_process_settings(tmp_path), store=store,
+                    registry=None, dispatcher=None, clock=time.time, pages=None,  # type: ignore[arg-type]
+                    api=None, receiver=None, admin_token="the-admin-token", tables=tables)  # type: ignore[arg-type]
+
+    assert host(Keeper()).tables() is tables[SCHEMA.line]
+    assert host(Keeper()).tables(SCHEMA) is tables[SCHEMA.line]
+    with pytest.raises(ConfigError, match=r"line 'other', which is not in its App\.schemas"):
+        host(Keeper()).tables(other)
+    with pytest.raises(ConfigError, match="the app 'app' has no tables"):
+        host(App()).tables()
+    assert repr(host(Keeper())) == "Host('keeper')"  # the admin token stays out of logs

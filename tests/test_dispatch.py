@@ -15,7 +15,7 @@ import pytest
 
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.events import parse_event
-from agentbox.http.app import App, create_app
+from agentbox.http.app import AgentboxServer, create_app
 from agentbox.store import IngestParams
 from agentbox.store.sqlite import SqliteStore
 from tests.conftest import (
@@ -154,7 +154,7 @@ def test_claimed_runs_not_started_by_shutdown_run_after_the_restart_as_attempt_1
         assert history["retry_count"] == 0
 
 
-async def cancel_a_request_whose_write_is_queued(app: App) -> None:
+async def cancel_a_request_whose_write_is_queued(app: AgentboxServer) -> None:
     """Send an event in-process, its run to be stored claimed, and cancel its request
     once its write is queued."""
     store: SqliteStore = app.state.store

@@ -29,10 +29,10 @@ import pytest
 from click.testing import CliRunner
 
 from agentbox import config, manual
+from agentbox.apps import api_document, load_apps
 from agentbox.cli import main
 from agentbox.config import Settings
 from agentbox.http.app import create_app
-from agentbox.http.apps import api_document, load_apps
 from tests.conftest import (
     ADMIN_TOKEN,
     ROOT,

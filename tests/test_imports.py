@@ -24,29 +24,38 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
         "files"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
+# The app hook (agentbox/apps.py: App, Host): above the engine and the HTTP core,
+# which it lends to the apps; the server (http/app.py) assembles the apps through it.
+HOOK = {"apps"}
 SHELLS = {"cli", "client", "mcp_server", "terminal", "__main__"}  # the client side
-ANYTHING = CORE | ROOMS | SHELLS | {"agentbox"}
+ANYTHING = CORE | ROOMS | HOOK | SHELLS | {"agentbox"}
 
 # What each room may import (its own modules are always allowed). The engine (the
 # run engine on the store, the HTTP core on both, the core modules below them) knows
 # no app: the review, its archive and the desktop side are apps on top of it, which
-# reach the engine through agentbox.http.apps (docs/apps.md), never the other way.
+# reach the engine through agentbox.apps (docs/apps.md), never the other way.
 # No exceptions.
 APPS = {"review", "archive", "desktop"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "http": {"engine", "store"} | CORE,
+    "http": {"engine", "store", "apps"} | CORE,
+    "apps": {"http", "engine", "store"} | CORE,
     "engine": {"store"} | CORE,
     "store": {"events", "runs", "logs", "portable", "signing", "addresses", "models"},
     # The review is an app: the agent API, the app hook and the pages it stands on.
-    "review": {"engine", "store", "archive", "http"} | CORE,
+    "review": {"engine", "store", "archive", "http", "apps"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).
     "archive": {"store"} | CORE,
-    "desktop": {"client", "terminal", "review", "store", "engine", "http"} | CORE,
+    "desktop": {"client", "terminal", "review", "store", "engine", "http", "apps"} | CORE,
     "client": set(CORE),
     "terminal": {"review", "engine"} | CORE,  # the mix review's names
 }
 for _core in CORE:
     MAY_IMPORT[_core] = set(CORE)
+# The apps' answer models, which the client reads its answers into: pydantic and
+# agentbox.models only (test_the_apps_answers_are_light holds it), so a program that
+# only talks to agentbox imports no app with them.
+ANSWERS = {"agentbox.review.answers", "agentbox.desktop.answers"}
+MAY_IMPORT_MODULES = {"client": ANSWERS}
 
 
 def module_name(path: Path) -> str:
@@ -141,7 +150,8 @@ def wrong_way(edges: dict[str, frozenset[str]] | None = None) -> set[tuple[str, 
     wrong = set()
     for name, targets in (graph() if edges is None else edges).items():
         allowed = MAY_IMPORT.get(room(name), ANYTHING) | {room(name)}
-        wrong |= {(name, target) for target in targets if room(target) not in allowed}
+        wrong |= {(name, target) for target in targets if room(target) not in allowed
+                  and target not in MAY_IMPORT_MODULES.get(room(name), set())}
     return wrong
 
 
@@ -153,9 +163,15 @@ def test_the_engine_imports_no_app() -> None:
     """The pinned direction, said on its own: agentbox.engine, agentbox.store,
     agentbox.events, agentbox.config and the HTTP core import nothing of
     agentbox.review, agentbox.archive or agentbox.desktop."""
-    engine = {"engine", "store", "events", "config", "http"}
+    engine = {"engine", "store", "events", "config", "http", "apps"}
     assert not {(name, target) for name, targets in graph().items() if room(name) in engine
                 for target in targets if room(target) in APPS}
+
+
+def test_the_apps_answers_are_light() -> None:
+    """The apps' answer models import agentbox.models alone of the package."""
+    assert {name: sorted(graph()[name]) for name in ANSWERS} == {
+        name: ["agentbox.models"] for name in ANSWERS}
 
 
 def test_the_store_imports_nothing_of_the_configuration() -> None:

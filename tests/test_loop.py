@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.engine.loop import AGAIN, IDLE, Loop
+from agentbox.engine.loop import AGAIN, IDLE, Loop, Services
 from agentbox.store import StorageUnavailable
 
 DEADLINE = 5.0  # far beyond any round here: a hang fails, a slow machine does not
@@ -150,3 +150,73 @@ def test_stop_ends_a_round_in_progress() -> None:
         assert loop.stopping
 
     run(scenario)
+
+
+# -- the server's list of services (loop.Services) -------------------------------------------
+
+
+class Told:
+    """A service that says when it starts and stops, in a shared diary."""
+
+    def __init__(self, name: str, diary: list[str], fail: str = "") -> None:
+        self.name, self.diary, self.fail = name, diary, fail
+
+    async def start(self) -> None:
+        await asyncio.sleep(0)  # awaited: the next one starts after this one has
+        if self.fail == "start":
+            raise RuntimeError(f"{self.name} cannot start")
+        self.diary.append(f"start {self.name}")
+
+    async def stop(self) -> None:
+        await asyncio.sleep(0)
+        self.diary.append(f"stop {self.name}")
+        if self.fail == "stop":
+            raise RuntimeError(f"{self.name} cannot stop")
+
+
+def test_services_start_in_order_and_stop_in_reverse_each_awaited() -> None:
+    diary: list[str] = []
+    services = Services([(name, Told(name, diary)) for name in ("app", "callbacks",
+                                                                "dispatcher")])
+
+    async def scenario() -> None:
+        await services.start()
+        assert services.started == ["app", "callbacks", "dispatcher"]
+        await services.stop()
+        assert services.started == []
+        await services.stop()  # twice: nothing more
+
+    run(scenario)
+    assert diary == ["start app", "start callbacks", "start dispatcher",
+                     "stop dispatcher", "stop callbacks", "stop app"]
+
+
+def test_a_start_that_fails_stops_those_started_and_raises() -> None:
+    diary: list[str] = []
+    services = Services([("app", Told("app", diary)), ("callbacks", Told("callbacks", diary)),
+                         ("dispatcher", Told("dispatcher", diary, fail="start")),
+                         ("retention", Told("retention", diary))])
+
+    async def scenario() -> None:
+        with pytest.raises(RuntimeError, match="dispatcher cannot start"):
+            await services.start()
+
+    run(scenario)
+    assert diary == ["start app", "start callbacks", "stop callbacks", "stop app"]
+
+
+def test_a_stop_that_fails_is_logged_and_the_rest_still_stop(
+        caplog: pytest.LogCaptureFixture) -> None:
+    diary: list[str] = []
+    services = Services([("app", Told("app", diary)),
+                         ("callbacks", Told("callbacks", diary, fail="stop")),
+                         ("dispatcher", Told("dispatcher", diary))])
+
+    async def scenario() -> None:
+        await services.start()
+        with caplog.at_level(logging.ERROR):
+            await services.stop()
+
+    run(scenario)
+    assert diary[3:] == ["stop dispatcher", "stop callbacks", "stop app"]
+    assert any("callbacks failed to stop" in record.getMessage() for record in caplog.records)

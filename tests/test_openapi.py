@@ -129,8 +129,8 @@ async def test_the_server_does_what_the_document_says(box: InProcess) -> None:
 
 
 def test_the_document_describes_what_agentbox_sends_and_how_it_is_signed() -> None:
+    from agentbox.apps import api_document, load_apps
     from agentbox.config import Settings
-    from agentbox.http.apps import api_document, load_apps
 
     found = api_document(load_apps(Settings()))
     assert set(found["webhooks"]) == {"runCallback", "subscriptionDelivery",

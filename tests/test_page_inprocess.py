@@ -161,6 +161,31 @@ async def test_the_page_takes_its_style_and_script_from_its_own_files(box: InPro
         assert (await box.client.get(f"/ui/static/{name}")).status_code == 404
 
 
+async def test_an_apps_files_are_served_under_its_name(box: InProcess) -> None:
+    """The review's stylesheet and scripts are its own (/static/review/...), named with
+    a digest as the engine's are; the engine's files hold its pages' alone."""
+    await finished(box, "ok")  # a project, whose page has the A/B player
+    home = (await box.client.get("/")).text
+    for name, kind in (("review.css", "text/css"), ("drop.js", "text/javascript")):
+        url = home[home.index(f"/static/review/{name}?v="):].split('"')[0]
+        kept = await box.client.get(url)
+        assert kept.status_code == 200 and kept.headers["content-type"].startswith(kind)
+        assert "immutable" in kept.headers["cache-control"]
+    project = (await box.client.get(home[home.index('href="/projects/') + 6:]
+                                    .split('"')[0])).text
+    assert "/static/review/ab.js?v=" in project
+    engine = (await box.client.get("/ui/static/page.js")).text
+    assert "dropZone" not in engine and "drop-form" not in engine
+    assert ".ab-pick" not in (await box.client.get("/ui/static/page.css")).text
+    for path in ("/ui/static/ab.js", "/static/review/page.css", "/static/review/nope.js",
+                 "/static/review/..%2Fapp.py", "/static/review/%2E%2E%2Fpages.py",
+                 "/static/nobody/page.css", "/static/review/.hidden.css"):
+        assert (await box.client.get(path)).status_code == 404, path
+    async with box.anonymous() as anonymous:  # the page's files, as its pages, need a login
+        assert (await anonymous.get("/static/review/review.css")).status_code == 401
+        assert (await anonymous.get("/ui/static/page.css")).status_code == 200  # the login's
+
+
 async def test_the_operations_area_is_one_click_from_every_page(box: InProcess) -> None:
     dead = await finished(box, "always-fail")
     home = (await box.client.get("/")).text

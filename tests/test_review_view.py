@@ -12,8 +12,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentbox.http.pages import page_templates
+from agentbox.http.pages import add_app_files, page_templates
 from agentbox.review import charts, digest, present
+from agentbox.review.app import ReviewApp
 from agentbox.review.judge import judge
 from agentbox.review.model import as_review
 from agentbox.review.profiles import PROFILES
@@ -81,7 +82,9 @@ def render(doc: dict[str, Any], previous: Compared | None = None,
            "source": "studio", "agent": "agentbox.review.agent:mix_review", "attempt": 1,
            "accepted_at": "2026-12-04T15:00:00.000Z", "error_code": None, "callbacks": [],
            "correlation_id": None, "causation_id": None, "hop": 0, "result": doc}
-    return add_templates(page_templates()).get_template("review_run.html").render(
+    env = page_templates()
+    add_app_files(env, "review", ReviewApp.templates, ReviewApp.static)
+    return add_templates(env).get_template("review/review_run.html").render(
         run=run, event={"event_id": "e1", "payload": {"project_id": "night-drive"}},
         review=review, chain=[], project="night-drive", history=[], attempts=[],
         discarded=None, previous=previous, audio_type="audio/wav", csrf="x", alerts=[])

@@ -1,4 +1,4 @@
-"""The desktop side as an app beside the review (agentbox.http.apps): the folders the
+"""The desktop side as an app beside the review (agentbox.apps): the folders the
 server watches for renders (the `watch` setting; they send exports as `agentbox
 watch` does, through the client), a notification when a review finishes (the
 `notify` setting), the review's line in the log, and the folders' routes (`GET
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 from starlette.routing import BaseRoute, Route
 
+from agentbox.apps import App, Host
 from agentbox.client import configured_url
 from agentbox.desktop.notifications import ReviewNotifications
 from agentbox.desktop.review_log import ReviewLog
 from agentbox.desktop.watch_api import WatchRoutes
 from agentbox.desktop.watched import Pause, WatchedFolders
-from agentbox.http.apps import App, Host
 from agentbox.http.openapi import ApiPart
 
 
@@ -41,14 +41,16 @@ class DesktopApp(App):
             host.on_transition(self.notices.on_transition)
         if settings.watch:
             self.watched = watched = WatchedFolders.of(settings, host.admin_token)
-            host.pages.stats_extras.append(lambda: {
+            host.add_stats(lambda: {
                 f"watch-{i}": folder.said for i, folder in enumerate(watched.status())})
-            review = host.service("review pages")
+            from agentbox.review.web.pages import ReviewPages
+
+            review = host.service(ReviewPages)
             if review is not None:
                 review.folders = watched  # the home page says what each folder is doing
         pause = self.watched.pause if self.watched else Pause(settings.data_dir)
         # On the live stream too: the tray sees a pause made on the page or the CLI.
-        host.pages.stats_extras.append(lambda: {"watch_paused": pause.paused})
+        host.add_stats(lambda: {"watch_paused": pause.paused})
         routes = WatchRoutes(pause, self.watched, host.pages.access, host.pages.csrf)
         self._routes = [Route("/watch", routes.get, methods=["GET"]),
                         Route("/watch/pause", routes.pause_folders, methods=["POST"]),

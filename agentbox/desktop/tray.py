@@ -35,8 +35,9 @@ from typing import Any
 
 from agentbox import portable
 from agentbox.client import AgentboxError, Client, LiveUpdate
+from agentbox.desktop.answers import WatchState
 from agentbox.logs import get_logger, one_line
-from agentbox.models import RunView, WatchState
+from agentbox.models import RunView
 from agentbox.runs import TERMINAL
 
 log = get_logger("tray")

@@ -11,11 +11,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agentbox.desktop.answers import WatchedFolderOut, WatchState
 from agentbox.desktop.watched import Pause, WatchedFolders
 from agentbox.http.access import Access, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.openapi import ApiPart, errors, json_answer
-from agentbox.models import WatchedFolderOut, WatchState
 
 
 class WatchRoutes:

@@ -261,16 +261,19 @@ def _result_model(function: Callable[..., Any]) -> type[BaseModel] | None:
     return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
-ENTRY_POINT_GROUP = "agentbox.engine.agents"
+ENTRY_POINT_GROUP = "agentbox.agents"  # as docs/agents.md says
+# Read too: the group releases before this one read (a plugin registered under it
+# still loads).
+OLD_ENTRY_POINT_GROUPS = ("agentbox.engine.agents",)
 
 
 @dataclass(frozen=True)
 class AgentPlugin:
-    """What a package's `agentbox.engine.agents` entry point names: an agent, the event
+    """What a package's `agentbox.agents` entry point names: an agent, the event
     types it subscribes to, and the payload models of event types it brings.
 
         # pyproject.toml of the plugin package
-        [project.entry-points."agentbox.engine.agents"]
+        [project.entry-points."agentbox.agents"]
         stems = "stemcheck.agent:plugin"
 
         # stemcheck/agent.py
@@ -284,9 +287,16 @@ class AgentPlugin:
 
 
 def discover_plugins() -> list[tuple[str, AgentPlugin]]:
-    """Every installed `agentbox.engine.agents` entry point, loaded and checked."""
+    """Every installed `agentbox.agents` entry point (and the former group's), loaded
+    and checked; one registered under both groups loads once."""
     found = []
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    seen: set[tuple[str, str]] = set()
+    entries = [entry for group in (ENTRY_POINT_GROUP, *OLD_ENTRY_POINT_GROUPS)
+               for entry in importlib.metadata.entry_points(group=group)]
+    for entry in entries:
+        if (entry.name, entry.value) in seen:
+            continue
+        seen.add((entry.name, entry.value))
         try:
             plugin = entry.load()
         except Exception as exc:  # any failure to import is the plugin's configuration error

@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from agentbox.logs import get_logger
 from agentbox.store import StorageUnavailable
@@ -170,3 +171,42 @@ class Loop:
     def _ring(self) -> None:
         if self._sleeper is not None and not self._sleeper.done():
             self._sleeper.set_result(None)
+
+
+class Service(Protocol):
+    """What the server starts after the store opens and stops before it closes."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Services:
+    """Background services started in order and stopped in the reverse order, each
+    awaited (River's start/stop list). A start that fails stops those already
+    started, then raises; a stop that fails is logged and the rest still stop."""
+
+    def __init__(self, services: Sequence[tuple[str, Service]]) -> None:
+        self._services = list(services)
+        self._started: list[tuple[str, Service]] = []
+
+    @property
+    def started(self) -> list[str]:
+        return [name for name, _ in self._started]
+
+    async def start(self) -> None:
+        for name, service in self._services:
+            try:
+                await service.start()
+            except BaseException:
+                await self.stop()
+                raise
+            self._started.append((name, service))
+
+    async def stop(self) -> None:
+        while self._started:
+            name, service = self._started.pop()
+            try:
+                await service.stop()
+            except Exception:
+                log.exception(f"{name} failed to stop")

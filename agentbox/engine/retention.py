@@ -27,7 +27,7 @@ from agentbox.logs import get_logger
 from agentbox.store import PruneStep, RetentionStore, iso
 
 log = get_logger("retention")
-# An app's share of a pass (agentbox.http.apps.App.retain), given the report once the
+# An app's share of a pass (agentbox.apps.App.retain), given the report once the
 # store's steps are done (dry too): it holds its own bounds and says what it kept.
 AppShare = Callable[["PruneReport"], Awaitable[None]]
 
@@ -98,7 +98,7 @@ class Retention:
 
     # -- the server's background pass ---------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """A pass now and every maintenance interval after (engine/loop.py's shape; a
         pass that fails is tried again at the next interval)."""
         self._stop.clear()

@@ -186,7 +186,7 @@ class Subscriptions:
 
     # -- the loop ---------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self.loop.start()
 
     async def stop(self) -> None:

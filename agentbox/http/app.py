@@ -19,17 +19,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentbox.apps import App, Host, api_document, default_agents, load_apps
 from agentbox.config import ConfigError, Settings
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.engine.dispatcher import Dispatcher
+from agentbox.engine.loop import Services
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.retention import Retention
 from agentbox.engine.subscriptions import Subscriptions
-from agentbox.http import apps as app_hooks
 from agentbox.http.access import Access
 from agentbox.http.api import RunsApi
-from agentbox.http.apps import Host, api_document, default_agents, load_apps
 from agentbox.http.docs import ManualPages
 from agentbox.http.errors import error_response
 from agentbox.http.headers import SecurityHeaders, secured
@@ -47,7 +47,7 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest g
 INGEST_SETTLE_SECONDS = 5.0  # at shutdown, for writes still in flight (milliseconds, usually)
 
 
-class App(Starlette):
+class AgentboxServer(Starlette):
     """Starlette, but `POST /webhooks/events` goes straight to the receiver.
 
     The receiver needs none of the framework's middleware (the path is open to
@@ -72,7 +72,7 @@ class App(Starlette):
 def create_app(
     settings: Settings, admin_token: str, clock: Callable[[], float] | None = None,
     wall_clock: Callable[[], float] = time.time,
-) -> App:
+) -> AgentboxServer:
     """`clock` times leases, retries and records (default: a SteadyClock, which a
     step of the system clock does not move); `wall_clock` checks signature windows."""
     clock = clock or SteadyClock(wall_clock)
@@ -102,10 +102,17 @@ def create_app(
     pages = StatusPages(settings, store, dispatcher, access)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
-    host = Host(settings, store, registry, dispatcher, clock, pages, api, admin_token)
+    tables = {schema.line: store.add_tables(schema) for each in apps for schema in each.schemas}
     for each in apps:
-        each.setup(host)
-        pages.run_pages.append(each.run_page)
+        pages.add_app_files(each.name, each.templates, each.static)
+        each.setup(Host(each, settings=settings, store=store, registry=registry,
+                        dispatcher=dispatcher, clock=clock, pages=pages, api=api,
+                        receiver=receiver, admin_token=admin_token, tables=tables))
+    # Started in this order once the store is open, stopped in the reverse order
+    # before it closes: runs stop before what sends their callbacks, the apps last.
+    services = Services([*((f"app {each.name}", each) for each in apps),
+                         ("callbacks", deliverer), ("subscriptions", subscriptions),
+                         ("dispatcher", dispatcher), ("retention", retention)])
 
     def on_remote_change(change: RemoteChange) -> None:
         """Another instance (same PostgreSQL database) committed runs or callbacks."""
@@ -126,20 +133,11 @@ def create_app(
         except StoreError as exc:  # another agentbox on the data directory, say
             app.state.startup_error = str(exc)  # said in a sentence by the server
             raise
-        started: list[app_hooks.App] = []
         try:
-            for each in apps:
-                await each.start()
-                started.append(each)
-            await dispatcher.start()
+            await services.start()
         except BaseException:
-            for each in reversed(started):
-                await each.stop()
             await store.close()
             raise
-        await deliverer.start()
-        retention.start()
-        subscriptions.start()
         _quiet_garbage_collector()
         # Said by the server once its port is bound too ("agentbox is ready").
         app.state.ready = {"database": store.description, "instance_id": instance_id}
@@ -152,16 +150,11 @@ def create_app(
             # start or are given back (one that commits even later stays leased to
             # this instance until its lease ends, then runs as the next attempt).
             await receiver.settle(INGEST_SETTLE_SECONDS)
-            await retention.stop()
-            await dispatcher.stop()
-            await subscriptions.stop()
-            await deliverer.stop()
-            for each in reversed(apps):
-                await each.stop()
+            await services.stop()
             await store.close()
             log.info("agentbox stopped")
 
-    app = App(
+    app = AgentboxServer(
         receiver,
         routes=[
             Route(RECEIVER_PATH, receiver, methods=["POST"]),
@@ -186,6 +179,7 @@ def create_app(
             Route("/ui/callbacks", pages.callbacks, methods=["GET"]),
             Route("/ui/stream", pages.stream, methods=["GET"]),
             Route("/ui/static/{name}", asset, methods=["GET"]),
+            Route("/static/{app}/{name}", pages.app_asset, methods=["GET"]),
             Route("/ui/replay", pages.replay, methods=["POST"]),
             Route("/ui/discard", pages.discard, methods=["POST"]),
             Route("/ui/login", pages.login, methods=["POST"]),
@@ -209,7 +203,7 @@ def create_app(
     return app
 
 
-def openapi_json(apps: Sequence[app_hooks.App]) -> Callable[[Request], Awaitable[Response]]:
+def openapi_json(apps: Sequence[App]) -> Callable[[Request], Awaitable[Response]]:
     """`GET /openapi.json`: the engine's document with the apps' parts, made once."""
     made = api_document(apps)
 

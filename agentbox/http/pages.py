@@ -26,13 +26,13 @@ import json
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescape
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, select_autoescape
 from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import ClientDisconnect, Request
@@ -70,9 +70,9 @@ from agentbox.store import (
 )
 
 TEMPLATES = Path(__file__).parent / "templates"
-STATIC = Path(__file__).parent / "static"  # the page's stylesheet and script
-STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
-STATIC_FILES = frozenset({"page.css", "page.js", "ab.js"})
+STATIC = Path(__file__).parent / "static"  # the engine's pages' stylesheet and script
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".svg": "image/svg+xml", ".png": "image/png", ".woff2": "font/woff2"}
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
 STATS_EVERY_SECONDS = 2.0
@@ -83,7 +83,7 @@ RANGES = (("3600", "last hour"), ("86400", "last day"), ("604800", "last week"))
 RUN_FILTERS = ("q", "status", "event_type", "agent", "project", "since", "before")
 
 
-# An app's page of a run (agentbox.http.apps.App.run_page): None when not its run.
+# An app's page of a run (agentbox.apps.Host.add_run_page): None when not its run.
 RunPage = Callable[[Request, str, "RunView | None"], Awaitable["Response | None"]]
 
 
@@ -108,8 +108,10 @@ class StatusPages:
         self.store = store
         self.dispatcher = dispatcher
         self.access = access
-        # Apps' pages of their runs (agentbox.http.apps.App.run_page), asked in order.
+        # Apps' pages of their runs (agentbox.apps.Host.add_run_page), asked in order.
         self.run_pages: list[RunPage] = []
+        # Apps' links in the menu (agentbox.apps.Host.add_menu_link), before the engine's.
+        self.menu: list[dict[str, str]] = []
         # Apps' figures for the live stream's stats (a watched folder's state, say).
         self.stats_extras: list[Callable[[], dict[str, Any]]] = []
         self.live = Live()
@@ -118,6 +120,22 @@ class StatusPages:
         self.operator_alerts: list[str] = []  # in the operations area: what needs a decision
         self.env = page_templates()
         self.env.globals["logout"] = True  # a session to end, on loopback too
+        self.env.globals["menu"] = self.menu
+
+    def add_app_files(self, app: str, templates: Path | None, static: Path | None) -> None:
+        """An app's templates and static files, under its name (`add_app_files`)."""
+        add_app_files(self.env, app, templates, static)
+
+    @property
+    def static(self) -> dict[str, Path]:
+        """Each app's folder of static files, by the app's name."""
+        folders: dict[str, Path] = self.env.globals["static_folders"]  # type: ignore[assignment]
+        return folders
+
+    async def app_asset(self, request: Request) -> Response:
+        """`GET /static/{app}/{name}`: a file an app ships with its pages."""
+        return _asset_answer(request, f"{request.path_params['app']}/"
+                                      f"{request.path_params['name']}", self.static)
 
     # -- access (the rules are agentbox.http.access's) -----------------------------------
 
@@ -322,10 +340,16 @@ class StatusPages:
         """Runs that reached a terminal state in each 5-minute slice of the last hour."""
         return await self.store.finished_counts(now - 3600, 300, 12)
 
-    def page(self, template: str, status_code: int = 200, area: str = "projects",
+    def page(self, template: str, status_code: int = 200, area: str | None = None,
               **context: Any) -> HTMLResponse:
-        """A page of the musician's area (projects, reviews), or of the operations
-        area (runs, dead letters, callbacks), whose banners only it shows."""
+        """A page of an app's area (default: the area of the menu link of the app whose
+        template it is, "<app>/<file>"; the engine's: the first link's, the home
+        page's), or of the operations area (runs, dead letters, callbacks), whose
+        banners only it shows."""
+        if area is None:
+            app = template.partition("/")[0] if "/" in template else None
+            links = [link for link in self.menu if link["app"] == app] or self.menu
+            area = links[0]["area"] if links else ""
         context.setdefault("csrf", self.csrf)
         context.setdefault("alerts", self.alerts + (self.operator_alerts
                                                     if area == "operations" else []))
@@ -445,48 +469,81 @@ def _bars(counts: list[int]) -> str:
 
 
 def page_templates() -> Environment:
-    """The pages' templates: the engine's, then each app's folder (`add_templates`)."""
-    env = Environment(loader=ChoiceLoader([FileSystemLoader(TEMPLATES)]),
+    """The pages' templates: the engine's by their names, each app's as "<app>/<file>"
+    (`StatusPages.add_app_files`)."""
+    env = Environment(loader=ChoiceLoader([FileSystemLoader(TEMPLATES), PrefixLoader({})]),
                       autoescape=select_autoescape(["html"]))
-    env.globals["asset"] = asset_url
+    folders: dict[str, Path] = {}  # each app's static files (add_app_files)
+    env.globals["static_folders"] = folders
+    env.globals["asset"] = functools.partial(asset_url, apps=folders)
     # JSON for people: readable text, which autoescaping then makes inert HTML
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
-    env.filters["project_url"] = project_url  # a run's project, in its crumbs
+    env.filters["project_url"] = project_url  # a run's project, in the runs' table
     return env
 
 
+def add_app_files(env: Environment, app: str, templates: Path | None,
+                  static: Path | None) -> None:
+    """An app's templates (named "<app>/<file>") and static files (served at
+    /static/<app>/<file>, named `asset("<app>/<file>")` on a page), in the pages'
+    environment `env`: under the app's name, so that no two apps' files collide."""
+    if templates is not None:
+        loader = env.loader
+        assert isinstance(loader, ChoiceLoader) and isinstance(loader.loaders[-1], PrefixLoader)
+        loader.loaders[-1].mapping = {**loader.loaders[-1].mapping,
+                                      app: FileSystemLoader(templates)}
+    if static is not None:
+        env.globals["static_folders"][app] = static  # type: ignore[index]
+
+
+def static_file(name: str, apps: Mapping[str, Path]) -> Path | None:
+    """The file `name` names: the engine's ("page.css") or an app's ("<app>/ab.js",
+    `apps`: each app's folder), if it is one (a file of a served type, directly in
+    its folder)."""
+    app, _, file = name.rpartition("/")
+    folder = apps.get(app) if app else STATIC
+    if (folder is None or not file or file.startswith(".") or "/" in app
+            or Path(file).suffix not in STATIC_TYPES or Path(file).name != file):
+        return None
+    path = folder / file
+    return path if path.is_file() else None
+
+
 @functools.cache
-def _asset(name: str) -> tuple[bytes, str]:
-    """A file of the page's (stylesheet, script): its bytes and a digest of them,
-    read once."""
-    body = (STATIC / name).read_bytes()
+def _asset(path: Path) -> tuple[bytes, str]:
+    """A page's file (stylesheet, script): its bytes and a digest of them, read once."""
+    body = path.read_bytes()
     return body, hashlib.sha256(body).hexdigest()[:12]
 
 
-def asset_url(name: str) -> str:
-    """Where the page finds one of its files: named with its digest, so that a
-    browser keeps it until agentbox changes it."""
-    return f"/ui/static/{name}?v={_asset(name)[1]}"
+def asset_url(name: str, apps: Mapping[str, Path] | None = None) -> str:
+    """Where a page finds one of the engine's files ("page.css") or an app's
+    ("<app>/<file>"): named with its digest, so that a browser keeps it until it
+    changes."""
+    path = static_file(name, apps or {})
+    if path is None:
+        raise ValueError(f"no static file {name!r}")
+    where = f"/static/{name}" if "/" in name else f"/ui/static/{name}"
+    return f"{where}?v={_asset(path)[1]}"
 
 
 async def asset(request: Request) -> Response:
-    """`GET /ui/static/{name}`: the page's stylesheet and script."""
-    name = request.path_params["name"]
-    if name not in STATIC_FILES:
+    """`GET /ui/static/{name}`: the engine's pages' stylesheet and script."""
+    return _asset_answer(request, request.path_params["name"], {})
+
+
+def _asset_answer(request: Request, name: str, apps: Mapping[str, Path]) -> Response:
+    path = static_file(name, apps)
+    if path is None:
         return error_response(404, "not_found", f"The page has no file {name[:100]!r}.")
-    body, version = _asset(name)
+    body, version = _asset(path)
     cache = ("public, max-age=31536000, immutable" if request.query_params.get("v") == version
              else "no-cache")
-    return Response(body, media_type=STATIC_TYPES[Path(name).suffix],
+    return Response(body, media_type=STATIC_TYPES[path.suffix],
                     headers={"Cache-Control": cache, "ETag": f'"{version}"'})
 
 
 def project_url(name: str) -> str:
-    """A project's page: its whole name percent-encoded, slashes included."""
+    """A project's page: its whole name percent-encoded, slashes included (the runs'
+    table links a run's project: events.project, which the store still keeps)."""
     return "/projects/" + quote(name, safe="")
-
-
-def project_of(event: dict[str, Any]) -> str | None:
-    payload = event.get("payload")
-    project = payload.get("project_id") if isinstance(payload, dict) else None
-    return project if isinstance(project, str) else None

@@ -1,4 +1,4 @@
-"""The review as an app on the engine (agentbox.http.apps): the mix review agent for
+"""The review as an app on the engine (agentbox.apps): the mix review agent for
 `session.exported` and `mix.review_requested`, its history in its own tables (the
 archive of exports, references, what a project keeps of removed runs), the
 analysis processes its agent borrows, and its pages: projects on the home page, a
@@ -12,32 +12,34 @@ settings (agentbox.review.contract); the heavy parts (numpy, the analysis) load 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.routing import BaseRoute, Route
 
+from agentbox.apps import App, Host
 from agentbox.archive.history import SCHEMA, History
 from agentbox.engine.retention import PruneReport
-from agentbox.http.apps import App, Host
 from agentbox.http.openapi import ApiPart
 from agentbox.review.contract import AGENTS, MIX_REVIEW
 from agentbox.store import Tables
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
-    from starlette.responses import Response
-
     from agentbox.archive import Archive
     from agentbox.config import Settings
     from agentbox.review.analysis import Analysis
     from agentbox.review.web.pages import ReviewPages
-    from agentbox.store import RunView
 
+
+
+WEB = Path(__file__).parent / "web"
 
 
 class ReviewApp(App):
     name = "review"
     schemas = (SCHEMA,)
+    templates = WEB / "templates"  # "review/home.html", ...
+    static = WEB / "static"  # /static/review/ab.js, drop.js, review.css
 
     def __init__(self) -> None:
         self.host: Host | None = None
@@ -72,20 +74,22 @@ class ReviewApp(App):
         host.provide(Archive, archive)
         host.provide(History, history)
         pages = host.pages
-        add_templates(pages.env)
+        add_templates(pages.env)  # its filters
+        host.add_menu_link("Projects", "/", area="projects")
         self.web = web = ReviewPages(pages, history, archive, self._reviews)
-        host.provide("review pages", web)  # the desktop side tells it its watched folders
-        host.api.file_namers.append(lambda payload: payload["file_name"]
-                                    if isinstance(payload.get("file_name"), str)
-                                    else mix_name(payload["mix_url"])
-                                    if isinstance(payload.get("mix_url"), str) else None)
-        host.api.removed_notes.append(web.removed_note)
+        host.provide(ReviewPages, web)  # the desktop side tells it its watched folders
+        host.add_file_namer(lambda payload: payload["file_name"]
+                            if isinstance(payload.get("file_name"), str)
+                            else mix_name(payload["mix_url"])
+                            if isinstance(payload.get("mix_url"), str) else None)
+        host.add_removed_note(web.removed_note)
+        host.add_run_page(web.run_page)
         audio = AudioRoutes(host.store, archive)
         references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
                                      web.project)
-        rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf, pages)
+        rejudge = RejudgeRoutes(history, archive, pages.access, pages.csrf, host.take, pages)
         tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock, pages)
-        drops = DropRoutes(archive, pages.access, pages.csrf, pages, host.store)
+        drops = DropRoutes(archive, pages.access, pages.csrf, pages, host.store, host.take)
         host.on_transition(drops.on_transition)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
@@ -110,10 +114,6 @@ class ReviewApp(App):
         from agentbox.review.web.openapi import api
 
         return api()
-
-    async def run_page(self, request: Request, run_id: str, run: RunView | None
-                       ) -> Response | None:
-        return None if self.web is None else await self.web.run_page(request, run_id, run)
 
     def _reviews(self, agent: str) -> bool:
         """Whether `agent` (a run's, by name) is the mix review: told in a musician's words."""

@@ -55,7 +55,7 @@ from agentbox.review.web.references import (
     TooLarge,
     receive,
 )
-from agentbox.review.web.rejudge import Refusal, accepted, hand_over
+from agentbox.review.web.rejudge import Refusal, Take, accepted, hand_over
 from agentbox.runs import RunStatus
 from agentbox.store import Store, Transition
 
@@ -136,7 +136,8 @@ class Given:
 
 class DropRoutes:
     def __init__(self, archive: Archive, access: Access, csrf: str,
-                 pages: StatusPages, store: Store) -> None:
+                 pages: StatusPages, store: Store, take: Take) -> None:
+        self.take = take  # the host's: the page vouches for a dropped file's event
         self.archive = archive
         self.access = access
         self.csrf = csrf  # the page's
@@ -180,7 +181,7 @@ class DropRoutes:
         try:
             folder = await self._folder()
             given = await self._receive(request, folder)
-            result = await hand_over(request, _envelope(given), "The file cannot be "
+            result = await hand_over(self.take, _envelope(given), "The file cannot be "
                                      "reviewed")
         except Refusal as refused:
             if folder is not None:

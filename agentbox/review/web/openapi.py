@@ -7,7 +7,7 @@ from typing import Any
 
 from agentbox.events import MAX_ID_LENGTH
 from agentbox.http.openapi import ApiPart, audio_answer, errors, json_answer, limit_parameter
-from agentbox.models import (
+from agentbox.review.answers import (
     ExportList,
     ExportView,
     ProjectChanged,

@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from jinja2 import ChoiceLoader, Environment, FileSystemLoader
+from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
@@ -23,10 +22,10 @@ from agentbox.archive.records import ProjectExport
 from agentbox.events import MAX_ID_LENGTH, project_name, unfit_for_a_name
 from agentbox.http.api import limit_of
 from agentbox.http.errors import error_response
-from agentbox.http.pages import RUN_FILTERS, StatusPages, age, project_of
-from agentbox.models import ExportView
+from agentbox.http.pages import RUN_FILTERS, StatusPages, age
 from agentbox.review import figures
 from agentbox.review import view as review_view
+from agentbox.review.answers import ExportView
 from agentbox.review.web.audio import audio_type
 from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url
@@ -34,14 +33,11 @@ from agentbox.store import RunView, iso
 
 HOME_PROJECTS = 100
 PROJECT_EXPORTS = 200
-TEMPLATES = Path(__file__).parent / "templates"
 
 
 def add_templates(env: Environment) -> Environment:
-    """The review's templates and filters, after the engine's (`env`: theirs)."""
-    loader = env.loader
-    assert isinstance(loader, ChoiceLoader)
-    loader.loaders = [*loader.loaders, FileSystemLoader(TEMPLATES)]
+    """The review's filters, in the pages' environment `env` (its templates, "review/
+    <file>", and static files come in as the app's: ReviewApp.templates, .static)."""
     env.filters["signed"] = review_view.signed
     env.filters["mmss"] = figures.mmss
     return env
@@ -63,6 +59,13 @@ def _audio_hash(result: Any) -> str | None:
     file = result.get("file") if isinstance(result, dict) else None
     sha = file.get("sha256") if isinstance(file, dict) else None
     return sha if isinstance(sha, str) else None
+
+
+def project_of(event: dict[str, Any]) -> str | None:
+    """The project an event's payload names (`project_id`), if it names one."""
+    payload = event.get("payload")
+    project = payload.get("project_id") if isinstance(payload, dict) else None
+    return project if isinstance(project, str) else None
 
 
 class Folders(Protocol):
@@ -94,7 +97,8 @@ class ReviewPages:
         folders = [] if self.folders is None else self.folders.status()
         rows = await self._rows(latest)
         unreviewable = [row for row in rows if await self._never_reviewed(row)]
-        return self.pages.page("home.html", projects=[r for r in rows if r not in unreviewable],
+        return self.pages.page("review/home.html",
+                               projects=[r for r in rows if r not in unreviewable],
                                unreviewable=unreviewable, stats=stats, folders=folders,
                                drop_max_bytes=MAX_DROP_BYTES,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
@@ -123,7 +127,7 @@ class ReviewPages:
         used, bound = await archive.usage()
         use = {"on": archive.on, "keep": archive.bounds.keep_per_project,
                "max_gb": f"{bound / 1e9:g}", "used_gb": f"{used / 1e9:.2f}"}
-        return self.pages.page("project.html", name=name, rows=rows, reviewed=reviewed,
+        return self.pages.page("review/project.html", name=name, rows=rows, reviewed=reviewed,
                                trends=review_view.trend_charts(reviewed), pair=pair,
                                comparison=review_view.compare(*pair) if pair else None,
                                capped=len(exports) == PROJECT_EXPORTS, kept=kept,
@@ -176,7 +180,7 @@ class ReviewPages:
             found_run.completed_at, found_run.result), event,
             (found_run.error_code, found_run.error_message))
         return self.pages.page(
-            "review_run.html", **context, review=review, project=project, export=export,
+            "review/review_run.html", **context, review=review, project=project, export=export,
             previous=await self._previous(review, run, project) if review else None,
             audio_type=audio_type(review.file_name) if review else None,
             audio_gone=await self._audio_gone(run_id, project) if review else None)
@@ -223,7 +227,7 @@ class ReviewPages:
         """The page of a run retention removed: gone, but its project's history kept
         what the project page shows of it."""
         finished = (kept.finished_at or kept.accepted_at)[:16].replace("T", " ")
-        return self.pages.page("removed.html", status_code=404, run_id=kept.run_id,
+        return self.pages.page("review/removed.html", status_code=404, run_id=kept.run_id,
                                finished=finished,
                                days=f"{self.pages.settings.retention_days:g}",
                                reviewed=kept.result is not None, project=kept.project,

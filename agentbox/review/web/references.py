@@ -41,8 +41,8 @@ from agentbox.engine.agents import AgentError
 from agentbox.events import Name, ProjectName
 from agentbox.http.access import Access, token_required
 from agentbox.http.errors import error_response
-from agentbox.models import ReferenceOut
 from agentbox.review.analysis import Analysis
+from agentbox.review.answers import ReferenceOut
 from agentbox.review.web.audio import answer, audio_type
 from agentbox.store import iso
 

@@ -13,6 +13,7 @@ re-judgment.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +31,9 @@ from agentbox.review.model import MixReview, as_review
 from agentbox.review.stage import STAGES
 from agentbox.review.web.audio import reviewed
 from agentbox.store import IngestResult
+
+# Stores an event the page vouches for and starts its runs (agentbox.apps.Host.take).
+Take = Callable[[bytes], Awaitable[IngestResult]]
 
 REJUDGE_SOURCE = "agentbox.rejudge"  # the events' source: a re-judgment asked for here
 REJUDGE_EVENT = "mix.review_requested"
@@ -51,7 +55,8 @@ def refused_answer(refused: Refusal, pages: StatusPages | None = None) -> Respon
 
 class RejudgeRoutes:
     def __init__(self, history: History, archive: Archive, access: Access, csrf: str,
-                 pages: StatusPages | None = None) -> None:
+                 take: Take, pages: StatusPages | None = None) -> None:
+        self.take = take  # the host's: events this page vouches for
         self.pages = pages  # a form's refusal is a page
         self.history = history
         self.archive = archive
@@ -104,7 +109,7 @@ class RejudgeRoutes:
         if isinstance(mix, Gone):
             raise Refusal(410, "audio_gone", f"It cannot be judged again: {mix.reason}.")
         body = _envelope(run_id, review, stage, str(mix))
-        return await hand_over(request, body, "This review cannot be judged again")
+        return await hand_over(self.take, body, "This review cannot be judged again")
 
     async def _review(self, run_id: str) -> MixReview:
         found = await self.history.export(run_id)
@@ -115,13 +120,13 @@ class RejudgeRoutes:
         return review
 
 
-async def hand_over(request: Request, body: bytes, cannot: str) -> IngestResult:
+async def hand_over(take: Take, body: bytes, cannot: str) -> IngestResult:
     """Store an event the page or the admin token vouched for (no signature) through
-    the receiver (Receiver.take: the contract, the agents' admission, the store's
-    refusals, and its runs started at once); Refusal, with `cannot` leading the
-    sentence, when it is not taken."""
+    the receiver (`take`: agentbox.apps.Host.take: the contract, the agents'
+    admission, the store's refusals, and its runs started at once); Refusal, with
+    `cannot` leading the sentence, when it is not taken."""
     try:
-        return await request.app.state.receiver.take(body)  # type: ignore[no-any-return]
+        return await take(body)
     except Rejected as refused:
         why = refused.errors[0]["msg"] if refused.errors else refused.message
         raise Refusal(refused.status, refused.code, f"{cannot}: {why}") from None

@@ -137,8 +137,9 @@ class ReviewPages:
 
     async def home(self, request: Request) -> Response:
         """Projects and their latest exports; the operator's runs are one click away."""
-        if any(key in request.query_params for key in RUN_FILTERS):
-            # a link to the runs view from before it moved off the home page
+        if any(key in request.query_params for key in RUN_FILTERS if key != "q"):
+            # a link to the runs view from before it moved off the home page (its `q`
+            # is the home page's own now: a project's name)
             return RedirectResponse("/ui/runs?" + request.url.query, status_code=307)
         cursor = request.query_params.get("cursor")
         after = None if cursor is None else position_of(cursor)
@@ -306,7 +307,7 @@ class ReviewPages:
         if cursor is not None:
             return error_response(422, "invalid_query", "cursor pages through the latest "
                                   "export of each project (GET /exports without project); "
-                                  "a project's exports come in one answer, up to limit.")
+                                  "a project's exports come in one answer.")
         if not 1 <= len(project) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query",
                                   f"project must be 1 to {MAX_ID_LENGTH} characters")

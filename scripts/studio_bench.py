@@ -59,12 +59,16 @@ BATCH = 500  # ingests (then finishes) in flight at once: the writer commits the
 REVIEW_SERVER = {"AGENTBOX_AGENTS": "", "AGENTBOX_WORKER_CONCURRENCY": "2"}
 
 
+def event_id(project: str, number: int) -> str:
+    return f"bench-{project.replace(' ', '-')}-{number}"
+
+
 def export_body(project: str, number: int, at: float) -> bytes:
-    event_id = f"bench-{project.replace(' ', '-')}-{number}"
+    sent_as = event_id(project, number)
     stamp = datetime.fromtimestamp(at, UTC).isoformat()
     return json.dumps({
-        "schema_version": "v1", "event_id": event_id,
-        "idempotency_key": f"studio:session.exported:{event_id}",
+        "schema_version": "v1", "event_id": sent_as,
+        "idempotency_key": f"studio:session.exported:{sent_as}",
         "event_type": "session.exported", "source": "studio", "timestamp": stamp,
         "payload": {"project_id": project, "mix_url": f"/Music/{project}/mix {number}.wav"},
     }).encode()
@@ -166,15 +170,16 @@ def timings(stores: dict[str, dict[str, Any]], requests: int) -> dict[str, dict[
             for name, pages in times.items()}
 
 
-PAGES = ("home page", "GET /exports", "GET /exports?project=", "run list text search",
-         "a review's page")
+PAGES = ("home page", "GET /exports", "GET /exports?project=", "runs: q=an event id",
+         "runs: q=a project", "a review's page")
 
 
 def _path(page: str, store: dict[str, Any]) -> str:
     project = quote(store["project"])
     return {"home page": "/", "GET /exports": "/exports",
             "GET /exports?project=": f"/exports?project={project}",
-            "run list text search": f"/ui/runs?q={project}",
+            "runs: q=an event id": "/ui/runs?q=" + quote(event_id(store["project"], 1)),
+            "runs: q=a project": f"/ui/runs?q={project}",
             "a review's page": f"/ui/runs/{store['review_run']}"}[page]
 
 

@@ -34,8 +34,9 @@ SEARCH_FILTERS = ("status", "event_type", "agent", "chain", "text", "since", "un
 @dataclass
 class AppParts:
     """What apps add to the store's reads (tables.Schema): the fields of a run's view
-    (`fields`: `, (expression) AS name` each), the search's text (`text`: `OR (...)`
-    each) and filters (name -> condition), and what a dry prune counts (`kept`)."""
+    (`fields`: `, (expression) AS name` each), the search's text (`text`: `UNION ALL
+    <query of run ids>` each) and filters (name -> condition), and what a dry prune
+    counts (`kept`)."""
 
     field_names: list[str] = field(default_factory=list)
     fields: str = ""

@@ -194,8 +194,8 @@ SELECT p.project FROM run_projects p WHERE p.run_id = r.run_id
 EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = :project)
 
 -- name: search_runs.text
--- The run search's text is also a project's name.
-EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = :text)
+-- The run search's text is also a project's name: the runs of that project.
+SELECT p.run_id FROM run_projects p WHERE p.project = :text
 
 -- name: projects.page
 -- A page of projects by their latest export, newest first (the home page, GET

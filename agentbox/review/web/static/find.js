@@ -20,7 +20,10 @@
         const fresh = new DOMParser().parseFromString(html, "text/html");
         const found = fresh.getElementById("projects");
         const shown = document.getElementById("projects");
-        if (found && shown) shown.replaceWith(found);
+        if (found && shown) {
+          shown.replaceWith(found);
+          if (window.agentboxLocalTimes) window.agentboxLocalTimes(found);  // page.js
+        }
         history.replaceState(null, "", url);
       })
       .catch(() => {});

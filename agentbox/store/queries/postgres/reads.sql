@@ -36,7 +36,12 @@ r.agent = %(agent)s
 -- name: search_runs.chain
 (e.correlation_id = %(chain)s OR (e.event_id = %(chain)s AND e.correlation_id IS NULL))
 -- name: search_runs.text
-(r.run_id = %(text)s OR e.event_id = %(text)s OR e.correlation_id = %(text)s {text})
+-- The runs the text names (a run's id, an event's id or correlation id, and each app's
+-- own: Schema.filters' `text`, `UNION ALL` a query of run ids), found by their indexes
+-- rather than by reading every run for each.
+r.run_id IN (SELECT %(text)s::text
+             UNION ALL SELECT t.run_id FROM events x JOIN runs t ON t.event_pk = x.pk
+                       WHERE x.event_id = %(text)s OR x.correlation_id = %(text)s {text})
 -- name: search_runs.since
 r.accepted_at >= %(since)s
 -- name: search_runs.until

@@ -151,7 +151,7 @@ class ReviewPages:
         q = name_asked(request)
         found = await self.history.latest(limit=HOME_PROJECTS + 1, name=q, after=after)
         shown = found[:HOME_PROJECTS]
-        stats = await self.store.stats()
+        stats = await self.store.stats(finished=False)  # the page shows no finished count
         folders = [] if self.folders is None else self.folders.status()
         rows = await self._rows([project.latest for project in shown])
         unreviewable = [row for row, project in zip(rows, shown, strict=True)

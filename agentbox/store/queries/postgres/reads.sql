@@ -81,6 +81,15 @@ SELECT status, count(*) AS runs,
         WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
 FROM runs GROUP BY status
 
+-- name: active_counts
+-- The unfinished runs alone (stats(finished=False): `active` and oldest waiting, not the
+-- finished), so that a page that shows only these reads as much with 30,000 finished
+-- runs as with none.
+SELECT count(*) AS active,
+       (SELECT min(accepted_at) FROM runs
+        WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
+FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')
+
 -- name: finished_counts
 -- floor(): a cast to an integer would round here.
 SELECT floor((completed_at - %(since)s) / %(width)s)::bigint AS slice, count(*) AS runs

@@ -740,13 +740,17 @@ class Client:
             "POST", f"/projects/{segment(project_name(project))}/{action}", json=body,
             headers=self._admin_headers()))
 
-    def exports(self, project: str | None = None, limit: int = 50) -> ExportList:
+    def exports(self, project: str | None = None, limit: int = 50,
+                cursor: str | None = None) -> ExportList:
         """GET /exports: `.exports`, a project's exports newest first (the
         project named in any form: NFC is the one kept); without one, each project's
-        latest. NotFound for a project with no export."""
+        latest, a page of them (`cursor`: the `.next_cursor` of the page before).
+        NotFound for a project with no export."""
         params: dict[str, Any] = {"limit": limit}
         if project is not None:
             params["project"] = project
+        if cursor is not None:
+            params["cursor"] = cursor
         return self._read(ExportList, self._get("/exports", params=params))
 
     # -- reference tracks --

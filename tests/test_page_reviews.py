@@ -473,3 +473,20 @@ def _on_screen(page: Page, selector: str, width: int) -> None:
     box = found.bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (
         selector, box)
+
+
+def test_a_project_is_found_as_its_name_is_typed(studio: Studio, page: Page) -> None:
+    page.goto(studio.server.url + "/")
+    expect(page.locator("#project-count")).to_contain_text(re.compile(r"^\d+ projects"))
+    page.evaluate("window.__notReloaded = true")
+    page.fill("#find-q", LOUD[2:].upper())  # part of its name, in another case
+    expect(page.locator("#projects tbody tr")).to_have_count(1, timeout=10_000)
+    expect(page.locator(f'#projects tr[data-project="{LOUD}"]')).to_have_count(1)
+    expect(page.locator("#project-count")).to_contain_text("1 of ")
+    assert page.evaluate("window.__notReloaded") is True  # found in place
+    assert "q=" in page.url  # the address is the search's page (GET /?q=)
+    expect(page.locator(f'#projects tr[data-project="{LOUD}"] time')).to_have_attribute(
+        "data-local", "1")
+    page.fill("#find-q", "")
+    expect(page.locator(f'#projects tr[data-project="{PROJECT}"]')).to_have_count(1,
+                                                                                   timeout=10_000)

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentbox.archive.records import KeptAudio, ProjectExport, ProjectReference
+from agentbox.archive.records import KeptAudio, ProjectExport, ProjectLatest, ProjectReference
 from agentbox.events import Event
 from agentbox.runs import RunStatus
 from agentbox.store import AppDb, Schema, Tables, iso, unaskable
@@ -50,11 +50,37 @@ class History:
 
     async def projects(self, *, limit: int = 100,
                        agent: str | None = None) -> list[ProjectExport]:
-        """The latest export of each project (one per project), newest first."""
+        """The latest export of each project (one per project), newest first; by
+        `agent`'s runs alone when given (a scan of every export: the pages ask the
+        kept summary, `latest`)."""
         if unaskable(agent):
             return []
+        if agent is None:
+            return [found.latest for found in await self.latest(limit=limit)]
         rows = await self.tables.slow_rows("projects", agent=agent, limit=limit)
         return [export_of(row) for row in rows]
+
+    async def latest(self, *, limit: int, name: str | None = None,
+                     after: tuple[float, str] | None = None) -> list[ProjectLatest]:
+        """A page of projects by their latest export, newest first, from the summary
+        kept with each export (the review's version 4): `name`, the projects whose name
+        holds it (ASCII letters in either case); `after`, the `position` of the last
+        project of the page before."""
+        if unaskable(name) or (after is not None and unaskable(after[1])):
+            return []
+        at, run = after if after is not None else (None, None)
+        rows = await self.tables.rows("projects.page", name=name, after_at=at,
+                                      after_run=run, limit=limit)
+        return [ProjectLatest(export_of(row), int(row["exports"]),
+                              (float(row["accepted_at"]), str(row["run_id"])))
+                for row in rows]
+
+    async def count_projects(self, name: str | None = None) -> int:
+        """How many projects there are (whose name holds `name`, when given)."""
+        if unaskable(name):
+            return 0
+        rows = await self.tables.rows("projects.count", name=name)
+        return int(rows[0]["projects"])
 
     async def project_exports(self, project: str, *, agent: str | None = None,
                               status: str | None = None, before_run_id: str | None = None,
@@ -114,13 +140,16 @@ class History:
                          "move.audio", "move.reference", "move.removed", "move.leftovers",
                          "move.leftover_removal"):
                 db.run(step, params)
+            _summarise(db, old, new)
         await self.tables.write(move)
 
     async def remove_project(self, project: str, now: float) -> None:
         """The project's exports up to `now` are no longer shown; a later export under
         its name starts it anew."""
-        await self.tables.write(lambda db: db.run("remove_project",
-                                                  {"project": project, "now": now}))
+        def remove(db: AppDb) -> None:
+            db.run("remove_project", {"project": project, "now": now})
+            _summarise(db, project)
+        await self.tables.write(remove)
 
     # -- the audio each review heard ----------------------------------------------------
 
@@ -187,6 +216,15 @@ class History:
     async def references(self, limit: int = 500) -> list[ProjectReference]:
         """Every project's reference track, by project."""
         return [reference_of(row) for row in await self.tables.rows("references", limit=limit)]
+
+
+def _summarise(db: AppDb, *projects: str) -> None:
+    """Make the kept summary of `projects` again (a new export keeps it by itself:
+    version 4's trigger), in the transaction that changed what they show."""
+    for project in projects:
+        db.run("summary.forget", {"project": project})
+    for project in projects:
+        db.run("summary.refresh", {"project": project})
 
 
 def export_of(row: Row) -> ProjectExport:

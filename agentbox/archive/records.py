@@ -26,6 +26,17 @@ class ProjectExport:
     archived: bool = field(default=False, compare=False)
 
 
+@dataclass(frozen=True)
+class ProjectLatest:
+    """A project as the home page lists it: its latest export, how many exports it
+    shows, and where it stands in the order of latest exports (`position`: the
+    latest's acceptance, in seconds, and run id; a page's cursor)."""
+
+    latest: ProjectExport
+    exports: int
+    position: tuple[float, str]
+
+
 @dataclass(frozen=True, kw_only=True)
 class KeptAudio:
     """The bytes a review heard, kept by the archive (agentbox.archive) under their

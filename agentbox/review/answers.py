@@ -34,6 +34,9 @@ class ExportView(Answer):
 
 class ExportList(Answer):
     exports: list[ExportView]
+    # Without a project: the cursor of the next page of projects (GET /exports?cursor=),
+    # null on the last page. A project's exports come in one answer: no next_cursor.
+    next_cursor: str | None = None
 
 
 class ProjectChanged(Answer):

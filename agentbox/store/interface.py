@@ -225,9 +225,11 @@ class ReadStore(Protocol):
         """Why and when a dead letter was set aside (`reason`, `at`), or None."""
 
     @abc.abstractmethod
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, *, finished: bool = True) -> dict[str, Any]:
         """`runs` (count by status), `active` (not yet terminal) and
-        `oldest_waiting_accepted_at` (ISO 8601 or None)."""
+        `oldest_waiting_accepted_at` (ISO 8601 or None). `finished=False`: `active` and
+        `oldest_waiting_accepted_at` alone, read from the unfinished runs (a page that
+        shows no more reads as much with many finished runs as with none)."""
 
     @abc.abstractmethod
     async def finished_counts(self, since: float, width: float, slices: int) -> list[int]:

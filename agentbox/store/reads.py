@@ -34,8 +34,9 @@ SEARCH_FILTERS = ("status", "event_type", "agent", "chain", "text", "since", "un
 @dataclass
 class AppParts:
     """What apps add to the store's reads (tables.Schema): the fields of a run's view
-    (`fields`: `, (expression) AS name` each), the search's text (`text`: `OR (...)`
-    each) and filters (name -> condition), and what a dry prune counts (`kept`)."""
+    (`fields`: `, (expression) AS name` each), the search's text (`text`: `UNION ALL
+    <query of run ids>` each) and filters (name -> condition), and what a dry prune
+    counts (`kept`)."""
 
     field_names: list[str] = field(default_factory=list)
     fields: str = ""
@@ -225,9 +226,14 @@ class Reads(abc.ABC):
         return [HistoryEntry(at=iso(at), status=status, attempt=attempt, note=note)
                 for at, status, attempt, note in changes]
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, *, finished: bool = True) -> dict[str, Any]:
         """Runs by state. Counting a million runs takes ~0.1 s, so it runs off the
-        event loop, and callers that ask while a count is running share its answer."""
+        event loop, and callers that ask while a count is running share its answer.
+        Without the finished: the unfinished runs' entries of the status index alone."""
+        if not finished:
+            [row] = await self._rows(self.sql["active_counts"])
+            return {"active": int(row["active"]),
+                    "oldest_waiting_accepted_at": iso(row["oldest_waiting"])}
         if self._stats_future is None or self._stats_future.done():
             self._stats_future = asyncio.ensure_future(self._count_runs())
         return await asyncio.shield(self._stats_future)

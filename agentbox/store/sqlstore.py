@@ -134,7 +134,7 @@ class SqlStore(Reads, GroupCommit, Store):
         for name in schema.filters:
             condition = statements[f"search_runs.{name}"]
             if name == "text":
-                self.parts.text += f" OR ({condition})"
+                self.parts.text += f" UNION ALL {condition}"
             else:
                 self.parts.filters[name] = f"({condition})"
         preview = statements.get(f"{schema.before_prune}.preview")

@@ -59,7 +59,9 @@ class Schema:
     `run_field.<name>` (an expression over the run `r`). `filters`: the run search's
     filters the app brings, each the statement `search_runs.<name>` (a condition on
     the run `r` and its event `e`, with the parameter `:<name>`); a filter named
-    `text` widens the search's text instead (OR)."""
+    `text` widens the search's text instead: a query of the run ids the text names
+    (`SELECT run_id FROM ... WHERE ... = :text`), found by an index, not a condition
+    checked on every run."""
 
     line: str
     package: str

@@ -142,6 +142,9 @@ def test_a_release_database_keeps_every_export_reference_and_project(
         assert [r.run_id for r in aio(store.search_runs(text="Old Name"))] == ["run_2"]
         assert [(p.project, p.run_id) for p in aio(history.projects())] == [
             ("Renamed", "run_2"), ("night-drive", "run_1")]
+        # version 4's summary, filled from what the release kept (run_gone: retention's)
+        assert [(p.latest.project, p.exports) for p in aio(history.latest(limit=5))] == [
+            ("Renamed", 1), ("night-drive", 2)]
         exports = aio(history.project_exports("night-drive"))
         assert [(e.run_id, e.archived, e.result) for e in exports] == [
             ("run_1", False, {"verdict": 1}), ("run_gone", True, {})]
@@ -152,7 +155,7 @@ def test_a_release_database_keeps_every_export_reference_and_project(
     finally:
         aio(store.close())
     assert sorted(run(engine, "SELECT line, version FROM agentbox_lines")) == [
-        ("review", 1), ("review", 2), ("review", 3)]
+        ("review", 1), ("review", 2), ("review", 3), ("review", 4)]
 
 
 def test_a_database_made_with_no_app_has_no_app_table_or_column(

@@ -92,6 +92,8 @@ def test_runs_are_counted_from_the_status_index_alone(tmp_path: Path) -> None:
 async def test_stats_and_list_runs(store: Store, aio: Any) -> None:
     empty = await store.stats()
     assert empty["runs"] == dict.fromkeys(STATUSES, 0) and empty["active"] == 0
+    assert await store.stats(finished=False) == {"active": 0,
+                                                 "oldest_waiting_accepted_at": None}
     assert empty["oldest_waiting_accepted_at"] is None
     assert await store.next_due_at() is None
     ok = await ingest_and_claim(store, "ok", now=T0)
@@ -103,6 +105,8 @@ async def test_stats_and_list_runs(store: Store, aio: Any) -> None:
                              "accepted": 3}
     assert stats["active"] == 4
     assert at(stats["oldest_waiting_accepted_at"]) == ms(T0 + 3)
+    assert await store.stats(finished=False) == {key: stats[key] for key in (
+        "active", "oldest_waiting_accepted_at")}  # the unfinished alone, read alike
     # Only membership and limits: "newest" may be judged by the engine's own clock.
     assert sorted(v["run_id"] for v in await store.list_runs("accepted", 10)) == sorted(waiting)
     two = await store.list_runs("accepted", 2)

@@ -34,8 +34,13 @@ def api() -> ApiPart:
                                        "maxLength": MAX_ID_LENGTH},
                             "description": "the project (payload.project_id, compared in "
                                            "Unicode NFC): its exports, newest first. "
-                                           "Without it: the latest export of every "
-                                           "project, newest first"}, limit_parameter()],
+                                           "Without it: the latest export of each "
+                                           "project, newest first, a page of them "
+                                           "(limit, cursor)"}, limit_parameter(),
+                           {"name": "cursor", "in": "query", "required": False,
+                            "schema": {"type": "string"},
+                            "description": "the next_cursor of the page before (without "
+                                           "project only)"}],
             "responses": {"200": json_answer("ExportList", "exports, newest first"),
                           **errors(404, 422)},
         }, "post": {

@@ -6,6 +6,10 @@ templates, banners, CSRF) and read the review's history (agentbox.archive.histor
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
+import re
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -18,7 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from agentbox.archive import Archive
 from agentbox.archive.history import History
-from agentbox.archive.records import ProjectExport
+from agentbox.archive.records import ProjectExport, ProjectLatest
 from agentbox.events import MAX_ID_LENGTH, unfit_for_a_name
 from agentbox.http.api import limit_of
 from agentbox.http.errors import error_response
@@ -32,8 +36,37 @@ from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url
 from agentbox.store import RunView, iso
 
-HOME_PROJECTS = 100
+HOME_PROJECTS = 30  # projects on a page of the home page
 PROJECT_EXPORTS = 200
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{4,400}")
+BAD_CURSOR = "cursor must be the next_cursor of the page before, as agentbox gave it."
+
+
+def cursor_of(position: tuple[float, str]) -> str:
+    """A page's `next_cursor`: the position of its last project (ProjectLatest), opaque."""
+    at, run_id = position
+    return base64.urlsafe_b64encode(f"{at!r} {run_id}".encode()).decode().rstrip("=")
+
+
+def position_of(cursor: str) -> tuple[float, str] | None:
+    """The position a `cursor_of` names; None: not one agentbox gave."""
+    if not _CURSOR.fullmatch(cursor):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at, _, run_id = text.partition(" ")
+        value = float(at)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if not math.isfinite(value) or not run_id or not run_id.isprintable():
+        return None
+    return value, run_id
+
+
+def name_asked(request: Request) -> str | None:
+    """The home page's `?q=`: part of a project's name (spaces at its ends left out)."""
+    q = request.query_params.get("q", "").strip()[:MAX_ID_LENGTH]
+    return q if q and not any(unfit_for_a_name(c) for c in q) else None
 
 
 def add_templates(env: Environment) -> Environment:
@@ -70,6 +103,22 @@ def project_of(event: dict[str, Any]) -> str | None:
     return project if isinstance(project, str) else None
 
 
+def _never_reviewed(row: review_view.ExportRow, project: ProjectLatest) -> bool:
+    """A "project" made by one file that could not be reviewed (a text file, an
+    empty one in a watched folder): listed apart, once, with a dismiss."""
+    return row.review is None and row.status == "failed_permanent" and project.exports == 1
+
+
+def _home_url(q: str | None, cursor: str | None) -> str:
+    """The home page's link to a page of projects (`cursor`: None, the first), of
+    those whose name holds `q` when given."""
+    if cursor is None and q is None:
+        return "/"
+    query = "&".join(f"{key}={quote(value, safe='')}" for key, value in
+                     (("q", q), ("cursor", cursor)) if value is not None)
+    return "/?" + query
+
+
 class Folders(Protocol):
     """The watched folders' state, when the server watches any (the desktop side)."""
 
@@ -90,18 +139,33 @@ class ReviewPages:
 
     async def home(self, request: Request) -> Response:
         """Projects and their latest exports; the operator's runs are one click away."""
-        if any(key in request.query_params for key in RUN_FILTERS):
-            # a link to the runs view from before it moved off the home page
+        if any(key in request.query_params for key in RUN_FILTERS if key != "q"):
+            # a link to the runs view from before it moved off the home page (its `q`
+            # is the home page's own now: a project's name)
             return RedirectResponse("/ui/runs?" + request.url.query, status_code=307)
+        cursor = request.query_params.get("cursor")
+        after = None if cursor is None else position_of(cursor)
+        if cursor is not None and after is None:
+            return self.pages.error(422, "This page of projects no longer exists: " +
+                                    BAD_CURSOR[0].upper() + BAD_CURSOR[1:] +
+                                    " Start again from the home page.")
         await self.pages.refresh_alerts()
-        latest = await self.history.projects(limit=HOME_PROJECTS)
-        stats = await self.store.stats()
+        q = name_asked(request)
+        found = await self.history.latest(limit=HOME_PROJECTS + 1, name=q, after=after)
+        shown = found[:HOME_PROJECTS]
+        stats = await self.store.stats(finished=False)  # the page shows no finished count
         folders = [] if self.folders is None else self.folders.status()
-        rows = await self._rows(latest)
-        unreviewable = [row for row in rows if await self._never_reviewed(row)]
+        rows = await self._rows([project.latest for project in shown])
+        unreviewable = [row for row, project in zip(rows, shown, strict=True)
+                        if _never_reviewed(row, project)]
+        more = cursor_of(shown[-1].position) if len(found) > HOME_PROJECTS else None
         return self.pages.page("review/home.html",
                                projects=[r for r in rows if r not in unreviewable],
                                unreviewable=unreviewable, stats=stats, folders=folders,
+                               q=q or "", count=await self.history.count_projects(),
+                               matching=await self.history.count_projects(q) if q else None,
+                               next_url=more and _home_url(q, more),
+                               first_url=_home_url(q, None) if after is not None else None,
                                drop_max_bytes=MAX_DROP_BYTES,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
                                                   time.time()))
@@ -138,13 +202,6 @@ class ReviewPages:
                                reference_added=iso(reference.added_at) if reference
                                else None, archive=use, drop_project=name,
                                drop_max_bytes=MAX_DROP_BYTES)
-
-    async def _never_reviewed(self, row: review_view.ExportRow) -> bool:
-        """A "project" made by one file that could not be reviewed (a text file, an
-        empty one in a watched folder): listed apart, once, with a dismiss."""
-        if row.review is not None or row.status != "failed_permanent":
-            return False
-        return len(await self.history.project_exports(row.project, limit=2)) == 1
 
     async def _rows(self, exports: list[ProjectExport]) -> list[review_view.ExportRow]:
         """Each export as a row; one without a review is named by its event's file,
@@ -239,15 +296,20 @@ class ReviewPages:
 
     async def exports(self, request: Request) -> Response:
         """`GET /exports?project=NAME`: that project's exports, newest first (what its page
-        and the comparison read); without it, the latest export of every project."""
+        and the comparison read); without it, the latest export of each project, a page
+        of them (`limit`; `cursor`, the `next_cursor` of the page before)."""
         limit = limit_of(request)
         if limit is None:
             return error_response(422, "invalid_query", "limit must be an integer from 1 "
                                   "to 500")
         project = request.query_params.get("project")
+        cursor = request.query_params.get("cursor")
         if project is None:
-            found = await self.history.projects(limit=limit)
-            return JSONResponse({"exports": shown(found)})
+            return await self._latest_exports(limit, cursor)
+        if cursor is not None:
+            return error_response(422, "invalid_query", "cursor pages through the latest "
+                                  "export of each project (GET /exports without project); "
+                                  "a project's exports come in one answer.")
         if not 1 <= len(project) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query",
                                   f"project must be 1 to {MAX_ID_LENGTH} characters")
@@ -262,6 +324,17 @@ class ReviewPages:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
         return JSONResponse({"exports": shown(found, numbered=True)[:limit]})
+
+    async def _latest_exports(self, limit: int, cursor: str | None) -> Response:
+        """`GET /exports`: a page of the latest export of each project, newest first."""
+        after = None if cursor is None else position_of(cursor)
+        if cursor is not None and after is None:
+            return error_response(422, "invalid_query", BAD_CURSOR)
+        found = await self.history.latest(limit=limit + 1, after=after)
+        page = found[:limit]
+        return JSONResponse({
+            "exports": shown([one.latest for one in page]),
+            "next_cursor": cursor_of(page[-1].position) if len(found) > limit else None})
 
     async def removed_note(self, run_id: str) -> str | None:
         """For GET /runs/{run_id}'s 404: where a run retention removed is kept."""

@@ -197,5 +197,35 @@ SELECT p.project FROM run_projects p WHERE p.run_id = r.run_id
 EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = %(project)s)
 
 -- name: search_runs.text
--- The run search's text is also a project's name.
-EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = %(text)s)
+-- The run search's text is also a project's name: the runs of that project.
+SELECT p.run_id FROM run_projects p WHERE p.project = %(text)s
+
+-- name: projects.page
+-- A page of projects by their latest export, newest first (the home page, GET
+-- /exports): read from the kept summary (version 4), the rows shown and no more.
+-- %(name)s keeps the projects whose name holds it (any case of ASCII letters);
+-- %(after_at)s and %(after_run)s, the position of the last project of the page before.
+SELECT s.project, s.exports, s.run_id, COALESCE(r.agent, x.agent) AS agent,
+       COALESCE(r.status, x.status) AS status, s.accepted_at,
+       COALESCE(r.completed_at, x.completed_at) AS completed_at,
+       COALESCE(r.result, x.result) AS result, r.run_id IS NULL AS archived
+FROM project_summary s
+LEFT JOIN runs r ON r.run_id = s.run_id
+LEFT JOIN project_exports x ON x.run_id = s.run_id
+WHERE (%(name)s::text IS NULL OR strpos(lower(s.project), lower(%(name)s::text)) > 0)
+  AND (%(after_at)s::float8 IS NULL
+       OR (s.accepted_at, s.run_id) < (%(after_at)s::float8, %(after_run)s::text))
+ORDER BY s.accepted_at DESC, s.run_id DESC LIMIT %(limit)s
+
+-- name: projects.count
+SELECT count(*) AS projects FROM project_summary
+WHERE %(name)s::text IS NULL OR strpos(lower(project), lower(%(name)s::text)) > 0
+
+-- name: summary.forget
+-- A project renamed, merged or removed: its summary is made again (summary.refresh).
+DELETE FROM project_summary WHERE project = %(project)s
+
+-- name: summary.refresh
+-- A project's summary from the definition of its latest export (project_latest).
+INSERT INTO project_summary (project, run_id, accepted_at, exports)
+SELECT project, run_id, accepted_at, exports FROM project_latest WHERE project = %(project)s

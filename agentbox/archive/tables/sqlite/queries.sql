@@ -194,5 +194,34 @@ SELECT p.project FROM run_projects p WHERE p.run_id = r.run_id
 EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = :project)
 
 -- name: search_runs.text
--- The run search's text is also a project's name.
-EXISTS (SELECT 1 FROM run_projects p WHERE p.run_id = r.run_id AND p.project = :text)
+-- The run search's text is also a project's name: the runs of that project.
+SELECT p.run_id FROM run_projects p WHERE p.project = :text
+
+-- name: projects.page
+-- A page of projects by their latest export, newest first (the home page, GET
+-- /exports): read from the kept summary (version 4), the rows shown and no more.
+-- :name keeps the projects whose name holds it (any case of ASCII letters); :after_at
+-- and :after_run, the position of the last project of the page before.
+SELECT s.project, s.exports, s.run_id, COALESCE(r.agent, x.agent) AS agent,
+       COALESCE(r.status, x.status) AS status, s.accepted_at,
+       COALESCE(r.completed_at, x.completed_at) AS completed_at,
+       COALESCE(r.result, x.result) AS result, r.run_id IS NULL AS archived
+FROM project_summary s INDEXED BY project_summary_latest
+LEFT JOIN runs r ON r.run_id = s.run_id
+LEFT JOIN project_exports x ON x.run_id = s.run_id
+WHERE (:name IS NULL OR instr(lower(s.project), lower(:name)) > 0)
+  AND (:after_at IS NULL OR (s.accepted_at, s.run_id) < (:after_at, :after_run))
+ORDER BY s.accepted_at DESC, s.run_id DESC LIMIT :limit
+
+-- name: projects.count
+SELECT count(*) AS projects FROM project_summary
+WHERE :name IS NULL OR instr(lower(project), lower(:name)) > 0
+
+-- name: summary.forget
+-- A project renamed, merged or removed: its summary is made again (summary.refresh).
+DELETE FROM project_summary WHERE project = :project
+
+-- name: summary.refresh
+-- A project's summary from the definition of its latest export (project_latest).
+INSERT INTO project_summary (project, run_id, accepted_at, exports)
+SELECT project, run_id, accepted_at, exports FROM project_latest WHERE project = :project

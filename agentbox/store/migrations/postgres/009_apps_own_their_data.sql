@@ -14,13 +14,25 @@ BEGIN
         ALTER TABLE events DROP COLUMN project;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM project_exports) THEN
-        DROP TABLE project_exports;
+        BEGIN
+            DROP TABLE project_exports;
+        EXCEPTION WHEN dependent_objects_still_exist THEN
+            NULL;  -- an app's line builds on it already (a view of its own): it stays
+        END;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM kept_audio) THEN
-        DROP TABLE kept_audio;
+        BEGIN
+            DROP TABLE kept_audio;
+        EXCEPTION WHEN dependent_objects_still_exist THEN
+            NULL;  -- an app's line builds on it already (a view of its own): it stays
+        END;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM project_references) THEN
-        DROP TABLE project_references;
+        BEGIN
+            DROP TABLE project_references;
+        EXCEPTION WHEN dependent_objects_still_exist THEN
+            NULL;  -- an app's line builds on it already (a view of its own): it stays
+        END;
     END IF;
 END
 $$;

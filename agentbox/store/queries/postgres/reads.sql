@@ -36,7 +36,12 @@ r.agent = %(agent)s
 -- name: search_runs.chain
 (e.correlation_id = %(chain)s OR (e.event_id = %(chain)s AND e.correlation_id IS NULL))
 -- name: search_runs.text
-(r.run_id = %(text)s OR e.event_id = %(text)s OR e.correlation_id = %(text)s {text})
+-- The runs the text names (a run's id, an event's id or correlation id, and each app's
+-- own: Schema.filters' `text`, `UNION ALL` a query of run ids), found by their indexes
+-- rather than by reading every run for each.
+r.run_id IN (SELECT %(text)s::text
+             UNION ALL SELECT t.run_id FROM events x JOIN runs t ON t.event_pk = x.pk
+                       WHERE x.event_id = %(text)s OR x.correlation_id = %(text)s {text})
 -- name: search_runs.since
 r.accepted_at >= %(since)s
 -- name: search_runs.until
@@ -75,6 +80,15 @@ SELECT status, count(*) AS runs,
        (SELECT min(accepted_at) FROM runs
         WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
 FROM runs GROUP BY status
+
+-- name: active_counts
+-- The unfinished runs alone (stats(finished=False): `active` and oldest waiting, not the
+-- finished), so that a page that shows only these reads as much with 30,000 finished
+-- runs as with none.
+SELECT count(*) AS active,
+       (SELECT min(accepted_at) FROM runs
+        WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
+FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')
 
 -- name: finished_counts
 -- floor(): a cast to an integer would round here.

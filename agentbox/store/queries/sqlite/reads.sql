@@ -36,7 +36,12 @@ r.agent = :agent
 -- name: search_runs.chain
 (e.correlation_id = :chain OR (e.event_id = :chain AND e.correlation_id IS NULL))
 -- name: search_runs.text
-(r.run_id = :text OR e.event_id = :text OR e.correlation_id = :text {text})
+-- The runs the text names (a run's id, an event's id or correlation id, and each app's
+-- own: Schema.filters' `text`, `UNION ALL` a query of run ids), found by their indexes
+-- rather than by reading every run for each.
+r.run_id IN (SELECT :text
+             UNION ALL SELECT t.run_id FROM events x JOIN runs t ON t.event_pk = x.pk
+                       WHERE x.event_id = :text OR x.correlation_id = :text {text})
 -- name: search_runs.since
 r.accepted_at >= :since
 -- name: search_runs.until
@@ -75,6 +80,15 @@ SELECT status, count(*) AS runs,
        (SELECT min(accepted_at) FROM runs INDEXED BY runs_waiting
         WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
 FROM runs INDEXED BY runs_status GROUP BY status
+
+-- name: active_counts
+-- The unfinished runs alone (stats(finished=False): `active` and oldest waiting, not the
+-- finished): the entries of the status index under those three states, so that a page
+-- that shows only these reads as much with 30,000 finished runs as with none.
+SELECT count(*) AS active,
+       (SELECT min(accepted_at) FROM runs INDEXED BY runs_waiting
+        WHERE status IN ('accepted', 'failed_retryable')) AS oldest_waiting
+FROM runs INDEXED BY runs_status WHERE status IN ('accepted', 'processing', 'failed_retryable')
 
 -- name: finished_counts
 -- CAST truncates toward zero here; the slices start at :since, so none is negative.

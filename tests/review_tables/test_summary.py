@@ -1,0 +1,101 @@
+"""Each project's kept summary (the review's version 4, project_summary): the latest
+export and the number of exports the home page and GET /exports read, kept right by
+every change to what a project shows (a new export, a rename, a merge, a removal,
+retention), on every engine. It is held against the same answer read the slow way,
+from every export (the `projects` and `project_exports` statements)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentbox.archive.history import History
+from agentbox.config import SECONDS_PER_DAY, Settings
+from agentbox.engine.retention import Retention
+from agentbox.store import Store
+from tests.review_tables.test_projects import export, succeed
+from tests.store.support import T0, async_test, history
+
+DAY = SECONDS_PER_DAY
+
+
+async def summary(found: History) -> list[tuple[str, str, int]]:
+    """(project, latest run, exports) of every project, by the summary, newest first."""
+    return [(p.latest.project, p.latest.run_id, p.exports)
+            for p in await found.latest(limit=500)]
+
+
+async def counted(found: History) -> list[tuple[str, str, int]]:
+    """The same, read from every export (no summary)."""
+    rows = await found.tables.slow_rows("projects", agent=None, limit=500)
+    return [(row["project"], row["run_id"],
+             len(await found.project_exports(row["project"], limit=10_000))) for row in rows]
+
+
+async def agrees(found: History) -> list[tuple[str, str, int]]:
+    kept = await summary(found)
+    assert kept == await counted(found)
+    assert await found.count_projects() == len(kept)
+    return kept
+
+
+@async_test
+async def test_the_summary_follows_exports_renames_merges_removals_and_retention(
+        store: Store, aio: Any) -> None:
+    found = history(store)
+    assert await agrees(found) == []
+    [a1] = await export(store, "a1", "Night Drive", now=T0)
+    await succeed(store, a1, T0 + 1, {"verdict": "pass"})
+    [b1] = await export(store, "b1", "Heros Rite", now=T0 + 10)
+    [a2] = await export(store, "a2", "Night Drive", now=T0 + 20)
+    [c1] = await export(store, "c1", "junk", now=T0 + 30)
+    assert await agrees(found) == [("junk", c1, 1), ("Night Drive", a2, 2),
+                                   ("Heros Rite", b1, 1)]
+
+    await found.move("Heros Rite", "Heroes Rite")  # a rename
+    [b2] = await export(store, "b2", "Heros Rite", now=T0 + 40)  # sent under the old name
+    assert await agrees(found) == [("Heroes Rite", b2, 2), ("junk", c1, 1),
+                                   ("Night Drive", a2, 2)]
+
+    await found.move("Heroes Rite", "Night Drive")  # a merge: the older latest stays behind
+    assert await agrees(found) == [("Night Drive", b2, 4), ("junk", c1, 1)]
+
+    await found.remove_project("junk", T0 + 50)
+    assert await agrees(found) == [("Night Drive", b2, 4)]
+    [c2] = await export(store, "c2", "junk", now=T0 + 60)  # its name starts anew
+    assert await agrees(found) == [("junk", c2, 1), ("Night Drive", b2, 4)]
+
+    now = T0 + 40 * DAY
+    [a3] = await export(store, "a3", "Night Drive", now=now)
+    settings = Settings(retention_days=30.0, body_retention_days=7.0,
+                        idempotency_ttl_seconds=DAY)
+    report = await Retention(store, settings, lambda: now, rest_ratio=0.0).prune()
+    assert report.removed["project_exports"] >= 1  # the finished run a1 is kept as an export
+    assert await agrees(found) == [("Night Drive", a3, 5), ("junk", c2, 1)]
+    [latest] = await found.latest(limit=1)
+    assert latest.latest.run_id == a3 and not latest.latest.archived
+    assert latest.position[1] == a3
+
+
+@async_test
+async def test_a_page_of_projects_by_name_and_after_a_position(store: Store, aio: Any) -> None:
+    found = history(store)
+    names = [f"Song {n}" for n in range(7)] + ["Über Nacht", "night drive"]
+    for n, name in enumerate(names):
+        await export(store, f"e{n}", name, now=T0 + n)
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await found.latest(limit=2, after=after)
+        seen += [p.latest.project for p in page]
+        if len(page) < 2:
+            break
+        after = page[-1].position
+    assert seen == names[::-1]  # every project once, in the order of their latest export
+    assert [p.latest.project for p in await found.latest(limit=9, name="NIGHT")] == [
+        "night drive"]  # ASCII letters in either case
+    assert [p.latest.project for p in await found.latest(limit=9, name="Über")] == [
+        "Über Nacht"]
+    assert await found.count_projects("song") == 7
+    assert await found.count_projects("nothing like it") == 0
+    assert await found.latest(limit=9, name="a\x00b") == []  # PostgreSQL cannot be asked
+    assert await found.latest(limit=9, after=(T0, "run\x00")) == []

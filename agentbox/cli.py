@@ -765,13 +765,14 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
 @click.option("--stage", type=click.Choice(["mix", "master"]), required=True,
               help="Judge it as a mix going to mastering, or as a master.")
 @URL_OPTION
-@click.option("--no-wait", "no_wait", is_flag=True,
-              help="Say the run it started, and do not wait for the new review.")
+@click.option("--wait/--no-wait", "wait", default=True, show_default=True,
+              help="Wait for the new review and print it (--no-wait: say the run it "
+                   "started, and return).")
 @click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print agentbox's answer as JSON (with --wait: then the finished run).")
 @CONFIG_OPTION
-def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: float,
+def rejudge(ref: str, stage: str, url: str | None, wait: bool, wait_timeout: float,
             as_json: bool, config_file: Path | None) -> None:
     """Judge a review again at another stage: a new review of the same audio (the
     archive's copy), beside the first, marked re-judged.
@@ -787,10 +788,10 @@ def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: 
         answer = box.rejudge(first.run_id, stage)
         name = (first.file or first.project or first.run_id)
         sent = Sent(f"{name} as a {stage}", review=True, for_people=not as_json)
-        if no_wait:
-            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
-        else:
+        if wait:
             _wait_and_tell(box, answer, wait_timeout, as_json, sent)
+        else:
+            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
 
 
 @main.command()

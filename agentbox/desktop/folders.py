@@ -236,7 +236,7 @@ class FolderWatch:
         idle, outcome = 0, Tally()
         while True:
             ready = self.watcher.poll()
-            for path in ready:
+            for path in sorted(ready, key=_written_at):  # the newest ends as the latest
                 self._send_once(path, retries, outcome)
             idle = 0 if ready or self.watcher.busy else idle + 1
             if idle >= 2:

@@ -130,7 +130,8 @@ class Export:
                    (int(stamp[0]), int(stamp[1])) if stamp else None, bool(found["taken"]))
 
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: what the folder held (`seen`) and since when it is watched
+READ_VERSIONS = (1, STATE_VERSION)  # a version 1 file is read: it knew neither
 
 
 def state_file(data_dir: Path, folder: Path) -> Path:
@@ -167,6 +168,11 @@ class Watcher:
     _exports: dict[Path, Export] = field(default_factory=dict)  # what was sent, per file
     _found: set[Path] = field(default_factory=set)  # being written, not yet sent
     _waiting: set[Path] = field(default_factory=set)  # stalled, said so, not yet sent
+    # Every file the folder held as it was last done with (sent, or left alone), and
+    # since when the folder is watched (ns, wall clock; None: not known, a state file
+    # of version 1): at start, a file written since and not seen is new.
+    _known: dict[Path, Stamp] = field(default_factory=dict)
+    _since: int | None = None
     _started: bool = False
     _warned: bool = False
 
@@ -176,12 +182,17 @@ class Watcher:
         current = dict(audio_files(self.folder))
         if not self._started:
             self._started = True
-            self._exports.update(self._load(current))
+            first = not self._loaded(current)
             if not self.include_existing:
                 # Except a file sent before and changed since, or not yet handed over,
-                # or found being written and not yet sent when the last watcher stopped.
+                # or found being written and not yet sent when the last watcher stopped,
+                # or written while no watcher ran (not seen, and newer than the watch).
                 self._done.update((path, stamp) for path, stamp in current.items()
-                                  if self._settled(path, stamp))
+                                  if first or self._settled(path, stamp))
+            if self._since is None:  # the first watch (or one of a version 1 file)
+                self._since = time.time_ns()
+            self._known.update(self._done)
+            self._save()
         ready = []
         found = set(self._found)
         for path, stamp in current.items():
@@ -206,7 +217,10 @@ class Watcher:
         for path in gone:
             del self._exports[path]  # gone: what comes under its name is a new export
         self._found &= set(current)
-        if gone or self._found != found:
+        forgotten = set(self._known) - set(current)
+        for path in forgotten:
+            del self._known[path]
+        if gone or forgotten or self._found != found:
             self._save()
         return ready
 
@@ -217,12 +231,16 @@ class Watcher:
             self.stalled(path)
 
     def _settled(self, path: Path, stamp: Stamp) -> bool:
-        """A file found at start that needs nothing: not sent before, or sent, handed
-        over and unchanged since."""
+        """A file found at start that needs nothing: sent, handed over and unchanged
+        since; or not sent, and either seen as it is or older than the watch (or the
+        state does not say when the watch began)."""
         if path in self._found:
             return False
         earlier = self._exports.get(path)
-        return earlier is None or (earlier.taken and earlier.stamp == stamp)
+        if earlier is not None:
+            return earlier.taken and earlier.stamp == stamp
+        return (self._since is None or self._known.get(path) == stamp
+                or stamp[1] < self._since)
 
     def _finished(self, path: Path, unchanged: float) -> bool:
         if unchanged < self.settle:
@@ -266,6 +284,7 @@ class Watcher:
         stamp = self._seen.pop(path, None)
         if stamp is not None:
             self._done[path] = stamp[0]
+            self._known[path] = stamp[0]
         self._found.discard(path)
         self._waiting.discard(path)
         if event_id is not None:
@@ -288,25 +307,32 @@ class Watcher:
 
     # -- the state file ---------------------------------------------------------------
 
-    def _load(self, current: dict[Path, Stamp]) -> dict[Path, Export]:
-        """What an earlier watcher of this folder sent, of the files still here."""
+    def _loaded(self, current: dict[Path, Stamp]) -> bool:
+        """Read what an earlier watcher of this folder kept, of the files still here;
+        False when none did (in memory only, or this folder's first watch)."""
         if self.state is None:
-            return {}
+            return False
         try:
             kept = json.loads(self.state.read_text(encoding="utf-8"))
-            if kept.get("version") != STATE_VERSION:
+            if kept.get("version") not in READ_VERSIONS:
                 raise ValueError("another version")
             found = {self.folder / name: Export.of_json(export)
                      for name, export in kept["exports"].items()}
             self._found = {self.folder / str(name) for name in kept.get("found", [])
                            } & set(current)
+            since = kept.get("since")
+            self._since = None if since is None else int(since)
+            known = {self.folder / str(name): (int(stamp[0]), int(stamp[1]))
+                     for name, stamp in kept.get("seen", {}).items()}
         except FileNotFoundError:
-            return {}
+            return False
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             self._trouble(f"{self.state} cannot be read ({type(exc).__name__}); starting "
                           "afresh: a file written on since it was sent may be sent as new")
-            return {}
-        return {path: export for path, export in found.items() if path in current}
+            return False
+        self._exports.update((p, e) for p, e in found.items() if p in current)
+        self._known.update((p, stamp) for p, stamp in known.items() if p in current)
+        return True
 
     def _save(self) -> None:
         if self.state is None:
@@ -314,7 +340,10 @@ class Watcher:
         kept = {"version": STATE_VERSION, "folder": str(self.folder.resolve()),
                 "exports": {str(path.relative_to(self.folder)): export.as_json()
                             for path, export in sorted(self._exports.items())},
-                "found": sorted(str(path.relative_to(self.folder)) for path in self._found)}
+                "found": sorted(str(path.relative_to(self.folder)) for path in self._found),
+                "since": self._since,
+                "seen": {str(path.relative_to(self.folder)): list(stamp)
+                         for path, stamp in sorted(self._known.items())}}
         try:
             portable.private_directory(self.state.parent)
             portable.write_durably(self.state, json.dumps(kept, indent=1) + "\n")

@@ -52,9 +52,11 @@ def shown(exports: Sequence[ProjectExport], numbered: bool = False) -> list[dict
     `numbered`: a project's (newest first), each with its number and same_audio_as."""
     views = [ExportView.model_validate(export, from_attributes=True) for export in exports]
     if numbered:
-        same = review_view.same_audio([_audio_hash(export.result) for export in exports])
-        views = [view.model_copy(update={"number": len(views) - i, "same_audio_as": same[i]})
-                 for i, view in enumerate(views)]
+        places = review_view.numbers(
+            [(export.run_id, review_view.rejudged(export.result)) for export in exports],
+            [_audio_hash(export.result) for export in exports])
+        views = [view.model_copy(update={"number": number, "same_audio_as": same})
+                 for view, (number, same) in zip(views, places, strict=True)]
     return [view.model_dump(mode="json") for view in views]
 
 
@@ -133,10 +135,12 @@ class ReviewPages:
                                else None, archive=use, drop_project=name,
                                drop_max_bytes=MAX_DROP_BYTES)
 
-    async def _never_reviewed(self, row: review_view.ExportRow) -> bool:
+    async def _never_reviewed(self, row: review_view.ExportRow | ProjectExport) -> bool:
         """A "project" made by one file that could not be reviewed (a text file, an
-        empty one in a watched folder): listed apart, once, with a dismiss."""
-        if row.review is not None or row.status != "failed_permanent":
+        empty one in a watched folder): listed apart, once, with a dismiss, on the
+        home page; no project's export in `GET /exports`."""
+        heard = row.review if isinstance(row, review_view.ExportRow) else row.result
+        if heard is not None or row.status != "failed_permanent":
             return False
         return len(await self.history.project_exports(row.project, limit=2)) == 1
 
@@ -241,7 +245,8 @@ class ReviewPages:
         project = request.query_params.get("project")
         if project is None:
             found = await self.history.projects(limit=limit)
-            return JSONResponse({"exports": shown(found)})
+            return JSONResponse({"exports": shown(
+                [export for export in found if not await self._never_reviewed(export)])})
         if not 1 <= len(project) <= MAX_ID_LENGTH:
             return error_response(422, "invalid_query",
                                   f"project must be 1 to {MAX_ID_LENGTH} characters")

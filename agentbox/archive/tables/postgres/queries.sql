@@ -59,7 +59,7 @@ FROM project_references WHERE project = %(project)s FOR UPDATE
 DELETE FROM project_references WHERE project = %(project)s
 
 -- name: projects
--- The latest run of each project (per agent when %(agent)s is given), newest first:
+-- The latest render of each project (per agent when %(agent)s is given), newest first:
 -- the runs still stored, and those retention removed (project_exports).
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
     SELECT x.*, row_number() OVER (PARTITION BY x.project
@@ -70,6 +70,7 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         FROM events e JOIN runs r ON r.event_pk = e.pk
         LEFT JOIN project_aliases a ON a.name = e.project
         WHERE e.project IS NOT NULL AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+          AND e.source <> 'agentbox.rejudge'  -- a re-judgment is no new export
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                true AS archived

@@ -56,7 +56,7 @@ FROM project_references WHERE project = :project
 DELETE FROM project_references WHERE project = :project
 
 -- name: projects
--- The latest run of each project (per agent when :agent is given), newest first:
+-- The latest render of each project (per agent when :agent is given), newest first:
 -- the runs still stored, and those retention removed (project_exports); a project
 -- by its current name (project_aliases), without what its removal took away.
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
@@ -68,6 +68,7 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         FROM events e INDEXED BY events_project JOIN runs r ON r.event_pk = e.pk
         LEFT JOIN project_aliases a ON a.name = e.project
         WHERE e.project IS NOT NULL AND (:agent IS NULL OR r.agent = :agent)
+          AND e.source <> 'agentbox.rejudge'  -- a re-judgment is no new export
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                1 AS archived

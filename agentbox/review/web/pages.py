@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -47,13 +47,18 @@ def add_templates(env: Environment) -> Environment:
     return env
 
 
-def shown(exports: Sequence[ProjectExport], numbered: bool = False) -> list[dict[str, Any]]:
+def shown(exports: Sequence[ProjectExport], numbered: bool = False,
+          payloads: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Exports as `GET /exports` shows them (agentbox.models.ExportView), field by field;
-    `numbered`: a project's (newest first), each with its number and same_audio_as."""
+    `numbered`: a project's (newest first), each with its number and same_audio_as
+    (`payloads`: the events' payloads of those with no review yet, by run_id: a
+    re-judgment's says so before its review does)."""
     views = [ExportView.model_validate(export, from_attributes=True) for export in exports]
     if numbered:
+        told = payloads or {}
         places = review_view.numbers(
-            [(export.run_id, review_view.rejudged(export.result)) for export in exports],
+            [(export.run_id, review_view.rejudged(export.result, told.get(export.run_id)))
+             for export in exports],
             [_audio_hash(export.result) for export in exports])
         views = [view.model_copy(update={"number": number, "same_audio_as": same})
                  for view, (number, same) in zip(views, places, strict=True)]
@@ -260,7 +265,18 @@ class ReviewPages:
         if not found:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": shown(found, numbered=True)[:limit]})
+        return JSONResponse({"exports": shown(found, numbered=True,
+                                              payloads=await self._payloads(found))[:limit]})
+
+    async def _payloads(self, exports: Sequence[ProjectExport]) -> dict[str, Any]:
+        """The events' payloads of the exports with no review yet, by run_id."""
+        found = {}
+        for export in exports:
+            if export.result is None and not export.archived:
+                event = await self.store.event_of(export.run_id)
+                found[export.run_id] = event.get("payload") if isinstance(event, dict) \
+                    else None
+        return found
 
     async def removed_note(self, run_id: str) -> str | None:
         """For GET /runs/{run_id}'s 404: where a run retention removed is kept."""

@@ -499,8 +499,11 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
         agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
 
     A FILE (no --type) is reviewed: a session.exported for it, its project named
-    after the file as `watch` names it (or --project), its id from its content (the
-    same file sent again is a duplicate, and answers the first review). Said for
+    after the file as `watch` names it (or --project). What it is follows the one
+    rule of every door: the very bytes of the project's latest export are that
+    export (a duplicate that answers its review, however often it is sent or
+    touched); the bytes of an older export are a new export of the same audio;
+    anything else is a new export. Said for
     people; with an event type, agentbox's answer is printed as JSON, for scripts.
     With --wait the review is printed once finished (Ctrl-C stops waiting; the
     review goes on); --json prints the answer and the finished run as JSON. The
@@ -1126,7 +1129,9 @@ WATCH_ACTIONS = ("pause", "resume")
               help="Seconds unchanged for a streamed file that says nothing of its length "
               "(an MP3 without a Xing/Info frame, a CAF written to the end).")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
-@click.option("--existing", is_flag=True, help="Also send the files already there at start.")
+@click.option("--existing", is_flag=True,
+              help="Also send the files already there at start (else only those written "
+                   "since the folder was first watched and not seen).")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="With --once: retries per file on 429, 503 and connection errors.")
@@ -1142,13 +1147,17 @@ def watch(folder: Path | str, url: str | None, project: str | None, profile: str
     the same for --settle seconds and its header says the audio is all there
     (WAV, RF64, W64, AIFF, CAF, FLAC, Ogg's last page, an MP3's Xing/Info frame);
     a streamed file that says nothing of its length must stay unchanged for
-    --headerless-settle seconds. Its event id comes from its path, size and
-    content when first sent: restarting the watcher or touching the file is a
-    duplicate, not a second run, and so is a file written on after it was sent
-    (one export, one run); if that run's review read less than the whole file,
-    the whole file is reviewed again by a mix.review_requested naming the run.
-    What was sent is kept in the data dir (watch/), so a restarted watcher
-    goes on where it stopped. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
+    --headerless-settle seconds. One write of a file is one export, however its
+    writer stalls, and a file written on after it was sent is still that export
+    (one run; if the review read less than the whole file, the whole file is
+    reviewed again by a mix.review_requested naming the run). What counts as a new
+    export is the rule of every door: the very bytes of the project's latest
+    export are that export (a touch, a restarted watcher: a duplicate, no run);
+    the bytes of an older export are a new export of the same audio; anything
+    else is a new export. What the folder held is kept in the data dir (watch/):
+    a restarted watcher reviews each render written while it was stopped, once,
+    oldest first; files from before the folder was first watched are left alone
+    unless --existing. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
     hidden files are skipped. The project is --project, else the file's name
     without its extension (in Unicode NFC, as `send --project` keeps it).
 

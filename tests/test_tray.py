@@ -227,6 +227,25 @@ def test_the_icon_and_menu_follow_a_review_and_a_pause(
 
 
 @pytest.mark.slow
+def test_the_not_running_icon_has_the_tray_s_size(
+        desktop: Desktop, start_tray: Callable[[Server], subprocess.Popen[bytes]],
+        server_factory: Callable[..., Server]) -> None:
+    nowhere = server_factory()  # never started: agentbox not running from the first look
+    start_tray(nowhere)
+
+    def docked() -> Any:
+        icon = desktop.icon()
+        if icon is None or desktop.title() != "agentbox: not running":
+            return None
+        size = icon.get_geometry()
+        return icon if min(size.width, size.height) >= 16 else None
+    icon = wait_until(docked, TRAY_START_SECONDS, "the not-running icon at the tray's size")
+    size = icon.get_geometry()
+    assert size.height <= 32  # the tray's height (trayer --height 32), not more
+    assert colour_share(desktop.shot(icon), "down") > 0.1  # the grey ring, drawn
+
+
+@pytest.mark.slow
 def test_the_idle_tray_costs_less_than_the_idle_server(
         desktop: Desktop, start_tray: Callable[[Server], subprocess.Popen[bytes]],
         server_factory: Callable[..., Server], tmp_path: Path) -> None:

@@ -374,3 +374,10 @@ def test_the_menus_items_do_what_they_say(server: Server,
         tray.follower.show(Look())
         item("Start agentbox")(tray.icon)
         assert started == [True]
+
+
+def test_the_readme_and_the_manual_say_how_to_get_the_tray() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for doc in ("README.md", "agentbox/docs/getting-started.md"):
+        text = (root / doc).read_text(encoding="utf-8")
+        assert "agentbox tray" in text and "pip install 'agentbox[tray]'" in text, doc

@@ -195,8 +195,8 @@ class Receiver:
         run = await self.store.get_run(run_id)
         if run is None:  # gone meanwhile (removed): taken as new after all
             return await self._store(event, body, webhook_id)
-        result = IngestResult(runs=[RunRef(run_id=run.run_id, agent=run.agent, status=run.status)],
-                              duplicate=True)
+        known = RunRef(run_id=run.run_id, agent=run.agent, status=run.status)
+        result = IngestResult(runs=[known], duplicate=True)
         self._stored(event, result)
         return result
 

@@ -234,15 +234,24 @@ def test_the_not_running_icon_has_the_tray_s_size(
     start_tray(nowhere)
 
     def docked() -> Any:
+        from Xlib import X
+        from Xlib.error import BadMatch, BadWindow
+
         icon = desktop.icon()
         if icon is None or desktop.title() != "agentbox: not running":
             return None
-        size = icon.get_geometry()
-        return icon if min(size.width, size.height) >= 16 else None
-    icon = wait_until(docked, TRAY_START_SECONDS, "the not-running icon at the tray's size")
-    size = icon.get_geometry()
+        try:
+            size = icon.get_geometry()
+            if min(size.width, size.height) < 16 or \
+                    icon.get_attributes().map_state != X.IsViewable:
+                return None
+            return size, desktop.shot(icon)
+        except (BadMatch, BadWindow):  # docked, not yet shown: looked at again
+            return None
+    size, shot = wait_until(docked, TRAY_START_SECONDS,
+                            "the not-running icon shown at the tray's size")
     assert size.height <= 32  # the tray's height (trayer --height 32), not more
-    assert colour_share(desktop.shot(icon), "down") > 0.1  # the grey ring, drawn
+    assert colour_share(shot, "down") > 0.1  # the grey ring, drawn
 
 
 @pytest.mark.slow

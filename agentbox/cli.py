@@ -1183,7 +1183,7 @@ def watch(folder: Path | str, url: str | None, project: str | None, profile: str
                settle=settle, headerless_settle=headerless_settle,
                include_existing=existing),
         box, _print_news, _settings(config_file).data_dir, source)
-    folder_watch.start()  # what is there now is left alone (unless --existing)
+    folder_watch.start()  # what was there before is left alone (unless --existing)
     click.echo(f"agentbox: watching {folder.resolve()} for {box.url} (Ctrl-C stops)",
                err=True)
     try:

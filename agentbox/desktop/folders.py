@@ -123,7 +123,8 @@ class FolderWatch:
 
     def start(self) -> None:
         """The first scan: what is there now is left alone (unless include_existing,
-        or sent unfinished by an earlier watcher)."""
+        or sent unfinished by an earlier watcher, or written since the folder was
+        last watched and not seen)."""
         if not self._started:
             self._started = True
             self.watcher.poll()

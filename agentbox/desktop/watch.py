@@ -16,15 +16,17 @@ seconds instead. Then a `session.exported` event is sent for it.
 One export is one run however its writer stalls. The event_id is derived from
 the file's path, size, modification time and content when it was first sent, so
 a restart of the watcher sends the same id again, which agentbox answers as the
-same export; a render written again under the same name, even of identical
-audio, is a new export (agentbox says it is the same audio as the earlier one).
+same export. A file touched, or written again, gets a new id, and agentbox
+decides what it is by its bytes, as for every door (agentbox.review.renders):
+the very bytes of its project's latest export are that export; those of an older
+one a new export of the same audio.
 A file that grows after it was sent, its earlier bytes unchanged, is the same
 export written on (`Watcher.continues`): it is sent again under the same
 event_id (a duplicate: still one run), and when that run's review turns out to
 be of the shorter file, the whole file is reviewed again by a follow-up
 `mix.review_requested` that names the run (`causation_id`). A file rewritten
 from the start (a new export under the same name) is a new export. Files
-already in the folder when the watcher starts are left alone unless
+already in the folder when it is first watched are left alone unless
 `include_existing` is set.
 
 A file agentbox could not take for a reason that heals (unreachable, busy,
@@ -37,7 +39,9 @@ the data directory, replaced whole with each change), so a watcher restarted
 goes on where it stopped: a file sent before and written on since, while it
 was stopped or after, is still that export (one run); one it had not yet
 handed over, or had found still being written and not yet sent, is sent once
-it is done.
+it is done. The file also keeps every file the folder held as last seen, and
+since when the folder is watched: at start, a file not seen and written since
+(a render made while no watcher ran) is sent, once, oldest first.
 """
 
 from __future__ import annotations

@@ -46,11 +46,6 @@ RUNS_LOOKED_AT = 50  # the newest runs searched for them (other agents' runs bet
 RECONNECT_FIRST_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0  # while agentbox is not running: one look this often
 ICON_SIZE = 64  # pixels: the hosts scale it down (22 on most Linux panels)
-# The size an X icon window asks its tray for before it docks: pystray makes the
-# window 1 x 1, and a standard XEmbed tray (trayer, stalonetray) keeps that width,
-# so an icon not redrawn after docking (agentbox not running at start) stayed an
-# invisible sliver. The tray then fits it to its panel, as it does other icons.
-X_DOCK_SIZE = 24
 MIX_REVIEW_AGENT = "agentbox.review.agent:mix_review"
 VERDICTS = ("pass", "warn", "fail")
 COULD_NOT = "couldn't review"  # a review that failed, as the menu says it (no run state)
@@ -333,7 +328,6 @@ class Tray:
         self.icon = pystray.Icon("agentbox", picture("down"), "agentbox: not running",
                                  menu=pystray.Menu(self._items))
         self._thread: threading.Thread | None = None
-        self._sized_for_x()
 
     def _docked_again(self) -> None:
         """On X, an icon the tray has not shown asks to be docked again. Its first
@@ -351,20 +345,6 @@ class Tray:
         except Exception as exc:  # the display gone: the next look tries again
             log.warning("the tray icon could not be docked again",
                         extra={"error": f"{type(exc).__name__}: {one_line(exc)[:200]}"})
-
-    def _sized_for_x(self) -> None:
-        """On X, the icon's window asks the tray for a square of X_DOCK_SIZE before
-        it docks (see X_DOCK_SIZE); elsewhere the host sizes the icon itself."""
-        window = getattr(self.icon, "_window", None)
-        if not type(self.icon).__module__.endswith("_xorg") or window is None:
-            return
-        from Xlib import Xutil  # pystray's X backend stands on python-xlib
-
-        window.configure(width=X_DOCK_SIZE, height=X_DOCK_SIZE)
-        window.set_wm_normal_hints(flags=Xutil.PSize | Xutil.PMinSize | Xutil.PBaseSize,
-                                   min_width=X_DOCK_SIZE,
-                                   min_height=X_DOCK_SIZE, base_width=X_DOCK_SIZE,
-                                   base_height=X_DOCK_SIZE)
 
     def run(self) -> None:
         """Show the icon and follow agentbox until Quit (blocks: the tray's own loop,

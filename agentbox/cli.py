@@ -669,8 +669,11 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
         agentbox send session.exported project_id=night-drive mix_url=/mixes/mix.wav
 
     A FILE (no --type) is reviewed: a session.exported for it, its project named
-    after the file as `watch` names it (or --project), its id from its content (the
-    same file sent again is a duplicate, and answers the first review). Said for
+    after the file as `watch` names it (or --project). What it is follows the one
+    rule of every door: the very bytes of the project's latest export are that
+    export (a duplicate that answers its review, however often it is sent or
+    touched); the bytes of an older export are a new export of the same audio;
+    anything else is a new export. Said for
     people; with an event type, agentbox's answer is printed as JSON, for scripts.
     With --wait the review is printed once finished (Ctrl-C stops waiting; the
     review goes on); --json prints the answer and the finished run as JSON. The
@@ -940,13 +943,14 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
 @click.option("--stage", type=click.Choice(["mix", "master"]), required=True,
               help="Judge it as a mix going to mastering, or as a master.")
 @URL_OPTION
-@click.option("--no-wait", "no_wait", is_flag=True,
-              help="Say the run it started, and do not wait for the new review.")
+@click.option("--wait/--no-wait", "wait", default=True, show_default=True,
+              help="Wait for the new review and print it (--no-wait: say the run it "
+                   "started, and return).")
 @click.option("--wait-timeout", default=600.0, show_default=True, help="Seconds, with --wait.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print agentbox's answer as JSON (with --wait: then the finished run).")
 @CONFIG_OPTION
-def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: float,
+def rejudge(ref: str, stage: str, url: str | None, wait: bool, wait_timeout: float,
             as_json: bool, config_file: Path | None) -> None:
     """Judge a review again at another stage: a new review of the same audio (the
     archive's copy), beside the first, marked re-judged.
@@ -962,10 +966,10 @@ def rejudge(ref: str, stage: str, url: str | None, no_wait: bool, wait_timeout: 
         answer = box.rejudge(first.run_id, stage)
         name = (first.file or first.project or first.run_id)
         sent = Sent(f"{name} as a {stage}", review=True, for_people=not as_json)
-        if no_wait:
-            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
-        else:
+        if wait:
             _wait_and_tell(box, answer, wait_timeout, as_json, sent)
+        else:
+            click.echo(sent.line(answer) if sent.for_people else _compact(answer))
 
 
 @main.command()
@@ -1300,7 +1304,9 @@ WATCH_ACTIONS = ("pause", "resume")
               help="Seconds unchanged for a streamed file that says nothing of its length "
               "(an MP3 without a Xing/Info frame, a CAF written to the end).")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between scans.")
-@click.option("--existing", is_flag=True, help="Also send the files already there at start.")
+@click.option("--existing", is_flag=True,
+              help="Also send the files already there at start (else only those written "
+                   "since the folder was first watched and not seen).")
 @click.option("--once", is_flag=True, help="Scan until nothing is being written, then exit.")
 @click.option("--retries", default=5, show_default=True, type=click.IntRange(0, 100),
               help="With --once: retries per file on 429, 503 and connection errors.")
@@ -1316,13 +1322,17 @@ def watch(folder: Path | str, url: str | None, project: str | None, profile: str
     the same for --settle seconds and its header says the audio is all there
     (WAV, RF64, W64, AIFF, CAF, FLAC, Ogg's last page, an MP3's Xing/Info frame);
     a streamed file that says nothing of its length must stay unchanged for
-    --headerless-settle seconds. Its event id comes from its path, size and
-    content when first sent: restarting the watcher or touching the file is a
-    duplicate, not a second run, and so is a file written on after it was sent
-    (one export, one run); if that run's review read less than the whole file,
-    the whole file is reviewed again by a mix.review_requested naming the run.
-    What was sent is kept in the data dir (watch/), so a restarted watcher
-    goes on where it stopped. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
+    --headerless-settle seconds. One write of a file is one export, however its
+    writer stalls, and a file written on after it was sent is still that export
+    (one run; if the review read less than the whole file, the whole file is
+    reviewed again by a mix.review_requested naming the run). What counts as a new
+    export is the rule of every door: the very bytes of the project's latest
+    export are that export (a touch, a restarted watcher: a duplicate, no run);
+    the bytes of an older export are a new export of the same audio; anything
+    else is a new export. What the folder held is kept in the data dir (watch/):
+    a restarted watcher reviews each render written while it was stopped, once,
+    oldest first; files from before the folder was first watched are left alone
+    unless --existing. Every format the review reads (WAV, AIFF, FLAC, MP3, Ogg, CAF, ...);
     hidden files are skipped. The project is --project, else the file's name
     without its extension (in Unicode NFC, as `send --project` keeps it).
 
@@ -1348,7 +1358,7 @@ def watch(folder: Path | str, url: str | None, project: str | None, profile: str
                settle=settle, headerless_settle=headerless_settle,
                include_existing=existing),
         box, _print_news, _settings(config_file).data_dir, source)
-    folder_watch.start()  # what is there now is left alone (unless --existing)
+    folder_watch.start()  # what was there before is left alone (unless --existing)
     click.echo(f"agentbox: watching {folder.resolve()} for {box.url} (Ctrl-C stops)",
                err=True)
     try:

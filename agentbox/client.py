@@ -368,7 +368,9 @@ def build_event(event_type: str, source: str, event_id: str, payload: dict[str, 
 def content_id(path: Path, size: int, modified_ns: int | None = None) -> str:
     """The event_id of a finished file: its absolute path, size, modification time
     and content. The same file sent again unchanged is a duplicate (its first run);
-    a render written again, even of identical audio, is an export of its own."""
+    what a changed one is (a touch, a render written again) agentbox decides by its
+    bytes (agentbox.review.renders: its project's latest export's bytes are that
+    export)."""
     stamp = "" if modified_ns is None else f"{modified_ns}\0"
     digest = hashlib.sha256(f"{path.resolve()}\0{size}\0{stamp}".encode())
     with open(path, "rb") as f:
@@ -381,10 +383,10 @@ def export_id(path: Path, project: str | None = None, **asked: Any) -> str:
     """The event_id of a rendered file sent for review: the file's (content_id: its
     path, size, modification time and content), and what was asked of it (the
     project, stage, profile, other fields), so that the same file sent again
-    unchanged, the same way, is a duplicate that answers the first review, while the
-    same file sent with another stage (or project, or profile) is a review of its
-    own. Asked nothing, it is the id `watch` gives the file (a file sent both ways
-    is one export)."""
+    unchanged, the same way, is a duplicate that answers the first review. Whatever
+    the id, the very bytes of the project's latest export are that export (the
+    review's rule, agentbox.review.renders). Asked nothing, it is the id `watch`
+    gives the file (a file sent both ways is one export)."""
     stat = path.stat()
     found = content_id(path, stat.st_size, stat.st_mtime_ns)
     if project is None and not asked:

@@ -320,7 +320,8 @@ def test_watch_once_gives_up_on_an_unreachable_agentbox(server: Server, tmp_path
     sent = agentbox(server, "watch", str(folder), "--url", server.url, "--settle", "0.2",
                     "--interval", "0.1", "--existing", "--once")
     assert sent.returncode == 0, sent.stderr
-    run = server.wait_terminal(sent.stdout.split()[-1])
+    said = next(line for line in sent.stdout.splitlines() if line.startswith("My Song"))
+    run = server.wait_terminal(said.split()[-1])
     assert run["status"] == "succeeded", run  # the project named as the file is
     assert run["result"]["project_id"] == "My Song (final mix)"
 

@@ -185,7 +185,8 @@ def test_every_documented_command_and_option_exists() -> None:
     real = dict(commands())
     for path, documented in documented_commands().items():
         assert path in real, f"cli.md documents `{path}`, which agentbox does not have"
-        every_name = {name for param in real[path].params for name in param.opts
+        every_name = {name for param in real[path].params
+                      for name in (*param.opts, *param.secondary_opts)  # --no-wait too
                       if isinstance(param, click.Option)} | {"--help", "-h"}
         assert documented <= every_name, (
             f"cli.md documents options of `{path}` it does not take: "

@@ -244,13 +244,16 @@ def test_a_file_picked_in_the_drop_zone_is_reviewed(studio: Server, browser: Bro
         problems: list[str] = []
         page.on("pageerror", lambda error: problems.append(str(error)))
         page.goto(studio.url + "/")
-        page.set_input_files("#drop-file", str(notes))  # sent as soon as it is chosen
+        page.set_input_files("#drop-file", str(notes))  # chosen: not sent until Review
         status = page.locator("#drop-status")
+        expect(status).to_contain_text("notes.wav: choose how to judge it, then Review")
+        page.click("#drop-send")
         expect(status).to_contain_text("notes.wav cannot be reviewed", timeout=30_000)
         expect(status).to_have_class("refused")  # it stands out, not a muted aside
         assert page.url == studio.url + "/"  # refused: said where it was asked
-        page.select_option("#drop-stage", "mix")
         page.set_input_files("#drop-file", str(mix))
+        page.select_option("#drop-stage", "mix")  # after the file: read when sent
+        page.click("#drop-send")
         run_id = _review_shown(page, "Picked Song.wav")
         assert problems == []
     run = studio.wait_terminal(run_id, timeout=120)
@@ -291,3 +294,24 @@ def test_the_form_works_without_a_script(studio: Server, browser: Browser,
         context.close()
     assert studio.wait_terminal(run_id, timeout=120)["status"] == "succeeded"
 
+
+
+@pytest.mark.slow
+def test_the_latest_export_given_again_on_the_page_is_that_export(
+        studio: Server, browser: Browser, tmp_path: Path) -> None:
+    mix = write(tmp_path / "Given Twice.wav", song_audio(Song(lufs=-18.0, seed=6)))
+    run_ids = []
+    with fresh_page(browser) as page:
+        for _ in range(2):
+            page.goto(studio.url + "/")
+            page.set_input_files("#drop-file", str(mix))
+            page.click("#drop-send")
+            run_ids.append(_review_shown(page, "Given Twice.wav"))
+            studio.wait_terminal(run_ids[-1], timeout=120)
+    assert run_ids[1] == run_ids[0]  # the same bytes as the latest: its review
+    listed = studio.client.get("/exports", params={"project": "Given Twice"}).json()
+    assert [e["run_id"] for e in listed["exports"]] == [run_ids[0]]
+    again = studio.client.post("/exports", headers=AS_SCRIPT, data=form(studio.csrf()),
+                               files={"file": ("Given Twice.wav", mix.read_bytes())})
+    assert again.status_code == 200, again.text
+    assert (again.json()["duplicate"], again.json()["run_id"]) == (True, run_ids[0])

@@ -73,7 +73,8 @@ def test_rename_merge_and_remove_projects(server_factory: Any, tmp_path: Path) -
     assert "exists: merge into it instead (the project page" in clash.text  # a page, in words
 
     # An export still sent under an old name joins the project, compared with its latest.
-    again = agentbox(server, "send", str(other), "--project", "Heros Rite", "--event-id",
+    late = write(tmp_path / "late.wav", song_audio(Song(lufs=-17.0, seed=5)))
+    again = agentbox(server, "send", str(late), "--project", "Heros Rite", "--event-id",
                      "late", "--wait")
     assert again.returncode == 0, again.stderr
     found = exports(server, "Heroes Rite")

@@ -97,7 +97,9 @@ def test_a_stage_said_for_the_project_is_remembered(server_factory: Any,
     assert told.returncode == 0, told.stderr
     run = json.loads(told.stdout.split("\n", 1)[1])
     assert (run["result"]["stage"], run["result"]["project_stage"]) == ("mix", "mix")
-    later = agentbox(server, "send", str(loud), "--project", "Night", "--event-id", "later",
+    louder = write(tmp_path / "louder.wav",  # a new render: the same bytes would be that one
+                   limited(song_audio(Song(lufs=-13.0)), -9.0, -0.5))
+    later = agentbox(server, "send", str(louder), "--project", "Night", "--event-id", "later",
                      "--wait", "--json")
     result = json.loads(later.stdout.split("\n", 1)[1])["result"]
     assert (result["stage"], result["stage_source"]) == ("mix", "project")

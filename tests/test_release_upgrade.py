@@ -96,6 +96,21 @@ def what_it_shows(server: Server, run_ids: list[str]) -> dict[str, Any]:
     return shown
 
 
+def by_current_names(shown: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """What the release showed, each export under the name its project goes by now:
+    the release named a renamed project's older exports by the name they were sent
+    with; a rename is complete since (every export says the current name)."""
+    def export(one: dict[str, Any]) -> dict[str, Any]:
+        return {**one, "project": renamed.get(one["project"], one["project"])}
+
+    found = dict(shown)
+    found["home"] = [export(one) for one in shown["home"]]
+    for key, value in shown.items():
+        if key.startswith("exports ") and isinstance(value, dict) and "exports" in value:
+            found[key] = {**value, "exports": [export(one) for one in value["exports"]]}
+    return found
+
+
 @pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql",
                                                              marks=pytest.mark.postgres)])
 def test_a_release_database_opens_with_everything_intact(
@@ -136,7 +151,7 @@ def test_a_release_database_opens_with_everything_intact(
                           "AGENTBOX_BODY_RETENTION_DAYS": "30",
                           "AGENTBOX_IDEMPOTENCY_TTL_SECONDS": "86400"}, home=home).start()
     after = what_it_shows(new, run_ids)
-    assert after == before
+    assert after == by_current_names(before, {"Heros Rite": "Heroes Rite"})
     assert moved(env.get("AGENTBOX_DATABASE_URL"), home) == [(run_ids[0], "Heros Rite"),
                                                             (run_ids[2], "Other")]
     stored = [run_ids[0], run_ids[2]]  # the first export's run (run_ids[1]) was removed

@@ -301,3 +301,13 @@ def test_a_reading_that_rounds_to_zero_is_never_minus_zero() -> None:
     line = digest.headline(old_review(integrated_lufs=-0.04, true_peak_dbtp=-0.04))
     assert "-0.0" not in line and "true peak 0.0 dBTP" in line
     assert signed(-0.04) == "0.0"
+
+
+def test_a_rejudgment_takes_its_export_s_number_and_renders_alone_are_counted() -> None:
+    from agentbox.review.view import numbers
+
+    # newest first: a re-judgment of #1, #3 (the audio of #1 again), #2, #1
+    exports = [("r4", "r1"), ("r3", None), ("r2", None), ("r1", None)]
+    hashes = [None, "a", "b", "a"]
+    assert numbers(exports, hashes) == [(1, None), (3, 1), (2, None), (1, None)]
+    assert numbers([("r9", "gone")], [None]) == [(None, None)]  # its export not among them

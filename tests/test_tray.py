@@ -231,6 +231,34 @@ def test_the_icon_and_menu_follow_a_review_and_a_pause(
 
 
 @pytest.mark.slow
+def test_the_not_running_icon_has_the_tray_s_size(
+        desktop: Desktop, start_tray: Callable[[Server], subprocess.Popen[bytes]],
+        server_factory: Callable[..., Server]) -> None:
+    nowhere = server_factory()  # never started: agentbox not running from the first look
+    start_tray(nowhere)
+
+    def docked() -> Any:
+        from Xlib import X
+        from Xlib.error import BadMatch, BadWindow
+
+        icon = desktop.icon()
+        if icon is None or desktop.title() != "agentbox: not running":
+            return None
+        try:
+            size = icon.get_geometry()
+            if min(size.width, size.height) < 16 or \
+                    icon.get_attributes().map_state != X.IsViewable:
+                return None
+            return size, desktop.shot(icon)
+        except (BadMatch, BadWindow):  # docked, not yet shown: looked at again
+            return None
+    size, shot = wait_until(docked, TRAY_START_SECONDS,
+                            "the not-running icon shown at the tray's size")
+    assert size.height <= 32  # the tray's height (trayer --height 32), not more
+    assert colour_share(shot, "down") > 0.1  # the grey ring, drawn
+
+
+@pytest.mark.slow
 def test_the_idle_tray_costs_less_than_the_idle_server(
         desktop: Desktop, start_tray: Callable[[Server], subprocess.Popen[bytes]],
         server_factory: Callable[..., Server], tmp_path: Path) -> None:
@@ -372,3 +400,10 @@ def test_the_menus_items_do_what_they_say(server: Server,
         tray.follower.show(Look())
         item("Start agentbox")(tray.icon)
         assert started == [True]
+
+
+def test_the_readme_and_the_manual_say_how_to_get_the_tray() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for doc in ("README.md", "agentbox/docs/getting-started.md"):
+        text = (root / doc).read_text(encoding="utf-8")
+        assert "agentbox tray" in text and "pip install 'agentbox[tray]'" in text, doc

@@ -89,11 +89,11 @@ class History:
         before_run_id: only runs accepted before that run (for "the previous export")."""
         if unaskable(project, agent, status, before_run_id):
             return []
-        rows = await self.tables.rows("project_exports", project=await self.resolve(project),
-                                      agent=agent,
+        now = await self.resolve(project)
+        rows = await self.tables.rows("project_exports", project=now, agent=agent,
                                       status=status, before_run_id=before_run_id,
                                       limit=limit)
-        return [export_of(row) for row in rows]
+        return [export_of(row, now) for row in rows]  # each by the name it goes by now
 
     async def previous_export(self, project: str, *, agent: str,
                               before_run_id: str) -> ProjectExport | None:
@@ -109,7 +109,7 @@ class History:
         if unaskable(run_id):
             return None
         rows = await self.tables.rows("export", run_id=run_id)
-        return export_of(rows[0]) if rows else None
+        return export_of(rows[0], await self.resolve(rows[0]["project"])) if rows else None
 
     async def archived_export(self, run_id: str) -> ProjectExport | None:
         """What a project's history kept of a run that retention removed (`archived`),
@@ -227,9 +227,12 @@ def _summarise(db: AppDb, *projects: str) -> None:
         db.run("summary.refresh", {"project": project})
 
 
-def export_of(row: Row) -> ProjectExport:
+def export_of(row: Row, project: str | None = None) -> ProjectExport:
+    """`project`: the name the export's project goes by now, when the row has the
+    name it was sent with (a renamed or merged project's former one)."""
     return ProjectExport(
-        run_id=row["run_id"], project=row["project"], agent=row["agent"], status=row["status"],
+        run_id=row["run_id"], project=project or row["project"], agent=row["agent"],
+        status=row["status"],
         accepted_at=iso(row["accepted_at"]) or "", finished_at=iso(row["completed_at"]),
         result=_json(row["result"]) if row["status"] == RunStatus.SUCCEEDED else None,
         archived=bool(row["archived"]))

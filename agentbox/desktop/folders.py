@@ -123,7 +123,8 @@ class FolderWatch:
 
     def start(self) -> None:
         """The first scan: what is there now is left alone (unless include_existing,
-        or sent unfinished by an earlier watcher)."""
+        or sent unfinished by an earlier watcher, or written since the folder was
+        last watched and not seen)."""
         if not self._started:
             self._started = True
             self.watcher.poll()
@@ -236,7 +237,7 @@ class FolderWatch:
         idle, outcome = 0, Tally()
         while True:
             ready = self.watcher.poll()
-            for path in ready:
+            for path in sorted(ready, key=_written_at):  # the newest ends as the latest
                 self._send_once(path, retries, outcome)
             idle = 0 if ready or self.watcher.busy else idle + 1
             if idle >= 2:

@@ -196,6 +196,8 @@ class Follower:
     client: Client
     changed: Callable[[Look], None]
     look: Look = field(default_factory=Look)
+    # Told at each look that found agentbox not running (the tray checks its icon).
+    waiting: Callable[[], None] = lambda: None
     _stop: threading.Event = field(default_factory=threading.Event)
     _figures: dict[str, Any] = field(default_factory=dict)  # the apps' figures last seen
 
@@ -215,6 +217,7 @@ class Follower:
                     return  # its client closed under the stream: quitting
                 raise
             self.show(replace(self.look, running=False, reviewing=False))
+            self.waiting()
             self._stop.wait(delay)
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
@@ -322,10 +325,27 @@ class Tray:
         self.client = client
         self.open_url = open_url
         self.start_server = start_server or (lambda: start_agentbox(client.config_file))
-        self.follower = Follower(client, self._changed)
+        self.follower = Follower(client, self._changed, waiting=self._docked_again)
         self.icon = pystray.Icon("agentbox", picture("down"), "agentbox: not running",
                                  menu=pystray.Menu(self._items))
         self._thread: threading.Thread | None = None
+
+    def _docked_again(self) -> None:
+        """On X, an icon the tray has not shown asks to be docked again. Its first
+        request is lost now and then (the host starting, say); the icon is redrawn,
+        which docks it, only when something changes: agentbox not running from the
+        start changes nothing, and the icon stayed unseen. Elsewhere: nothing."""
+        window = getattr(self.icon, "_window", None)
+        if not type(self.icon).__module__.endswith("_xorg") or window is None:
+            return
+        from Xlib import X
+
+        try:
+            if window.get_attributes().map_state != X.IsViewable:
+                self.icon.icon = picture(self.follower.look.state)  # docks, then draws
+        except Exception as exc:  # the display gone: the next look tries again
+            log.warning("the tray icon could not be docked again",
+                        extra={"error": f"{type(exc).__name__}: {one_line(exc)[:200]}"})
 
     def run(self) -> None:
         """Show the icon and follow agentbox until Quit (blocks: the tray's own loop,

@@ -16,15 +16,17 @@ seconds instead. Then a `session.exported` event is sent for it.
 One export is one run however its writer stalls. The event_id is derived from
 the file's path, size, modification time and content when it was first sent, so
 a restart of the watcher sends the same id again, which agentbox answers as the
-same export; a render written again under the same name, even of identical
-audio, is a new export (agentbox says it is the same audio as the earlier one).
+same export. A file touched, or written again, gets a new id, and agentbox
+decides what it is by its bytes, as for every door (agentbox.review.renders):
+the very bytes of its project's latest export are that export; those of an older
+one a new export of the same audio.
 A file that grows after it was sent, its earlier bytes unchanged, is the same
 export written on (`Watcher.continues`): it is sent again under the same
 event_id (a duplicate: still one run), and when that run's review turns out to
 be of the shorter file, the whole file is reviewed again by a follow-up
 `mix.review_requested` that names the run (`causation_id`). A file rewritten
 from the start (a new export under the same name) is a new export. Files
-already in the folder when the watcher starts are left alone unless
+already in the folder when it is first watched are left alone unless
 `include_existing` is set.
 
 A file agentbox could not take for a reason that heals (unreachable, busy,
@@ -37,7 +39,9 @@ the data directory, replaced whole with each change), so a watcher restarted
 goes on where it stopped: a file sent before and written on since, while it
 was stopped or after, is still that export (one run); one it had not yet
 handed over, or had found still being written and not yet sent, is sent once
-it is done.
+it is done. The file also keeps every file the folder held as last seen, and
+since when the folder is watched: at start, a file not seen and written since
+(a render made while no watcher ran) is sent, once, oldest first.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ class Export:
                    (int(stamp[0]), int(stamp[1])) if stamp else None, bool(found["taken"]))
 
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: what the folder held (`seen`) and since when it is watched
+READ_VERSIONS = (1, STATE_VERSION)  # a version 1 file is read: it knew neither
 
 
 def state_file(data_dir: Path, folder: Path) -> Path:
@@ -167,6 +172,11 @@ class Watcher:
     _exports: dict[Path, Export] = field(default_factory=dict)  # what was sent, per file
     _found: set[Path] = field(default_factory=set)  # being written, not yet sent
     _waiting: set[Path] = field(default_factory=set)  # stalled, said so, not yet sent
+    # Every file the folder held as it was last done with (sent, or left alone), and
+    # since when the folder is watched (ns, wall clock; None: not known, a state file
+    # of version 1): at start, a file written since and not seen is new.
+    _known: dict[Path, Stamp] = field(default_factory=dict)
+    _since: int | None = None
     _started: bool = False
     _warned: bool = False
 
@@ -176,12 +186,17 @@ class Watcher:
         current = dict(audio_files(self.folder))
         if not self._started:
             self._started = True
-            self._exports.update(self._load(current))
+            first = not self._loaded(current)
             if not self.include_existing:
                 # Except a file sent before and changed since, or not yet handed over,
-                # or found being written and not yet sent when the last watcher stopped.
+                # or found being written and not yet sent when the last watcher stopped,
+                # or written while no watcher ran (not seen, and newer than the watch).
                 self._done.update((path, stamp) for path, stamp in current.items()
-                                  if self._settled(path, stamp))
+                                  if first or self._settled(path, stamp))
+            if self._since is None:  # the first watch (or one of a version 1 file)
+                self._since = time.time_ns()
+            self._known.update(self._done)
+            self._save()
         ready = []
         found = set(self._found)
         for path, stamp in current.items():
@@ -206,7 +221,10 @@ class Watcher:
         for path in gone:
             del self._exports[path]  # gone: what comes under its name is a new export
         self._found &= set(current)
-        if gone or self._found != found:
+        forgotten = set(self._known) - set(current)
+        for path in forgotten:
+            del self._known[path]
+        if gone or forgotten or self._found != found:
             self._save()
         return ready
 
@@ -217,12 +235,16 @@ class Watcher:
             self.stalled(path)
 
     def _settled(self, path: Path, stamp: Stamp) -> bool:
-        """A file found at start that needs nothing: not sent before, or sent, handed
-        over and unchanged since."""
+        """A file found at start that needs nothing: sent, handed over and unchanged
+        since; or not sent, and either seen as it is or older than the watch (or the
+        state does not say when the watch began)."""
         if path in self._found:
             return False
         earlier = self._exports.get(path)
-        return earlier is None or (earlier.taken and earlier.stamp == stamp)
+        if earlier is not None:
+            return earlier.taken and earlier.stamp == stamp
+        return (self._since is None or self._known.get(path) == stamp
+                or stamp[1] < self._since)
 
     def _finished(self, path: Path, unchanged: float) -> bool:
         if unchanged < self.settle:
@@ -266,6 +288,7 @@ class Watcher:
         stamp = self._seen.pop(path, None)
         if stamp is not None:
             self._done[path] = stamp[0]
+            self._known[path] = stamp[0]
         self._found.discard(path)
         self._waiting.discard(path)
         if event_id is not None:
@@ -288,25 +311,32 @@ class Watcher:
 
     # -- the state file ---------------------------------------------------------------
 
-    def _load(self, current: dict[Path, Stamp]) -> dict[Path, Export]:
-        """What an earlier watcher of this folder sent, of the files still here."""
+    def _loaded(self, current: dict[Path, Stamp]) -> bool:
+        """Read what an earlier watcher of this folder kept, of the files still here;
+        False when none did (in memory only, or this folder's first watch)."""
         if self.state is None:
-            return {}
+            return False
         try:
             kept = json.loads(self.state.read_text(encoding="utf-8"))
-            if kept.get("version") != STATE_VERSION:
+            if kept.get("version") not in READ_VERSIONS:
                 raise ValueError("another version")
             found = {self.folder / name: Export.of_json(export)
                      for name, export in kept["exports"].items()}
             self._found = {self.folder / str(name) for name in kept.get("found", [])
                            } & set(current)
+            since = kept.get("since")
+            self._since = None if since is None else int(since)
+            known = {self.folder / str(name): (int(stamp[0]), int(stamp[1]))
+                     for name, stamp in kept.get("seen", {}).items()}
         except FileNotFoundError:
-            return {}
+            return False
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             self._trouble(f"{self.state} cannot be read ({type(exc).__name__}); starting "
                           "afresh: a file written on since it was sent may be sent as new")
-            return {}
-        return {path: export for path, export in found.items() if path in current}
+            return False
+        self._exports.update((p, e) for p, e in found.items() if p in current)
+        self._known.update((p, stamp) for p, stamp in known.items() if p in current)
+        return True
 
     def _save(self) -> None:
         if self.state is None:
@@ -314,7 +344,10 @@ class Watcher:
         kept = {"version": STATE_VERSION, "folder": str(self.folder.resolve()),
                 "exports": {str(path.relative_to(self.folder)): export.as_json()
                             for path, export in sorted(self._exports.items())},
-                "found": sorted(str(path.relative_to(self.folder)) for path in self._found)}
+                "found": sorted(str(path.relative_to(self.folder)) for path in self._found),
+                "since": self._since,
+                "seen": {str(path.relative_to(self.folder)): list(stamp)
+                         for path, stamp in sorted(self._known.items())}}
         try:
             portable.private_directory(self.state.parent)
             portable.write_durably(self.state, json.dumps(kept, indent=1) + "\n")

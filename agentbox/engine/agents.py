@@ -176,6 +176,16 @@ class AgentContext:
         self.subscriptions.append((event_type, subscribed))
 
 
+class Known(Exception):
+    """Raised by an admission check: the event is one the agent already has (a file
+    identical to one it was sent before). The receiver stores nothing and answers
+    with `run_id` as a duplicate, as it answers an idempotency key it knows."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
 class InvalidAgentOutput(Exception):
     """The agent returned something that is not its result model (or a JSON object)."""
 
@@ -185,7 +195,8 @@ def admission(check: Admit) -> Callable[[AgentFunction], AgentFunction]:
     an event the agent could never handle (a file that is not there) is refused at
     once with 422 invalid_event and the check's field errors, instead of accepted
     and failed later. The check must be quick and must not read what the event
-    names (the receiver waits for it): a look, not the work.
+    names (the receiver waits for it): a look, not the work. It may instead raise
+    `Known(run_id)`: the event is one the agent already has, answered by that run.
 
         async def no_missing_file(event: Event) -> list[dict[str, Any]]: ...
 
@@ -382,13 +393,16 @@ class AgentRegistry:
         return self._checks.get(event_type, ())
 
     async def admit(self, event: Event) -> list[dict[str, Any]]:
-        """Every field error the agents of the event's type find in it (`admission`).
-        A check that fails is logged and passes: it cannot refuse what it could not
-        look at, and the run says what is wrong."""
+        """Every field error the agents of the event's type find in it (`admission`);
+        Known when one of them already has it. A check that fails is logged and
+        passes: it cannot refuse what it could not look at, and the run says what is
+        wrong."""
         errors: list[dict[str, Any]] = []
         for check in self.checks(event.envelope.event_type):
             try:
                 errors += await check(event)
+            except Known:
+                raise
             except Exception:
                 logging.getLogger("agentbox.agents").exception("an admission check failed")
         return errors

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentbox import logs
 from agentbox.config import ConfigError, Settings, is_loopback_host, secrets_in_file
-from agentbox.engine.agents import AgentRegistry
+from agentbox.engine.agents import AgentRegistry, Known
 from agentbox.engine.callbacks import DestinationPolicy, UrlProblem
 from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.handover import Handover
@@ -39,6 +39,7 @@ from agentbox.store import (
     IngestResult,
     Lease,
     NoSubscribedAgent,
+    RunRef,
     StorageUnavailable,
     Store,
 )
@@ -178,11 +179,26 @@ class Receiver:
                            "see errors.", exc.errors) from None
         self._check_callback(event.envelope.callback_url)
         if self.registry.checks(event.envelope.event_type):
-            errors = await self.registry.admit(event)
+            try:
+                errors = await self.registry.admit(event)
+            except Known as known:
+                return await self._known(event, known.run_id, body, webhook_id)
             if errors:
                 raise Rejected(422, "invalid_event", "An agent for this event cannot take "
                                "it; see errors.", errors)
         return await self._store(event, body, webhook_id)
+
+    async def _known(self, event: Event, run_id: str, body: bytes,
+                     webhook_id: str | None) -> IngestResult:
+        """An event an agent already has (`Known`): its run, answered as a duplicate;
+        nothing stored."""
+        run = await self.store.get_run(run_id)
+        if run is None:  # gone meanwhile (removed): taken as new after all
+            return await self._store(event, body, webhook_id)
+        known = RunRef(run_id=run.run_id, agent=run.agent, status=run.status)
+        result = IngestResult(runs=[known], duplicate=True)
+        self._stored(event, result)
+        return result
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes

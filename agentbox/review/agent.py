@@ -21,7 +21,7 @@ from agentbox.archive import Archive
 from agentbox.archive.history import History
 from agentbox.engine.agents import AgentContext, PermanentAgentError, admission
 from agentbox.events import Event
-from agentbox.review import stage, tonal
+from agentbox.review import renders, stage, tonal
 from agentbox.review.analysis import Analysis, local_path
 from agentbox.review.compare import (
     Previous,
@@ -94,6 +94,7 @@ async def mix_file_is_there(event: Event) -> list[dict[str, Any]]:
         return errors
     # In a thread: a path on a sleeping disk or a network share may take its time.
     if await asyncio.to_thread(local_path(mix_url).exists):
+        await renders.identify(event, local_path(mix_url))  # Known: the latest export
         return []
     return [{"loc": ["payload", "mix_url"], "type": "mix_not_found", "msg": (
         "names no file on the machine agentbox runs on: check the path (an absolute path "

@@ -26,8 +26,9 @@ class ExportView(Answer):
     # that is kept of it.
     archived: bool = False
     # A project's exports (GET /exports?project=NAME): its place among them, the oldest
-    # #1, and the number of the earliest one whose audio is identical (every render is
-    # an export of its own, even of the same audio), else None.
+    # #1 (a re-judgment: the number of the export it judges), and the number of the
+    # earliest one whose audio is identical (going back to an older version is a new
+    # export; the latest's very bytes again are that export), else None.
     number: int | None = None
     same_audio_as: int | None = None
 

@@ -54,6 +54,7 @@ class ReviewApp(App):
 
     def setup(self, host: Host) -> None:
         from agentbox.archive import Archive
+        from agentbox.review import renders
         from agentbox.review.agent import confine_mixes
         from agentbox.review.analysis import Analysis
         from agentbox.review.present import mix_name
@@ -71,6 +72,7 @@ class ReviewApp(App):
         # no process until `start` warms one.
         self.analysis = Analysis.configured()
         history = History(host.tables(SCHEMA))
+        renders.know(history)  # what counts as a render, for the receiver's admission
         self.archive = archive = Archive(host.settings, history, host.clock)
         host.provide(Analysis, self.analysis)
         host.provide(Archive, archive)

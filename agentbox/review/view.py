@@ -197,6 +197,7 @@ class ExportRow:
     error_message: str | None = None
     number: int | None = None  # its place among the project page's exports, oldest #1
     same_audio_as: int | None = None  # the earliest earlier export of identical audio
+    rejudge_of: str | None = None  # a re-judgment: the run of the export it judges again
 
     @property
     def file_name(self) -> str:
@@ -225,16 +226,48 @@ def export_row(export: ProjectExport, event: dict[str, Any] | None = None,
     file = named if isinstance(named, str) else mix_name(url) if isinstance(url, str) else ""
     return ExportRow(export.run_id, export.project, export.status, export.accepted_at,
                      export.finished_at, Review.of(export.result), file, export.archived,
-                     *error)
+                     *error, rejudge_of=rejudged(export.result, payload))
+
+
+def rejudged(result: Any, payload: Any = None) -> str | None:
+    """The run a re-judgment judges again (its review says, or, before it has one,
+    its event), else None: a render of its own."""
+    for said in (result, payload):
+        found = said.get("rejudge_of") if isinstance(said, dict) else None
+        if isinstance(found, str) and found:
+            return found
+    return None
 
 
 def numbered(rows: list[ExportRow]) -> list[ExportRow]:
     """A project's exports (newest first) numbered from the oldest of them, #1, each
-    with the number of the earliest export of the same audio before it."""
-    same = same_audio([row.review.model.file.sha256 if row.review and row.review.model.file
-                       else None for row in rows])
-    return [replace(row, number=len(rows) - i, same_audio_as=same[i])
-            for i, row in enumerate(rows)]
+    with the number of the earliest export of the same audio before it; a
+    re-judgment has the number of the export it judges again."""
+    places = numbers([(row.run_id, row.rejudge_of) for row in rows],
+                     [row.review.model.file.sha256 if row.review and row.review.model.file
+                      else None for row in rows])
+    return [replace(row, number=number, same_audio_as=same)
+            for row, (number, same) in zip(rows, places, strict=True)]
+
+
+def numbers(exports: Sequence[tuple[str, str | None]], hashes: Sequence[str | None]
+            ) -> list[tuple[int | None, int | None]]:
+    """For a project's exports, newest first, as (run_id, the run it re-judges or
+    None), and the hashes of the audio their reviews heard: each one's number (the
+    renders counted from the oldest, #1; a re-judgment takes the number of the export
+    it judges, None if that one is not among them) and the number of the earliest
+    earlier render of the same audio (same_audio_as)."""
+    renders = [i for i, (_, of) in enumerate(exports) if of is None]
+    same = same_audio([hashes[i] for i in renders])
+    number_of: dict[str, int] = {}
+    found: list[tuple[int | None, int | None]] = [(None, None)] * len(exports)
+    for k, i in enumerate(renders):
+        number_of[exports[i][0]] = len(renders) - k
+        found[i] = (len(renders) - k, same[k])
+    for i, (_, of) in enumerate(exports):
+        if of is not None:
+            found[i] = (number_of.get(of), None)
+    return found
 
 
 def same_audio(hashes: Sequence[str | None]) -> list[int | None]:

@@ -10,7 +10,10 @@ written when the form's length says so). It is kept in the archive's folder, und
 that is not audio is refused there and then (422 not_audio), so that it makes no
 project. It is then sent for review as `agentbox send FILE` sends one: a
 `session.exported` whose project is the page's (on a project page) or the file's
-name, its stage the one chosen (none: as the project and the file say).
+name, its stage the one chosen (none: as the project and the file say). What it is
+follows the one rule of every door (agentbox.review.renders): the very bytes of the
+project's latest export are that export (200, `duplicate: true`, its `run_id`; the
+copy is not kept), the bytes of an older one a new export of the same audio.
 
 The form is answered with a redirect to the review's page (/ui/runs/{run_id}), where
 the review comes in; the page's script and programs (Accept: application/json) get
@@ -192,9 +195,11 @@ class DropRoutes:
                 return self.pages.error(refused.status, refused.message)
             return error_response(refused.status, refused.code, refused.message)
         run_id = result.runs[0].run_id
+        if result.duplicate:  # the project's latest export already (renders.py): its review
+            await asyncio.to_thread(shutil.rmtree, folder, True)
         if as_page:
             return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
-        return JSONResponse(accepted(result), status_code=202)
+        return JSONResponse(accepted(result), status_code=200 if result.duplicate else 202)
 
     async def _folder(self) -> Path:
         """A new folder of its own for the file (its own name is kept)."""

@@ -51,7 +51,10 @@ def api() -> ApiPart:
                            "send FILE` sends one: a session.exported whose project is "
                            "`project`, else the file's name, at `stage` (none: as the "
                            "project and the file say). A file that is not audio is "
-                           "refused (422 not_audio) and makes no project. The page's "
+                           "refused (422 not_audio) and makes no project. The very "
+                           "bytes of the project's latest export are that export (200, "
+                           "duplicate: true, its run_id); those of an older one, a new "
+                           "export (same_audio_as in the project's list). The page's "
                            "form (Accept: text/html) is answered with a redirect to "
                            "the review's page, a refusal with a page that says why.",
             "security": admin,
@@ -62,6 +65,8 @@ def api() -> ApiPart:
                     "project": {"type": "string", "minLength": 1, "maxLength": 256},
                     "file": {"type": "string", "format": "binary"}}}}}},
             "responses": {"202": json_answer("Accepted", "the review, accepted"),
+                          "200": json_answer("Accepted", "the project's latest export "
+                                                         "already: its review"),
                           **errors(400, 401, 403, 413, 415, 422, 429, 503, 507)},
         }},
         "/references": {"get": {

@@ -12,7 +12,7 @@ import math
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -78,14 +78,21 @@ def add_templates(env: Environment) -> Environment:
     return env
 
 
-def shown(exports: Sequence[ProjectExport], numbered: bool = False) -> list[dict[str, Any]]:
+def shown(exports: Sequence[ProjectExport], numbered: bool = False,
+          payloads: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Exports as `GET /exports` shows them (agentbox.models.ExportView), field by field;
-    `numbered`: a project's (newest first), each with its number and same_audio_as."""
+    `numbered`: a project's (newest first), each with its number and same_audio_as
+    (`payloads`: the events' payloads of those with no review yet, by run_id: a
+    re-judgment's says so before its review does)."""
     views = [ExportView.model_validate(export, from_attributes=True) for export in exports]
     if numbered:
-        same = review_view.same_audio([_audio_hash(export.result) for export in exports])
-        views = [view.model_copy(update={"number": len(views) - i, "same_audio_as": same[i]})
-                 for i, view in enumerate(views)]
+        told = payloads or {}
+        places = review_view.numbers(
+            [(export.run_id, review_view.rejudged(export.result, told.get(export.run_id)))
+             for export in exports],
+            [_audio_hash(export.result) for export in exports])
+        views = [view.model_copy(update={"number": number, "same_audio_as": same})
+                 for view, (number, same) in zip(views, places, strict=True)]
     return [view.model_dump(mode="json") for view in views]
 
 
@@ -103,10 +110,13 @@ def project_of(event: dict[str, Any]) -> str | None:
     return project if isinstance(project, str) else None
 
 
-def _never_reviewed(row: review_view.ExportRow, project: ProjectLatest) -> bool:
+def _never_reviewed(row: review_view.ExportRow | ProjectExport, project: ProjectLatest
+                    ) -> bool:
     """A "project" made by one file that could not be reviewed (a text file, an
-    empty one in a watched folder): listed apart, once, with a dismiss."""
-    return row.review is None and row.status == "failed_permanent" and project.exports == 1
+    empty one in a watched folder): listed apart, once, with a dismiss, on the home
+    page; no project's export in `GET /exports`."""
+    heard = row.review if isinstance(row, review_view.ExportRow) else row.result
+    return heard is None and row.status == "failed_permanent" and project.exports == 1
 
 
 def _home_url(q: str | None, cursor: str | None) -> str:
@@ -323,7 +333,18 @@ class ReviewPages:
         if not found:
             return error_response(404, "project_not_found", "No export of a project named "
                                   f"{name[:200]!r} has arrived yet.")
-        return JSONResponse({"exports": shown(found, numbered=True)[:limit]})
+        return JSONResponse({"exports": shown(found, numbered=True,
+                                              payloads=await self._payloads(found))[:limit]})
+
+    async def _payloads(self, exports: Sequence[ProjectExport]) -> dict[str, Any]:
+        """The events' payloads of the exports with no review yet, by run_id."""
+        found = {}
+        for export in exports:
+            if export.result is None and not export.archived:
+                event = await self.store.event_of(export.run_id)
+                found[export.run_id] = event.get("payload") if isinstance(event, dict) \
+                    else None
+        return found
 
     async def _latest_exports(self, limit: int, cursor: str | None) -> Response:
         """`GET /exports`: a page of the latest export of each project, newest first."""
@@ -333,7 +354,8 @@ class ReviewPages:
         found = await self.history.latest(limit=limit + 1, after=after)
         page = found[:limit]
         return JSONResponse({
-            "exports": shown([one.latest for one in page]),
+            "exports": shown([one.latest for one in page
+                              if not _never_reviewed(one.latest, one)]),
             "next_cursor": cursor_of(page[-1].position) if len(found) > limit else None})
 
     async def removed_note(self, run_id: str) -> str | None:

@@ -59,7 +59,7 @@ FROM project_references WHERE project = %(project)s FOR UPDATE
 DELETE FROM project_references WHERE project = %(project)s
 
 -- name: projects
--- The latest run of each project (per agent when %(agent)s is given), newest first:
+-- The latest render of each project (per agent when %(agent)s is given), newest first:
 -- the runs still stored, and those retention removed (project_exports).
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
     SELECT x.*, row_number() OVER (PARTITION BY x.project
@@ -68,8 +68,10 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         SELECT r.run_id, COALESCE(a.project, p.project) AS project, r.agent, r.status,
                r.accepted_at, r.completed_at, r.result, false AS archived
         FROM run_projects p JOIN runs r ON r.run_id = p.run_id
+        JOIN events e ON e.pk = r.event_pk
         LEFT JOIN project_aliases a ON a.name = p.project
         WHERE (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+          AND e.source <> 'agentbox.rejudge'  -- a re-judgment is no new export
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                true AS archived

@@ -56,7 +56,7 @@ FROM project_references WHERE project = :project
 DELETE FROM project_references WHERE project = :project
 
 -- name: projects
--- The latest run of each project (per agent when :agent is given), newest first:
+-- The latest render of each project (per agent when :agent is given), newest first:
 -- the runs still stored, and those retention removed (project_exports); a project
 -- by its current name (project_aliases), without what its removal took away.
 SELECT run_id, project, agent, status, accepted_at, completed_at, result, archived FROM (
@@ -66,8 +66,10 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         SELECT r.run_id, COALESCE(a.project, p.project) AS project, r.agent, r.status,
                r.accepted_at, r.completed_at, r.result, 0 AS archived
         FROM run_projects p JOIN runs r ON r.run_id = p.run_id
+        JOIN events e ON e.pk = r.event_pk
         LEFT JOIN project_aliases a ON a.name = p.project
         WHERE (:agent IS NULL OR r.agent = :agent)
+          AND e.source <> 'agentbox.rejudge'  -- a re-judgment is no new export
         UNION ALL
         SELECT run_id, project, agent, status, accepted_at, completed_at, result,
                1 AS archived

@@ -4,9 +4,11 @@
 (function () {
   "use strict";
 
-  // A file to review (the home page's and a project page's form): sent as soon as it
-  // is dropped on the box or chosen, as the form would send it, then the review's
-  // page, where it comes in. A refusal (not audio, too large, no room) is said here.
+  // A file to review (the home page's and a project page's form): sent when "Review"
+  // is pressed (a file chosen waits, so that the stage beside it can be read and
+  // chosen first) or at once when one is dropped on the box, as the form would send
+  // it, then the review's page, where it comes in. A refusal (not audio, too large,
+  // no room) is said here.
   function dropZone(form) {
     const input = form.querySelector("input[type=file]");
     const said = document.getElementById("drop-status");
@@ -36,7 +38,10 @@
         .catch((err) => { say(err.message, true); form.classList.remove("sending"); });
     };
     form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
-    input.addEventListener("change", send);
+    input.addEventListener("change", () => {
+      const file = input.files[0];
+      if (file) say(file.name + ": choose how to judge it, then Review.", false);
+    });
     ["dragenter", "dragover"].forEach((kind) => form.addEventListener(kind, (e) => {
       e.preventDefault(); form.classList.add("over");
     }));

@@ -1,0 +1,106 @@
+"""What counts as a render: one rule for every door that sends a file for review
+(`agentbox watch`, the server's watched folders, `agentbox send`, the page's drop
+box and `POST /exports`, a signed event naming a local file).
+
+A render is known by its bytes against its project's history:
+
+- bytes identical to the project's latest export are that export: nothing new is
+  stored, and the answer names it (`duplicate: true`, its `run_id`), however the
+  file came (a touch, a watcher restarted, the same file given again on the page);
+- bytes identical to an older export are a new export (a musician going back to an
+  old version), which the project's list marks `same_audio_as` that one;
+- anything else is a new export.
+
+The project's latest export is its newest render: a re-judgment (a new judgment
+of an export it has) is not one. Its bytes are known once its review heard them
+(the review's `file.sha256`); until then a file is compared by the event's own
+idempotency key only (the watcher and `send` give an unchanged file the same one).
+
+The receiver asks through the review agent's admission check (`identify`), which
+raises `Known` for a file that is the latest export; the check reads the file only
+when its size is the latest export's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from agentbox.archive.history import History
+from agentbox.archive.records import ProjectExport
+from agentbox.engine.agents import Known
+from agentbox.events import Event
+from agentbox.review.contract import MIX_REVIEW
+
+NEW_RENDER_EVENT = "session.exported"  # the event a render arrives as, from every door
+CHUNK_BYTES = 1 << 20
+LOOK_BACK = 20  # exports read to find the latest render past a project's re-judgments
+
+_history: History | None = None  # the review's, given at the app's setup (`know`)
+
+
+def know(history: History | None) -> None:
+    """The history the admission check reads (None: it knows no export)."""
+    global _history
+    _history = history
+
+
+def heard(result: Any) -> tuple[int, str] | None:
+    """The size and SHA-256 of the bytes a review heard, if its result says."""
+    file = result.get("file") if isinstance(result, dict) else None
+    if not isinstance(file, dict):
+        return None
+    size, sha = file.get("size_bytes"), file.get("sha256")
+    return (size, sha) if isinstance(size, int) and isinstance(sha, str) and sha else None
+
+
+def is_rejudgment(export: ProjectExport) -> bool:
+    """A new judgment of an export the project has, not a render of its own."""
+    return isinstance(export.result, dict) and bool(export.result.get("rejudge_of"))
+
+
+async def latest_render(history: History, project: str) -> ProjectExport | None:
+    """The project's newest export that is a render (not a re-judgment), or None."""
+    for export in await history.project_exports(project, agent=MIX_REVIEW, limit=LOOK_BACK):
+        if not is_rejudgment(export):
+            return export
+    return None
+
+
+def digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (blocking: call it in a thread)."""
+    found = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
+            found.update(chunk)
+    return found.hexdigest()
+
+
+async def same_as_latest(history: History, project: str, path: Path) -> str | None:
+    """The run of the project's latest export when `path` holds its very bytes."""
+    latest = await latest_render(history, project)
+    known = None if latest is None else heard(latest.result)
+    if latest is None or known is None:
+        return None
+    try:
+        if (await asyncio.to_thread(path.stat)).st_size != known[0]:
+            return None
+        sha = await asyncio.to_thread(digest, path)
+    except OSError:
+        return None  # the review says what is wrong with it
+    return latest.run_id if sha == known[1] else None
+
+
+async def identify(event: Event, path: Path) -> None:
+    """The rule, as the admission check applies it: Known(run_id) when the event's
+    file is its project's latest export."""
+    if _history is None or event.envelope.event_type != NEW_RENDER_EVENT:
+        return
+    project = getattr(event.payload, "project_id", None)
+    if not isinstance(project, str) or not project:
+        return
+    run_id = await same_as_latest(_history, project, path)
+    if run_id is not None:
+        raise Known(run_id)

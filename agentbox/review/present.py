@@ -101,6 +101,19 @@ class Review:
         return reason if isinstance(reason, str) else ""
 
     @property
+    def asks(self) -> Mapping[str, str] | None:
+        """The question a review puts first when its stage was inferred and the
+        evidence was split: the first fix under each reading, by stage ("mix",
+        "master"); None when the stage was given or the evidence was clear."""
+        readings = _mapping(self.doc.get("stage_readings"))
+        if self.doc.get("stage_source") != "auto" or self.doc.get("stage_split") is not True:
+            return None
+        fixes = {stage: readings.get(stage) for stage in STAGES}
+        if not all(isinstance(fix, str) and fix for fix in fixes.values()):
+            return None
+        return {stage: str(fix) for stage, fix in fixes.items()}
+
+    @property
     def summary(self) -> str:
         summary = self.doc.get("summary")
         return summary if isinstance(summary, str) else ""

@@ -60,6 +60,15 @@ class Stage:
     source: str  # "rejudge", "event", "project", "watch", "config" or "auto"
     reason: str  # one sentence: which stage, why, how to change it
     split: bool = False  # the evidence is split: judged under both readings
+    readings: Readings | None = None  # split: the first fix under each reading
+
+
+@dataclass(frozen=True)
+class Readings:
+    """The first fix under each reading of split evidence, as its note says it."""
+
+    mix: str
+    master: str
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from agentbox.review.figures import finite
 from agentbox.review.judge import judge, profile_of
 from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
-from agentbox.review.stage import STAGES
+from agentbox.review.stage import FIRST_FIXES, STAGES
 
 # Old results name their delivery targets only; these are their titles.
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
@@ -99,6 +99,13 @@ class Review:
     def stage_reason(self) -> str:
         reason = self.doc.get("stage_reason")
         return reason if isinstance(reason, str) else ""
+
+    @property
+    def stage_evidence(self) -> str:
+        """The stage sentence without the first fixes and the choice, for a page that
+        asks the question beside it (the whole sentence when it does not ask)."""
+        reason = self.stage_reason
+        return reason.split(FIRST_FIXES, 1)[0] if self.asks else reason
 
     @property
     def asks(self) -> Mapping[str, str] | None:

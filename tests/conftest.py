@@ -62,7 +62,8 @@ SLOW_PROGRAMS = frozenset({"chromium", "chromium-browser", "chrome", "initdb", "
 # these modules runs whole in one process, so each fixture is made once, as in a
 # run in one process; every other test goes to whichever process is free.
 SHARED_MODULES = frozenset({"tests/test_build.py", "tests/test_page.py",
-                            "tests/test_page_reviews.py", "tests/test_real_music.py"})
+                            "tests/test_page_reviews.py", "tests/test_real_music.py",
+                            "tests/test_stage_question.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: only when it is installed

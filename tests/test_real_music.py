@@ -245,6 +245,10 @@ def test_split_evidence_is_said_with_both_first_fixes(folder: Path) -> None:
     assert "The first fix as a mix: " in reason and "; as a master: " in reason, reason
     assert "Judge it as a master or as a mix with one click" in reason, reason
     assert result.stage_source == "auto" and result.verdict != "fail", result.verdict
+    # What the page asks with: the same first fixes, kept apart from the sentence.
+    readings = result.stage_readings
+    assert result.stage_split and readings is not None, result
+    assert f"The first fix as a mix: {readings.mix}; as a master: {readings.master}." in reason
 
 
 def test_clipping_is_named_by_its_evidence(folder: Path) -> None:

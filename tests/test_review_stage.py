@@ -24,7 +24,7 @@ from agentbox.archive.records import ProjectExport
 from agentbox.config import Settings
 from agentbox.engine.agents import AgentContext
 from agentbox.events import InvalidEvent, parse_event
-from agentbox.review import stage
+from agentbox.review import present, stage
 from agentbox.review.agent import mix_review
 from agentbox.review.analysis import Analysis
 from agentbox.review.delivery import as_played, shared_note, target_verdict
@@ -541,3 +541,22 @@ def test_the_meter_hears_dither_tags_and_a_pinned_ceiling(tmp_path: Path) -> Non
     m = measure(str(loose))
     assert m.dithered is None and m.tags == [] and m.peaks_pinned is not None
     assert m.peaks_pinned < 0.1  # one loud moment above the rest: no ceiling held
+
+
+def test_a_review_asks_only_when_its_inferred_stage_was_split() -> None:
+    """The page's question (present's `asks`) comes from an inferred stage with split
+    evidence and both first fixes; a given stage, clear evidence or a review stored
+    before the question do not ask; the stage sentence then names the evidence once."""
+    fixes = {"mix": "export the mix again as WAV", "master": "nothing to fix"}
+    reason = stage.both_readings("Judged as a mix, but the evidence is split: x.",
+                                 fixes["mix"], fixes["master"])
+    doc = {"stage": "mix", "stage_source": "auto", "stage_split": True,
+           "stage_readings": fixes, "stage_reason": reason}
+    asking = present.Review(doc, {}, None, ())
+    assert asking.asks == fixes
+    assert asking.stage_evidence == "Judged as a mix, but the evidence is split: x."
+    for changed in ({"stage_source": "event"}, {"stage_split": False},
+                    {"stage_readings": None}, {"stage_readings": {"mix": "", "master": "x"}}):
+        quiet = present.Review({**doc, **changed}, {}, None, ())
+        assert quiet.asks is None, changed
+        assert quiet.stage_evidence == reason

@@ -40,6 +40,7 @@ from agentbox.review.model import (
     MixReview,
     ProfileView,
     ReferenceView,
+    StageReadings,
     as_review,
 )
 from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES, Profile
@@ -175,6 +176,9 @@ async def review(event: Event, ctx: AgentContext, analysis: Analysis) -> MixRevi
         stage=stage.stage,
         stage_reason=stage.reason,
         stage_source=stage.source,
+        stage_split=stage.split,
+        stage_readings=None if stage.readings is None else StageReadings(
+            mix=stage.readings.mix, master=stage.readings.master),
         project_stage=remembered_stage(payload, previous),
         rejudge_of=None if rejudged is None else rejudged.run_id,
         file=file,
@@ -206,7 +210,8 @@ def under_both(judged: Judgement, chosen: Stage, measured: dict[str, Any], profi
     firsts = {chosen.stage: first_fix(held), other: first_fix(alternative)}
     reason = stage.both_readings(chosen.reason, firsts[StageName.MIX],
                                  firsts[StageName.MASTER])
-    return held, replace(chosen, reason=reason)
+    readings = stage.Readings(mix=firsts[StageName.MIX], master=firsts[StageName.MASTER])
+    return held, replace(chosen, reason=reason, readings=readings)
 
 
 def first_fix(judged: Judgement) -> str:

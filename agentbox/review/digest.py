@@ -157,11 +157,25 @@ def review_lines(run: Mapping[str, Any], name: str | None = None) -> list[str]:
     review = read(run.get("result"))
     if review is None or not review.metrics:
         return [f"{name}: succeeded"]
-    return [f"{name}: {run_verdict(run, review)}", f"  {_headline(review)}", *_body(review)]
+    return [f"{name}: {run_verdict(run, review)}", f"  {_headline(review)}",
+            *_body(review, one_line(run.get("run_id", "")))]
 
 
-def _body(review: Review) -> list[str]:
+def asked(review: Review, ref: str) -> list[str]:
+    """The question a review with split evidence of its stage asks, in words, with
+    the command that settles it ([] when it does not ask)."""
+    fixes = review.asks
+    if fixes is None:
+        return []
+    return ["Is it a master or a mix? Its evidence is split; the verdict holds under both.",
+            f"  As a master, the first fix: {one_line(fixes['master'])}.",
+            f"  As a mix, the first fix: {one_line(fixes['mix'])}.",
+            f"  Settle it: agentbox rejudge {ref or 'REF'} --stage master (or --stage mix)"]
+
+
+def _body(review: Review, ref: str = "") -> list[str]:
     lines = [f"  {one_line(review.summary)}"] if review.summary else []
+    lines += asked(review, ref)
     if review.stage_reason:
         lines.append(f"  {one_line(review.stage_reason)}")
     if review.notes:

@@ -147,6 +147,13 @@ class Note(Model):
     text: str
 
 
+class StageReadings(Model):
+    """The first fix under each reading, when the evidence of the stage is split."""
+
+    mix: str
+    master: str
+
+
 class MixReview(Model):
     """A mix review: the `result` of a review's run (GET /runs/{run_id}, GET /exports)."""
 
@@ -163,6 +170,10 @@ class MixReview(Model):
     stage: StageName = StageName.MASTER
     stage_reason: str = ""  # which stage was judged, why, and how to change it
     stage_source: str | None = None  # where the stage came from (review/stage.py's Stage)
+    # The evidence of the stage was split (inferred, "auto"): the page asks which it is,
+    # with the first fix under each reading (absent from reviews stored before it).
+    stage_split: bool = False
+    stage_readings: StageReadings | None = None
     # The stage the project remembers after this export (the musician said so for the
     # project: payload.project_stage), or None: later exports read it from here.
     project_stage: str | None = None

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from agentbox.review.figures import finite
 from agentbox.review.judge import judge, profile_of
 from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
-from agentbox.review.stage import STAGES
+from agentbox.review.stage import FIRST_FIXES, STAGES
 
 # Old results name their delivery targets only; these are their titles.
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
@@ -99,6 +99,26 @@ class Review:
     def stage_reason(self) -> str:
         reason = self.doc.get("stage_reason")
         return reason if isinstance(reason, str) else ""
+
+    @property
+    def stage_evidence(self) -> str:
+        """The stage sentence without the first fixes and the choice, for a page that
+        asks the question beside it (the whole sentence when it does not ask)."""
+        reason = self.stage_reason
+        return reason.split(FIRST_FIXES, 1)[0] if self.asks else reason
+
+    @property
+    def asks(self) -> Mapping[str, str] | None:
+        """The question a review puts first when its stage was inferred and the
+        evidence was split: the first fix under each reading, by stage ("mix",
+        "master"); None when the stage was given or the evidence was clear."""
+        readings = _mapping(self.doc.get("stage_readings"))
+        if self.doc.get("stage_source") != "auto" or self.doc.get("stage_split") is not True:
+            return None
+        fixes = {stage: readings.get(stage) for stage in STAGES}
+        if not all(isinstance(fix, str) and fix for fix in fixes.values()):
+            return None
+        return {stage: str(fix) for stage, fix in fixes.items()}
 
     @property
     def summary(self) -> str:

@@ -60,6 +60,15 @@ class Stage:
     source: str  # "rejudge", "event", "project", "watch", "config" or "auto"
     reason: str  # one sentence: which stage, why, how to change it
     split: bool = False  # the evidence is split: judged under both readings
+    readings: Readings | None = None  # split: the first fix under each reading
+
+
+@dataclass(frozen=True)
+class Readings:
+    """The first fix under each reading of split evidence, as its note says it."""
+
+    mix: str
+    master: str
 
 
 @dataclass(frozen=True)
@@ -265,9 +274,12 @@ def split(stage: StageName, clues: list[Clue], before: Before | None) -> str:
             f"{_weighed(clues)}. The verdict holds under both readings.")
 
 
+FIRST_FIXES = " The first fix as a mix: "  # where both_readings adds to the split sentence
+
+
 def both_readings(reason: str, as_mix: str, as_master: str) -> str:
     """The split sentence with the first fix under each reading, and how to choose."""
-    return (f"{reason} The first fix as a mix: {as_mix}; as a master: {as_master}. "
+    return (f"{reason}{FIRST_FIXES}{as_mix}; as a master: {as_master}. "
             "Judge it as a master or as a mix with one click on its page (or send it "
             "with agentbox send --stage master, or --stage mix).")
 

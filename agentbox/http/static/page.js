@@ -56,7 +56,9 @@
   // Changes made while the page loaded, or while the server restarted, are not in
   // the stream: ask for the current state of every unfinished run on the page.
   function catchUp() {
-    if (document.querySelector("[data-live-region] [data-pending]")) refreshRegions();
+    if (document.querySelector("[data-live-region] [data-pending], [data-live-region][data-pending]")) {
+      refreshRegions();  // a region pending itself (a run's page) or holding one
+    }
     const pending = new Set();
     document.querySelectorAll("[data-run-id] .status").forEach((cell) => {
       if (!TERMINAL.has(cell.textContent.trim())) {

@@ -137,7 +137,9 @@ def api() -> ApiPart:
                            "mix.review_requested whose result's stage_source is "
                            "rejudge. Asked again for the same review and stage: the "
                            "first re-judgment (200, duplicate); at the stage the "
-                           "review already has: 409 same_stage. The page's form (its "
+                           "review already has: 409 same_stage, unless the review asks (its "
+                           "stage inferred from split evidence: either stage settles "
+                           "it). The page's form (its "
                            "CSRF token) is answered with a redirect to the new "
                            "review's page.",
             "security": admin, "parameters": [run_id],

@@ -7,7 +7,8 @@ names the first review: a new run beside the first, its `stage_source` "rejudge"
 The event goes through the receiver's own hand-over (as a webhook's would, without
 the signature: the page or the token vouched for it), so its runs start at once.
 The event id is the review's and the stage's: asking twice answers the first
-re-judgment.
+re-judgment. A review that asks (its stage inferred from split evidence) may be
+judged again at either stage: confirming the stage it leaned to settles it too.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class RejudgeRoutes:
         if stage not in STAGES:
             raise Refusal(422, "invalid_stage", f"stage must be {' or '.join(STAGES)}.")
         review = await self._review(run_id)
-        if review.stage == stage:
+        if review.stage == stage and not asks(review):
             other = next(s for s in STAGES if s != stage)
             raise Refusal(409, "same_stage", f"This review already judges it as a {stage}; "
                           f"judge it as a {other} to read it the other way.")
@@ -118,6 +119,12 @@ class RejudgeRoutes:
             raise Refusal(404, "not_found", f"No finished review {run_id[:200]!r}: only a "
                           "finished review of a project can be judged again.")
         return review
+
+
+def asks(review: MixReview) -> bool:
+    """The review asks which stage it is (inferred from split evidence): either
+    button settles it, the stage it leaned to as well as the other."""
+    return review.stage_source == "auto" and review.stage_split
 
 
 async def hand_over(take: Take, body: bytes, cannot: str) -> IngestResult:

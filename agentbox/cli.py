@@ -964,7 +964,7 @@ def rejudge(ref: str, stage: str, url: str | None, wait: bool, wait_timeout: flo
     with _client_errors(), _client(url, config_file) as box:
         first = box.lookup(ref)
         answer = box.rejudge(first.run_id, stage)
-        name = (first.file or first.project or first.run_id)
+        name = (first.file or first.get("project") or first.run_id)
         sent = Sent(f"{name} as a {stage}", review=True, for_people=not as_json)
         if wait:
             _wait_and_tell(box, answer, wait_timeout, as_json, sent)

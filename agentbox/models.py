@@ -103,7 +103,10 @@ class Accepted(Answer):
 
 class RunView(Answer):
     """The canonical state of a run (`GET /runs/{run_id}`, the items of `GET /runs`,
-    a replay's answer)."""
+    a replay's answer). The fields the apps add to a run's view (their tables'
+    `run_fields`; the review's `project`) come after these, as extra fields: read by
+    attribute (`run.project`) or by name (`run.get("project")`), and declared in the
+    app's part of the API document (ApiPart.run_fields)."""
 
     run_id: str
     status: RunState
@@ -112,9 +115,6 @@ class RunView(Answer):
     source: str
     agent: str
     idempotency_key: str
-    # The event's payload.project_id (NFC), if it names one: the review's run field
-    # (its tables' `run_fields`); None with no review loaded.
-    project: str | None = None
     # The sender's own id of the request (webhook-id, svix-id); None when it sent none.
     webhook_id: str | None = None
     accepted_at: str

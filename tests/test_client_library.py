@@ -328,7 +328,9 @@ def test_a_newer_agentbox_s_field_is_kept_and_given_back() -> None:
 
     sent = {**QUIET, "file": None, "the_next_field": [1, None]}
     run = RunDetail.model_validate(sent)
-    assert run.model_extra == {"the_next_field": [1, None]}
+    # The apps' fields of a run (the review's project) are extra fields too.
+    assert run.model_extra == {"project": QUIET["project"], "the_next_field": [1, None]}
+    assert run.project == QUIET["project"] == run.get("project")  # read by attribute
     assert run.as_json() == sent and run["the_next_field"] == [1, None]
     assert run["status"] == run.status and run.get("attempts") is None
     with pytest.raises(KeyError):

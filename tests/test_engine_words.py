@@ -38,22 +38,8 @@ OTHER_SENSES = {"sqlite_master", "_watch_wal"}
 # out of the engine empty these files of app words; the list shrinks after each merge,
 # and a file's count may only fall). A file of the engine not listed here says none.
 ALLOWED: dict[str, dict[str, int]] = {
-    # The project column, its search filter and project_of (issue #51, item 2).
-    "agentbox/store/__init__.py": {"project": 2},
-    "agentbox/store/ingest.py": {"project": 3},
-    "agentbox/store/interface.py": {"project": 1},
-    "agentbox/store/postgres.py": {"project": 3},
-    "agentbox/store/reads.py": {"project": 7},
-    "agentbox/store/records.py": {"project": 6},
-    "agentbox/store/schema.py": {"project": 1},
-    "agentbox/store/sqlite.py": {"project": 2},
-    # The API document's example event (the review's), and its project filter.
-    "agentbox/http/openapi.py": {"export": 4, "mix": 2, "project": 1},
     # The run pages' project filter and links (item 3).
     "agentbox/http/pages.py": {"project": 13},
-    # The review's and the desktop's answer models (item 3).
-    "agentbox/models.py": {"archive": 1, "export": 5, "loudness": 1, "lufs": 1, "project": 5,
-                           "reference": 6, "stage": 1, "watch": 3},
 }
 
 

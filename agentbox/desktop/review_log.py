@@ -48,7 +48,7 @@ class ReviewLog:
                 run = run.model_copy(update={"file": mix_name(url)
                                              if isinstance(url, str) else None})
             log.info("review finished", extra={
-                "run_id": run_id, "project": run.project, "file": run.file,
+                "run_id": run_id, "project": run.get("project"), "file": run.file,
                 "verdict": verdict_word(run), "told": summary_line(run)})
         except asyncio.CancelledError:
             raise

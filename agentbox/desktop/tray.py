@@ -138,7 +138,7 @@ def reviews_of(runs: Sequence[RunView]) -> tuple[Review, ...]:
         verdict = digest.run_verdict(shown)
         if verdict not in VERDICTS:
             verdict = "no review" if run.status == "succeeded" else COULD_NOT
-        found.append(Review(run.run_id, digest.file_name(shown) or run.project or "a mix",
+        found.append(Review(run.run_id, digest.file_name(shown) or run.get("project") or "a mix",
                             verdict,
                             local_time(run.completed_at or run.updated_at)))
     return tuple(found[:RECENT_REVIEWS])

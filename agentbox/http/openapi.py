@@ -132,12 +132,14 @@ class Subscriptions(BaseModel):
     next_cursor: str | None
 
 
+# The receiver's request example: the engine's own, unless an app brings one of its
+# event types (ApiPart.event_example).
 EXAMPLE_EVENT = {
-    "schema_version": "v1", "event_id": "export-a81f",
-    "idempotency_key": "studio-api:session.exported:export-a81f",
-    "event_type": "session.exported", "source": "studio-api",
+    "schema_version": "v1", "event_id": "evt-a81f",
+    "idempotency_key": "build-bot:ping:evt-a81f",
+    "event_type": "ping", "source": "build-bot",
     "timestamp": "2026-07-27T15:42:00Z",
-    "payload": {"project_id": "night-drive", "mix_url": "/home/me/Mixes/night-drive.wav"}}
+    "payload": {"note": "hello"}}
 
 
 def topics() -> list[str]:
@@ -177,6 +179,12 @@ class ApiPart:
 
     models: Sequence[type[BaseModel]] = ()
     paths: Mapping[str, Any] = field(default_factory=dict)
+    # The fields the app adds to a run's view (its tables' `run_fields`): name -> JSON
+    # schema, added to RunView's and RunDetail's properties.
+    run_fields: Mapping[str, Any] = field(default_factory=dict)
+    # An event of the app's to show as the receiver's request example (the first
+    # app's that brings one; otherwise the engine's EXAMPLE_EVENT).
+    event_example: Mapping[str, Any] | None = None
 
 
 def document(parts: Sequence[ApiPart] = ()) -> dict[str, Any]:
@@ -195,6 +203,11 @@ def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
                                      *PAYLOAD_MODELS.values()]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=REF)
     schemas["$defs"][ERROR_ANSWER] = schemas["$defs"].pop(ErrorAnswer.__name__)
+    for part in parts:
+        for name, schema in part.run_fields.items():
+            for run in (RunView.__name__, RunDetail.__name__):
+                schemas["$defs"][run]["properties"].setdefault(name, schema)
+    example = next((p.event_example for p in parts if p.event_example), EXAMPLE_EVENT)
     schemas["$defs"]["SubscriptionRequest"]["properties"]["event_types"]["items"] = {
         "type": "string", "enum": topics()}
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -219,7 +232,7 @@ def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
                 "security": [{"webhookSignature": []}, {"standardWebhooks": []}],
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": REF.format(model="Envelope")},
-                    "example": EXAMPLE_EVENT}}},
+                    "example": example}}},
                 "responses": {"202": _json("Accepted", "stored durably"),
                               "200": _json("Accepted", "a known duplicate"),
                               **_errors(400, 401, 403, 408, 413, 422, 429, 431, 503)},

@@ -17,6 +17,19 @@ from agentbox.review.answers import (
 )
 from agentbox.review.model import MixReview
 
+# The receiver's request example in the document: an export, as a DAW's script sends it.
+EXAMPLE_EVENT = {
+    "schema_version": "v1", "event_id": "export-a81f",
+    "idempotency_key": "studio-api:session.exported:export-a81f",
+    "event_type": "session.exported", "source": "studio-api",
+    "timestamp": "2026-07-27T15:42:00Z",
+    "payload": {"project_id": "night-drive", "mix_url": "/home/me/Mixes/night-drive.wav"}}
+
+# The review's field of a run's view (its tables' run_fields): the event's
+# payload.project_id (NFC), if it names one.
+RUN_FIELDS = {"project": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None,
+                          "title": "Project"}}
+
 
 def api() -> ApiPart:
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -172,4 +185,5 @@ def api() -> ApiPart:
     # MixReview: what a review's run answers as its `result` (the engine's RunView
     # says only "any"), for scripts that read it.
     return ApiPart(models=(ExportView, ExportList, ReferenceOut, ReferenceList,
-                           ReferenceRemoved, ProjectChanged, MixReview), paths=paths)
+                           ReferenceRemoved, ProjectChanged, MixReview), paths=paths,
+                   run_fields=RUN_FIELDS, event_example=EXAMPLE_EVENT)

@@ -241,7 +241,7 @@ class ReviewPages:
             return None
         context = await self.pages.run_context(found_run)
         event, run = context["event"], context["run"]
-        project = project_of(event) or found_run.project  # the body may be gone (retention)
+        project = project_of(event) or found_run.get("project")  # the body may be gone (retention)
         if project:  # renamed or merged since: the name it goes by now
             project = await self.history.resolve(project)
         export = review_view.export_row(ProjectExport(

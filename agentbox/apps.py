@@ -187,6 +187,14 @@ class Host:
         self.pages.menu.append({"label": label, "href": href, "area": area,
                                 "id": f"nav-{area}", "app": self.app.name})
 
+    def add_run_field_link(self, name: str, link: Callable[[str], str]) -> None:
+        """Link each value of the app's run field `name` (its tables' `run_fields`: a
+        column of the run list) to the page `link(value)`."""
+        if not any(name in schema.run_fields for schema in self.app.schemas):
+            raise ConfigError(f"the app {self.app.name!r} links the run field {name!r}, "
+                              "which none of its App.schemas' run_fields names")
+        self.pages.link_run_field(name, link)
+
     def add_stats(self, figures: Callable[[], dict[str, Any]]) -> None:
         """Figures added to the live stream's `stats` (every page gets them)."""
         self.pages.stats_extras.append(figures)

@@ -207,3 +207,30 @@ async def test_off_loopback_the_login_page_has_its_style(tmp_path: Path,
         assert login.status_code == 401
         url = login.text[login.text.index("/ui/static/page.css"):].split('"')[0]
         assert (await client.get(url)).status_code == 200
+
+
+async def test_the_runs_view_shows_the_apps_run_fields(box: InProcess, tmp_path: Path) -> None:
+    """The run list's project column, its filter and its link are the review's
+    (its tables' run_fields and filters, Host.add_run_field_link); with no app loaded
+    the list has no such column, and the API document no such field."""
+    ok = await finished(box, "ok")
+    page = (await box.client.get("/ui/runs")).text
+    assert "<th>Project</th>" in page and '<a href="/projects/ok">ok</a>' in page
+    assert 'name="project" aria-label="Project"' in page
+    assert 'placeholder="run_id, event_id or project"' in page
+    assert f'data-run-id="{ok}"' in (await box.client.get("/ui/runs?project=ok")).text
+    assert f'data-run-id="{ok}"' not in (await box.client.get("/ui/runs?project=Other")).text
+    assert (await box.run(ok))["project"] == "ok"
+    document = (await box.client.get("/openapi.json")).json()
+    assert "project" in document["components"]["schemas"]["RunView"]["properties"]
+    example = document["paths"]["/webhooks/events"]["post"]["requestBody"]["content"]
+    assert example["application/json"]["example"]["event_type"] == "session.exported"
+
+    async with in_process(tmp_path / "alone", AGENTBOX_APPS="", AGENTBOX_AGENTS="") as alone:
+        page = (await alone.client.get("/ui/runs")).text
+        assert "<th>Event type</th><th>Agent</th>" in page and "Project" not in page
+        assert 'name="project"' not in page and 'placeholder="run_id or event_id"' in page
+        document = (await alone.client.get("/openapi.json")).json()
+        assert "project" not in document["components"]["schemas"]["RunView"]["properties"]
+        example = document["paths"]["/webhooks/events"]["post"]["requestBody"]["content"]
+        assert example["application/json"]["example"]["event_type"] == "ping"

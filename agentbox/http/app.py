@@ -103,6 +103,8 @@ def create_app(
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)
     tables = {schema.line: store.add_tables(schema) for each in apps for schema in each.schemas}
+    for schema in (schema for each in apps for schema in each.schemas):
+        pages.add_run_fields(schema)  # the run list's columns and filters
     for each in apps:
         pages.add_app_files(each.name, each.templates, each.static)
         each.setup(Host(each, settings=settings, store=store, registry=registry,

@@ -28,10 +28,11 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, select_autoescape
 from markupsafe import escape
@@ -67,6 +68,7 @@ from agentbox.store import (
     NotReplayable,
     RunNotFound,
     RunView,
+    Schema,
     StorageUnavailable,
     Store,
     Transition,
@@ -83,11 +85,26 @@ SUBSCRIBER_BACKLOG = 1000
 SECRET_KEYS = re.compile(r"secret|token|signature|password|passwd|api[_-]?key|authorization|"
                          r"credential|cookie", re.IGNORECASE)
 RANGES = (("3600", "last hour"), ("86400", "last day"), ("604800", "last week"))
-RUN_FILTERS = ("q", "status", "event_type", "agent", "project", "since", "before")
+# The run list's own filters; the apps' join them (StatusPages.add_run_fields).
+RUN_FILTERS = ("q", "status", "event_type", "agent", "since", "before")
 
 
 # An app's page of a run (agentbox.apps.Host.add_run_page): None when not its run.
 RunPage = Callable[[Request, str, "RunView | None"], Awaitable["Response | None"]]
+# Where a value of an app's run field links to (agentbox.apps.Host.add_run_field_link).
+FieldLink = Callable[[str], str]
+
+
+@dataclass
+class RunField:
+    """A field an app adds to a run's view (its tables' `run_fields`), as the run list
+    shows it: a column (`label`), a filter input if the app's search has a filter of
+    its name, its values linked with `link` if the app gave one."""
+
+    name: str
+    label: str
+    filter: bool = False
+    link: FieldLink | None = None
 
 
 class Live:
@@ -115,6 +132,11 @@ class StatusPages:
         self.run_pages: list[RunPage] = []
         # Apps' links in the menu (agentbox.apps.Host.add_menu_link), before the engine's.
         self.menu: list[dict[str, str]] = []
+        # Apps' fields of a run, in the run list (add_run_fields), and what its search
+        # box's text finds beside run ids and event ids (their labels, lowercase).
+        self.run_fields: list[RunField] = []
+        self.run_filters: list[str] = []  # the apps' filters that are no field of a run
+        self.searched: list[str] = []
         # Apps' figures for the live stream's stats (a watched folder's state, say).
         self.stats_extras: list[Callable[[], dict[str, Any]]] = []
         self.live = Live()
@@ -124,6 +146,24 @@ class StatusPages:
         self.env = page_templates()
         self.env.globals["logout"] = True  # a session to end, on loopback too
         self.env.globals["menu"] = self.menu
+
+    def add_run_fields(self, schema: Schema) -> None:
+        """An app's tables' fields of a run and filters of the run search, in the run
+        list: a column each, and a filter input each (the search box's `text` filter
+        widens the box)."""
+        for name in schema.run_fields:
+            label = name.replace("_", " ").capitalize()
+            self.run_fields.append(RunField(name, label, filter=name in schema.filters))
+            if "text" in schema.filters:
+                self.searched.append(label.lower())
+        self.run_filters += [name for name in schema.filters
+                             if name != "text" and name not in schema.run_fields]
+
+    def link_run_field(self, name: str, link: FieldLink) -> None:
+        """Link each value of the run field `name` in the run list to `link(value)`."""
+        for each in self.run_fields:
+            if each.name == name:
+                each.link = link
 
     def add_app_files(self, app: str, templates: Path | None, static: Path | None) -> None:
         """An app's templates and static files, under its name (`add_app_files`)."""
@@ -233,7 +273,9 @@ class StatusPages:
         q = request.query_params
         # Bounded, but past the longest name there is: cut shorter, a longer search
         # could find what it is not (a name of its first 256 characters).
-        query = {k: (q.get(k) or "").strip()[:1024] or None for k in RUN_FILTERS}
+        asked_of_apps = [*(f.name for f in self.run_fields if f.filter), *self.run_filters]
+        query = {k: (q.get(k) or "").strip()[:1024] or None
+                 for k in (*RUN_FILTERS, *asked_of_apps)}
         if query["status"] not in {s.value for s in RunStatus}:
             query["status"] = None
         now = time.time()
@@ -242,7 +284,7 @@ class StatusPages:
         runs = await self.store.search_runs(
             status=query["status"], event_type=query["event_type"], agent=query["agent"],
             text=query["q"], since=since, before=query["before"], limit=PAGE_SIZE,
-            filters={"project": query["project"]})  # the review's (its tables' filter)
+            filters={name: query[name] for name in asked_of_apps})
         stats = await self.store.stats()
         filtered = any(v for k, v in query.items() if k != "before")
         next_page = None
@@ -252,7 +294,8 @@ class StatusPages:
         finished = await self._finished_per_interval(now)
         return self.page(
             "index.html", area="operations", request=request, runs=runs, stats=stats,
-            query=query,
+            query=query, run_fields=self.run_fields, run_filters=self.run_filters,
+            searched=_either(["run_id", "event_id", *self.searched]),
             statuses=[s.value for s in RunStatus], ranges=RANGES, filtered=filtered,
             event_types=sorted(self.dispatcher.registry.event_types()),
             agents=sorted(self.dispatcher.registry.agent_names()),
@@ -500,6 +543,11 @@ def _bars(counts: list[int]) -> str:
 
 
 
+def _either(words: list[str]) -> str:
+    """`a, b or c`: what the search box finds."""
+    return " or ".join(filter(None, (", ".join(words[:-1]), words[-1])))
+
+
 def page_templates() -> Environment:
     """The pages' templates: the engine's by their names, each app's as "<app>/<file>"
     (`StatusPages.add_app_files`)."""
@@ -510,7 +558,6 @@ def page_templates() -> Environment:
     env.globals["asset"] = functools.partial(asset_url, apps=folders)
     # JSON for people: readable text, which autoescaping then makes inert HTML
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
-    env.filters["project_url"] = project_url  # a run's project, in the runs' table
     return env
 
 
@@ -575,7 +622,3 @@ def _asset_answer(request: Request, name: str, apps: Mapping[str, Path]) -> Resp
                     headers={"Cache-Control": cache, "ETag": f'"{version}"'})
 
 
-def project_url(name: str) -> str:
-    """A project's page: its whole name percent-encoded, slashes included (the runs'
-    table links a run's project: events.project, which the store still keeps)."""
-    return "/projects/" + quote(name, safe="")

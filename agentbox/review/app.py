@@ -63,7 +63,7 @@ class ReviewApp(App):
         from agentbox.review.web.pages import ReviewPages, add_templates
         from agentbox.review.web.references import ReferenceRoutes
         from agentbox.review.web.rejudge import RejudgeRoutes
-        from agentbox.review.web.tidy import TidyRoutes
+        from agentbox.review.web.tidy import TidyRoutes, project_url
 
         self.host = host
         # For the receiver's admission check.
@@ -88,6 +88,7 @@ class ReviewApp(App):
                             if isinstance(payload.get("mix_url"), str) else None)
         host.add_removed_note(web.removed_note)
         host.add_run_page(web.run_page)
+        host.add_run_field_link("project", project_url)  # the run list's project column
         audio = AudioRoutes(host.store, archive)
         references = ReferenceRoutes(archive, self.analysis, pages.access, pages.csrf,
                                      web.project)

@@ -34,6 +34,7 @@ from agentbox.review.contract import project_name
 from agentbox.review.web.audio import audio_type
 from agentbox.review.web.drops import MAX_DROP_BYTES
 from agentbox.review.web.listening import listening, reference_url
+from agentbox.review.web.tidy import project_url
 from agentbox.store import RunView, iso
 
 HOME_PROJECTS = 30  # projects on a page of the home page
@@ -75,6 +76,7 @@ def add_templates(env: Environment) -> Environment:
     env.filters["signed"] = review_view.signed
     env.filters["reading"] = review_view.number  # figures.fixed: never "-0.0"
     env.filters["mmss"] = figures.mmss
+    env.filters["project_url"] = project_url  # a project's page
     return env
 
 
@@ -149,7 +151,7 @@ class ReviewPages:
 
     async def home(self, request: Request) -> Response:
         """Projects and their latest exports; the operator's runs are one click away."""
-        if any(key in request.query_params for key in RUN_FILTERS if key != "q"):
+        if any(key in request.query_params for key in (*RUN_FILTERS, "project") if key != "q"):
             # a link to the runs view from before it moved off the home page (its `q`
             # is the home page's own now: a project's name)
             return RedirectResponse("/ui/runs?" + request.url.query, status_code=307)

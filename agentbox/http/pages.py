@@ -51,6 +51,7 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.access import (
     CSRF_FAILED,
+    LOGIN_LINK_PATH,
     LOGIN_LINK_SECONDS,
     Access,
     TooManyLogins,
@@ -150,6 +151,12 @@ class StatusPages:
         return self.page("login.html", status_code=401, logout=False, why=why)
 
     async def login(self, request: Request) -> Response:
+        """`POST /ui/login`: the admin token traded for a session, on the page's private
+        name alone (at 127.0.0.1 or localhost the browser is sent there to ask again:
+        its token goes nowhere else)."""
+        moved = self.access.moved(request, LOGIN_LINK_PATH)
+        if moved is not None:
+            return moved
         form = await _form(request)
         try:
             session = await self.access.log_in(request, (form.get("token") or [""])[0])
@@ -165,7 +172,14 @@ class StatusPages:
     async def login_link(self, request: Request) -> Response:
         """`GET /ui/login?code=...[&next=/path]`: a one-time login link (agentbox open,
         the tray) trades its code for a session, once, then shows `next` (a path of
-        this site only); a used or expired one asks for the token."""
+        this site only); a used or expired one asks for the token. Used at 127.0.0.1
+        or localhost, it sends the browser to the same link on the page's private name
+        first (the link is not used up there), and `GET /ui/login` alone is the form."""
+        moved = self.access.moved(request)
+        if moved is not None:
+            return moved
+        if "code" not in request.query_params:
+            return self.login_page()
         if not self.access.links.use(request.query_params.get("code", "")):
             return self.login_page("This login link was used already or has expired (a link "
                                    "works once, within minutes): run agentbox open for a "

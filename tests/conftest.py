@@ -281,6 +281,24 @@ class Server:
         path = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token"
         return given or (path.read_text().strip() if path.exists() else None)
 
+    def page_name(self) -> str:
+        """The page's private host name, kept by the server (made at its first start)."""
+        path = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "page_name"
+        return path.read_text().strip()
+
+    def browser(self) -> httpx.Client:
+        """A browser without the admin token at the page's private name: httpx resolves
+        no name under .localhost (Chromium does), so it goes to 127.0.0.1 and names the
+        page in its Host header. Give it `on_page(link)` for a link of that name."""
+        return httpx.Client(base_url=self.url, timeout=30,
+                            headers={"Host": f"{self.page_name()}:{self.port}"})
+
+    def on_page(self, link: str) -> str:
+        """The path and query of a link on the page's private name (for `browser`)."""
+        prefix = f"http://{self.page_name()}:{self.port}/"
+        assert link.startswith(prefix), link
+        return "/" + link.removeprefix(prefix)
+
     def login_link(self) -> str:
         """A one-time login link to the page (as `agentbox open` asks for one)."""
         answer = self.client.post("/login-links")

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 import agentbox.review.contract  # noqa: F401 - the review's event types, as its app registers them
-from agentbox.config import Settings, load_settings
+from agentbox.config import Settings, load_settings, page_name
 from agentbox.http.app import AgentboxServer, create_app
 from agentbox.signing import sign_headers
 from tests import postgres
@@ -479,6 +479,13 @@ class InProcess:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app,
                                                                client=(address, 5000)),
                                  base_url="http://localhost", timeout=30)
+
+    def browser(self) -> httpx.AsyncClient:
+        """A browser without the admin token at the page's private name (where a session
+        is made and taken on loopback); the caller closes it."""
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app,
+                                                               client=("127.0.0.1", 5000)),
+                                 base_url=f"http://{page_name(self.settings)}", timeout=30)
 
     async def post(self, event: dict[str, Any] | bytes, secret: str = SECRET,
                    timestamp: int | None = None, headers: dict[str, str] | None = None

@@ -116,3 +116,15 @@ async def test_beyond_loopback_sessions_stay_on_the_served_name(tmp_path: Path,
             logged = await there.post("/ui/login", data={"token": ADMIN_TOKEN})
             assert logged.status_code == 303 and SESSION_COOKIE in logged.headers["set-cookie"]
             assert (await there.get("/runs")).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:99999", "localhost:x", "[::1]:0"])
+async def test_a_host_header_with_a_bad_port_is_moved_not_a_500(box: InProcess,
+                                                                host: str) -> None:
+    name = page_name(box.settings)
+    async with browser(box, "http://127.0.0.1:8000") as elsewhere:
+        moved = await elsewhere.get("/ui/runs", headers={**PAGE, "Host": host})
+    assert moved.status_code == 303
+    assert moved.headers["location"] == f"http://{name}:8000/ui/runs"
+    made = await box.client.post("/login-links", headers={"Host": host})
+    assert made.status_code == 201 and made.json()["url"].startswith(f"http://{name}")

@@ -315,11 +315,22 @@ class Access:
     def page_url(self, base_url: str) -> str:
         """`base_url` (http://127.0.0.1:8000/) on the page's private name, when it has
         one: where a browser logs in."""
-        parts = urlsplit(base_url)
         if self.page_name is None:
             return base_url.rstrip("/")
-        port = "" if parts.port is None else f":{parts.port}"
+        parts = urlsplit(base_url)
+        try:
+            port = "" if parts.port is None else f":{parts.port}"
+        except ValueError:  # a Host header's port out of range: the page's name alone
+            port = ""
         return f"{parts.scheme}://{self.page_name}{port}"
+
+    def page_url_of(self, request: Request) -> str:
+        """The page's address for a request to it: on its private name at the port of
+        the socket it came in on (not the Host header's), else as it was asked."""
+        server = request.scope.get("server")
+        if self.page_name is not None and server and server[1]:
+            return f"{request.scope.get('scheme', 'http')}://{self.page_name}:{server[1]}"
+        return self.page_url(str(request.base_url))
 
     def may_change(self, request: Request, csrf: str) -> bool:
         """An action's caller: the admin token as a Bearer token (the CLI), or the
@@ -367,7 +378,7 @@ class Access:
             return None
         where = path or request.url.path + (f"?{request.url.query}" if request.url.query
                                             else "")
-        return RedirectResponse(self.page_url(str(request.base_url)) + where,
+        return RedirectResponse(self.page_url_of(request) + where,
                                 status_code=303, headers={"Cache-Control": "no-store"})
 
     def session_cookie(self, response: Response, request: Request, session: str) -> None:

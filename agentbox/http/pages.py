@@ -200,7 +200,7 @@ class StatusPages:
         enough): a one-time login link to this page."""
         if not self.access.token_is(bearer(request) or ""):
             return token_required()
-        link = LoginLink(url=self.access.login_link(str(request.base_url)),
+        link = LoginLink(url=self.access.login_link(self.access.page_url_of(request)),
                          expires_in_seconds=LOGIN_LINK_SECONDS)
         return JSONResponse(link.as_json(), status_code=201)
 

@@ -85,23 +85,41 @@ async def test_a_session_on_another_name_is_refused(box: InProcess) -> None:
             assert api.status_code == 401, host
             assert api.json()["error_code"] == "admin_token_required"
             page = await other.get("/", headers={**replayed, **PAGE})
-            assert page.status_code == 303 and "agentbox" not in page.text.lower()
-            assert page.headers["location"] == f"http://{name}:{host.rsplit(':', 1)[1]}/"
+            assert page.status_code == 401 and 'name="token"' in page.text  # the form
+            assert not told_the_name(page, name)
     # the admin token keeps working on every loopback name, as the CLI sends it
     for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000"):
         assert (await box.client.get("/runs", headers={"Host": host})).status_code == 200
 
 
-async def test_the_form_at_127_0_0_1_asks_again_on_the_private_name(box: InProcess) -> None:
+def told_the_name(answer: httpx.Response, name: str) -> bool:
+    return name in answer.text or any(name in value for value in answer.headers.values())
+
+
+async def test_the_name_is_told_only_to_whoever_shows_the_token_or_a_link(
+        box: InProcess) -> None:
+    """Any program can ask 127.0.0.1: the page's name goes to none that merely asks
+    (a page, the form with a wrong token, a used link), else it could send the browser
+    there on a port of its own."""
     name = page_name(box.settings)
+    used = (await box.client.post("/login-links")).json()["url"].split("?", 1)[1]
+    async with browser(box, f"http://{name}:8000") as there:
+        assert (await there.get(f"/ui/login?{used}")).status_code == 303
     async with browser(box, "http://127.0.0.1:8000") as elsewhere:
-        asked = await elsewhere.get("/ui/runs", headers=PAGE)
-        assert asked.status_code == 303
-        assert asked.headers["location"] == f"http://{name}:8000/ui/runs"
+        for path in ("/", "/ui/runs", "/ui/login", f"/ui/login?{used}", "/ui/login?code=x",
+                     "/runs", "/healthz", "/openapi.json"):
+            asked = await elsewhere.get(path, headers=PAGE)
+            assert asked.status_code in (200, 401), path
+            assert not told_the_name(asked, name), path
+        wrong = await elsewhere.post("/ui/login", data={"token": "guess-guess-guess"})
+        assert wrong.status_code == 401 and not told_the_name(wrong, name)
+        # the right token: on to the page's name by a new one-time link, no cookie here
         posted = await elsewhere.post("/ui/login", data={"token": ADMIN_TOKEN})
         assert posted.status_code == 303 and "set-cookie" not in posted.headers
-        assert posted.headers["location"] == f"http://{name}:8000/ui/login"
+        assert posted.headers["location"].startswith(f"http://{name}:8000/ui/login?code=")
     async with browser(box, f"http://{name}:8000") as there:
+        landed = await there.get(posted.headers["location"])
+        assert landed.status_code == 303 and SESSION_COOKIE in landed.headers["set-cookie"]
         form = await there.get("/ui/login", headers=PAGE)
         assert form.status_code == 401 and 'name="token"' in form.text
         assert "used already" not in form.text
@@ -123,8 +141,9 @@ async def test_a_host_header_with_a_bad_port_is_moved_not_a_500(box: InProcess,
                                                                 host: str) -> None:
     name = page_name(box.settings)
     async with browser(box, "http://127.0.0.1:8000") as elsewhere:
-        moved = await elsewhere.get("/ui/runs", headers={**PAGE, "Host": host})
+        moved = await elsewhere.post("/ui/login", data={"token": ADMIN_TOKEN},
+                                     headers={"Host": host})
     assert moved.status_code == 303
-    assert moved.headers["location"] == f"http://{name}:8000/ui/runs"
+    assert moved.headers["location"].startswith(f"http://{name}:8000/ui/login?code=")
     made = await box.client.post("/login-links", headers={"Host": host})
     assert made.status_code == 201 and made.json()["url"].startswith(f"http://{name}")

@@ -16,8 +16,9 @@ alone (host-only), and a session is taken only on that name: browsers send a
 cookie to every port of its host, so a cookie of 127.0.0.1 would reach any
 program another account runs on another loopback port, while this name's reaches
 only a program that knows the name. A login at 127.0.0.1 or localhost moves the
-browser to the name first; the admin token as a Bearer token works on every
-loopback name.
+browser to the name first, once it has shown the token or a working link (the
+name is told to no one else: any program can ask 127.0.0.1); the admin token as
+a Bearer token works on every loopback name.
 
 A session is a random id, signed with a key made from the admin token, in an
 HttpOnly, SameSite=Strict cookie (Secure over https); it ends at logout or
@@ -236,6 +237,10 @@ class LoginLinks:
             del self._ends[next(iter(self._ends))]
         return code
 
+    def waiting(self, code: str) -> bool:
+        """Whether `code` would open a session now (it is left unused)."""
+        return self._ends.get(code, 0.0) > self.clock()
+
     def use(self, code: str) -> bool:
         end = self._ends.pop(code, None)
         now = self.clock()
@@ -345,14 +350,14 @@ class Access:
     def token_is(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._token)
 
-    async def log_in(self, request: Request, token: str) -> str | None:
-        """A new session's id for the right token, at once; else None, once this
-        client's wait is over (counted, and its next wrong one waits longer).
+    async def log_in(self, request: Request, token: str) -> bool:
+        """Whether the login form's token is the right one: at once if so; else once
+        this client's wait is over (counted, and its next wrong one waits longer).
         TooManyLogins when the client has queued too many."""
         if self.token_is(token):
-            return self.sessions.start()
+            return True
         await self.wrong_token(request.scope, "a login to the page failed")
-        return None
+        return False
 
     async def wrong_token(self, scope: Scope, said: str) -> None:
         """A wrong admin token (the login form's or a Bearer token): counted, logged
@@ -368,18 +373,18 @@ class Access:
     def login_link(self, base_url: str) -> str:
         """A one-time login link to the page at `base_url` (http://127.0.0.1:8000), on
         its private name."""
-        return f"{self.page_url(base_url)}{LOGIN_LINK_PATH}?code={self.links.make()}"
+        return f"{self.page_url(base_url)}{self.login_path()}"
 
-    def moved(self, request: Request, path: str | None = None) -> Response | None:
-        """A browser at 127.0.0.1 or localhost sent on to the page's private name (the
-        same path and query, or `path`) before it logs in: no session is made or taken
-        elsewhere. None when it is there already."""
-        if self.on_page_name(request.scope):
-            return None
-        where = path or request.url.path + (f"?{request.url.query}" if request.url.query
-                                            else "")
-        return RedirectResponse(self.page_url_of(request) + where,
-                                status_code=303, headers={"Cache-Control": "no-store"})
+    def login_path(self) -> str:
+        """A new one-time login link's path and query."""
+        return f"{LOGIN_LINK_PATH}?code={self.links.make()}"
+
+    def moved(self, request: Request, path: str) -> Response:
+        """A browser at 127.0.0.1 or localhost sent on to `path` on the page's private
+        name, to log in there: only one that showed the token or a working login link
+        is sent (the name is no secret to it), never one that merely asks."""
+        return RedirectResponse(self.page_url_of(request) + path, status_code=303,
+                                headers={"Cache-Control": "no-store"})
 
     def session_cookie(self, response: Response, request: Request, session: str) -> None:
         response.set_cookie(SESSION_COOKIE, session, max_age=math.ceil(self.sessions.seconds),
@@ -413,7 +418,7 @@ class Access:
                 response = await self.refused_bearer(scope)
             elif (scope["method"] == "GET"
                   and "text/html" in Request(scope).headers.get("accept", "")):
-                response = self.moved(Request(scope)) or login_page()
+                response = login_page()  # where it was asked: the page's name is not told
             else:
                 response = token_required()
             await response(scope, receive, send)

@@ -152,35 +152,34 @@ class StatusPages:
 
     async def login(self, request: Request) -> Response:
         """`POST /ui/login`: the admin token traded for a session, on the page's private
-        name alone (at 127.0.0.1 or localhost the browser is sent there to ask again:
-        its token goes nowhere else)."""
-        moved = self.access.moved(request, LOGIN_LINK_PATH)
-        if moved is not None:
-            return moved
+        name alone (at 127.0.0.1 or localhost the right token sends the browser there
+        by a new one-time link, and sets no cookie here)."""
         form = await _form(request)
         try:
-            session = await self.access.log_in(request, (form.get("token") or [""])[0])
+            right = await self.access.log_in(request, (form.get("token") or [""])[0])
         except TooManyLogins as exc:
             return self.error(429, "Too many wrong tokens from here: wait a minute and try "
                                     "again.", {"Retry-After": str(round(exc.retry_after))})
-        if session is None:
+        if not right:
             return self.login_page("That is not the admin token.")
+        if not self.access.on_page_name(request.scope):
+            return self.access.moved(request, self.access.login_path())
         response = RedirectResponse("/", status_code=303)
-        self.access.session_cookie(response, request, session)
+        self.access.session_cookie(response, request, self.access.sessions.start())
         return response
 
     async def login_link(self, request: Request) -> Response:
         """`GET /ui/login?code=...[&next=/path]`: a one-time login link (agentbox open,
         the tray) trades its code for a session, once, then shows `next` (a path of
-        this site only); a used or expired one asks for the token. Used at 127.0.0.1
-        or localhost, it sends the browser to the same link on the page's private name
-        first (the link is not used up there), and `GET /ui/login` alone is the form."""
-        moved = self.access.moved(request)
-        if moved is not None:
-            return moved
-        if "code" not in request.query_params:
+        this site only); a used or expired one asks for the token. A working link used
+        at 127.0.0.1 or localhost sends the browser to the same link on the page's
+        private name first (not used up there); `GET /ui/login` alone is the form."""
+        code = request.query_params.get("code")
+        if code is None:
             return self.login_page()
-        if not self.access.links.use(request.query_params.get("code", "")):
+        if self.access.links.waiting(code) and not self.access.on_page_name(request.scope):
+            return self.access.moved(request, f"{LOGIN_LINK_PATH}?{request.url.query}")
+        if not self.access.on_page_name(request.scope) or not self.access.links.use(code):
             return self.login_page("This login link was used already or has expired (a link "
                                    "works once, within minutes): run agentbox open for a "
                                    "new one.")

@@ -183,7 +183,7 @@ def test_a_one_time_link_logs_a_browser_in_once(server: Server, browser: Browser
         link = server.login_link()
         page.goto(link)
         expect(page.locator("h1")).to_have_text("Your projects")
-        page.goto(server.url + "/ui/runs")
+        page.goto(f"http://{server.page_name()}:{server.port}/ui/runs")  # the session's
         expect(page.locator("#live")).to_have_text("live", timeout=10_000)  # the stream too
         with fresh_page(browser, logged_in=False) as other:  # the link works once
             other.goto(link)

@@ -163,7 +163,9 @@ class StatusPages:
         if not right:
             return self.login_page("That is not the admin token.")
         if not self.access.on_page_name(request.scope):
-            return self.access.moved(request, self.access.login_path())
+            # A page that goes on, not a redirect: the page's form-action 'self' would
+            # stop a form's redirect to another origin.
+            return forward(self.access.page_url_of(request) + self.access.login_path())
         response = RedirectResponse("/", status_code=303)
         self.access.session_cookie(response, request, self.access.sessions.start())
         return response

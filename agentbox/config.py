@@ -10,6 +10,7 @@ import base64
 import importlib
 import ipaddress
 import os
+import re
 import secrets
 import tomllib
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ CONFIG_FILE_NAME = "agentbox.toml"
 WEBHOOK_SECRET_FILE = "webhook_secret"
 CALLBACK_SECRET_FILE = "callback_secret"
 ADMIN_TOKEN_FILE = "admin_token"
+PAGE_NAME_FILE = "page_name"  # the page's private host name (agentbox.http.access)
 WEBHOOK_SECRET_BYTES = 32  # a made secret's key (Standard Webhooks allows 24 to 64)
 
 MIN_ADMIN_TOKEN_CHARS = 16  # a shorter admin token is refused at start
@@ -831,6 +833,24 @@ def admin_token(settings: Settings, environ: Mapping[str, str] | None = None) ->
                           f"{MIN_ADMIN_TOKEN_CHARS} characters: give a longer one (or "
                           "delete the file, and agentbox makes a random one)")
     return token
+
+
+# A name under .localhost, which browsers resolve to loopback themselves (RFC 6761),
+# random per install: the label a page would have to guess (128 bits).
+PAGE_NAME = re.compile(r"agentbox-[0-9a-f]{32}\.localhost")
+
+
+def page_name(settings: Settings) -> str:
+    """The host name the page is served on: kept in the config dir (mode 0600), made at
+    the first start. A session's cookie is the browser's for this name alone, and the
+    browser sends it to no other port of 127.0.0.1 (agentbox.http.access)."""
+    path = settings.config_dir / PAGE_NAME_FILE
+    name = secret_from_file(path, lambda: f"agentbox-{secrets.token_hex(16)}.localhost")
+    if not PAGE_NAME.fullmatch(name):
+        raise ConfigError(f"{path} does not hold a page name agentbox made (agentbox-, "
+                          "32 hexadecimal digits, .localhost): delete it, and agentbox "
+                          "makes a new one")
+    return name
 
 
 def secret_from_file(path: Path, make: Callable[[], str] | None = None) -> str:

@@ -22,6 +22,7 @@ from agentbox.config import (
     ADMIN_TOKEN_FILE,
     CALLBACK_SECRET_FILE,
     CONFIG_FILE_NAME,
+    PAGE_NAME_FILE,
     WEBHOOK_SECRET_FILE,
     Settings,
     default_config_dir,
@@ -32,7 +33,8 @@ from agentbox.config import (
 # the service's logs, the archive of exports (its files are in folders of their own
 # inside it, each made 0700).
 DATA_FOLDERS = ("watch", "logs", "archive")
-CONFIG_FILES = (WEBHOOK_SECRET_FILE, CALLBACK_SECRET_FILE, ADMIN_TOKEN_FILE, CONFIG_FILE_NAME)
+CONFIG_FILES = (WEBHOOK_SECRET_FILE, CALLBACK_SECRET_FILE, ADMIN_TOKEN_FILE, PAGE_NAME_FILE,
+                CONFIG_FILE_NAME)
 
 
 # The names agentbox gives its files in the data directory: the database, its WAL,

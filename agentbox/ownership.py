@@ -38,7 +38,8 @@ def trusted_paths(settings: cfg.Settings, config: Path) -> Iterator[Path]:
     and secret files kept in the config folder."""
     yield config
     yield settings.config_dir
-    for name in (cfg.ADMIN_TOKEN_FILE, cfg.WEBHOOK_SECRET_FILE, cfg.CALLBACK_SECRET_FILE):
+    for name in (cfg.ADMIN_TOKEN_FILE, cfg.WEBHOOK_SECRET_FILE, cfg.CALLBACK_SECRET_FILE,
+                 cfg.PAGE_NAME_FILE):
         yield settings.config_dir / name
     yield settings.data_dir
 

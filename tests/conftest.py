@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 import agentbox.review.contract  # noqa: F401 - the review's event types, as its app registers them
-from agentbox.config import Settings, load_settings
+from agentbox.config import Settings, load_settings, page_name
 from agentbox.http.app import AgentboxServer, create_app
 from agentbox.signing import sign_headers
 from tests import postgres
@@ -282,6 +282,24 @@ class Server:
         path = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "admin_token"
         return given or (path.read_text().strip() if path.exists() else None)
 
+    def page_name(self) -> str:
+        """The page's private host name, kept by the server (made at its first start)."""
+        path = Path(self.env["XDG_CONFIG_HOME"]) / "agentbox" / "page_name"
+        return path.read_text().strip()
+
+    def browser(self) -> httpx.Client:
+        """A browser without the admin token at the page's private name: httpx resolves
+        no name under .localhost (Chromium does), so it goes to 127.0.0.1 and names the
+        page in its Host header. Give it `on_page(link)` for a link of that name."""
+        return httpx.Client(base_url=self.url, timeout=30,
+                            headers={"Host": f"{self.page_name()}:{self.port}"})
+
+    def on_page(self, link: str) -> str:
+        """The path and query of a link on the page's private name (for `browser`)."""
+        prefix = f"http://{self.page_name()}:{self.port}/"
+        assert link.startswith(prefix), link
+        return "/" + link.removeprefix(prefix)
+
     def login_link(self) -> str:
         """A one-time login link to the page (as `agentbox open` asks for one)."""
         answer = self.client.post("/login-links")
@@ -462,6 +480,13 @@ class InProcess:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app,
                                                                client=(address, 5000)),
                                  base_url="http://localhost", timeout=30)
+
+    def browser(self) -> httpx.AsyncClient:
+        """A browser without the admin token at the page's private name (where a session
+        is made and taken on loopback); the caller closes it."""
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app,
+                                                               client=("127.0.0.1", 5000)),
+                                 base_url=f"http://{page_name(self.settings)}", timeout=30)
 
     async def post(self, event: dict[str, Any] | bytes, secret: str = SECRET,
                    timestamp: int | None = None, headers: dict[str, str] | None = None

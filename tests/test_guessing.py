@@ -69,14 +69,16 @@ async def test_wrong_bearer_tokens_from_every_loopback_address_are_one_slowed_cl
 
 
 def test_a_login_link_needs_the_admin_token_not_a_session(server: Server) -> None:
-    opened = server.anonymous.get(server.login_link())
+    browser = server.browser()  # on the page's private name, where sessions are
+    opened = browser.get(server.on_page(server.login_link()))
     session = opened.cookies[SESSION_COOKIE]
-    with_session = server.anonymous.post("/login-links", headers={
+    with_session = browser.post("/login-links", headers={
         "Cookie": f"{SESSION_COOKIE}={session}", "Origin": "https://elsewhere.example"})
     assert with_session.status_code == 401
     assert with_session.json()["error_code"] == "admin_token_required"
-    assert server.anonymous.get("/runs", headers={
+    assert browser.get("/runs", headers={
         "Cookie": f"{SESSION_COOKIE}={session}"}).status_code == 200  # the session works
+    browser.close()
     assert server.client.post("/login-links").status_code == 201
 
 

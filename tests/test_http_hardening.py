@@ -28,15 +28,17 @@ def test_forwarded_for_is_believed_only_from_a_trusted_proxy(
     """uvicorn believes X-Forwarded-For from loopback by default: every guess could
     come from a new client, and the login throttle would never slow one down."""
     plain = server_factory().start()
-    wrong = plain.anonymous.post("/ui/login", data={"token": "guess"},
-                                 headers={"X-Forwarded-For": SPOOFED})
+    with plain.browser() as browser:  # on the page's name, where the form is
+        wrong = browser.post("/ui/login", data={"token": "guess"},
+                             headers={"X-Forwarded-For": SPOOFED})
     assert wrong.status_code == 401
     said = wait_until(lambda: failed_logins(plain), 10, "the failed login's line")
     assert said[0]["client"] == "127.0.0.1"
     plain.stop()
     proxied = server_factory({"AGENTBOX_TRUSTED_PROXIES": "127.0.0.1,::1"}).start()
-    proxied.anonymous.post("/ui/login", data={"token": "guess"},
-                           headers={"X-Forwarded-For": SPOOFED})
+    with proxied.browser() as browser:
+        browser.post("/ui/login", data={"token": "guess"},
+                     headers={"X-Forwarded-For": SPOOFED})
     said = wait_until(lambda: failed_logins(proxied)[1:], 10, "the second failed login")
     assert said[0]["client"] == SPOOFED
 

@@ -162,8 +162,10 @@ def test_clicking_a_notification_opens_the_review_it_speaks_of(
         assert note["actions"][:1] == ["default"]  # the body clicks
         page = wait_until(lambda: opened.exists() and opened.read_text().split(), 20,
                           "the browser to be asked for the review")
-        assert page == [f"{server.url}/ui/runs/{run['run_id']}"]
-        assert server.client.get(page[0]).status_code == 200
+        # on the page's private name, where a browser's session is
+        named = f"http://{server.page_name()}:{server.port}"
+        assert page == [f"{named}/ui/runs/{run['run_id']}"]
+        assert server.client.get(server.on_page(page[0])).status_code == 200
     finally:
         clicker.terminate()
         clicker.wait(10)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agentbox.http.access import SESSION_COOKIE
@@ -39,8 +38,10 @@ def test_another_account_gets_no_run_no_audio_and_no_use_of_a_scraped_form(
         answer = as_another_account(server.url + path)
         assert answer.endswith("\n401"), (path, answer)
         assert run_id not in answer and "admin_token_required" in answer
-    page = as_another_account("--header", "Accept: text/html", server.url + "/ui/runs")
+    page = as_another_account("--header", "Accept: text/html", "--include",
+                              server.url + "/ui/runs")
     assert page.endswith("\n401") and "Admin token needed" in page and run_id not in page
+    assert server.page_name() not in page  # nor the page's private name
     csrf = server.csrf()  # scraped somehow: it is still no use without the user's session
     replay = as_another_account("--data", f"csrf={csrf}&run_id={run_id}",
                                 server.url + "/ui/replay")
@@ -52,21 +53,21 @@ def test_another_account_gets_no_run_no_audio_and_no_use_of_a_scraped_form(
 
 def test_a_one_time_link_opens_a_session_that_outlives_a_restart(server: Server) -> None:
     link = server.login_link()
-    assert link.startswith(server.url + "/ui/login?code=")
-    browser = httpx.Client(timeout=30)
-    opened = browser.get(link)
+    assert link.startswith(f"http://{server.page_name()}:{server.port}/ui/login?code=")
+    browser = server.browser()
+    opened = browser.get(server.on_page(link))
     assert opened.status_code == 303 and opened.headers["location"] == "/"
     session = opened.cookies[SESSION_COOKIE]
     cookie = {"Cookie": f"{SESSION_COOKIE}={session}"}
-    assert browser.get(server.url + "/ui/runs", headers=cookie).status_code == 200
-    again = server.anonymous.get(link, headers={"Accept": "text/html"})
+    assert browser.get("/ui/runs", headers=cookie).status_code == 200
+    again = browser.get(server.on_page(link), headers={"Accept": "text/html"})
     assert again.status_code == 401 and SESSION_COOKIE not in again.headers.get(
         "set-cookie", "")  # once only
     server.stop()
     server.start()
-    assert browser.get(server.url + "/ui/runs", headers=cookie).status_code == 200
+    assert browser.get("/ui/runs", headers=cookie).status_code == 200
     forged = session[:-4] + ("0000" if not session.endswith("0000") else "1111")
-    assert server.anonymous.get("/runs", headers={
+    assert browser.get("/runs", headers={
         "Cookie": f"{SESSION_COOKIE}={forged}"}).status_code == 401
     browser.close()
 
@@ -76,8 +77,10 @@ def test_agentbox_open_prints_a_link_that_logs_in(server: Server) -> None:
         [sys.executable, "-m", "agentbox", "open", "--print", "--url", server.url],
         env=server.env, capture_output=True, text=True, timeout=60, cwd=server.home)
     assert opened.returncode == 0, opened.stderr
-    link = opened.stdout.strip()
-    assert link.startswith(server.url + "/ui/login?code=")
-    assert server.anonymous.get(link).status_code == 303
+    link = opened.stdout.strip()  # on the page's private name, where a session is made
+    assert link.startswith(f"http://{server.page_name()}:{server.port}/ui/login?code=")
+    with server.browser() as browser:
+        used = browser.get(server.on_page(link))
+    assert used.status_code == 303 and SESSION_COOKIE in used.headers["set-cookie"]
     said = Path(server.log_path).read_text()
     assert "/ui/login?code=" in said  # the start-up line's own link

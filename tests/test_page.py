@@ -4,9 +4,11 @@ Every request goes to 127.0.0.1."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -20,7 +22,7 @@ import soundfile
 from playwright.sync_api import Browser, Page, expect
 
 from agentbox import manual
-from tests.conftest import Server, make_event
+from tests.conftest import Server, make_event, wait_until
 from tests.support.browser import as_the_user, chromium, fresh_page
 
 # The resolver rule plays a DNS rebinding: that name answers 127.0.0.1, as an
@@ -134,9 +136,13 @@ def test_a_rebound_host_name_gets_nothing(server: Server) -> None:
         "rebound"
     for name in (f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.1:{port}",
                  f"127.1.2.3:{port}", f"[::1]:{port}", "localhost", f"localhost.:{port}",
-                 f"agentbox.localhost:{port}"):
+                 f"{server.page_name()}:{port}"):
         assert server.client.get("/", headers={**browser, "Host": name},
                                  timeout=10).status_code == 200, name
+    for name in (f"agentbox.localhost:{port}", f"x.{server.page_name()}:{port}"):
+        # under .localhost only the page's own name is agentbox's
+        assert server.client.get("/", headers={**browser, "Host": name},
+                                 timeout=10).status_code == 400, name
     # a program is held to it as well: a browser cannot always be told from one
     assert httpx.get(server.url + "/", headers={"Host": rebound}).status_code == 400
     # the receiver stays open to any name: a signature, not a host, is what it checks
@@ -177,13 +183,99 @@ def test_a_one_time_link_logs_a_browser_in_once(server: Server, browser: Browser
         link = server.login_link()
         page.goto(link)
         expect(page.locator("h1")).to_have_text("Your projects")
-        page.goto(server.url + "/ui/runs")
+        page.goto(f"http://{server.page_name()}:{server.port}/ui/runs")  # the session's
         expect(page.locator("#live")).to_have_text("live", timeout=10_000)  # the stream too
         with fresh_page(browser, logged_in=False) as other:  # the link works once
             other.goto(link)
             expect(other.get_by_text("Admin token needed")).to_be_visible()
             expect(other.locator("#login-why")).to_contain_text("used already or has expired")
             expect(other.locator("#live")).to_have_count(0)  # no stream, no "reconnecting…"
+
+
+class Listener:
+    """Another program on another loopback port: it records every request's Host and
+    Cookie, and answers each with a page that sends the browser on to `then` (a
+    hostile page's links and fetches)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []  # (Host, Cookie) of each request
+        self.then: list[str] = []
+        seen, then = self.seen, self.then
+
+        class Record(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append((self.headers.get("Host", ""), self.headers.get("Cookie", "")))
+                calls = "".join(f"fetch({json.dumps(url)}, {{credentials: 'include', "
+                                "mode: 'no-cors'}).catch(() => 0);" for url in then)
+                body = f"<!doctype html><title>elsewhere</title><script>{calls}</script>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_session_cookie_never_reaches_another_loopback_port(
+        server: Server, browser: Browser, tmp_path: Path) -> None:
+    """Logged in by `agentbox open`'s path (a file that forwards to the one-time link),
+    Chromium holds the session on the page's private name alone: sent by a page to
+    another program on another loopback port, by 127.0.0.1 or localhost, it never
+    sends the cookie there; only a program that knew the name would get it. A cookie
+    replayed to agentbox by 127.0.0.1 is refused."""
+    from agentbox.browser import write_handoff
+    from agentbox.http.access import SESSION_COOKIE
+
+    name = server.page_name()
+    listener = Listener()
+    try:
+        with fresh_page(browser, logged_in=False) as page:
+            page.goto(write_handoff(tmp_path, server.login_link()).as_uri())
+            expect(page.locator("h1")).to_have_text("Your projects")
+            assert page.url == f"http://{name}:{server.port}/"
+            held = [c for c in page.context.cookies() if c["name"] == SESSION_COOKIE]
+            assert [(c["domain"], c["httpOnly"], c["sameSite"]) for c in held] == [
+                (name, True, "Strict")]
+            elsewhere = [f"http://127.0.0.1:{listener.port}/fetched",
+                         f"http://localhost:{listener.port}/fetched",
+                         f"http://127.0.0.1:{server.port}/runs"]
+            listener.then.extend(elsewhere)
+            for url in (f"http://127.0.0.1:{listener.port}/",
+                        f"http://localhost:{listener.port}/"):
+                page.goto(url)  # a link the hostile page followed, then its fetches
+            wait_until(lambda: len(listener.seen) >= 6, 30, "the page's requests to arrive")
+            assert all(SESSION_COOKIE not in cookie for _, cookie in listener.seen), \
+                listener.seen
+            # the listener would see the cookie had it known the name: it is the secret
+            page.goto(f"http://{name}:{listener.port}/")
+            known = wait_until(lambda: [c for h, c in listener.seen
+                                        if h == f"{name}:{listener.port}"], 30, "the visit")
+            assert SESSION_COOKIE in known[0]
+    finally:
+        listener.close()
+    cookie = {"Cookie": f"{SESSION_COOKIE}={held[0]['value']}"}
+    for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+        replayed = httpx.get(server.url + "/runs", headers={**cookie, "Host": host})
+        assert replayed.status_code == 401, host
+    assert httpx.get(server.url + "/runs", headers={
+        **cookie, "Host": f"{name}:{server.port}"}).status_code == 200
+
+
+def test_on_loopback_the_form_logs_in_on_the_private_name(
+        server: Server, browser: Browser) -> None:
+    token = (server.home / "config" / "agentbox" / "admin_token").read_text().strip()
+    with fresh_page(browser, logged_in=False) as page:
+        _log_in_with_the_form(server, page, token)  # asked at 127.0.0.1
+        assert page.url.startswith(f"http://{server.page_name()}:{server.port}/")
 
 
 def test_beyond_loopback_every_page_needs_the_token(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox.config import page_name
 from tests.conftest import ADMIN_TOKEN, InProcess, in_process, make_event
 
 pytestmark = pytest.mark.anyio
@@ -104,11 +105,21 @@ async def test_a_request_naming_another_host_is_refused(box: InProcess, host: st
         assert response.json()["error_code"] == "host_not_allowed"
 
 
-@pytest.mark.parametrize("host", ["localhost", "127.0.0.1:8000", "[::1]:8000",
-                                  "agentbox.localhost"])
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1:8000", "[::1]:8000", "PAGE",
+                                  "PAGE.:8000"])
 async def test_loopback_names_are_served(box: InProcess, host: str) -> None:
-    response = await box.client.get("/", headers={"Host": host})
+    name = page_name(box.settings)
+    response = await box.client.get("/", headers={"Host": host.replace("PAGE", name)})
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("host", ["agentbox.localhost", "localhost.localhost:8000",
+                                  "agentbox-0123456789abcdef0123456789abcdef.localhost"])
+async def test_another_name_under_localhost_is_refused(box: InProcess, host: str) -> None:
+    """Only the page's own name under .localhost is agentbox's (a guessed one is not)."""
+    response = await box.client.get("/", headers={"Host": host})
+    assert response.status_code == 400 and response.json()["error_code"] == \
+        "host_not_allowed"
 
 
 async def test_off_loopback_every_page_needs_the_token(tmp_path: Path,

@@ -115,7 +115,7 @@ async def test_changing_a_reference_takes_the_token_or_the_pages_csrf(tmp_path: 
         track = tmp_path / "ref.wav"
         noise(track, 3, 0.5)
         assert (await add(box, "Song", track, Authorization="Bearer wrong")).status_code == 401
-        async with box.anonymous() as page:  # a browser, logged in: a session, no token
+        async with box.browser() as page:  # a browser, logged in: a session, no token
             assert (await page.post("/ui/login", data={"token": ADMIN_TOKEN})
                     ).status_code == 303
             assert (await add(box, "Song", track, page, **{"X-CSRF-Token": "forged"})

@@ -113,7 +113,8 @@ def test_the_window_says_ready_then_each_review_with_its_verdict(server_factory:
     said = window()
     assert said[0].startswith(f"agentbox is ready at {server.url} (data in "
                               f"{server.home / 'data' / 'agentbox.sqlite3'}); open the page, "
-                              f"logged in, at {server.url}/ui/login?code=")
+                              f"logged in, at http://{server.page_name()}:{server.port}"
+                              "/ui/login?code=")
     verdict = server.client.get("/runs").json()["runs"]
     review = next(r for r in verdict if r["file"] == "night-drive.wav")["result"]
     assert any(line.startswith(f"night-drive.wav: {review['verdict']} · ") and "LUFS" in line

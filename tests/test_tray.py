@@ -385,13 +385,15 @@ def test_the_menus_items_do_what_they_say(server: Server,
             assert opened[-1].startswith("file://") and "code=" not in opened[-1]
             assert stat.S_IMODE(handed.stat().st_mode) == 0o600
             link = html.unescape(re.search(r'url=([^"]+)"', handed.read_text())[1])
-            assert link.startswith(f"{server.url}/ui/login?code=")
+            assert link.startswith(f"http://{server.page_name()}:{server.port}/ui/login?code=")
             assert link.split("&next=")[1] == path
-            landed = server.anonymous.get(link, follow_redirects=False)
+            with server.browser() as browser:
+                landed = browser.get(server.on_page(link))
             assert landed.status_code == 303 and landed.headers["location"] == path
             wait_until(lambda h=handed: not h.exists(), 30, "the file to be removed")
             links.append(link)
-        assert server.anonymous.get(links[0]).status_code == 401  # used: once only
+        with server.browser() as browser:
+            assert browser.get(server.on_page(links[0])).status_code == 401  # once only
         item("Pause watch folders")(tray.icon)
         assert server.client.get("/watch").json()["paused"] is True
         assert tray.follower.look.paused

@@ -40,7 +40,9 @@ class DesktopApp(App):
         self.review_log = ReviewLog(host.store)
         host.on_transition(self.review_log.on_transition)
         if own.notify:
-            self.notices = ReviewNotifications(host.store, pages=configured_url(settings))
+            # a click opens the run's page on the page's private name (a session's)
+            self.notices = ReviewNotifications(
+                host.store, pages=host.pages.access.page_url(configured_url(settings)))
             host.on_transition(self.notices.on_transition)
         if own.watch:
             self.watched = watched = WatchedFolders.of(settings, host.admin_token)

@@ -9,6 +9,17 @@ session: by the login form, or by a one-time login link (`agentbox open`, the
 start-up line), which carries no secret that outlives it. On loopback a request
 must also be addressed by a loopback name (DNS rebinding is refused).
 
+On loopback the page is served on a private host name, `agentbox-<32 hex
+digits>.localhost` (random per install, kept in the config dir: config.page_name),
+which browsers resolve to loopback themselves. A session's cookie is set there
+alone (host-only), and a session is taken only on that name: browsers send a
+cookie to every port of its host, so a cookie of 127.0.0.1 would reach any
+program another account runs on another loopback port, while this name's reaches
+only a program that knows the name. A login at 127.0.0.1 or localhost moves the
+browser to the name first, once it has shown the token or a working link (the
+name is told to no one else: any program can ask 127.0.0.1); the admin token as
+a Bearer token works on every loopback name.
+
 A session is a random id, signed with a key made from the admin token, in an
 HttpOnly, SameSite=Strict cookie (Secure over https); it ends at logout or
 after AGENTBOX_SESSION_SECONDS (on loopback 400 days unless set: a musician
@@ -33,7 +44,7 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox import proof
@@ -226,6 +237,10 @@ class LoginLinks:
             del self._ends[next(iter(self._ends))]
         return code
 
+    def waiting(self, code: str) -> bool:
+        """Whether `code` would open a session now (it is left unused)."""
+        return self._ends.get(code, 0.0) > self.clock()
+
     def use(self, code: str) -> bool:
         end = self._ends.pop(code, None)
         now = self.clock()
@@ -246,6 +261,25 @@ class LoginLinks:
         return False if waiting else None
 
 
+def serves_page_name(host: str) -> bool:
+    """Whether a server listening on `host` is reached by a name under .localhost:
+    browsers resolve those to 127.0.0.1 and ::1 alone."""
+    return host in ("127.0.0.1", "::1", "localhost")
+
+
+def host_name(scope: Scope) -> str | None:
+    """The host a request names (its Host header, lowercase, no port or final dot);
+    None when it names none, or none that parses."""
+    host = next((value for name, value in scope["headers"] if name == b"host"), None)
+    if host is None:
+        return None
+    try:
+        name = urlsplit("//" + host.decode("latin-1")).hostname
+    except ValueError:
+        return None
+    return name.removesuffix(".") if name else None
+
+
 def link_id(code: str) -> str:
     """A login link's name that opens nothing: asked after by whoever made the link."""
     return hashlib.sha256(code.encode()).hexdigest()[:32]
@@ -256,8 +290,11 @@ class Access:
     them to every request): the token, sessions, the login's throttle, the host check."""
 
     def __init__(self, settings: Settings, admin_token: str, metrics: Metrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 page_name: str | None = None) -> None:
         self.host = settings.host
+        # The private name sessions are bound to (None: served on AGENTBOX_HOST alone).
+        self.page_name = page_name if serves_page_name(settings.host) else None
         self._token = admin_token.encode()
         self.metrics = metrics
         self.sessions = Sessions(self._token, session_seconds(settings))
@@ -269,11 +306,36 @@ class Access:
         return is_loopback_host(self.host)
 
     def authorised(self, request: Request) -> bool:
-        """The admin token as a Bearer token, or a session's cookie."""
+        """The admin token as a Bearer token, or a session's cookie on the page's name."""
         token = bearer(request)
         if token is not None:
             return self.token_is(token)
-        return self.sessions.valid(request.cookies.get(SESSION_COOKIE, ""))
+        return self.on_page_name(request.scope) and self.sessions.valid(
+            request.cookies.get(SESSION_COOKIE, ""))
+
+    def on_page_name(self, scope: Scope) -> bool:
+        """Whether the request names the host sessions are made and taken on."""
+        return self.page_name is None or host_name(scope) == self.page_name
+
+    def page_url(self, base_url: str) -> str:
+        """`base_url` (http://127.0.0.1:8000/) on the page's private name, when it has
+        one: where a browser logs in."""
+        if self.page_name is None:
+            return base_url.rstrip("/")
+        parts = urlsplit(base_url)
+        try:
+            port = "" if parts.port is None else f":{parts.port}"
+        except ValueError:  # a Host header's port out of range: the page's name alone
+            port = ""
+        return f"{parts.scheme}://{self.page_name}{port}"
+
+    def page_url_of(self, request: Request) -> str:
+        """The page's address for a request to it: on its private name at the port of
+        the socket it came in on (not the Host header's), else as it was asked."""
+        server = request.scope.get("server")
+        if self.page_name is not None and server and server[1]:
+            return f"{request.scope.get('scheme', 'http')}://{self.page_name}:{server[1]}"
+        return self.page_url(str(request.base_url))
 
     def may_change(self, request: Request, csrf: str) -> bool:
         """An action's caller: the admin token as a Bearer token (the CLI), or the
@@ -288,14 +350,14 @@ class Access:
     def token_is(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._token)
 
-    async def log_in(self, request: Request, token: str) -> str | None:
-        """A new session's id for the right token, at once; else None, once this
-        client's wait is over (counted, and its next wrong one waits longer).
+    async def log_in(self, request: Request, token: str) -> bool:
+        """Whether the login form's token is the right one: at once if so; else once
+        this client's wait is over (counted, and its next wrong one waits longer).
         TooManyLogins when the client has queued too many."""
         if self.token_is(token):
-            return self.sessions.start()
+            return True
         await self.wrong_token(request.scope, "a login to the page failed")
-        return None
+        return False
 
     async def wrong_token(self, scope: Scope, said: str) -> None:
         """A wrong admin token (the login form's or a Bearer token): counted, logged
@@ -309,8 +371,20 @@ class Access:
         await asyncio.sleep(self.throttle.failed(client_of(scope)))  # this request alone
 
     def login_link(self, base_url: str) -> str:
-        """A one-time login link to the page at `base_url` (http://127.0.0.1:8000)."""
-        return f"{base_url.rstrip('/')}{LOGIN_LINK_PATH}?code={self.links.make()}"
+        """A one-time login link to the page at `base_url` (http://127.0.0.1:8000), on
+        its private name."""
+        return f"{self.page_url(base_url)}{self.login_path()}"
+
+    def login_path(self) -> str:
+        """A new one-time login link's path and query."""
+        return f"{LOGIN_LINK_PATH}?code={self.links.make()}"
+
+    def moved(self, request: Request, path: str) -> Response:
+        """A browser at 127.0.0.1 or localhost sent on to `path` on the page's private
+        name, to log in there: only one that showed the token or a working login link
+        is sent (the name is no secret to it), never one that merely asks."""
+        return RedirectResponse(self.page_url_of(request) + path, status_code=303,
+                                headers={"Cache-Control": "no-store"})
 
     def session_cookie(self, response: Response, request: Request, session: str) -> None:
         response.set_cookie(SESSION_COOKIE, session, max_age=math.ceil(self.sessions.seconds),
@@ -344,7 +418,7 @@ class Access:
                 response = await self.refused_bearer(scope)
             elif (scope["method"] == "GET"
                   and "text/html" in Request(scope).headers.get("accept", "")):
-                response = login_page()
+                response = login_page()  # where it was asked: the page's name is not told
             else:
                 response = token_required()
             await response(scope, receive, send)
@@ -384,7 +458,10 @@ class Access:
         included. Its requests carry the site's name as their Host, and nothing
         else tells them from a program's: on plain http a browser sends no
         Sec-Fetch headers and a same-origin GET no Origin, and some browsers let
-        a page set its User-Agent. So every request must name this machine."""
+        a page set its User-Agent. So every request must name this machine: a
+        loopback address, localhost, AGENTBOX_HOST or the page's private name (other
+        names under .localhost, which browsers resolve to loopback themselves, are
+        no name of agentbox's either)."""
         host = next((value for name, value in scope["headers"] if name == b"host"), None)
         if host is None:
             return False  # HTTP/1.0 without a Host: no browser sends that
@@ -393,6 +470,5 @@ class Access:
         except ValueError:
             return True
         name = name.removesuffix(".")
-        # *.localhost: browsers resolve it to loopback themselves, no DNS to rebind.
-        return not (is_loopback_host(name) or name.endswith(".localhost")
-                    or name == self.host.lower())
+        return not (is_loopback_host(name) or name == self.host.lower()
+                    or (self.page_name is not None and name == self.page_name))

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.apps import App, Host, api_document, default_agents, load_apps
-from agentbox.config import ConfigError, Settings
+from agentbox.config import ConfigError, Settings, page_name
 from agentbox.engine.agents import AgentRegistry
 from agentbox.engine.callbacks import CallbackDeliverer, OperatorAlerts
 from agentbox.engine.dispatcher import Dispatcher
@@ -98,7 +98,7 @@ def create_app(
     api = RunsApi(store, dispatcher, deliverer, admin_token, metrics, instance_id)
     retention = api.retention = Retention(store, settings, clock,
                                           apps=[app.retain for app in apps])
-    access = Access(settings, admin_token, metrics)
+    access = Access(settings, admin_token, metrics, page_name=page_name(settings))
     pages = StatusPages(settings, store, dispatcher, access)
     manual_pages = ManualPages(pages.env)
     dispatcher.listeners.append(pages.live.transition)

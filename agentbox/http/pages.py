@@ -52,6 +52,7 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.subscriptions import agent_sets
 from agentbox.http.access import (
     CSRF_FAILED,
+    LOGIN_LINK_PATH,
     LOGIN_LINK_SECONDS,
     Access,
     TooManyLogins,
@@ -190,23 +191,37 @@ class StatusPages:
         return self.page("login.html", status_code=401, logout=False, why=why)
 
     async def login(self, request: Request) -> Response:
+        """`POST /ui/login`: the admin token traded for a session, on the page's private
+        name alone (at 127.0.0.1 or localhost the right token sends the browser there
+        by a new one-time link, and sets no cookie here)."""
         form = await _form(request)
         try:
-            session = await self.access.log_in(request, (form.get("token") or [""])[0])
+            right = await self.access.log_in(request, (form.get("token") or [""])[0])
         except TooManyLogins as exc:
             return self.error(429, "Too many wrong tokens from here: wait a minute and try "
                                     "again.", {"Retry-After": str(round(exc.retry_after))})
-        if session is None:
+        if not right:
             return self.login_page("That is not the admin token.")
+        if not self.access.on_page_name(request.scope):
+            # A page that goes on, not a redirect: the page's form-action 'self' would
+            # stop a form's redirect to another origin.
+            return forward(self.access.page_url_of(request) + self.access.login_path())
         response = RedirectResponse("/", status_code=303)
-        self.access.session_cookie(response, request, session)
+        self.access.session_cookie(response, request, self.access.sessions.start())
         return response
 
     async def login_link(self, request: Request) -> Response:
         """`GET /ui/login?code=...[&next=/path]`: a one-time login link (agentbox open,
         the tray) trades its code for a session, once, then shows `next` (a path of
-        this site only); a used or expired one asks for the token."""
-        if not self.access.links.use(request.query_params.get("code", "")):
+        this site only); a used or expired one asks for the token. A working link used
+        at 127.0.0.1 or localhost sends the browser to the same link on the page's
+        private name first (not used up there); `GET /ui/login` alone is the form."""
+        code = request.query_params.get("code")
+        if code is None:
+            return self.login_page()
+        if self.access.links.waiting(code) and not self.access.on_page_name(request.scope):
+            return self.access.moved(request, f"{LOGIN_LINK_PATH}?{request.url.query}")
+        if not self.access.on_page_name(request.scope) or not self.access.links.use(code):
             return self.login_page("This login link was used already or has expired (a link "
                                    "works once, within minutes): run agentbox open for a "
                                    "new one.")
@@ -226,7 +241,7 @@ class StatusPages:
         enough): a one-time login link to this page."""
         if not self.access.token_is(bearer(request) or ""):
             return token_required()
-        link = LoginLink(url=self.access.login_link(str(request.base_url)),
+        link = LoginLink(url=self.access.login_link(self.access.page_url_of(request)),
                          expires_in_seconds=LOGIN_LINK_SECONDS)
         return JSONResponse(link.as_json(), status_code=201)
 

@@ -12,6 +12,7 @@ Jupyter's local server hands its browser over the same way, for the same reason.
 from __future__ import annotations
 
 import html
+import json
 import os
 import secrets
 import time
@@ -37,10 +38,14 @@ def handoff_page(link: str) -> str:
     """A page that forwards the browser to `link` at once (and says where, for one that
     does not follow a refresh)."""
     quoted = html.escape(link, quote=True)
+    # The script moves on while the page is still parsed (a headless browser that
+    # dumps the page once loaded follows it too); the refresh, where scripts are off.
+    scripted = json.dumps(link).replace("<", "\\u003c")
     return ("<!doctype html>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"referrer\" content=\"no-referrer\">\n"
             f"<meta http-equiv=\"refresh\" content=\"0;url={quoted}\">\n"
             "<title>agentbox</title>\n"
+            f"<script>location.replace({scripted});</script>\n"
             f"<p><a href=\"{quoted}\">Open agentbox</a></p>\n")
 
 

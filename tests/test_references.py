@@ -92,8 +92,10 @@ async def test_a_projects_reference_is_compared_in_every_review(tmp_path: Path) 
             assert max(offsets) - min(offsets) < 0.11, offsets  # its curve, moved whole
             assert any(n["code"] == "reference" for n in run["result"]["notes"])
 
-        # the event's own reference wins for that event
+        # the event's own reference wins for that event (a new render: the latest's very
+        # bytes again would be that export, docs/cli.md "What counts as a render")
         noise(tmp_path / "other.wav", 12, 0.5, seed=9)
+        noise(tmp_path / "mix.wav", 12, 0.3, top_hz=6000, seed=4)
         own = await review(box, tmp_path / "mix.wav", "Night Drive",
                            reference_url=str(tmp_path / "other.wav"))
         assert own["result"]["reference"]["source"] == "event"
@@ -105,6 +107,7 @@ async def test_a_projects_reference_is_compared_in_every_review(tmp_path: Path) 
         assert not box.app.state.apps["review"].archive.blobs.has(shown["sha256"])
         gone = await box.client.get("/projects/Night%20Drive/reference")
         assert (gone.status_code, gone.json()["error_code"]) == (404, "reference_not_found")
+        noise(tmp_path / "mix.wav", 12, 0.3, top_hz=6000, seed=5)  # the next render
         later = await review(box, tmp_path / "mix.wav", "Night Drive")
         assert later["result"]["reference"] is None
 

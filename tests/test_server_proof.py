@@ -181,7 +181,7 @@ def test_agentbox_open_gives_chromium_no_secret_in_its_arguments(
     browser.write_text(  # started in the background, as a desktop's browser is
         "#!/bin/sh\n"
         f"{CHROMIUM} --headless {' '.join(QUIET)} --user-data-dir={tmp_path}/profile "
-        f"--timeout=8000 --dump-dom \"$1\" > {dumped} 2>/dev/null &\n")
+        f"--timeout=30000 --dump-dom \"$1\" > {dumped} 2>/dev/null &\n")
     browser.chmod(0o700)
     reader = subprocess.Popen(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,

@@ -109,7 +109,9 @@ def review(client: httpx.Client, path: Path) -> tuple[float, dict[str, float | N
              "idempotency_key": f"speed:session.exported:{event_id}",
              "event_type": "session.exported",
              "source": "speed", "timestamp": "2026-07-27T15:42:00Z",
-             "payload": {"project_id": path.stem, "mix_url": str(path)}}
+             # a project of its own each time: the same bytes again in one project are
+             # its latest export, not a new review (docs/cli.md, what counts as a render)
+             "payload": {"project_id": f"{path.stem}-{event_id[:8]}", "mix_url": str(path)}}
     body = json.dumps(event).encode()
     headers = {"Content-Type": "application/json", **sign_headers(SECRET, body, int(time.time()))}
     response = client.post("/webhooks/events", content=body, headers=headers)

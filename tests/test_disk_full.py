@@ -161,7 +161,8 @@ def _while_full(server: Server, run_id: str) -> None:
 
 
 def _every_acknowledged_event_is_stored(data: Path, acknowledged: dict[str, Any]) -> None:
-    assert len(acknowledged) > 50  # the disk filled under load, not at once
+    assert len(acknowledged) > 20  # the disk filled under load, not at once (each event
+    # keeps more beside it since the review keeps its own project rows: fewer fit)
     conn = sqlite3.connect(f"file:{data / 'agentbox.sqlite3'}?mode=ro", uri=True)
     try:
         stored = {row[0]: row[1] for row in conn.execute(

@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +106,13 @@ def required() -> bool:
 def need_corpus() -> None:
     """Skip the test for want of a package, or fail it under
     AGENTBOX_TEST_REQUIRE_MUSIC=1 (CI: a corpus that is not there proves nothing)."""
-    absent = missing()
+    _need("real-music", missing())
+
+
+def _need(corpus: str, absent: list[str]) -> None:
     if not absent:
         return
-    message = (f"the real-music corpus needs the Debian packages {', '.join(absent)} "
+    message = (f"the {corpus} corpus needs the Debian packages {', '.join(absent)} "
                "(scripts/test installs them)")
     if required():
         pytest.fail(message)
@@ -118,14 +121,19 @@ def need_corpus() -> None:
 
 def cache_folder() -> Path:
     """Where the decoded corpus is kept: named after the packages' versions."""
+    return _kept_in("real-music", PACKAGES, EXCERPT_SECONDS)
+
+
+def _kept_in(name: str, packages: Iterable[str], seconds: float) -> Path:
+    """A decoded corpus's folder, named after its packages' versions and excerpts."""
     versions = []
-    for package in sorted(PACKAGES):
+    for package in sorted(packages):
         found = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
                                capture_output=True, text=True, check=False)
         versions.append(f"{package}={found.stdout.strip()}")
-    key = hashlib.sha256(("\n".join(versions) + f"\n{EXCERPT_SECONDS}").encode()).hexdigest()
+    key = hashlib.sha256(("\n".join(versions) + f"\n{seconds}").encode()).hexdigest()
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "agentbox-tests")
-    return root / "real-music" / key[:16]
+    return root / name / key[:16]
 
 
 def ffmpeg() -> str:
@@ -351,26 +359,12 @@ def missing_releases() -> list[str]:
 
 def need_releases() -> None:
     """Skip for want of a package, or fail under AGENTBOX_TEST_REQUIRE_MUSIC=1."""
-    absent = missing_releases()
-    if not absent:
-        return
-    message = (f"the released-music corpus needs the Debian packages {', '.join(absent)} "
-               "(scripts/test installs them)")
-    if required():
-        pytest.fail(message)
-    pytest.skip(message)
+    _need("released-music", missing_releases())
 
 
 def release_folder() -> Path:
     """Where the release corpus is kept: named after its packages' versions."""
-    versions = []
-    for package in sorted(RELEASE_PACKAGES):
-        found = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
-                               capture_output=True, text=True, check=False)
-        versions.append(f"{package}={found.stdout.strip()}")
-    key = hashlib.sha256(("\n".join(versions) + f"\n{RELEASE_SECONDS}").encode()).hexdigest()
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "agentbox-tests")
-    return root / "releases" / key[:16]
+    return _kept_in("releases", RELEASE_PACKAGES, RELEASE_SECONDS)
 
 
 def released(release: Release, form: str, folder: Path) -> Path:

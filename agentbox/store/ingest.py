@@ -9,6 +9,7 @@ row, PostgreSQL a whole batch's events in one statement.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -94,6 +95,10 @@ class Ingest:
                         runs=tuple(runs), webhook_id=self.webhook_id)
 
 
+# A run an app keeps a value of: run_id, the value, its event's source, its acceptance.
+Kept = tuple[str, str, str, float]
+
+
 def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bool, Any]]:
     """Admit, claim the keys and store the events whose key was free, then look
     up the runs of the duplicates: per item (True, IngestResult) or (False,
@@ -131,7 +136,7 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
                 continue
             answers[i] = (True, _stored(db, state, items[i], plan))
             kept.append((items[i].event, plan))
-        _kept_by_apps(db, state, kept)
+        _kept_by_apps(db, state, kept, now)
     unanswered = [i for i in admitted + refused + unrouted if answers[i] is None]
     if unanswered:
         found = db.runs_of_keys([items[i].event.envelope.idempotency_key for i in unanswered],
@@ -157,19 +162,48 @@ def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bo
     return settled
 
 
-def _kept_by_apps(db: Db, state: Batch, stored: Sequence[tuple[Event, NewEvent]]) -> None:
+def _kept_by_apps(db: Db, state: Batch, stored: Sequence[tuple[Event, NewEvent]],
+                  now: float) -> None:
     """What each app keeps of the events just stored (tables.Schema.keeps), in their
-    transaction: one statement per app and batch, none when no event gave a value."""
-    for keeps, statement in state.keeps:
-        run_ids: list[str] = []
-        values: list[str] = []
+    transaction: each run as [run_id, value, its event's source, when it was
+    accepted], for the apps' statements, written now or, when the transaction
+    gathers them (`Batch.kept`), once for all its events (`write_kept`)."""
+    for index, (keeps, _) in enumerate(state.keeps):
+        rows: list[Kept] = []
         for event, planned in stored:
             value = keeps(event)
             if value is not None:
-                run_ids += [run.run_id for run in planned.runs]
-                values += [value] * len(planned.runs)
-        if run_ids:
-            db.run_text(statement, {"run_ids": db.array(run_ids), "values": db.array(values)})
+                source = event.envelope.source
+                rows += [(run.run_id, value, source, now) for run in planned.runs]
+        if not rows:
+            continue
+        if state.kept is not None:
+            state.kept[index] += rows
+        else:
+            _write_kept(db, state.keeps[index][1], rows)
+
+
+def write_kept(db: Db, state: Batch) -> None:
+    """What the transaction's events gave the apps to keep (`Batch.kept`), written
+    before it commits: one round of statements for the batch, not one per event (on
+    SQLite each event is an operation of its own, and an app's statement costs more
+    to start than to run for one row)."""
+    if state.kept is None:
+        return
+    for (_, statements), rows in zip(state.keeps, state.kept, strict=True):
+        if rows:
+            _write_kept(db, statements, rows)
+    state.kept = [[] for _ in state.keeps]
+
+
+def _write_kept(db: Db, statements: Sequence[str], rows: list[Kept]) -> None:
+    """An app's statements for `rows`: `:rows` holds them as one JSON array (a
+    statement reads it in one pass, where lists joined by position cost a pass per
+    row on SQLite); `:run_ids` and `:values` as lists."""
+    params = {"rows": json.dumps(rows), "run_ids": db.array([row[0] for row in rows]),
+              "values": db.array([row[1] for row in rows])}
+    for statement in statements:
+        db.run_text(statement, params)
 
 
 def _route(db: Db, state: Batch, item: Ingest) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from agentbox import portable
 from agentbox.logs import get_logger
 from agentbox.store.errors import SchemaTooNew, StorageUnavailable, StoreInUse
+from agentbox.store.ingest import write_kept
 from agentbox.store.queries import load
 from agentbox.store.records import Finish, Landed, NewEvent
 from agentbox.store.schema import migrate_line_sqlite, migrate_sqlite, migrations
@@ -343,7 +344,7 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         changes = conn.total_changes
-        state = Batch(self._active, self.keeps)
+        state = Batch(self._active, self.keeps, gather=True)
         db = SqliteDb(conn)
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
@@ -361,6 +362,8 @@ class SqliteStore(SqlStore):
                     self._executor, self._run_ops, db, state, batch)
             else:
                 results = self._run_ops(db, state, batch)
+            if results is not None and not _wrote_kept(db, state):
+                results = None  # an app's statement failed: each operation alone says whose
             if results is None:  # an operation failed after writing: undo it alone
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
@@ -595,6 +598,19 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
 # error, a database locked or damaged) is the storage's.
 _MISTAKES = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError,
              sqlite3.DataError, sqlite3.NotSupportedError)
+
+
+def _wrote_kept(db: SqliteDb, state: Batch) -> bool:
+    """Write what the batch's events gave the apps to keep (ingest.write_kept); False
+    when an app's statement refused (the batch then runs again, operation by
+    operation, each writing its own). A failure of the storage itself is raised."""
+    try:
+        write_kept(db, state)
+    except Exception as exc:
+        if _storage_failed(exc):
+            raise
+        return False
+    return True
 
 
 def _storage_failed(exc: Exception) -> bool:

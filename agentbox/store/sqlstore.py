@@ -127,7 +127,9 @@ class SqlStore(Reads, GroupCommit, Store):
             raise ValueError(f"{schema.line}: a run field or filter another app brings "
                              f"({', '.join(sorted(clash))})")
         if schema.keeps is not None:
-            self.keeps.append((schema.keeps, statements["keep_runs"]))
+            self.keeps.append((schema.keeps, tuple(
+                text for name, text in statements.items()
+                if name == "keep_runs" or name.startswith("keep_runs."))))
         for name in schema.run_fields:
             self.parts.field_names.append(name)
             self.parts.fields += f", ({statements[f'run_field.{name}']}) AS {name}"

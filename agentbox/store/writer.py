@@ -37,8 +37,9 @@ from agentbox.store.records import Finish, Landed, NewEvent
 
 T = TypeVar("T")
 log = get_logger("store")
-# An app's keeping of each event stored: its function and its statement's text.
-Keeps = tuple[Callable[[Event], "str | None"], str]
+# An app's keeping of each event stored: its function and its statements' texts
+# (`keep_runs`, then each `keep_runs.<name>`, in the order its queries.sql gives them).
+Keeps = tuple[Callable[[Event], "str | None"], tuple[str, ...]]
 # What an operation raises to refuse (its caller is told); anything else it raises,
 # but for the storage failing, is a bug (the rule: this module's docstring).
 REFUSALS = (StoreError, InvalidTransition)
@@ -87,8 +88,11 @@ class Db(Protocol):
 class Batch:
     """What the operations of one transaction share."""
 
-    def __init__(self, active: int, keeps: Sequence[Keeps] = ()) -> None:
+    def __init__(self, active: int, keeps: Sequence[Keeps] = (), gather: bool = False) -> None:
         self.keeps = keeps  # what apps keep of each event stored (ingest._kept_by_apps)
+        # `gather`: what they keep is gathered, per app, and written once before the
+        # transaction commits (ingest.write_kept); otherwise by each ingest
+        self.kept: list[list[Any]] | None = [[] for _ in keeps] if gather else None
         self.active = active  # runs not yet terminal, for admission control
         self.base = active  # what `active` was at the start
         self.recounted = False  # `base` was counted in this transaction

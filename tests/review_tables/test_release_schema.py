@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+from importlib.resources import files
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,8 +155,10 @@ def test_a_release_database_keeps_every_export_reference_and_project(
         assert found is not None and found.measurements == {"integrated_lufs": -14.0}
     finally:
         aio(store.close())
+    versions = len([f for f in files("agentbox.archive").joinpath("tables", "sqlite").iterdir()
+                    if f.name[:3].isdigit()])
     assert sorted(run(engine, "SELECT line, version FROM agentbox_lines")) == [
-        ("review", 1), ("review", 2), ("review", 3), ("review", 4), ("review", 5)]
+        ("review", n) for n in range(1, versions + 1)]  # every version of the line, in order
 
 
 def test_a_database_made_with_no_app_has_no_app_table_or_column(

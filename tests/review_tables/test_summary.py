@@ -6,13 +6,17 @@ from every export (the `projects` and `project_exports` statements)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 from agentbox.archive.history import History
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
 from agentbox.store import Store
-from tests.review_tables.test_projects import export, succeed
+from agentbox.events import parse_event
+from agentbox.store import IngestParams
+from tests.review_tables.test_projects import MAX_PENDING, TTL, export, export_body, succeed
 from tests.store.support import T0, async_test, history
 
 DAY = SECONDS_PER_DAY
@@ -99,3 +103,36 @@ async def test_a_page_of_projects_by_name_and_after_a_position(store: Store, aio
     assert await found.count_projects("nothing like it") == 0
     assert await found.latest(limit=9, name="a\x00b") == []  # PostgreSQL cannot be asked
     assert await found.latest(limit=9, after=(T0, "run\x00")) == []
+
+
+@async_test
+async def test_one_write_batch_of_many_projects_names_and_a_rejudgment(
+        store: Store, aio: Any) -> None:
+    """The summary is brought up to date once per write batch (queries.sql:
+    keep_runs): events of several projects stored in one transaction, one under a
+    project's former name and one a re-judgment, count as each does alone."""
+    found = history(store)
+    [a1] = await export(store, "a1", "Night Drive", now=T0)
+    await found.move("Night Drive", "Night Drive II")  # "Night Drive" is a former name now
+
+    async def rejudgment(event_id: str, project: str) -> None:
+        body = json.loads(export_body(event_id, project))
+        body["source"] = "agentbox.rejudge"
+        body["idempotency_key"] = f"agentbox.rejudge:session.exported:{event_id}"
+        raw = json.dumps(body).encode()
+        await store.ingest(IngestParams(event=parse_event(raw), body=raw, agents=("mix_review",),
+                                        now=T0 + 10, ttl=TTL, max_pending=MAX_PENDING))
+
+    # gathered: they share the writer's next transaction
+    batch = await asyncio.gather(
+        export(store, "b1", "Heros Rite", now=T0 + 10),
+        export(store, "a2", "Night Drive", now=T0 + 10),
+        export(store, "b2", "Heros Rite", now=T0 + 10),
+        export(store, "c1", "junk", now=T0 + 10),
+        rejudgment("r1", "junk"))
+    [b1], [a2], [b2], [c1] = batch[:4]
+    kept = await summary(found)  # the re-judgment listed with junk's exports, not counted
+    assert {row[0]: row[2] for row in kept} == {"Night Drive II": 2, "Heros Rite": 2, "junk": 1}
+    latest = {row[0]: row[1] for row in kept}
+    assert latest["Night Drive II"] == a2 != a1
+    assert latest["Heros Rite"] == max(b1, b2) and latest["junk"] == c1

@@ -177,10 +177,33 @@ ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
 -- Each run's project, in the transaction that stores its event (Schema.keeps: the
--- event's payload.project_id, NFC), one statement for a whole batch of events.
-INSERT INTO run_projects (run_id, project)
-SELECT * FROM unnest(%(run_ids)s::text[], %(values)s::text[])
-ON CONFLICT (run_id) DO NOTHING
+-- event's payload.project_id, NFC), and the batch's exports in the kept summary
+-- (version 4): one statement for the batch's events (%(rows)s, each run's [run_id,
+-- project, source, accepted_at]). The summary has one row per project by the name
+-- it goes by now: counted, and its latest if it came after the one the summary
+-- holds. A re-judgment (source agentbox.rejudge) is no export of its own (version 5).
+WITH given AS (
+    SELECT k.value ->> 0 AS run_id, k.value ->> 1 AS project, k.value ->> 2 AS source,
+           (k.value ->> 3)::double precision AS accepted_at
+    FROM jsonb_array_elements(%(rows)s::jsonb) k
+), kept AS (
+    INSERT INTO run_projects (run_id, project) SELECT run_id, project FROM given
+    ON CONFLICT (run_id) DO NOTHING
+), named AS (
+    SELECT COALESCE(a.project, g.project) AS project, g.run_id, g.accepted_at
+    FROM given g LEFT JOIN project_aliases a ON a.name = g.project
+    WHERE g.source IS DISTINCT FROM 'agentbox.rejudge'
+)
+INSERT INTO project_summary AS s (project, run_id, accepted_at, exports)
+SELECT DISTINCT ON (project) project, run_id, accepted_at,
+       count(*) OVER (PARTITION BY project)
+FROM named ORDER BY project, accepted_at DESC, run_id DESC
+ON CONFLICT (project) DO UPDATE SET
+    exports = s.exports + excluded.exports,
+    run_id = CASE WHEN (excluded.accepted_at, excluded.run_id) > (s.accepted_at, s.run_id)
+                  THEN excluded.run_id ELSE s.run_id END,
+    accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (s.accepted_at, s.run_id)
+                       THEN excluded.accepted_at ELSE s.accepted_at END
 
 -- name: forget_runs
 -- Run by retention after keep_exports (Schema.forget), as the runs go.

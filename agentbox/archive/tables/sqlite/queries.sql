@@ -173,11 +173,38 @@ ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
 -- Each run's project, in the transaction that stores its event (Schema.keeps: the
--- event's payload.project_id, NFC), one statement for a whole batch of events.
+-- event's payload.project_id, NFC), one statement for the batch's events (:rows,
+-- each run's [run_id, project, source, accepted_at]).
 INSERT INTO run_projects (run_id, project)
-SELECT r.value, v.value FROM json_each(:run_ids) r JOIN json_each(:values) v ON v.key = r.key
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:rows)
 WHERE true
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: keep_runs.summary
+-- The batch's exports in the kept summary (version 4), one row per project by the
+-- name it goes by now: counted, and its latest if it came after the one the summary
+-- holds. A re-judgment (source agentbox.rejudge) is no export of its own (version 5).
+INSERT INTO project_summary (project, run_id, accepted_at, exports)
+SELECT project, run_id, accepted_at, exports FROM (
+    SELECT project, run_id, accepted_at, count(*) OVER (PARTITION BY project) AS exports,
+           row_number() OVER (PARTITION BY project
+                              ORDER BY accepted_at DESC, run_id DESC) AS n
+    FROM (
+        SELECT COALESCE((SELECT a.project FROM project_aliases a
+                         WHERE a.name = json_extract(k.value, '$[1]')),
+                        json_extract(k.value, '$[1]')) AS project,
+               json_extract(k.value, '$[0]') AS run_id,
+               json_extract(k.value, '$[3]') AS accepted_at
+        FROM json_each(:rows) k
+        WHERE json_extract(k.value, '$[2]') IS NOT 'agentbox.rejudge'
+    )
+) WHERE n = 1
+ON CONFLICT (project) DO UPDATE SET
+    exports = exports + excluded.exports,
+    run_id = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)
+                  THEN excluded.run_id ELSE run_id END,
+    accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)
+                       THEN excluded.accepted_at ELSE accepted_at END
 
 -- name: forget_runs
 -- Run by retention after keep_exports (Schema.forget), as the runs go.

@@ -34,8 +34,7 @@ import hmac
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Where signed events are POSTed: the receiver's route and every sender's target.
 RECEIVER_PATH = "/webhooks/events"
@@ -207,15 +206,20 @@ class Verifier:
     def _present(self, headers: Mapping[str, str]) -> list[_HeaderSet]:
         """The header sets this request carries a signature in, in the order tried."""
         named = {name.lower(): value for name, value in headers.items()}
-        hex_set = _HeaderSet(None, named.get(self._timestamp_header),
-                             named.get(self._signature_header), decides=not self._either,
-                             is_standard=False)
-        standard = [_HeaderSet(named.get(f"{prefix}-id"), named.get(f"{prefix}-timestamp"),
-                               named.get(f"{prefix}-signature"), decides=False,
-                               is_standard=True)
-                    for prefix in STANDARD_PREFIXES]
-        ordered = [*standard, hex_set] if self._either else [hex_set, *standard]
-        return [found for found in ordered if found.signature is not None]
+        found: list[_HeaderSet] = []
+        signature = named.get(self._signature_header)
+        if signature is not None:
+            found.append(_HeaderSet(None, named.get(self._timestamp_header), signature,
+                                    not self._either, False))
+        for prefix in STANDARD_PREFIXES:
+            signature = named.get(f"{prefix}-signature")
+            if signature is not None:
+                found.append(_HeaderSet(named.get(f"{prefix}-id"),
+                                        named.get(f"{prefix}-timestamp"), signature,
+                                        False, True))
+        if self._either and found and not found[0].is_standard:
+            found.append(found.pop(0))  # the Standard Webhooks sets first
+        return found
 
     def _fresh(self, found: _HeaderSet, now: float) -> str:
         """The set's timestamp, if the headers alone do not refuse it."""
@@ -278,8 +282,7 @@ class Verifier:
         return value
 
 
-@dataclass(frozen=True)
-class _HeaderSet:
+class _HeaderSet(NamedTuple):
     """One set of signature headers a request carries: the hex scheme's (no id) or a
     Standard Webhooks one (``webhook-*`` or ``svix-*``). `decides`: a refusal of this
     set refuses the request, whatever other sets it carries."""

@@ -73,7 +73,12 @@ from agentbox.store.records import (
     RemoteChange,
     Transition,
 )
-from agentbox.store.schema import migrate_line_postgres, migrate_postgres, migrations
+from agentbox.store.schema import (
+    MIGRATION_LOCK,
+    migrate_line_postgres,
+    migrate_postgres,
+    migrations,
+)
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
@@ -265,6 +270,9 @@ class PostgresStore(SqlStore):
         conn = self._connect()
         self._idle.put(conn)
         migrate_url_lines(conn, redact(self.url), self.schemas)
+        with conn.transaction():  # one instance folds at a time: no two wait in a cycle
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(SQL["fold_run_counts"])
         self._active = conn.execute(SQL["count_active"]).fetchone()[0]  # type: ignore[index]
         self._counted_at = time.monotonic()
         for _ in range(self.writers - 1):

@@ -261,6 +261,7 @@ class SqliteStore(SqlStore):
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         conn.execute(f"PRAGMA journal_size_limit = {WAL_WARN_BYTES}")
         self._page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.execute(SQL["fold_run_counts"])
         self._conn = conn
         self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL["count_active"]).fetchone()[0]

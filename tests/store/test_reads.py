@@ -97,6 +97,22 @@ def test_runs_by_state_are_read_from_the_kept_counts(tmp_path: Path) -> None:
     assert any("SEARCH runs USING INDEX runs_waiting" in step for step in plan), plan
 
 
+def test_the_text_search_reads_the_runs_it_names_in_order_and_stops_at_the_page(
+        tmp_path: Path) -> None:
+    """On SQLite the runs a search's text names are looked up by run id, newest first,
+    from the list of their ids (no sort of them all): a page of 50 of a project's 100
+    runs reads 50 runs, on a store of any size."""
+    conn = sqlite3.connect(tmp_path / "plan.sqlite3")
+    migrate(conn, tmp_path / "plan.sqlite3")
+    sql = SQL["search_runs"].replace("{fields}", "").replace(
+        "{where}", SQL["search_runs.text"].replace("{text}", ""))
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql,
+                                           {"text": "x", "limit": 50})]
+    conn.close()
+    assert plan[0] == "SEARCH r USING PRIMARY KEY (run_id=?)", plan
+    assert not any("TEMP B-TREE" in step or step.startswith("SCAN r") for step in plan), plan
+
+
 def counted(engine: Engine) -> dict[str, int]:
     """The runs by state, counted one by one from the rows themselves."""
     found = dict.fromkeys(STATUSES, 0)
@@ -249,6 +265,65 @@ async def test_stats_and_list_runs(store: Store, aio: Any) -> None:
     assert sorted(v["run_id"] for v in everything) == sorted([*waiting, busy.run_id, ok.run_id])
     assert all(v["status"] in STATUSES for v in everything)
     assert await store.next_due_at() == ms(T0 + 3)
+
+
+@async_test
+async def test_the_text_search_pages_through_what_the_text_names_newest_first(
+        store: Store, aio: Any) -> None:
+    """The run list's search (q=): the runs whose run id, event id, correlation id or
+    project the text is, newest run id first, `limit` at a time (`before`: the last run
+    of the page before), with the other filters too; each page exactly what that
+    definition picks from every run stored, however the engine finds them."""
+    async def send(event_id: str, project: str, chain: str | None = None,
+                   agents: tuple[str, ...] = ("mix_review",)) -> None:
+        event: dict[str, Any] = {
+            "schema_version": "v1", "event_id": event_id,
+            "idempotency_key": f"studio:session.exported:{event_id}",
+            "event_type": "session.exported", "source": "studio",
+            "timestamp": "2026-07-27T15:42:00Z",
+            "payload": {"project_id": project, "mix_url": "/m.wav"}}
+        if chain is not None:
+            event.update(correlation_id=chain, causation_id=chain, hop=1)
+        body = json.dumps(event).encode()
+        await store.ingest(IngestParams(event=parse_event(body), body=body, agents=agents,
+                                        now=T0, ttl=TTL, max_pending=MAX_PENDING))
+
+    for n in range(9):
+        await send(f"alpha-{n}", "Alpha", agents=("mix_review", "other") if n % 3 else
+                   ("mix_review",))
+        await send(f"beta-{n}", "Beta", chain="chain-1" if n % 2 else None)
+    await send("Alpha", "Beta")  # an event whose id is the other project's name
+    for _ in range(7):  # some finish, so a state filter picks among them
+        claimed = await claim_one(store)
+        await store.finish(claimed.run_id, "w1", 1, SUCCEEDED, T0 + 1)
+    every = await store.list_runs(None, 1000)
+    assert len(every) == 9 + 6 + 9 + 1
+
+    def named(text: str, status: str | None = None) -> list[str]:
+        return sorted((v["run_id"] for v in every
+                       if text in (v["run_id"], v["event_id"], v["correlation_id"],
+                                   v["project"])
+                       and status in (None, v["status"])), reverse=True)
+
+    texts = ["Alpha", "Beta", "chain-1", "beta-4", every[5]["run_id"], "nobody"]
+    for text in texts:
+        for status in (None, "succeeded", "accepted"):
+            expected = named(text, status)
+            found = [v["run_id"] for v in await store.search_runs(text=text, status=status,
+                                                                  limit=1000)]
+            assert found == expected, (text, status)
+            paged: list[str] = []
+            before = None
+            while True:
+                page = [v["run_id"] for v in await store.search_runs(
+                    text=text, status=status, before=before, limit=4)]
+                paged += page
+                if len(page) < 4:
+                    break
+                before = page[-1]
+            assert paged == expected, (text, status)
+    assert len(named("Alpha")) == 9 + 6 + 1 and len(named("chain-1")) == 4
+    assert named("Alpha", "succeeded") and named("Alpha", "accepted")
 
 
 @async_test

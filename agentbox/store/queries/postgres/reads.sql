@@ -38,10 +38,14 @@ r.agent = %(agent)s
 -- name: search_runs.text
 -- The runs the text names (a run's id, an event's id or correlation id, and each app's
 -- own: Schema.filters' `text`, `UNION ALL` a query of run ids), found by their indexes
--- rather than by reading every run for each.
-r.run_id IN (SELECT %(text)s::text
-             UNION ALL SELECT t.run_id FROM events x JOIN runs t ON t.event_pk = x.pk
-                       WHERE x.event_id = %(text)s OR x.correlation_id = %(text)s {text})
+-- rather than by reading every run for each. As an array (= ANY), the runs' primary
+-- key is walked backward through its ids, newest first, and stops at the page's end:
+-- `IN (subquery)` read every run the text names (all 100 of them for a page of 50),
+-- then sorted them.
+r.run_id = ANY (ARRAY(SELECT %(text)s::text
+                      UNION ALL SELECT t.run_id FROM events x JOIN runs t ON t.event_pk = x.pk
+                                WHERE x.event_id = %(text)s OR x.correlation_id = %(text)s
+                                {text}))
 -- name: search_runs.since
 r.accepted_at >= %(since)s
 -- name: search_runs.until

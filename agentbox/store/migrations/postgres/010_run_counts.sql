@@ -16,6 +16,10 @@ CREATE TABLE IF NOT EXISTS run_counts (
     runs   BIGINT NOT NULL,
     PRIMARY KEY (status, writer)
 );
+-- Other instances (an older release, during an upgrade) may be writing runs: none
+-- commits a change between the count below and the triggers, which would leave it
+-- out of the counts for good (the lock waits for their writes, and theirs for it).
+LOCK TABLE runs IN SHARE ROW EXCLUSIVE MODE;
 DELETE FROM run_counts;
 INSERT INTO run_counts (status, writer, runs)
 SELECT status, 0, count(*) FROM runs GROUP BY status;

@@ -15,9 +15,14 @@ result document of a real review, in group commits of many at a time; the review
 tables (its project of each run, the projects' kept summary) are written by the
 same transactions, as a server's are.
 
+The large store also gets a project of `--small-exports` exports ("Demo"), so that
+the run list's search for a project can be timed showing as many runs on either
+store (the small store's is one of its own projects).
+
 Then a server on each store answers, after a few requests to warm up, `--requests`
 times each: the home page, GET /exports, GET /exports?project=, the run list's text
-search (/ui/runs?q= a project's name) and a real review's page. The medians are
+search (/ui/runs?q= an event's id, a project's name, the project of as many runs on
+either store), its first page of 50 runs unfiltered, and a real review's page. The medians are
 printed for both stores with their ratio (large / small). See
 agentbox/docs/performance.md, "Pages on a large store".
 """
@@ -138,10 +143,36 @@ def build(work: Path, name: str, args: argparse.Namespace, small: bool) -> dict[
     seeded = asyncio.run(record(data / "agentbox.sqlite3", projects,
                                 args.small_exports if small else args.exports, document,
                                 since))
-    return {"data": data, "runs": seeded + len(mixes) * len(reviewed),
-            "projects": len(projects) + len(reviewed), "review_run": run_id,
-            "project": projects[len(projects) // 2],
-            "build_s": round(time.monotonic() - started, 1)}
+    built = {"data": data, "runs": seeded + len(mixes) * len(reviewed),
+             "projects": len(projects) + len(reviewed), "review_run": run_id,
+             "project": projects[len(projects) // 2]}
+    built.update(few_runs(built, args, small, document))
+    return {**built, "build_s": round(time.monotonic() - started, 1)}
+
+
+FEW = "Demo"  # the large store's project of as many exports as the small store's have
+
+
+def few_runs(store: dict[str, Any], args: argparse.Namespace, small: bool,
+             document: Any) -> dict[str, Any]:
+    """A project that shows as many runs on either store (the search's like for like):
+    the small store's own, one of `--small-exports` recorded on the large store."""
+    if small:
+        return {"few": store["project"]}
+    added = asyncio.run(record(Path(store["data"]) / "agentbox.sqlite3", [FEW],
+                               args.small_exports, document, time.time() - 2 * DAY))
+    return {"few": FEW, "runs": store["runs"] + added, "projects": store["projects"] + 1}
+
+
+async def result_of(path: Path, run_id: str) -> Any:
+    store = SqliteStore(path)
+    store.add_tables(SCHEMA)
+    await store.open()
+    try:
+        found = await store.get_run(run_id)
+        return None if found is None else found.result
+    finally:
+        await store.close()
 
 
 def timings(stores: dict[str, dict[str, Any]], requests: int) -> dict[str, dict[str, float]]:
@@ -171,7 +202,8 @@ def timings(stores: dict[str, dict[str, Any]], requests: int) -> dict[str, dict[
 
 
 PAGES = ("home page", "GET /exports", "GET /exports?project=", "runs: q=an event id",
-         "runs: q=a project", "a review's page")
+         "runs: q=a project", "runs: q=a project of 2", "runs: a page of 50",
+         "a review's page")
 
 
 def _path(page: str, store: dict[str, Any]) -> str:
@@ -180,6 +212,8 @@ def _path(page: str, store: dict[str, Any]) -> str:
             "GET /exports?project=": f"/exports?project={project}",
             "runs: q=an event id": "/ui/runs?q=" + quote(event_id(store["project"], 1)),
             "runs: q=a project": f"/ui/runs?q={project}",
+            "runs: q=a project of 2": "/ui/runs?q=" + quote(store["few"]),
+            "runs: a page of 50": "/ui/runs",
             "a review's page": f"/ui/runs/{store['review_run']}"}[page]
 
 
@@ -215,6 +249,13 @@ def main() -> None:
     if args.reuse:
         stores = {name: {**store, "data": Path(store["data"])}
                   for name, store in json.loads(built.read_text()).items()}
+        for name, store in stores.items():  # built before the stores had a project of few
+            if "few" not in store:
+                document = asyncio.run(result_of(store["data"] / "agentbox.sqlite3",
+                                                 store["review_run"]))
+                store.update(few_runs(store, args, name == "small", document))
+        built.write_text(json.dumps({name: {**store, "data": str(store["data"])}
+                                     for name, store in stores.items()}))
     else:
         for n in range(max(args.reviews, args.small_reviews)):  # each its own bytes
             bench.write_mix(work / f"mix {n}.wav", (args.seconds_of_audio + n) / 60)

@@ -73,7 +73,12 @@ from agentbox.store.records import (
     RemoteChange,
     Transition,
 )
-from agentbox.store.schema import migrate_line_postgres, migrate_postgres, migrations
+from agentbox.store.schema import (
+    MIGRATION_LOCK,
+    migrate_line_postgres,
+    migrate_postgres,
+    migrations,
+)
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
@@ -265,6 +270,9 @@ class PostgresStore(SqlStore):
         conn = self._connect()
         self._idle.put(conn)
         migrate_url_lines(conn, redact(self.url), self.schemas)
+        with conn.transaction():  # one instance folds at a time: no two wait in a cycle
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(SQL["fold_run_counts"])
         self._active = conn.execute(SQL["count_active"]).fetchone()[0]  # type: ignore[index]
         self._counted_at = time.monotonic()
         for _ in range(self.writers - 1):
@@ -646,6 +654,10 @@ def verify_url(url: str) -> list[str]:
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                              options="-c default_transaction_read_only=on") as conn:
-            return integrity_problems(SQL, lambda sql: conn.execute(sql).fetchall())
+            # A database before version 10 (not migrated yet) has no kept counts.
+            counted = conn.execute("SELECT to_regclass('run_counts') IS NOT NULL").fetchone()
+            return integrity_problems(
+                SQL, lambda sql: conn.execute(sql).fetchall(),
+                skip=lambda sql: "run_counts" in sql and not (counted and counted[0]))
     except psycopg.Error as exc:
         raise StorageUnavailable(f"cannot read {redact(url)}: {_reason(exc, url)}") from None

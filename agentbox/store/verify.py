@@ -21,6 +21,7 @@ CHECKS = (
     ("callback notifications whose run is missing", "check_notifications_without_run"),
     ("callback notifications in an unknown delivery state", "check_unknown_delivery_states"),
     ("attempts numbered beyond their run's attempt count", "check_attempts_beyond_run"),
+    ("runs by state kept apart from the runs stored", "check_run_counts"),
 )
 
 

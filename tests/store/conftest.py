@@ -58,6 +58,9 @@ class Engine(Protocol):
     def drop_column(self, table: str, column: str) -> None:
         """Drop a column (to make the database an older version's)."""
 
+    def drop_table(self, table: str) -> None:
+        """Drop a table (to make the database an older version's)."""
+
 
 class SqliteEngine:
     """A SQLite file in a fresh directory."""
@@ -98,6 +101,10 @@ class SqliteEngine:
     def drop_column(self, table: str, column: str) -> None:
         with contextlib.closing(sqlite3.connect(self.path)) as conn:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+
+    def drop_table(self, table: str) -> None:
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
+            conn.execute(f"DROP TABLE {table}")
 
 
 class PostgresEngine:
@@ -158,6 +165,12 @@ class PostgresEngine:
 
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+
+    def drop_table(self, table: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}")
 
 
 ENGINES: dict[str, Callable[[Path], Engine]] = {"sqlite": SqliteEngine,

@@ -328,6 +328,11 @@ async def one_history(engine: Engine, plans: list[dict[str, Any]], now: float) -
         # A project's history reads the same; the store is whole; a second pass is idle.
         assert await history_of_projects(store) == projects_before
         assert problems(engine) == []
+        # The runs by state, kept with each write (removals too), are the runs counted.
+        counted = dict.fromkeys((s.value for s in RunStatus), 0)
+        for _, status, _ in after.runs.values():
+            counted[status] += 1
+        assert (await store.stats())["runs"] == counted
         again = await keeper.prune()
         assert not any(again.removed.values())
     finally:

@@ -5,6 +5,19 @@
 -- name: count_active
 SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')
 
+-- name: fold_run_counts
+-- At start-up (under the migrations' lock): the kept counts of writers that are gone
+-- (backends no longer connected) are added to row 0 and removed, so that a state's
+-- rows are those of the writers connected now, and one (version 10's run_counts).
+WITH gone AS (
+    DELETE FROM run_counts c
+    WHERE c.writer <> 0
+      AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = c.writer)
+    RETURNING c.status, c.runs)
+INSERT INTO run_counts AS c (status, writer, runs)
+SELECT status, 0, sum(runs) FROM gone GROUP BY status
+ON CONFLICT (status, writer) DO UPDATE SET runs = c.runs + excluded.runs
+
 -- name: runs_of_key
 SELECT k.key, r.run_id, r.agent, r.status FROM idempotency_keys k
 JOIN runs r ON r.event_pk = k.event_pk

@@ -41,3 +41,11 @@ SELECT notification_id FROM outbox WHERE state NOT IN ('pending', 'delivered', '
 -- name: check_attempts_beyond_run
 SELECT a.run_id FROM attempts a JOIN runs r ON r.run_id = a.run_id
 WHERE a.attempt > r.attempt LIMIT 20
+
+-- name: check_run_counts
+-- The runs by state the store keeps (version 10: run_counts) against its runs counted.
+SELECT status || ': kept ' || sum(kept) || ', stored ' || sum(stored) FROM (
+    SELECT status, runs AS kept, 0 AS stored FROM run_counts
+    UNION ALL
+    SELECT status, 0, count(*) FROM runs GROUP BY status
+) counts GROUP BY status HAVING sum(kept) <> sum(stored) LIMIT 20

@@ -5,6 +5,11 @@
 -- name: count_active
 SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')
 
+-- name: fold_run_counts
+-- At start-up: the kept counts of states no run is in go (version 10's run_counts; one
+-- writer keeps them here, so there is nothing else to fold).
+DELETE FROM run_counts WHERE runs = 0
+
 -- name: runs_of_key
 SELECT r.run_id, r.agent, r.status FROM idempotency_keys k
 JOIN runs r ON r.event_pk = k.event_pk

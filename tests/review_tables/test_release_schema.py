@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from importlib.resources import files
 from collections.abc import Callable, Iterator
+from importlib.resources import files
 from typing import Any
 
 import pytest

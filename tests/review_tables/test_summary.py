@@ -13,9 +13,8 @@ from typing import Any
 from agentbox.archive.history import History
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
-from agentbox.store import Store
 from agentbox.events import parse_event
-from agentbox.store import IngestParams
+from agentbox.store import IngestParams, Store
 from tests.review_tables.test_projects import MAX_PENDING, TTL, export, export_body, succeed
 from tests.store.support import T0, async_test, history
 

@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import filelock
+if TYPE_CHECKING:
+    import filelock
 
 log = logging.getLogger("agentbox.portable")
 
@@ -61,6 +62,8 @@ def hold_lock(path: Path) -> HeldLock:
     filelock picks the OS's own lock: flock(2) on Linux and macOS, LockFileEx on
     Windows. Both end with the process, so a crash never leaves a stale lock.
     """
+    import filelock  # here: only the server and the store take the lock
+
     lock = filelock.FileLock(str(path), thread_local=False, mode=PRIVATE_FILE)
     try:
         lock.acquire(timeout=0)

@@ -575,11 +575,12 @@ def _client_errors() -> Iterator[None]:
 def _said(exc: AgentboxError) -> str:
     """An error as a person reads it: a refusal's own sentence (and its fields'),
     without the HTTP status a library's caller gets in str(exc)."""
-    from agentbox import terminal
     from agentbox.client import Refused
 
     if not isinstance(exc, Refused) or not exc.message:
-        return str(exc)
+        return str(exc)  # unreachable, say: said without the terminal's review
+    from agentbox import terminal
+
     return terminal.line(exc.message) + _field_errors(exc)
 
 

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import tempfile
 import time
 import warnings
@@ -459,12 +460,16 @@ class Client:
     def _transport(self, proving: bool) -> httpx.HTTPTransport:
         """httpx's transport; `proving` (to a loopback address over http), each new
         connection proves the server first (agentbox.proof)."""
-        transport = httpx.HTTPTransport()
-        if proving:
-            # httpx names no door for a network backend: its pool's is set here
-            pool = transport._pool
-            pool._network_backend = _ProvingBackend(
-                pool._network_backend, self._proof_token, self.url)
+        if not proving:
+            return httpx.HTTPTransport()
+        # Plain http to this machine has no TLS: a context that trusts no certificate
+        # (one that loaded the system's, as httpx's default does, is most of the start
+        # of `agentbox runs`), so nothing through it can pass for verified.
+        transport = httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        # httpx names no door for a network backend: its pool's is set here
+        pool = transport._pool
+        pool._network_backend = _ProvingBackend(pool._network_backend, self._proof_token,
+                                                self.url)
         return transport
 
     def _proof_token(self) -> str | None:

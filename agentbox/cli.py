@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,8 +18,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from agentbox.review.genres import GENRES
-from agentbox.review.stage import STAGES
 from agentbox.signing import RECEIVER_PATH
 
 if TYPE_CHECKING:
@@ -40,6 +37,37 @@ URL_ENV = "AGENTBOX_URL"
 
 # send --wait's pace, named here as before (the client's, read when asked for).
 _FROM_CLIENT = ("FOLLOW_FIRST_SECONDS", "FOLLOW_MAX_SECONDS", "FOLLOW_UNREACHABLE_SECONDS")
+
+
+class _Named(click.Choice):  # type: ignore[type-arg]
+    """A click.Choice of names read from the review when an option is first read or
+    shown (the genres, the stages), not when the commands are defined."""
+
+    def __init__(self, names: Callable[[], list[str]]) -> None:
+        self._names = names
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, given: Any) -> None:
+        """click.Choice's own __init__ sets them: the review's are the ones."""
+
+
+def _genres() -> list[str]:
+    from agentbox.review.genres import GENRES
+
+    return list(GENRES)
+
+
+def _stages(*more: str) -> Callable[[], list[str]]:
+    def stages() -> list[str]:
+        from agentbox.review.stage import STAGES
+
+        return [*STAGES, *more]
+    return stages
 
 
 def __getattr__(name: str) -> Any:
@@ -523,7 +551,7 @@ URL_OPTION = click.option(
          f"recorded it listens, else host and port of the config file (as serve "
          f"reads them), else {DEFAULT_URL}.")
 GENRE_OPTION = click.option(
-    "--genre", type=click.Choice(list(GENRES)), default=None,
+    "--genre", type=_Named(_genres), default=None,
     help="payload.genre: the music's genre, for the tonal advice (its curve, and the "
          "parts of the arrangement the notes name); it sticks to the project.")
 CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
@@ -668,10 +696,10 @@ def _parse_fields(fields: tuple[str, ...], event_type: str | None = None) -> dic
 @click.option("--mix", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
-@click.option("--stage", type=click.Choice(STAGES), default=None,
+@click.option("--stage", type=_Named(_stages()), default=None,
               help="payload.stage: judge this file as a mix (going to mastering) or a "
                    "master; the project's later exports are not.")
-@click.option("--project-stage", type=click.Choice([*STAGES, "auto"]), default=None,
+@click.option("--project-stage", type=_Named(_stages("auto")), default=None,
               help="payload.project_stage: the project is at this stage from now on "
                    "(its later exports are judged so unless a file's own stage or the "
                    "watched folder's says otherwise); auto forgets it.")
@@ -793,6 +821,8 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                  event_id: str | None,
                  payload_json: str | None, callback_url: str | None) -> dict[str, Any]:
     """The event of `agentbox send EVENT_TYPE key=value ...` (and --type, --payload)."""
+    from uuid import uuid4
+
     from agentbox.client import build_event
     from agentbox.events import nfc_name as project_name
 
@@ -811,7 +841,7 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                        ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
         if value is not None:
             payload[key] = value
-    return build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
+    return build_event(event_type, source, event_id or uuid4().hex, payload,
                        callback_url)
 
 
@@ -1371,7 +1401,7 @@ WATCH_ACTIONS = ("pause", "resume")
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
-@click.option("--stage", type=click.Choice(STAGES), default=None,
+@click.option("--stage", type=_Named(_stages()), default=None,
               help="The stage of this folder's files (payload.default_stage): mix or "
                    "master, unless the project was given another.")
 @GENRE_OPTION

@@ -23,7 +23,8 @@ from agentbox.events import (
     register_event_type,
 )
 from agentbox.review.genres import GENRES
-from agentbox.review.names import FORMER_MIX_REVIEW, MIX_REVIEW
+from agentbox.review.names import FORMER_MIX_REVIEW
+from agentbox.review.names import MIX_REVIEW as MIX_REVIEW  # its agent, named here as before
 from agentbox.review.profiles import PROFILES
 from agentbox.review.settings import ReviewSettings
 

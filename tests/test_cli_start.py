@@ -5,6 +5,7 @@ time is measured here (scripts/bench and docs/performance.md do that)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -32,6 +33,14 @@ NEVER = ("numpy", "scipy", "soundfile", "starlette", "uvicorn", "mcp", "agentbox
          "agentbox.engine", "agentbox.http", "agentbox.archive", "agentbox.review.contract")
 
 
+def environment(home: Path, **more: str) -> dict[str, str]:
+    """This machine's environment without agentbox's settings, its folders in `home`
+    (as the server fixture's)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")},
+            "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(home / "config"),
+            "AGENTBOX_DATA_DIR": str(home / "data"), **more}
+
+
 def imported(env: dict[str, str], cwd: Path, *args: str) -> tuple[set[str], str]:
     """The modules `agentbox ARGS` imported, and what it printed."""
     listing = cwd / "modules.json"
@@ -46,8 +55,7 @@ def under(modules: set[str], *names: str) -> set[str]:
 
 
 def test_version_imports_click_and_no_pydantic(tmp_path: Path) -> None:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    modules, said = imported(env, tmp_path, "--version")
+    modules, said = imported(environment(tmp_path), tmp_path, "--version")
     assert said.startswith("agentbox, version "), said
     assert "click" in modules
     assert not under(modules, *NEVER, "pydantic", "httpx", "agentbox.config",
@@ -57,10 +65,8 @@ def test_version_imports_click_and_no_pydantic(tmp_path: Path) -> None:
 def test_runs_without_a_server_imports_the_client_alone(tmp_path: Path) -> None:
     with socket.socket() as closed:  # a loopback port nothing listens on
         closed.bind(("127.0.0.1", 0))
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-               "XDG_CONFIG_HOME": str(tmp_path / "config"),
-               "AGENTBOX_DATA_DIR": str(tmp_path / "data"),
-               "AGENTBOX_URL": f"http://127.0.0.1:{closed.getsockname()[1]}"}
+        env = environment(tmp_path,
+                          AGENTBOX_URL=f"http://127.0.0.1:{closed.getsockname()[1]}")
         modules, said = imported(env, tmp_path, "runs")
     assert "cannot reach agentbox" in said, said
     assert "agentbox.client" in modules and "httpx" in modules

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # The commands import what they use when they run (the client, the settings, the
 # terminal's review), so that `agentbox --version` and `--help` pay for click alone
 # and `agentbox runs` for the client. The defaults the help names are written here
-# for that reason; tests/test_cli.py holds them to agentbox.config's and the client's.
+# for that reason; tests/test_cli_start.py holds them to agentbox.config's and the client's.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
@@ -67,6 +67,7 @@ def _stages(*more: str) -> Callable[[], list[str]]:
         from agentbox.review.stage import STAGES
 
         return [*STAGES, *more]
+
     return stages
 
 

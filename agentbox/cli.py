@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,44 +18,70 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from agentbox import config as cfg
-from agentbox import portable, terminal
-from agentbox.client import (
-    DEFAULT_URL,
-    FOLLOW_FIRST_SECONDS,  # noqa: F401 - send --wait's pace, named here as before
-    FOLLOW_MAX_SECONDS,  # noqa: F401
-    FOLLOW_UNREACHABLE_SECONDS,
-    URL_ENV,
-    AgentboxError,
-    BadAddress,
-    Client,
-    Misconfigured,
-    NotFinished,
-    NotFound,
-    NotProven,
-    NotTrusted,
-    Refused,
-    Unreachable,
-    build_event,
-    configured_url,
-    export_event,
-    export_id,
-    find_url,
-    runtime_file,
-)
-from agentbox.events import is_event_type_name
-from agentbox.events import nfc_name as project_name
-from agentbox.models import Accepted, Answer, RunDetail, RunView
-from agentbox.review.genres import GENRES
-from agentbox.review.stage import STAGES
 from agentbox.signing import RECEIVER_PATH
 
 if TYPE_CHECKING:
+    from agentbox import config as cfg
+    from agentbox.client import AgentboxError, Client, Refused
+    from agentbox.models import Accepted, Answer, RunDetail, RunView
     from agentbox.review.answers import ReferenceOut
+
+# The commands import what they use when they run (the client, the settings, the
+# terminal's review), so that `agentbox --version` and `--help` pay for click alone
+# and `agentbox runs` for the client. The defaults the help names are written here
+# for that reason; tests/test_cli_start.py holds them to agentbox.config's and the client's.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+URL_ENV = "AGENTBOX_URL"
+
+# send --wait's pace, named here as before (the client's, read when asked for).
+_FROM_CLIENT = ("FOLLOW_FIRST_SECONDS", "FOLLOW_MAX_SECONDS", "FOLLOW_UNREACHABLE_SECONDS")
+
+
+class _Named(click.Choice):  # type: ignore[type-arg]
+    """A click.Choice of names read from the review when an option is first read or
+    shown (the genres, the stages), not when the commands are defined."""
+
+    def __init__(self, names: Callable[[], list[str]]) -> None:
+        self._names = names
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, given: Any) -> None:
+        """click.Choice's own __init__ sets them: the review's are the ones."""
+
+
+def _genres() -> list[str]:
+    from agentbox.review.genres import GENRES
+
+    return list(GENRES)
+
+
+def _stages(*more: str) -> Callable[[], list[str]]:
+    def stages() -> list[str]:
+        from agentbox.review.stage import STAGES
+
+        return [*STAGES, *more]
+
+    return stages
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_CLIENT:
+        raise AttributeError(f"module 'agentbox.cli' has no attribute {name!r}")
+    from agentbox import client
+
+    return getattr(client, name)
 
 
 def _settings(config_file: Path | None = None, **overrides: Any) -> cfg.Settings:
     """The configuration; what another account can change refused (exit status 2)."""
+    from agentbox import config as cfg
     from agentbox import ownership
 
     try:
@@ -83,10 +108,15 @@ class _Commands(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except NotProven as exc:
-            raise GaveUp(str(exc)) from None
-        except NotTrusted as exc:
-            raise Unsafe(str(exc)) from None
+        except Exception as exc:
+            client = sys.modules.get("agentbox.client")  # not imported: not its error
+            if client is None:
+                raise
+            if isinstance(exc, client.NotProven):
+                raise GaveUp(str(exc)) from None
+            if isinstance(exc, client.NotTrusted):
+                raise Unsafe(str(exc)) from None
+            raise
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,8 +135,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", default=None, help=f"Address to bind (default {cfg.DEFAULT_HOST}).")
-@click.option("--port", type=int, default=None, help=f"Port (default {cfg.DEFAULT_PORT}).")
+@click.option("--host", default=None, help=f"Address to bind (default {DEFAULT_HOST}).")
+@click.option("--port", type=int, default=None, help=f"Port (default {DEFAULT_PORT}).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where the database lives (AGENTBOX_DATA_DIR).")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
@@ -121,6 +151,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None,
     file that does not parse, a setting that does not fit, a data directory that
     cannot be made), 1 for the rest (the port in use, the data directory served
     by another agentbox, the database unreachable)."""
+    from agentbox import config as cfg
+    from agentbox import portable
     from agentbox.http import server
     from agentbox.logs import capture_output, setup_logging
 
@@ -158,6 +190,9 @@ def record_address(settings: cfg.Settings, port: int) -> Path | None:
     """Say where this server listens, for the CLI and the watcher to find it
     (client.find_url): its runtime file, the user's alone. None when it cannot be
     written: the clients then go by the configuration, as before."""
+    from agentbox import portable
+    from agentbox.client import configured_url, runtime_file
+
     path = runtime_file(settings.data_dir)
     url = configured_url(dataclasses.replace(settings, port=port))
     try:
@@ -184,6 +219,7 @@ def _refuse(sentence: str, status: int, settings: cfg.Settings | None = None) ->
     """Why agentbox does not start, in a sentence on stderr (a JSON line in a JSON
     log, with the exit status); no traceback. Before the settings are read (one of
     them is what refuses), AGENTBOX_LOG_FORMAT chooses, if it is one."""
+    from agentbox import config as cfg
     from agentbox.logs import refusal_line, unwrapped
 
     if settings is not None:
@@ -199,6 +235,7 @@ def _trusted(settings: cfg.Settings, config_file: Path | None) -> None:
     """Nothing another account can change is served from (agentbox.ownership): the
     config file, folders, token and secret files, and the runtime folder."""
     from agentbox import ownership
+    from agentbox.client import runtime_file
 
     try:
         ownership.check(settings, config_file)
@@ -209,6 +246,8 @@ def _trusted(settings: cfg.Settings, config_file: Path | None) -> None:
 
 def _data_directory(settings: cfg.Settings) -> None:
     """The data directory, made now (its user's alone): one that cannot be is said."""
+    from agentbox import portable
+
     try:
         portable.private_directory(settings.data_dir)
     except OSError as exc:
@@ -219,6 +258,7 @@ def _data_directory(settings: cfg.Settings) -> None:
 
 def _app(settings: cfg.Settings) -> tuple[cfg.Settings, Any]:
     """The secrets, the schema brought up to date and the app; what stops them said."""
+    from agentbox import config as cfg
     from agentbox import files
     from agentbox import store as st
     from agentbox.apps import schemas_of
@@ -282,6 +322,8 @@ def secret(ctx: click.Context, config_file: Path | None, show_path: bool,
     The same for the callback secret: agentbox secret --callback rotate (callbacks
     are then signed with both until retire).
     """
+    from agentbox import config as cfg
+
     ctx.obj = (config_file, callback)
     if ctx.invoked_subcommand is not None:
         return
@@ -305,6 +347,8 @@ def _secret_made(settings: cfg.Settings, config_file: Path | None, callback: boo
     the server may not share (another config file, a service's environment), signs
     what the server then refuses. Say where it was looked for instead (with --path,
     where it will be)."""
+    from agentbox import config as cfg
+
     name = "callback" if callback else "webhook"
     if settings.callback_secret if callback else settings.webhook_secret:
         return
@@ -328,6 +372,8 @@ def _secret_made(settings: cfg.Settings, config_file: Path | None, callback: boo
 
 
 def _secret_file(chosen: tuple[Path | None, bool]) -> Path:
+    from agentbox import config as cfg
+
     config_file, callback = chosen
     settings = _settings(config_file)
     name = "callback" if callback else "webhook"
@@ -343,6 +389,8 @@ def _secret_file(chosen: tuple[Path | None, bool]) -> Path:
 @click.pass_obj
 def secret_rotate(chosen: tuple[Path | None, bool]) -> None:
     """Make a new webhook secret; the old ones keep verifying until retired."""
+    from agentbox import config as cfg
+
     path = _secret_file(chosen)
     cfg.rotate_secret(path)
     if chosen[1]:
@@ -358,6 +406,8 @@ def secret_rotate(chosen: tuple[Path | None, bool]) -> None:
 @click.pass_obj
 def secret_retire(chosen: tuple[Path | None, bool]) -> None:
     """Stop accepting every webhook secret but the newest."""
+    from agentbox import config as cfg
+
     path = _secret_file(chosen)
     retired = cfg.retire_secrets(path)
     click.echo(f"retired {retired} old secret(s); only the newest verifies now")
@@ -373,6 +423,8 @@ def token(config_file: Path | None) -> None:
     the one a server started with AGENTBOX_ADMIN_TOKEN takes). With none, it says
     where it looked (exit status 1); a running agentbox that refuses the one found
     is said too."""
+    from agentbox import config as cfg
+
     settings = _settings(config_file)
     path = settings.config_dir / cfg.ADMIN_TOKEN_FILE
     given = os.environ.get(cfg.env_name("admin_token"))
@@ -418,6 +470,8 @@ def show_config(config_file: Path | None) -> None:
     section of agentbox.toml, each with where it was set (the key in the file, the
     variable, the flag) or `default`. Secrets are never shown. A configuration `serve`
     would refuse is refused here the same way (exit status 2)."""
+    from agentbox import config as cfg
+
     try:
         settings = cfg.load_settings(config_file)
         cfg.check_apps(settings)  # the apps' settings are known once they are imported
@@ -498,7 +552,7 @@ URL_OPTION = click.option(
          f"recorded it listens, else host and port of the config file (as serve "
          f"reads them), else {DEFAULT_URL}.")
 GENRE_OPTION = click.option(
-    "--genre", type=click.Choice(list(GENRES)), default=None,
+    "--genre", type=_Named(_genres), default=None,
     help="payload.genre: the music's genre, for the tonal advice (its curve, and the "
          "parts of the arrangement the notes name); it sticks to the project.")
 CONFIG_OPTION = click.option("--config", "config_file", type=click.Path(path_type=Path),
@@ -509,6 +563,8 @@ def client_url(url: str | None, config_file: Path | None = None) -> str:
     """The agentbox the client commands talk to: `--url`, else AGENTBOX_URL, else where
     the running server recorded it listens, else the host and port that `serve`
     reads from the config file (client.find_url)."""
+    from agentbox.client import BadAddress, Misconfigured, NotTrusted, find_url
+
     try:
         return find_url(url, config_file, where="--url")
     except BadAddress as exc:
@@ -521,6 +577,8 @@ def client_url(url: str | None, config_file: Path | None = None) -> str:
 
 def _client(url: str | None, config_file: Path | None) -> Client:
     """The running agentbox; what it waits for (busy, restarting) said on stderr."""
+    from agentbox.client import Client
+
     return Client(client_url(url, config_file), config_file=config_file, progress=_say)
 
 
@@ -531,6 +589,8 @@ def _say(message: str) -> None:
 @contextmanager
 def _client_errors() -> Iterator[None]:
     """The client's errors as the command line's: their sentence, exit status 1."""
+    from agentbox.client import AgentboxError, NotProven, NotTrusted
+
     try:
         yield
     except NotProven as exc:
@@ -544,13 +604,19 @@ def _client_errors() -> Iterator[None]:
 def _said(exc: AgentboxError) -> str:
     """An error as a person reads it: a refusal's own sentence (and its fields'),
     without the HTTP status a library's caller gets in str(exc)."""
+    from agentbox.client import Refused
+
     if not isinstance(exc, Refused) or not exc.message:
-        return str(exc)
+        return str(exc)  # unreachable, say: said without the terminal's review
+    from agentbox import terminal
+
     return terminal.line(exc.message) + _field_errors(exc)
 
 
 def _field_errors(exc: Refused) -> str:
     """Each field a refusal names, on a line of its own (at most 20)."""
+    from agentbox import terminal
+
     fields = [f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg', '')}"
               for e in exc.errors[:20]]
     return "".join(f"\n  {terminal.line(field)}" for field in fields)
@@ -582,15 +648,17 @@ def follow(url: str | Client, run_id: str, timeout: float,
     """`send --wait`: the run once terminal (followed by the Client given, else one for
     `url`); None if `timeout` passes first. agentbox unreachable for
     FOLLOW_UNREACHABLE_SECONDS on end: GaveUp (exit status 3)."""
-    box = url if isinstance(url, Client) else Client(url, progress=_say)
+    from agentbox import client
+
+    box = url if isinstance(url, client.Client) else client.Client(url, progress=_say)
     try:
-        return box.follow(run_id, timeout, unreachable_timeout=FOLLOW_UNREACHABLE_SECONDS,
-                          sleep=sleep)
-    except NotFinished:
+        return box.follow(run_id, timeout,
+                          unreachable_timeout=client.FOLLOW_UNREACHABLE_SECONDS, sleep=sleep)
+    except client.NotFinished:
         return None
-    except (Unreachable, NotProven) as exc:
+    except (client.Unreachable, client.NotProven) as exc:
         raise GaveUp(str(exc)) from None
-    except AgentboxError as exc:
+    except client.AgentboxError as exc:
         raise click.ClickException(_said(exc)) from None
     finally:
         if box is not url:
@@ -601,6 +669,7 @@ def _parse_fields(fields: tuple[str, ...], event_type: str | None = None) -> dic
     """The payload FIELD=VALUE ... give; a field the event type's payload does not have
     is refused here, before anything is sent (the server's 422 came after the retries
     and the signing, for a typo)."""
+    from agentbox import terminal
     from agentbox.events import PAYLOAD_MODELS
     from agentbox.review import contract  # noqa: F401 - registers the review's event types
 
@@ -628,10 +697,10 @@ def _parse_fields(fields: tuple[str, ...], event_type: str | None = None) -> dic
 @click.option("--mix", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="payload.mix_url: the rendered file (made absolute).")
 @click.option("--profile", default=None, help="payload.profile, e.g. streaming, club")
-@click.option("--stage", type=click.Choice(STAGES), default=None,
+@click.option("--stage", type=_Named(_stages()), default=None,
               help="payload.stage: judge this file as a mix (going to mastering) or a "
                    "master; the project's later exports are not.")
-@click.option("--project-stage", type=click.Choice([*STAGES, "auto"]), default=None,
+@click.option("--project-stage", type=_Named(_stages("auto")), default=None,
               help="payload.project_stage: the project is at this stage from now on "
                    "(its later exports are judged so unless a file's own stage or the "
                    "watched folder's says otherwise); auto forgets it.")
@@ -683,6 +752,8 @@ def send(event_type: str | None, fields: tuple[str, ...], type_option: str | Non
     3 agentbox unreachable or busy after the retries, 4 the run failed (--wait),
     5 the run was not finished in time (--wait), 130 stopped with Ctrl-C.
     """
+    from agentbox.client import export_event
+
     mix_file = _mix_to_review(event_type, type_option, event_file)
     if project_stage is not None:
         fields = (*fields, f"project_stage={project_stage}")
@@ -717,7 +788,9 @@ def _mix_to_review(first: str | None, type_option: str | None,
                    event_file: Any) -> Path | None:
     """The FILE of `agentbox send FILE`: the first argument when no --type or --file
     is given and it names a file (or a name an audio file would have)."""
+    from agentbox import terminal
     from agentbox.desktop.watch import AUDIO_SUFFIXES
+    from agentbox.events import is_event_type_name
 
     if first is None or type_option is not None or event_file is not None:
         return None
@@ -734,6 +807,9 @@ def _mix_to_review(first: str | None, type_option: str | None,
 def _export_id(path: Path, project: str | None, asked: dict[str, Any]) -> str:
     """The event_id of `send FILE` (client.export_id); a file that cannot be read is
     a usage error."""
+    from agentbox import terminal
+    from agentbox.client import export_id
+
     try:
         return export_id(path, project, **asked)
     except OSError as exc:
@@ -746,6 +822,11 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                  event_id: str | None,
                  payload_json: str | None, callback_url: str | None) -> dict[str, Any]:
     """The event of `agentbox send EVENT_TYPE key=value ...` (and --type, --payload)."""
+    from uuid import uuid4
+
+    from agentbox.client import build_event
+    from agentbox.events import nfc_name as project_name
+
     if not event_type:
         raise click.UsageError("give a file to review, or the event type (--type, or the "
                                "first argument), or --file")
@@ -761,12 +842,14 @@ def _typed_event(event_type: str | None, fields: tuple[str, ...], project: str |
                        ("mix_url", None if mix is None else str(mix.expanduser().resolve()))):
         if value is not None:
             payload[key] = value
-    return build_event(event_type, source, event_id or uuid.uuid4().hex, payload,
+    return build_event(event_type, source, event_id or uuid4().hex, payload,
                        callback_url)
 
 
 def _named(event: dict[str, Any] | None) -> str | None:
     """The name of the file an event names (its mix_url's), if any."""
+    from agentbox import terminal
+
     payload = event.get("payload") if event else None
     mix_url = payload.get("mix_url") if isinstance(payload, dict) else None
     if not isinstance(mix_url, str):
@@ -812,6 +895,8 @@ def _compact(answer: Answer) -> str:
 
 def _indented(found: Answer | list[Answer]) -> str:
     """`--json`: agentbox's answer (or the list in it), indented for people too."""
+    from agentbox.models import Answer
+
     shown = found.as_json() if isinstance(found, Answer) else [f.as_json() for f in found]
     return json.dumps(shown, indent=2)
 
@@ -822,6 +907,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a program stopped by SIGINT
 def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> Accepted:
     """agentbox's answer to `body`; a refusal told (exit status 1), unavailable after
     the retries said why (exit status 3)."""
+    from agentbox.client import AgentboxError, NotProven, Refused, Unreachable
+
     try:
         return box.send_body(body, retries=retries)
     except (Unreachable, NotProven) as exc:
@@ -842,6 +929,8 @@ def _deliver(box: Client, body: bytes, retries: int, for_people: bool) -> Accept
 
 def _refusal(exc: Refused) -> str:
     """`agentbox refused it (422 invalid_event): ...`, and each field's error."""
+    from agentbox import terminal
+
     told = f"agentbox refused it ({exc.status} {terminal.line(exc.error_code or '')}): " \
            f"{terminal.line(exc.message)}"
     return told + _field_errors(exc)
@@ -849,6 +938,8 @@ def _refusal(exc: Refused) -> str:
 
 def _wait_and_tell(box: Client, answer: Accepted, wait_timeout: float, as_json: bool,
                    sent: Sent) -> None:
+    from agentbox import terminal
+
     run_id = answer.run_id
     try:
         if as_json:
@@ -892,14 +983,16 @@ def runs(url: str | None, status: str | None, limit: int, as_json: bool,
 
 
 def _print_runs(found: list[RunView], as_json: bool, empty: str,
-                table: Callable[[list[RunView]], list[str]] = terminal.runs_table
-                ) -> None:
+                table: Callable[[list[RunView]], list[str]] | None = None) -> None:
+    """The runs found, as JSON or a table (terminal.runs_table, unless another)."""
+    from agentbox import terminal
+
     if as_json:
         click.echo(_indented(list(found)))
     elif not found:
         click.echo(empty)
     else:
-        click.echo("\n".join(table(found)))
+        click.echo("\n".join((table or terminal.runs_table)(found)))
 
 
 @main.command("dead-letters")
@@ -910,6 +1003,8 @@ def _print_runs(found: list[RunView], as_json: bool, empty: str,
 def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path | None) -> None:
     """List dead-lettered runs that wait for a decision (replay them with `agentbox
     replay RUN_ID`); those discarded on the status page are left out."""
+    from agentbox import terminal
+
     with _client_errors(), _client(url, config_file) as box:
         found = box.runs(limit, "dead_lettered", discarded="false").runs
     _print_runs(found, as_json, "no dead letters waiting for a decision", terminal.why_table)
@@ -925,6 +1020,8 @@ def show(run_id: str, url: str | None, as_json: bool, config_file: Path | None) 
 
     The run is named by its id, by the start of it that no other run id has (as
     `agentbox runs` shows it), or by a project's name: its latest export."""
+    from agentbox import terminal
+
     with _client_errors(), _client(url, config_file) as box:
         run = box.lookup(run_id, history=True)
     if as_json:
@@ -1002,6 +1099,7 @@ def migrate(data_dir: Path | None, config_file: Path | None, database_url: str |
     On PostgreSQL, instances starting together take turns on an advisory lock.
     A database written by a newer agentbox is refused, and left as it is.
     """
+    from agentbox import config as cfg
     from agentbox.apps import schemas_of
     from agentbox.store import StoreError, engines
 
@@ -1036,6 +1134,7 @@ def prune(dry_run: bool, as_json: bool, data_dir: Path | None, config_file: Path
     """
     import asyncio
 
+    from agentbox import config as cfg
     from agentbox.apps import prune_alone
     from agentbox.store import StoreError, StoreInUse
 
@@ -1086,6 +1185,8 @@ def project() -> None:
 def project_rename(old: str, new: str, url: str | None, config_file: Path | None) -> None:
     """Call project OLD NEW from now on: its exports, kept audio and reference track
     follow, and an export still sent as OLD joins NEW."""
+    from agentbox import terminal
+
     with _client_errors(), _client(url, config_file) as box:
         done = box.rename_project(old, new)
     click.echo(f"{terminal.line(done.was or old)} is now {terminal.line(done.project or new)}")
@@ -1101,6 +1202,8 @@ def project_merge(from_project: str, into: str, url: str | None,
     """Merge project FROM into project INTO: FROM's exports join INTO's history (its
     reference track too, unless INTO has one), and an export still sent as FROM
     joins INTO."""
+    from agentbox import terminal
+
     with _client_errors(), _client(url, config_file) as box:
         done = box.merge_projects(from_project, into)
     click.echo(f"{terminal.line(done.merged or from_project)} merged into "
@@ -1115,6 +1218,8 @@ def project_merge(from_project: str, into: str, url: str | None,
 def project_remove(name: str, yes: bool, url: str | None, config_file: Path | None) -> None:
     """Remove project NAME: its exports leave the project pages, the archive lets
     their audio go, its reference track goes. Asks first, unless --yes."""
+    from agentbox import terminal
+
     if not yes:
         click.confirm(f"Remove the project {terminal.line(name)} and the audio kept of "
                       "its exports?", abort=True)
@@ -1139,6 +1244,9 @@ def reference() -> None:
 def reference_add(file: Path, project: str, url: str | None,
                   config_file: Path | None) -> None:
     """Make FILE the project's reference track (it replaces the one it had)."""
+    from agentbox import terminal
+    from agentbox.client import NotFound
+
     with _client_errors(), _client(url, config_file) as box:
         found = box.add_reference(file, project)
         click.echo(f"{found.name} is the reference of {found.project}: "
@@ -1254,6 +1362,7 @@ def callbacks_verify(body_file: Any, headers: tuple[str, ...], secret_value: str
         agentbox callbacks verify body.json -H "X-Agent-Timestamp: 1785166920" \\
             -H "X-Agent-Signature: 5d1c..." --ignore-age
     """
+    from agentbox import config as cfg
     from agentbox.signing import SignatureError, verify_callback
 
     received: dict[str, str] = {}
@@ -1293,7 +1402,7 @@ WATCH_ACTIONS = ("pause", "resume")
 @URL_OPTION
 @click.option("--project", default=None, help="project_id (default: from the file name).")
 @click.option("--profile", default=None, help="payload.profile for every file.")
-@click.option("--stage", type=click.Choice(STAGES), default=None,
+@click.option("--stage", type=_Named(_stages()), default=None,
               help="The stage of this folder's files (payload.default_stage): mix or "
                    "master, unless the project was given another.")
 @GENRE_OPTION

@@ -12,7 +12,6 @@ import ipaddress
 import os
 import re
 import secrets
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -455,6 +454,8 @@ def load_settings(
 
 
 def _read_toml(path: Path, required: bool) -> dict[str, Any]:
+    import tomllib  # here: most starts have no config file
+
     if not path.exists():
         if required:
             raise ConfigError(f"config file {path} does not exist")

@@ -7,7 +7,6 @@ else JSON), text or json."""
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import io
 import json
@@ -16,7 +15,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    import asyncio
 
 LOGGER_NAME = "agentbox"
 # The run whose agent the current task (or a thread it started) works for: a line it
@@ -84,6 +86,8 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
             line = self.formatter.head(time.time(), "info", logger, msg)
             line.update(fields)
             text = _ENCODER.encode(line) + self.terminator
+            import asyncio  # here: a client that logs nothing starts without it
+
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # not on a loop's thread: at once

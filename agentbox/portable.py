@@ -11,7 +11,6 @@ reported as another OS's and see what it picks there.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import importlib
 import logging
@@ -25,9 +24,10 @@ import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import filelock
+if TYPE_CHECKING:
+    import filelock
 
 log = logging.getLogger("agentbox.portable")
 
@@ -61,6 +61,8 @@ def hold_lock(path: Path) -> HeldLock:
     filelock picks the OS's own lock: flock(2) on Linux and macOS, LockFileEx on
     Windows. Both end with the process, so a crash never leaves a stale lock.
     """
+    import filelock  # here: only the server and the store take the lock
+
     lock = filelock.FileLock(str(path), thread_local=False, mode=PRIVATE_FILE)
     try:
         lock.acquire(timeout=0)
@@ -243,6 +245,8 @@ def _monotonic_with_sleep() -> float:
 
 @cache
 def _windows_interrupt_time() -> Any:
+    import ctypes  # here: each use is one platform's, and `agentbox runs` uses none
+
     return ctypes.WinDLL("kernel32").QueryInterruptTimePrecise  # type: ignore[attr-defined,unused-ignore]
 
 
@@ -251,6 +255,8 @@ def _interrupt_time() -> float:
     hibernation, the documented difference from QueryUnbiasedInterruptTime. Python's
     `time.monotonic` reads QueryPerformanceCounter since 3.13 (GetTickCount64
     before), whose behaviour across sleep Microsoft does not document as plainly."""
+    import ctypes
+
     count = ctypes.c_ulonglong()
     _windows_interrupt_time()(ctypes.byref(count))
     return count.value / 10_000_000
@@ -295,6 +301,8 @@ def _nice_posix() -> None:
 
 
 def _idle_io_linux() -> None:
+    import ctypes
+
     number = IOPRIO_SET.get(platform.machine().lower())
     if number is None:
         raise OSError(f"no ioprio_set number known for {platform.machine()}")
@@ -304,6 +312,8 @@ def _idle_io_linux() -> None:
 
 
 def _below_normal_windows() -> None:
+    import ctypes
+
     kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]
     process = kernel32.GetCurrentProcess()
     if kernel32.GetPriorityClass(process) in (IDLE_PRIORITY_CLASS,
@@ -344,12 +354,16 @@ THREAD_MODE_BACKGROUND_BEGIN = 0x00010000
 
 
 def _utility_qos_macos() -> None:
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.pthread_set_qos_class_self_np(QOS_CLASS_UTILITY, 0) != 0:
         raise OSError(ctypes.get_errno(), "pthread_set_qos_class_self_np")
 
 
 def _background_thread_windows() -> None:
+    import ctypes
+
     kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]
     if not kernel32.SetThreadPriority(kernel32.GetCurrentThread(),
                                       THREAD_MODE_BACKGROUND_BEGIN):
@@ -505,6 +519,8 @@ def reuse_freed_memory() -> None:
     few megabytes per block of audio spent a tenth of its CPU so. On Linux with
     glibc (blocks up to REUSED_MEMORY_BYTES come from the heap, which keeps that
     much free); nothing elsewhere. Never raises."""
+    import ctypes
+
     if not LINUX:
         return
     try:

@@ -15,7 +15,6 @@ import json
 import re
 import textwrap
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import wcwidth
@@ -24,9 +23,11 @@ from agentbox.logs import one_line
 from agentbox.models import RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import local_time, tenths
+from agentbox.review.names import FORMER_MIX_REVIEW, MIX_REVIEW
 
 WIDTH = 100  # `agentbox runs` fits a terminal this wide
 SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
+MIX_REVIEW_AGENTS = frozenset({MIX_REVIEW, FORMER_MIX_REVIEW})
 
 
 def line(value: Any) -> str:
@@ -42,17 +43,12 @@ def is_review(result: Any) -> bool:
     return as_review(result) is not None
 
 
-@cache
 def mix_review_agents() -> frozenset[str]:
     """The built-in mix review, by every name its runs carry (the one it had before it
-    moved as well): its runs are told in a musician's words. Asked for, not imported
-    with the module: the review's contract loads the engine, which `agentbox runs`
-    needs not."""
-    from agentbox.engine.agents import RENAMED_AGENTS
-    from agentbox.review.contract import AGENTS
-
-    names = frozenset(AGENTS["session.exported"])
-    return names | {old for old, new in RENAMED_AGENTS.items() if new in names}
+    moved as well): its runs are told in a musician's words. The names alone
+    (review.names), not the review's contract: that loads the engine, which `agentbox
+    runs` needs not."""
+    return MIX_REVIEW_AGENTS
 
 
 def reviews(run: RunView) -> bool:

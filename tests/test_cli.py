@@ -385,12 +385,14 @@ def test_send_wait_gives_up_on_an_agentbox_gone_for_good_with_status_3(
         monkeypatch: Any) -> None:
     import click
 
-    from agentbox import cli
+    from agentbox import cli, client
 
     with socket.socket() as closed:  # a loopback port nothing listens on
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        monkeypatch.setattr(cli, "FOLLOW_UNREACHABLE_SECONDS", 0.5)
+        # The client's, which cli.follow reads as it follows (the cli names it too).
+        monkeypatch.setattr(client, "FOLLOW_UNREACHABLE_SECONDS", 0.5)
+        assert cli.FOLLOW_UNREACHABLE_SECONDS == 0.5
         started = time.monotonic()
         try:
             cli.follow(url, "run_gone", timeout=60)

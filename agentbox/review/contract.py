@@ -23,6 +23,8 @@ from agentbox.events import (
     register_event_type,
 )
 from agentbox.review.genres import GENRES
+from agentbox.review.names import FORMER_MIX_REVIEW
+from agentbox.review.names import MIX_REVIEW as MIX_REVIEW  # its agent, named here as before
 from agentbox.review.profiles import PROFILES
 from agentbox.review.settings import ReviewSettings
 
@@ -120,7 +122,6 @@ SETTINGS = ReviewSettings
 
 
 # The review's agent, by import string (what a run stores), for each event type it takes.
-MIX_REVIEW = "agentbox.review.agent:mix_review"
 AGENTS: dict[str, tuple[str, ...]] = {"session.exported": (MIX_REVIEW,),
                                       "mix.review_requested": (MIX_REVIEW,)}
-rename_agent("agentbox.mix_review:mix_review", MIX_REVIEW)  # its name before the review room
+rename_agent(FORMER_MIX_REVIEW, MIX_REVIEW)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,10 +28,46 @@ def project_of(event: Event) -> str | None:
     return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
 
 
+class Admitted:
+    """The bytes (size, SHA-256) each render's admission read, by its event's
+    idempotency key, until the ingest that stores the event keeps them with its runs
+    (`kept`). Bounded: an event admitted and then refused (429, 503) leaves its entry
+    behind until newer ones push it out."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._digests: OrderedDict[str, tuple[int, str]] = OrderedDict()
+
+    def note(self, key: str, size: int, sha256: str) -> None:
+        self._digests[key] = (size, sha256)
+        self._digests.move_to_end(key)
+        while len(self._digests) > self.LIMIT:
+            self._digests.popitem(last=False)
+
+    def take(self, key: str) -> tuple[int, str] | None:
+        # Called in the writer's transaction (another thread): one dict call, atomic.
+        return self._digests.pop(key, None)
+
+
+ADMITTED = Admitted()  # the review's admission (renders.identify) notes; the ingest takes
+
+
+def kept(event: Event) -> str | None:
+    """What the ingest keeps of an event with its runs (Schema.keeps): its project
+    and, for a render, the bytes its admission read (keep_runs reads the object)."""
+    project = project_of(event)
+    if project is None:
+        return None
+    digest = ADMITTED.take(event.envelope.idempotency_key)
+    size, sha256 = digest if digest is not None else (None, None)
+    return json.dumps({"project": project, "size": size, "sha256": sha256})
+
+
 # Each run's project is the review's (run_projects): kept with its event's ingest, shown
 # in the run's view (`project`), searched by (`?project=`, and a search's text).
 SCHEMA = Schema(line="review", package="agentbox.archive", before_prune="keep_exports",
-                kept_in="project_exports", forget="forget_runs", keeps=project_of,
+                kept_in="project_exports", forget="forget_runs", keeps=kept,
                 run_fields=("project",), filters=("project", "text"))
 KEPT_COLUMNS = ("run_id", "project", "sha256", "size", "file_name", "keeper", "kept_at",
                 "dropped_at", "dropped_because")
@@ -94,6 +131,16 @@ class History:
                                       status=status, before_run_id=before_run_id,
                                       limit=limit)
         return [export_of(row, now) for row in rows]  # each by the name it goes by now
+
+    async def admitted_digest(self, run_id: str) -> tuple[int, str] | None:
+        """The size and SHA-256 of the bytes a render's admission read (None: not
+        known, as for a run stored before the review kept them)."""
+        if unaskable(run_id):
+            return None
+        rows = await self.tables.rows("admitted_digest", run_id=run_id)
+        if not rows or rows[0]["size"] is None or rows[0]["sha256"] is None:
+            return None
+        return int(rows[0]["size"]), str(rows[0]["sha256"])
 
     async def previous_export(self, project: str, *, agent: str,
                               before_run_id: str) -> ProjectExport | None:

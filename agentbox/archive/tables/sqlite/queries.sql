@@ -172,12 +172,20 @@ INSERT INTO removed_projects (project, removed_at) VALUES (:project, :now)
 ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
--- Each run's project, in the transaction that stores its event (Schema.keeps: the
--- event's payload.project_id, NFC), one statement for a whole batch of events.
-INSERT INTO run_projects (run_id, project)
-SELECT r.value, v.value FROM json_each(:run_ids) r JOIN json_each(:values) v ON v.key = r.key
+-- Each run's project, in the transaction that stores its event (Schema.keeps: a JSON
+-- object of the event's payload.project_id, NFC, and for a render the size and SHA-256
+-- its admission read), one statement for a whole batch of events.
+INSERT INTO run_projects (run_id, project, size, sha256)
+SELECT r.value, json_extract(v.value, '$.project'), json_extract(v.value, '$.size'),
+       json_extract(v.value, '$.sha256')
+FROM json_each(:run_ids) r JOIN json_each(:values) v ON v.key = r.key
 WHERE true
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: admitted_digest
+-- The size and SHA-256 of the bytes a render's admission read (no row, or NULLs: not
+-- known).
+SELECT size, sha256 FROM run_projects WHERE run_id = :run_id
 
 -- name: forget_runs
 -- Run by retention after keep_exports (Schema.forget), as the runs go.

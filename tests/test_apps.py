@@ -198,7 +198,7 @@ def test_a_database_of_the_previous_layout_opens_with_everything_in_place(
     with sqlite3.connect(database) as conn:  # the previous release's layout
         assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
             ("review", 1), ("review", 2), ("review", 3), ("review", 4), ("review", 5),
-            ("review", 6)]
+            ("review", 6), ("review", 7)]
         conn.execute("DROP TABLE agentbox_lines")
     (server.home / "data" / "archive" / "incoming").mkdir(exist_ok=True)
 
@@ -213,7 +213,7 @@ def test_a_database_of_the_previous_layout_opens_with_everything_in_place(
     with sqlite3.connect(database) as conn:
         assert conn.execute("SELECT line, version FROM agentbox_lines").fetchall() == [
             ("review", 1), ("review", 2), ("review", 3), ("review", 4), ("review", 5),
-            ("review", 6)]
+            ("review", 6), ("review", 7)]
 
 
 def server_token(server: Server) -> str:
@@ -337,7 +337,7 @@ async def test_two_apps_share_the_store_and_keep_their_own_lines(tmp_path: Path,
     with sqlite3.connect(tmp_path / "agentbox.sqlite3") as conn:
         assert sorted(conn.execute("SELECT line, version FROM agentbox_lines")) == [
             ("backup", 1), ("review", 1), ("review", 2), ("review", 3), ("review", 4),
-            ("review", 5), ("review", 6)]
+            ("review", 5), ("review", 6), ("review", 7)]
 
 
 def test_a_schema_line_is_a_word() -> None:

@@ -198,6 +198,37 @@ class History:
             _summarise(db, project)
         await self.tables.write(remove)
 
+    # -- files that could not be reviewed as audio ---------------------------------------
+
+    async def note_not_audio(self, run_id: str, now: float) -> str | None:
+        """A run whose review found no audio in its file is no export of its project
+        (its summary is made again without it); its project's name now, or None (a
+        run of no project, or one noted already)."""
+        def note(db: AppDb) -> str | None:
+            row = db.run("not_audio.note", {"run_id": run_id, "now": now}).fetchone()
+            if row is None:
+                return None
+            named = str(_named(row, ("project",))["project"])
+            alias = db.run("resolve", {"name": named}).fetchone()
+            project = named if alias is None else str(_named(alias, ("project",))["project"])
+            _summarise(db, project)
+            return project
+        return await self.tables.write(note)
+
+    async def not_audio(self, limit: int = 50) -> list[str]:
+        """The runs of files that could not be reviewed as audio, not dismissed, newest
+        first."""
+        return [str(row["run_id"]) for row in await self.tables.rows("not_audio.shown",
+                                                                     limit=limit)]
+
+    async def dismiss_not_audio(self, run_id: str, now: float) -> bool:
+        """The file of `run_id` is no longer listed as one that could not be reviewed;
+        False: it is not listed (no such run, or dismissed already)."""
+        if unaskable(run_id):
+            return False
+        return await self.tables.write(lambda db: db.run(
+            "not_audio.dismiss", {"run_id": run_id, "now": now}).rowcount > 0)
+
     # -- the audio each review heard ----------------------------------------------------
 
     async def keep_audio(self, kept: KeptAudio) -> None:

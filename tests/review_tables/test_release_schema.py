@@ -156,7 +156,7 @@ def test_a_release_database_keeps_every_export_reference_and_project(
         aio(store.close())
     assert sorted(run(engine, "SELECT line, version FROM agentbox_lines")) == [
         ("review", 1), ("review", 2), ("review", 3), ("review", 4), ("review", 5),
-        ("review", 6)]
+        ("review", 6), ("review", 7)]
 
 
 def test_a_database_made_with_no_app_has_no_app_table_or_column(

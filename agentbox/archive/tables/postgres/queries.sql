@@ -78,7 +78,8 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
     ) x
     LEFT JOIN removed_projects d ON d.project = x.project
-    WHERE d.project IS NULL OR x.accepted_at > d.removed_at
+    WHERE (d.project IS NULL OR x.accepted_at > d.removed_at)
+      AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)
 ) latest WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
 
@@ -95,6 +96,7 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
 ) x
 WHERE accepted_at > COALESCE((SELECT removed_at FROM removed_projects
                               WHERE project = %(project)s), -1)
+  AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)  -- no export
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(before_run_id)s::text IS NULL OR (accepted_at, run_id) < (
@@ -239,3 +241,20 @@ DELETE FROM project_summary WHERE project = %(project)s
 -- A project's summary from the definition of its latest export (project_latest).
 INSERT INTO project_summary (project, run_id, accepted_at, exports)
 SELECT project, run_id, accepted_at, exports FROM project_latest WHERE project = %(project)s
+
+-- name: not_audio.note
+-- A run whose review found no audio in its file (mix_unreadable): no export of its
+-- project from now on (version 7). Its project as the event named it, or no row.
+INSERT INTO not_audio (run_id, project, noted_at)
+SELECT run_id, project, %(now)s FROM run_projects WHERE run_id = %(run_id)s
+ON CONFLICT (run_id) DO NOTHING
+RETURNING project
+
+-- name: not_audio.shown
+-- The files that could not be reviewed and are not dismissed, newest first.
+SELECT run_id FROM not_audio WHERE dismissed_at IS NULL
+ORDER BY noted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: not_audio.dismiss
+UPDATE not_audio SET dismissed_at = %(now)s
+WHERE run_id = %(run_id)s AND dismissed_at IS NULL

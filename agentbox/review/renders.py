@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +75,17 @@ async def latest_render(history: History, project: str) -> ProjectExport | None:
     return None
 
 
-def digest(path: Path) -> str:
-    """The SHA-256 of a file's bytes (blocking: call it in a thread)."""
-    found = hashlib.sha256()
+def digest(path: Path) -> tuple[int, str]:
+    """The size and SHA-256 of a regular file's bytes, as read (blocking: call it in a
+    thread); OSError when it is no regular file (a pipe's read could wait for ever)."""
+    found, size = hashlib.sha256(), 0
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before the open, which would wait
+        raise OSError(f"{path} is not a regular file")
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
             found.update(chunk)
-    return found.hexdigest()
+            size += len(chunk)
+    return size, found.hexdigest()
 
 
 async def latest_digest(history: History, latest: ProjectExport) -> tuple[int, str] | None:
@@ -89,11 +95,11 @@ async def latest_digest(history: History, latest: ProjectExport) -> tuple[int, s
 
 
 async def read(path: Path) -> tuple[int, str] | None:
-    """The size and SHA-256 of a file's bytes (None: it cannot be read; the review
-    says what is wrong with it)."""
+    """The size and SHA-256 of a file's bytes (None: it cannot be read, or is no
+    regular file, a pipe say, whose read could wait for ever; the review says what
+    is wrong with it)."""
     try:
-        size = (await asyncio.to_thread(path.stat)).st_size
-        return size, await asyncio.to_thread(digest, path)
+        return await asyncio.to_thread(digest, path)
     except OSError:
         return None
 

@@ -206,14 +206,19 @@ class History:
         run of no project, or one noted already)."""
         def note(db: AppDb) -> str | None:
             row = db.run("not_audio.note", {"run_id": run_id, "now": now}).fetchone()
-            if row is None:
-                return None
-            named = str(_named(row, ("project",))["project"])
-            alias = db.run("resolve", {"name": named}).fetchone()
-            project = named if alias is None else str(_named(alias, ("project",))["project"])
-            _summarise(db, project)
-            return project
+            return None if row is None else _resummarise(db, row)
         return await self.tables.write(note)
+
+    async def unnote_not_audio(self, run_id: str) -> str | None:
+        """A noted run reviewed after all (replayed once its file holds audio) is an
+        export again; its project's name now, or None (it was not noted)."""
+        if unaskable(run_id) or not await self.tables.rows("not_audio.noted", run_id=run_id):
+            return None
+
+        def forget(db: AppDb) -> str | None:
+            row = db.run("not_audio.forget", {"run_id": run_id}).fetchone()
+            return None if row is None else _resummarise(db, row)
+        return await self.tables.write(forget)
 
     async def not_audio(self, limit: int = 50) -> list[str]:
         """The runs of files that could not be reviewed as audio, not dismissed, newest
@@ -303,6 +308,16 @@ def _summarise(db: AppDb, *projects: str) -> None:
         db.run("summary.forget", {"project": project})
     for project in projects:
         db.run("summary.refresh", {"project": project})
+
+
+def _resummarise(db: AppDb, row: Any) -> str:
+    """Make the summary of the project a row names (as an event named it) again; the
+    name it goes by now."""
+    named = str(_named(row, ("project",))["project"])
+    alias = db.run("resolve", {"name": named}).fetchone()
+    project = named if alias is None else str(_named(alias, ("project",))["project"])
+    _summarise(db, project)
+    return project
 
 
 def export_of(row: Row, project: str | None = None) -> ProjectExport:

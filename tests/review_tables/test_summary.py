@@ -123,6 +123,10 @@ async def test_a_file_that_is_not_audio_leaves_its_project_and_is_dismissed(
     assert await found.not_audio() == [a2]
     [a3] = await export(store, "a3", "Night Drive", now=T0 + 50)
     assert await agrees(found) == [("Night Drive", a3, 2)]
+    assert await found.unnote_not_audio(a2) == "Night Drive"  # replayed: audio after all
+    assert await found.unnote_not_audio(a2) is None
+    assert await agrees(found) == [("Night Drive", a3, 3)]
+    assert await found.not_audio() == []
 
 
 @async_test

@@ -46,19 +46,23 @@ class NotAudio:
         self._noting: set[asyncio.Task[None]] = set()
 
     def on_transition(self, t: Transition) -> None:
-        """A review failed as its file holds no audio: noted, as no export."""
-        if t.status != RunStatus.FAILED_PERMANENT or t.error_code != NOT_AUDIO \
-                or not self.reviews(t.agent):
+        """A review failed as its file holds no audio: noted, as no export; one noted
+        and replayed that succeeds (its file holds audio now): an export again."""
+        failed = t.status == RunStatus.FAILED_PERMANENT and t.error_code == NOT_AUDIO
+        if not (failed or t.status == RunStatus.SUCCEEDED) or not self.reviews(t.agent):
             return
-        task = asyncio.get_running_loop().create_task(self._note(t.run_id))
+        task = asyncio.get_running_loop().create_task(self._note(t.run_id, failed))
         self._noting.add(task)
         task.add_done_callback(self._noting.discard)
 
-    async def _note(self, run_id: str) -> None:
+    async def _note(self, run_id: str, failed: bool) -> None:
         try:
-            await self.history.note_not_audio(run_id, self.clock())
+            if failed:
+                await self.history.note_not_audio(run_id, self.clock())
+            else:
+                await self.history.unnote_not_audio(run_id)
         except Exception:  # the store's trouble is logged by it; the run page still says
-            log.exception("could not note run %s as no audio", run_id)
+            log.exception("could not note whether run %s holds audio", run_id)
 
     async def dismiss(self, request: Request) -> Response:
         """`POST /runs/{run_id}/dismiss`: no longer listed as couldn't review."""

@@ -258,3 +258,12 @@ ORDER BY noted_at DESC, run_id DESC LIMIT %(limit)s
 -- name: not_audio.dismiss
 UPDATE not_audio SET dismissed_at = %(now)s
 WHERE run_id = %(run_id)s AND dismissed_at IS NULL
+
+-- name: not_audio.noted
+SELECT run_id FROM not_audio WHERE run_id = %(run_id)s
+
+-- name: not_audio.forget
+-- A noted run replayed and reviewed after all (its file holds audio now): an export
+-- again. Its project as the event named it, or no row.
+DELETE FROM not_audio WHERE run_id = %(run_id)s
+RETURNING project

@@ -19,6 +19,7 @@ from tests.conftest import make_event, wait_until
 from tests.support.browser import chromium, fresh_page
 from tests.support.corpus import Song, song_audio
 from tests.test_renders import agentbox, render
+from tests.test_watched import reviewed, runs_of, watching_server
 
 pytestmark = pytest.mark.slow  # a server and its analysis process, Chromium
 PROJECT = "Heroes Rite"
@@ -87,3 +88,28 @@ def test_a_file_that_is_not_audio_is_no_export_of_its_project_and_is_dismissed(
     assert done.json() == {"run_id": failed[1], "dismissed": True}
     assert "Couldn't review" not in server.client.get("/").text
     assert [e["run_id"] for e in listed()] == [export]  # dismissed: still no export
+
+
+def test_a_render_in_a_watched_folder_that_holds_no_audio_leaves_the_latest_as_it_was(
+        server_factory: Any, tmp_path: Path) -> None:
+    """The server's watched folder: a render written again as nothing a DAW could play
+    (a text file under its name) is no export of its project."""
+    folder = tmp_path / "Exports"
+    folder.mkdir()
+    server = watching_server(server_factory, tmp_path / "home", [str(folder)]).start()
+    take = folder / "take.wav"
+    render(take, song_audio(Song(lufs=-19.0, seed=2)), time.time() - 5)
+    first = reviewed(server, "take")
+    take.write_text("not audio: a render written again as text\n")
+
+    def failed() -> list[str]:
+        return [run["run_id"] for run in server.client.get(
+            "/runs", params={"status": "failed_permanent"}).json()["runs"]]
+    [broken] = wait_until(failed, 120, "the text file's review to fail")
+    wait_until(lambda: f'data-run-id="{broken}"' in server.client.get("/").text, 30,
+               "the text file to be listed as couldn't review")
+    assert [e["run_id"] for e in runs_of(server, "take")] == [first["run_id"]]
+    latest = server.client.get("/exports").json()["exports"]
+    assert [(e["project"], e["run_id"]) for e in latest] == [("take", first["run_id"])]
+    below = server.client.get("/").text.partition("Couldn't review")[2]
+    assert below.count(f'data-run-id="{broken}"') == 1

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ import pytest
 import soundfile
 
 from agentbox.desktop.watch import state_file
-from tests.conftest import Server, wait_until
+from tests.conftest import Server, make_event, wait_until
 from tests.support.corpus import RATE, Song, song_audio
 from tests.test_watched import reviewed, runs_of, watching_server
 
 pytestmark = pytest.mark.slow  # a server, its analysis process, the watcher in a process
+AGENTS = "tests.support.agents"
 
 
 def render(path: Path, audio: np.ndarray, written: float) -> None:
@@ -184,3 +186,55 @@ def test_a_rejudgment_a_rename_and_a_text_file_leave_the_latest_exports_right(
                                server.client.get("/exports").json()["exports"]}
     below = server.client.get("/").text.partition("Couldn't review")[2]
     assert below.count('data-project="Scribbles"') == 1
+
+
+def test_the_latest_exports_bytes_sent_again_while_it_waits_are_that_export(
+        server_factory: Any, tmp_path: Path) -> None:
+    # One worker, held busy: the renders sent meanwhile wait, queued, unreviewed.
+    server = server_factory({"AGENTBOX_AGENTS": f"chain.ping={AGENTS}:held",
+                             "AGENTBOX_WORKER_CONCURRENCY": "1"}).start()
+    release = tmp_path / "release"
+    hold = server.post(make_event(event_type="chain.ping", payload={"label": str(release)}))
+    assert hold.status_code == 202, hold.text
+    wait_until(lambda: server.journal_lines(), 30, "the worker to be held")
+    mix = tmp_path / "Heroes Rite.wav"
+    render(mix, song_audio(Song(lufs=-20.0)), time.time() - 300)
+    sent = agentbox(server, "send", str(mix), "--json")
+    assert sent.returncode == 0, sent.stderr
+    first = json.loads(sent.stdout)
+    assert first["duplicate"] is False
+
+    os.utime(mix, (time.time() - 100,) * 2)  # touched: the CLI sends it as a new file
+    again = json.loads(agentbox(server, "send", str(mix), "--json").stdout)
+    assert (again["duplicate"], again["run_id"]) == (True, first["run_id"])
+    dropped = drop(server, mix.read_bytes())
+    assert dropped.status_code == 200, dropped.text
+    assert (dropped.json()["duplicate"], dropped.json()["run_id"]) == (True, first["run_id"])
+
+    # A new render given twice at once (the page twice, the CLI): one export.
+    second = tmp_path / "Heroes Rite (2).wav"
+    render(second, song_audio(Song(lufs=-16.0, seed=2)), time.time() - 50)
+    with ThreadPoolExecutor(3) as pool:
+        drops = [pool.submit(drop, server, second.read_bytes()) for _ in range(2)]
+        cli = pool.submit(agentbox, server, "send", str(second), "--project", "Heroes Rite",
+                          "--json")
+        told = json.loads(cli.result().stdout)
+        said = [one.result().json() for one in drops] + [told]
+    assert sorted(one["duplicate"] for one in said) == [False, True, True], said
+    assert len({one["run_id"] for one in said}) == 1
+
+    # All of the above while the worker was held: neither render had been reviewed.
+    assert [line["kind"] for line in server.journal_lines()] == ["start"]
+    waiting = [server.run(run_id)["status"] for run_id in (first["run_id"], told["run_id"])]
+    assert set(waiting) <= {"accepted", "processing"}, waiting
+    listed = server.client.get("/exports", params={"project": "Heroes Rite"}).json()
+    assert [e["run_id"] for e in listed["exports"]] == [told["run_id"], first["run_id"]]
+    release.touch()
+    assert [e["number"] for e in exports(server)] == [2, 1]
+
+
+def drop(server: Server, audio: bytes) -> Any:
+    """`POST /exports` of a file into Heroes Rite, as a program sends one."""
+    return server.client.post("/exports", data={"project": "Heroes Rite"},
+                              files={"file": ("Heroes Rite.wav", audio)},
+                              headers={"Accept": "application/json"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,10 +28,46 @@ def project_of(event: Event) -> str | None:
     return unicodedata.normalize("NFC", project) if isinstance(project, str) else None
 
 
+class Admitted:
+    """The bytes (size, SHA-256) each render's admission read, by its event's
+    idempotency key, until the ingest that stores the event keeps them with its runs
+    (`kept`). Bounded: an event admitted and then refused (429, 503) leaves its entry
+    behind until newer ones push it out."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._digests: OrderedDict[str, tuple[int, str]] = OrderedDict()
+
+    def note(self, key: str, size: int, sha256: str) -> None:
+        self._digests[key] = (size, sha256)
+        self._digests.move_to_end(key)
+        while len(self._digests) > self.LIMIT:
+            self._digests.popitem(last=False)
+
+    def take(self, key: str) -> tuple[int, str] | None:
+        # Called in the writer's transaction (another thread): one dict call, atomic.
+        return self._digests.pop(key, None)
+
+
+ADMITTED = Admitted()  # the review's admission (renders.identify) notes; the ingest takes
+
+
+def kept(event: Event) -> dict[str, Any] | None:
+    """What the ingest keeps of an event with its runs (Schema.keeps): its project
+    and, for a render, the bytes its admission read (keep_runs reads the object)."""
+    project = project_of(event)
+    if project is None:
+        return None
+    digest = ADMITTED.take(event.envelope.idempotency_key)
+    size, sha256 = digest if digest is not None else (None, None)
+    return {"project": project, "size": size, "sha256": sha256}
+
+
 # Each run's project is the review's (run_projects): kept with its event's ingest, shown
 # in the run's view (`project`), searched by (`?project=`, and a search's text).
 SCHEMA = Schema(line="review", package="agentbox.archive", before_prune="keep_exports",
-                kept_in="project_exports", forget="forget_runs", keeps=project_of,
+                kept_in="project_exports", forget="forget_runs", keeps=kept,
                 run_fields=("project",), filters=("project", "text"))
 KEPT_COLUMNS = ("run_id", "project", "sha256", "size", "file_name", "keeper", "kept_at",
                 "dropped_at", "dropped_because")
@@ -95,6 +132,16 @@ class History:
                                       limit=limit)
         return [export_of(row, now) for row in rows]  # each by the name it goes by now
 
+    async def admitted_digest(self, run_id: str) -> tuple[int, str] | None:
+        """The size and SHA-256 of the bytes a render's admission read (None: not
+        known, as for a run stored before the review kept them)."""
+        if unaskable(run_id):
+            return None
+        rows = await self.tables.rows("admitted_digest", run_id=run_id)
+        if not rows or rows[0]["size"] is None or rows[0]["sha256"] is None:
+            return None
+        return int(rows[0]["size"]), str(rows[0]["sha256"])
+
     async def previous_export(self, project: str, *, agent: str,
                               before_run_id: str) -> ProjectExport | None:
         """The most recent succeeded export of `project` by `agent`, accepted before
@@ -150,6 +197,42 @@ class History:
             db.run("remove_project", {"project": project, "now": now})
             _summarise(db, project)
         await self.tables.write(remove)
+
+    # -- files that could not be reviewed as audio ---------------------------------------
+
+    async def note_not_audio(self, run_id: str, now: float) -> str | None:
+        """A run whose review found no audio in its file is no export of its project
+        (its summary is made again without it); its project's name now, or None (a
+        run of no project, or one noted already)."""
+        def note(db: AppDb) -> str | None:
+            row = db.run("not_audio.note", {"run_id": run_id, "now": now}).fetchone()
+            return None if row is None else _resummarise(db, row)
+        return await self.tables.write(note)
+
+    async def unnote_not_audio(self, run_id: str) -> str | None:
+        """A noted run reviewed after all (replayed once its file holds audio) is an
+        export again; its project's name now, or None (it was not noted)."""
+        if unaskable(run_id) or not await self.tables.rows("not_audio.noted", run_id=run_id):
+            return None
+
+        def forget(db: AppDb) -> str | None:
+            row = db.run("not_audio.forget", {"run_id": run_id}).fetchone()
+            return None if row is None else _resummarise(db, row)
+        return await self.tables.write(forget)
+
+    async def not_audio(self, limit: int = 50) -> list[str]:
+        """The runs of files that could not be reviewed as audio, not dismissed, newest
+        first."""
+        return [str(row["run_id"]) for row in await self.tables.rows("not_audio.shown",
+                                                                     limit=limit)]
+
+    async def dismiss_not_audio(self, run_id: str, now: float) -> bool:
+        """The file of `run_id` is no longer listed as one that could not be reviewed;
+        False: it is not listed (no such run, or dismissed already)."""
+        if unaskable(run_id):
+            return False
+        return await self.tables.write(lambda db: db.run(
+            "not_audio.dismiss", {"run_id": run_id, "now": now}).rowcount > 0)
 
     # -- the audio each review heard ----------------------------------------------------
 
@@ -225,6 +308,16 @@ def _summarise(db: AppDb, *projects: str) -> None:
         db.run("summary.forget", {"project": project})
     for project in projects:
         db.run("summary.refresh", {"project": project})
+
+
+def _resummarise(db: AppDb, row: Any) -> str:
+    """Make the summary of the project a row names (as an event named it) again; the
+    name it goes by now."""
+    named = str(_named(row, ("project",))["project"])
+    alias = db.run("resolve", {"name": named}).fetchone()
+    project = named if alias is None else str(_named(alias, ("project",))["project"])
+    _summarise(db, project)
+    return project
 
 
 def export_of(row: Row, project: str | None = None) -> ProjectExport:

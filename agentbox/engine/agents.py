@@ -38,6 +38,8 @@ Agent = Callable[[Event, "AgentContext"], Awaitable[Any]]
 # An agent's check of an event before it is accepted: its field errors ({loc, msg,
 # type}), none when the agent can take it (see `admission`).
 Admit = Callable[[Event], Awaitable[list[dict[str, Any]]]]
+# Which events an agent's check must see one after another (`admission`'s `serial`).
+Serial = Callable[[Event], str | None]
 Service = TypeVar("Service")
 AgentFunction = TypeVar("AgentFunction", bound=Callable[..., Any])
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
@@ -190,13 +192,19 @@ class InvalidAgentOutput(Exception):
     """The agent returned something that is not its result model (or a JSON object)."""
 
 
-def admission(check: Admit) -> Callable[[AgentFunction], AgentFunction]:
+def admission(check: Admit, serial: Serial | None = None
+              ) -> Callable[[AgentFunction], AgentFunction]:
     """Give an agent a check the receiver runs before it accepts an event for it:
     an event the agent could never handle (a file that is not there) is refused at
     once with 422 invalid_event and the check's field errors, instead of accepted
-    and failed later. The check must be quick and must not read what the event
-    names (the receiver waits for it): a look, not the work. It may instead raise
-    `Known(run_id)`: the event is one the agent already has, answered by that run.
+    and failed later. The check must be quick (the receiver waits for it): a look,
+    not the work. It may instead raise `Known(run_id)`: the event is one the agent
+    already has, answered by that run.
+
+    `serial(event)`, when given, names what the check decides against (a project,
+    say): events of one name are checked and stored one after another in this
+    process, so that a check sees every event of that name accepted before it (two
+    sends of one file at once are one run and a duplicate, not two runs).
 
         async def no_missing_file(event: Event) -> list[dict[str, Any]]: ...
 
@@ -205,6 +213,7 @@ def admission(check: Admit) -> Callable[[AgentFunction], AgentFunction]:
     """
     def give(function: AgentFunction) -> AgentFunction:
         setattr(function, "admit", check)  # noqa: B010 - an attribute of the function
+        setattr(function, "admit_serial", serial)  # noqa: B010
         return function
     return give
 
@@ -220,6 +229,12 @@ class AgentSpec:
         """The agent's check of an event before it is accepted (`admission`), if any."""
         check = getattr(self.function, "admit", None)
         return check if callable(check) else None
+
+    @property
+    def serial(self) -> Serial | None:
+        """What the agent's admission check decides against (`admission`), if said."""
+        serial = getattr(self.function, "admit_serial", None)
+        return serial if callable(serial) else None
 
     def to_json(self, value: Any) -> dict[str, Any]:
         """Validate an agent's return value into the JSON object stored as the result."""
@@ -336,6 +351,8 @@ class AgentRegistry:
         self._by_name = {spec.name: spec for specs in self._routes.values() for spec in specs}
         self._checks = {k: tuple(check for spec in v if (check := spec.admit) is not None)
                         for k, v in self._routes.items()}
+        self._serials = {k: tuple(serial for spec in v if (serial := spec.serial) is not None)
+                         for k, v in self._routes.items()}
 
     @classmethod
     def from_bindings(cls, bindings: Sequence[AgentBinding],
@@ -391,6 +408,12 @@ class AgentRegistry:
     def checks(self, event_type: str) -> tuple[Admit, ...]:
         """The admission checks of the agents of `event_type` (most types: none)."""
         return self._checks.get(event_type, ())
+
+    def serial_keys(self, event: Event) -> list[str]:
+        """The names under which the event's admission and storing wait for others
+        (`admission`'s `serial`), sorted, each once: none for most events."""
+        keys = {serial(event) for serial in self._serials.get(event.envelope.event_type, ())}
+        return sorted(key for key in keys if key is not None)
 
     async def admit(self, event: Event) -> list[dict[str, Any]]:
         """Every field error the agents of the event's type find in it (`admission`);

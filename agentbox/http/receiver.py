@@ -29,6 +29,7 @@ from agentbox.engine.dispatcher import Dispatcher
 from agentbox.engine.handover import Handover
 from agentbox.engine.metrics import Metrics
 from agentbox.engine.timeouts import within
+from agentbox.engine.turns import Turns
 from agentbox.events import Event, InvalidEvent, parse_event
 from agentbox.http.errors import error_body, send_json
 from agentbox.logs import get_logger
@@ -100,6 +101,7 @@ class Receiver:
         # New events' runs go to the dispatcher through it: stored claimed when they
         # can start at once, each write handed over once, cancelled requests' too.
         self.handover = Handover(dispatcher, self._stored)
+        self._turns = Turns()  # admission and storing by name (`admission`'s serial)
         # The senders' own ids (webhook-id) of the events being written, by idempotency
         # key, for the line that says each was stored.
         self._webhook_ids: dict[str, str] = {}
@@ -178,7 +180,11 @@ class Receiver:
             raise Rejected(422, "invalid_event", "The event does not match the v1 contract; "
                            "see errors.", exc.errors) from None
         self._check_callback(event.envelope.callback_url)
-        if self.registry.checks(event.envelope.event_type):
+        if not self.registry.checks(event.envelope.event_type):
+            return await self._store(event, body, webhook_id)
+        # Events a check decides by the same name (its `serial`) are checked and
+        # stored in turn: the second of two sent at once is checked against the first.
+        async with self._turns.of(self.registry.serial_keys(event)):
             try:
                 errors = await self.registry.admit(event)
             except Known as known:
@@ -186,7 +192,7 @@ class Receiver:
             if errors:
                 raise Rejected(422, "invalid_event", "An agent for this event cannot take "
                                "it; see errors.", errors)
-        return await self._store(event, body, webhook_id)
+            return await self._store(event, body, webhook_id)
 
     async def _known(self, event: Event, run_id: str, body: bytes,
                      webhook_id: str | None) -> IngestResult:

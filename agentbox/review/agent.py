@@ -102,7 +102,7 @@ async def mix_file_is_there(event: Event) -> list[dict[str, Any]]:
         "or a file:// URL) and that the render has been written")}]
 
 
-@admission(mix_file_is_there)
+@admission(mix_file_is_there, serial=renders.serial)
 async def mix_review(event: Event, ctx: AgentContext) -> MixReview:
     """Measure the mix named by the event and review it against its profile."""
     analysis = ctx.service(Analysis)

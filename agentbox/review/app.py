@@ -60,6 +60,7 @@ class ReviewApp(App):
         from agentbox.review.present import mix_name
         from agentbox.review.web.audio import AudioRoutes
         from agentbox.review.web.drops import DropRoutes
+        from agentbox.review.web.not_audio import NotAudio
         from agentbox.review.web.pages import ReviewPages, add_templates
         from agentbox.review.web.references import ReferenceRoutes
         from agentbox.review.web.rejudge import RejudgeRoutes
@@ -96,11 +97,15 @@ class ReviewApp(App):
         tidy = TidyRoutes(history, archive, pages.access, pages.csrf, host.clock, pages)
         drops = DropRoutes(archive, pages.access, pages.csrf, pages, host.store, host.take)
         host.on_transition(drops.on_transition)
+        not_audio = NotAudio(history, pages.access, pages.csrf, self._reviews, host.clock,
+                             pages)
+        host.on_transition(not_audio.on_transition)
         self._routes = [
             Route("/", web.home, methods=["GET"]),
             Route("/exports", drops.or_read(web.exports), methods=["GET", "POST"]),
             Route("/runs/{run_id}/audio", audio.run_audio, methods=["GET"]),
             Route("/runs/{run_id}/rejudge", rejudge.rejudge, methods=["POST"]),
+            Route("/runs/{run_id}/dismiss", not_audio.dismiss, methods=["POST"]),
             Route("/references", references.listing, methods=["GET"]),
             Route("/projects/{project:path}/reference", references.reference,
                   methods=["GET", "PUT", "DELETE"]),

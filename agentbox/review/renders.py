@@ -12,23 +12,29 @@ A render is known by its bytes against its project's history:
 - anything else is a new export.
 
 The project's latest export is its newest render: a re-judgment (a new judgment
-of an export it has) is not one. Its bytes are known once its review heard them
-(the review's `file.sha256`); until then a file is compared by the event's own
-idempotency key only (the watcher and `send` give an unchanged file the same one).
+of an export it has) is not one. Its bytes are known from its admission on: the
+check reads each render's bytes (their size and SHA-256), and the ingest keeps them
+with its run (the review's `run_projects`), so that the same bytes sent again while
+the latest export is still queued or being reviewed are that export too. A run
+stored before the review kept them is known by its review's `file.sha256`.
 
 The receiver asks through the review agent's admission check (`identify`), which
-raises `Known` for a file that is the latest export; the check reads the file only
-when its size is the latest export's.
+raises `Known` for a file that is the latest export. Renders of one project are
+checked and stored one after another (`serial`: the admission's turn is the
+project's), so two sends of the same bytes at once are one export and its
+duplicate, whichever door each came by.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
-from agentbox.archive.history import History
+from agentbox.archive.history import ADMITTED, History
 from agentbox.archive.records import ProjectExport
 from agentbox.engine.agents import Known
 from agentbox.events import Event
@@ -69,38 +75,60 @@ async def latest_render(history: History, project: str) -> ProjectExport | None:
     return None
 
 
-def digest(path: Path) -> str:
-    """The SHA-256 of a file's bytes (blocking: call it in a thread)."""
-    found = hashlib.sha256()
+def digest(path: Path) -> tuple[int, str]:
+    """The size and SHA-256 of a regular file's bytes, as read (blocking: call it in a
+    thread); OSError when it is no regular file (a pipe's read could wait for ever)."""
+    found, size = hashlib.sha256(), 0
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before the open, which would wait
+        raise OSError(f"{path} is not a regular file")
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
             found.update(chunk)
-    return found.hexdigest()
+            size += len(chunk)
+    return size, found.hexdigest()
 
 
-async def same_as_latest(history: History, project: str, path: Path) -> str | None:
-    """The run of the project's latest export when `path` holds its very bytes."""
-    latest = await latest_render(history, project)
-    known = None if latest is None else heard(latest.result)
-    if latest is None or known is None:
-        return None
+async def latest_digest(history: History, latest: ProjectExport) -> tuple[int, str] | None:
+    """The size and SHA-256 of the latest export's bytes: as its review heard them, or
+    as its admission read them (its review not done yet), or None (not known)."""
+    return heard(latest.result) or await history.admitted_digest(latest.run_id)
+
+
+async def read(path: Path) -> tuple[int, str] | None:
+    """The size and SHA-256 of a file's bytes (None: it cannot be read, or is no
+    regular file, a pipe say, whose read could wait for ever; the review says what
+    is wrong with it)."""
     try:
-        if (await asyncio.to_thread(path.stat)).st_size != known[0]:
-            return None
-        sha = await asyncio.to_thread(digest, path)
+        return await asyncio.to_thread(digest, path)
     except OSError:
-        return None  # the review says what is wrong with it
-    return latest.run_id if sha == known[1] else None
+        return None
+
+
+def project_of(event: Event) -> str | None:
+    """The project of a render (None: the event is no render, or names none)."""
+    if event.envelope.event_type != NEW_RENDER_EVENT:
+        return None
+    project = getattr(event.payload, "project_id", None)
+    return project if isinstance(project, str) and project else None
+
+
+def serial(event: Event) -> str | None:
+    """The name under which renders are admitted in turn: their project's."""
+    project = project_of(event)
+    return None if project is None else f"render:{project}"
 
 
 async def identify(event: Event, path: Path) -> None:
     """The rule, as the admission check applies it: Known(run_id) when the event's
-    file is its project's latest export."""
-    if _history is None or event.envelope.event_type != NEW_RENDER_EVENT:
+    file is its project's latest export; otherwise the bytes read are noted for the
+    ingest to keep with the new run."""
+    project = project_of(event)
+    if _history is None or project is None:
         return
-    project = getattr(event.payload, "project_id", None)
-    if not isinstance(project, str) or not project:
+    found = await read(path)
+    if found is None:
         return
-    run_id = await same_as_latest(_history, project, path)
-    if run_id is not None:
-        raise Known(run_id)
+    latest = await latest_render(_history, project)
+    if latest is not None and await latest_digest(_history, latest) == found:
+        raise Known(latest.run_id)
+    ADMITTED.note(event.envelope.idempotency_key, *found)

@@ -95,8 +95,9 @@ class Ingest:
                         runs=tuple(runs), webhook_id=self.webhook_id)
 
 
-# A run an app keeps a value of: run_id, the value, its event's source, its acceptance.
-Kept = tuple[str, str, str, float]
+# A run an app keeps a value of: run_id, the value (what JSON holds), its event's
+# source, its acceptance.
+Kept = tuple[str, Any, str, float]
 
 
 def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bool, Any]]:
@@ -197,11 +198,10 @@ def write_kept(db: Db, state: Batch) -> None:
 
 
 def _write_kept(db: Db, statements: Sequence[str], rows: list[Kept]) -> None:
-    """An app's statements for `rows`: `:rows` holds them as one JSON array (a
-    statement reads it in one pass, where lists joined by position cost a pass per
-    row on SQLite); `:run_ids` and `:values` as lists."""
-    params = {"rows": json.dumps(rows), "run_ids": db.array([row[0] for row in rows]),
-              "values": db.array([row[1] for row in rows])}
+    """An app's statements for `rows`, given as one JSON array (`:rows`): a statement
+    reads it in one pass, where lists joined by position cost a pass per row on
+    SQLite."""
+    params = {"rows": json.dumps(rows, separators=(",", ":"))}
     for statement in statements:
         db.run_text(statement, params)
 

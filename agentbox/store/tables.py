@@ -52,11 +52,12 @@ class Schema:
     it, counts what it would keep of the runs a dry run finds `due` (a CTE of
     run_id, event_pk). `forget` runs after `before_prune`, with the same `:ids`.
 
-    `keeps(event)`: a value the app keeps of each event stored, or None; its
-    statement `keep_runs` runs in the ingest's transaction, once per batch, with
-    `:run_ids` and `:values` (arrays, one element per run of an event that gave a
-    value). `run_fields`: fields the app adds to a run's view, each the statement
-    `run_field.<name>` (an expression over the run `r`). `filters`: the run search's
+    `keeps(event)`: a value the app keeps of each event stored (what JSON holds), or
+    None; its statements `keep_runs` and `keep_runs.<name>` run in the ingest's
+    transaction, once for its events, with `:rows` (a JSON array: per run of an
+    event that gave a value, [run_id, value, source, accepted_at]). `run_fields`:
+    fields the app adds to a run's view, each the statement `run_field.<name>` (an
+    expression over the run `r`). `filters`: the run search's
     filters the app brings, each the statement `search_runs.<name>` (a condition on
     the run `r` and its event `e`, with the parameter `:<name>`); a filter named
     `text` widens the search's text instead: a query of the run ids the text names
@@ -69,7 +70,7 @@ class Schema:
     kept_in: str | None = None
     folder: str = "tables"
     forget: str | None = None
-    keeps: Callable[[Event], str | None] | None = None
+    keeps: Callable[[Event], Any] | None = None
     run_fields: tuple[str, ...] = ()
     filters: tuple[str, ...] = ()
 

@@ -39,7 +39,7 @@ T = TypeVar("T")
 log = get_logger("store")
 # An app's keeping of each event stored: its function and its statements' texts
 # (`keep_runs`, then each `keep_runs.<name>`, in the order its queries.sql gives them).
-Keeps = tuple[Callable[[Event], "str | None"], tuple[str, ...]]
+Keeps = tuple[Callable[[Event], Any], tuple[str, ...]]
 # What an operation raises to refuse (its caller is told); anything else it raises,
 # but for the storage failing, is a bug (the rule: this module's docstring).
 REFUSALS = (StoreError, InvalidTransition)

@@ -10,7 +10,7 @@ import asyncio
 import json
 from typing import Any
 
-from agentbox.archive.history import History
+from agentbox.archive.history import ADMITTED, History
 from agentbox.config import SECONDS_PER_DAY, Settings
 from agentbox.engine.retention import Retention
 from agentbox.events import parse_event
@@ -135,3 +135,47 @@ async def test_one_write_batch_of_many_projects_names_and_a_rejudgment(
     latest = {row[0]: row[1] for row in kept}
     assert latest["Night Drive II"] == a2 != a1
     assert latest["Heros Rite"] == max(b1, b2) and latest["junk"] == c1
+
+
+@async_test
+async def test_a_file_that_is_not_audio_leaves_its_project_and_is_dismissed(
+        store: Store, aio: Any) -> None:
+    """Noted as no audio (the review's version 7): no export of its project, its latest
+    and count made again without it; listed until dismissed, once."""
+    found = history(store)
+    [a1] = await export(store, "a1", "Night Drive", now=T0)
+    [a2] = await export(store, "a2", "Night Drive", now=T0 + 10)  # a text file, say
+    [n1] = await export(store, "n1", "notes", now=T0 + 20)  # a project of it alone
+    assert await agrees(found) == [("notes", n1, 1), ("Night Drive", a2, 2)]
+    assert await found.note_not_audio(a2, T0 + 30) == "Night Drive"
+    assert await found.note_not_audio(n1, T0 + 31) == "notes"
+    assert await found.note_not_audio(n1, T0 + 32) is None  # noted once
+    assert await agrees(found) == [("Night Drive", a1, 1)]
+    assert [e.run_id for e in await found.project_exports("Night Drive")] == [a1]
+    assert await found.not_audio() == [n1, a2]
+    assert await found.dismiss_not_audio(n1, T0 + 40)
+    assert not await found.dismiss_not_audio(n1, T0 + 41)  # dismissed already
+    assert not await found.dismiss_not_audio(a1, T0 + 41)  # never listed
+    assert await found.not_audio() == [a2]
+    [a3] = await export(store, "a3", "Night Drive", now=T0 + 50)
+    assert await agrees(found) == [("Night Drive", a3, 2)]
+    assert await found.unnote_not_audio(a2) == "Night Drive"  # replayed: audio after all
+    assert await found.unnote_not_audio(a2) is None
+    assert await agrees(found) == [("Night Drive", a3, 3)]
+    assert await found.not_audio() == []
+
+
+@async_test
+async def test_the_bytes_an_admission_read_are_kept_with_the_run(store: Store, aio: Any
+                                                                 ) -> None:
+    """The review's version 6: what renders.identify noted of an event's file is kept
+    with its run in the ingest's transaction (Schema.keeps), taken once."""
+    found = history(store)
+    ADMITTED.note("studio:session.exported:d1", 1234, "ab" * 32)
+    [d1] = await export(store, "d1", "Night Drive", now=T0)
+    [d2] = await export(store, "d2", "Night Drive", now=T0 + 1)  # nothing noted of it
+    assert await found.admitted_digest(d1) == (1234, "ab" * 32)
+    assert await found.admitted_digest(d2) is None
+    assert ADMITTED.take("studio:session.exported:d1") is None
+    assert [e.project for e in await found.project_exports("Night Drive")] == [
+        "Night Drive"] * 2

@@ -120,6 +120,22 @@ async def pong_agent(event: Event, ctx: AgentContext) -> dict[str, Any]:
     return {"emitted": emitted}
 
 
+HOLD_SECONDS = 120  # the most `held` waits for its file
+
+
+async def held(event: Event, ctx: AgentContext) -> dict[str, Any]:
+    """Handles chain.ping: runs until the file its label names exists (a test's way
+    to keep the only worker busy, so that the runs accepted meanwhile wait queued)."""
+    journal("start", ctx)
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not os.path.exists(event.payload.label):
+        if time.monotonic() > deadline:
+            raise PermanentAgentError(f"{event.payload.label} never came", code="not_released")
+        await asyncio.sleep(0.05)
+    journal("return", ctx)
+    return {"released": event.payload.label}
+
+
 async def bad_emitter(event: Event, ctx: AgentContext) -> dict[str, Any]:
     ctx.emit("chain.pong", {"label": 5})  # not a string: the payload does not validate
     return {}

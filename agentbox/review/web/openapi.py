@@ -163,6 +163,20 @@ def api() -> ApiPart:
                           "200": json_answer("Accepted", "asked before: the first one"),
                           **errors(401, 404, 409, 410, 422, 429, 503)},
         }},
+        "/runs/{run_id}/dismiss": {"post": {
+            "summary": "Stop listing a file that could not be reviewed as audio (admin, "
+                       "or the home page's form)",
+            "description": "A file whose review found no audio in it (mix_unreadable) "
+                           "is no export of its project and is listed apart on the home "
+                           "page, as couldn't review, until dismissed. 404 not_listed: "
+                           "no such file is listed under this run. The page's form (its "
+                           "CSRF token) is answered with a redirect home.",
+            "security": admin, "parameters": [run_id],
+            "responses": {"200": {"description": "dismissed", "content": {
+                "application/json": {"schema": {"type": "object", "properties": {
+                    "run_id": {"type": "string"}, "dismissed": {"type": "boolean"}}}}}},
+                          **errors(401, 403, 404)},
+        }},
         "/runs/{run_id}/audio": {"get": {
             "summary": "The mix a finished mix review listened to (the page's players)",
             "description": "The bytes the review heard, from the archive of exports "

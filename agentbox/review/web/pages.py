@@ -170,10 +170,14 @@ class ReviewPages:
         rows = await self._rows([project.latest for project in shown])
         unreviewable = [row for row, project in zip(rows, shown, strict=True)
                         if _never_reviewed(row, project)]
+        not_audio = await self._not_audio() if after is None else []
         more = cursor_of(shown[-1].position) if len(found) > HOME_PROJECTS else None
         return self.pages.page("review/home.html",
                                projects=[r for r in rows if r not in unreviewable],
-                               unreviewable=unreviewable, stats=stats, folders=folders,
+                               unreviewable=not_audio + unreviewable,
+                               dismiss={row.run_id: f"/runs/{row.run_id}/dismiss"
+                                        for row in not_audio},
+                               stats=stats, folders=folders,
                                q=q or "", count=await self.history.count_projects(),
                                matching=await self.history.count_projects(q) if q else None,
                                next_url=more and _home_url(q, more),
@@ -181,6 +185,13 @@ class ReviewPages:
                                drop_max_bytes=MAX_DROP_BYTES,
                                oldest_waiting=age(stats["oldest_waiting_accepted_at"],
                                                   time.time()))
+
+    async def _not_audio(self) -> list[review_view.ExportRow]:
+        """The files that could not be reviewed as audio, not dismissed: no project's
+        exports (agentbox.review.web.not_audio), listed apart, each once."""
+        found = [await self.history.export(run_id)
+                 for run_id in await self.history.not_audio(limit=HOME_PROJECTS)]
+        return await self._rows([export for export in found if export is not None])
 
     async def project(self, request: Request) -> Response:
         """Every export of one project, its trends, and two exports side by side."""

@@ -78,7 +78,8 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         FROM project_exports WHERE %(agent)s::text IS NULL OR agent = %(agent)s
     ) x
     LEFT JOIN removed_projects d ON d.project = x.project
-    WHERE d.project IS NULL OR x.accepted_at > d.removed_at
+    WHERE (d.project IS NULL OR x.accepted_at > d.removed_at)
+      AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)
 ) latest WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT %(limit)s
 
@@ -95,6 +96,7 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
 ) x
 WHERE accepted_at > COALESCE((SELECT removed_at FROM removed_projects
                               WHERE project = %(project)s), -1)
+  AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)  -- no export
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(before_run_id)s::text IS NULL OR (accepted_at, run_id) < (
@@ -176,18 +178,22 @@ INSERT INTO removed_projects (project, removed_at) VALUES (%(project)s, %(now)s)
 ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
--- Each run's project, in the transaction that stores its event (Schema.keeps: the
--- event's payload.project_id, NFC), and the batch's exports in the kept summary
--- (version 4): one statement for the batch's events (%(rows)s, each run's [run_id,
--- project, source, accepted_at]). The summary has one row per project by the name
--- it goes by now: counted, and its latest if it came after the one the summary
--- holds. A re-judgment (source agentbox.rejudge) is no export of its own (version 5).
+-- Each run's project, in the transaction that stores its event, and the batch's
+-- exports in the kept summary (version 4): one statement for the batch's events
+-- (%(rows)s, each run's [run_id, what the review keeps, source, accepted_at];
+-- Schema.keeps: an object of the event's payload.project_id, NFC, and for a render
+-- the size and SHA-256 its admission read). The summary has one row per project by
+-- the name it goes by now: counted, and its latest if it came after the one the
+-- summary holds. A re-judgment (source agentbox.rejudge) is no export of its own
+-- (version 5).
 WITH given AS (
-    SELECT k.value ->> 0 AS run_id, k.value ->> 1 AS project, k.value ->> 2 AS source,
-           (k.value ->> 3)::double precision AS accepted_at
+    SELECT k.value ->> 0 AS run_id, k.value -> 1 ->> 'project' AS project,
+           (k.value -> 1 ->> 'size')::bigint AS size, k.value -> 1 ->> 'sha256' AS sha256,
+           k.value ->> 2 AS source, (k.value ->> 3)::double precision AS accepted_at
     FROM jsonb_array_elements(%(rows)s::jsonb) k
 ), kept AS (
-    INSERT INTO run_projects (run_id, project) SELECT run_id, project FROM given
+    INSERT INTO run_projects (run_id, project, size, sha256)
+    SELECT run_id, project, size, sha256 FROM given
     ON CONFLICT (run_id) DO NOTHING
 ), named AS (
     SELECT COALESCE(a.project, g.project) AS project, g.run_id, g.accepted_at
@@ -204,6 +210,11 @@ ON CONFLICT (project) DO UPDATE SET
                   THEN excluded.run_id ELSE s.run_id END,
     accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (s.accepted_at, s.run_id)
                        THEN excluded.accepted_at ELSE s.accepted_at END
+
+-- name: admitted_digest
+-- The size and SHA-256 of the bytes a render's admission read (no row, or NULLs: not
+-- known).
+SELECT size, sha256 FROM run_projects WHERE run_id = %(run_id)s
 
 -- name: forget_runs
 -- Run by retention after keep_exports (Schema.forget), as the runs go.
@@ -254,3 +265,29 @@ DELETE FROM project_summary WHERE project = %(project)s
 -- A project's summary from the definition of its latest export (project_latest).
 INSERT INTO project_summary (project, run_id, accepted_at, exports)
 SELECT project, run_id, accepted_at, exports FROM project_latest WHERE project = %(project)s
+
+-- name: not_audio.note
+-- A run whose review found no audio in its file (mix_unreadable): no export of its
+-- project from now on (version 7). Its project as the event named it, or no row.
+INSERT INTO not_audio (run_id, project, noted_at)
+SELECT run_id, project, %(now)s FROM run_projects WHERE run_id = %(run_id)s
+ON CONFLICT (run_id) DO NOTHING
+RETURNING project
+
+-- name: not_audio.shown
+-- The files that could not be reviewed and are not dismissed, newest first.
+SELECT run_id FROM not_audio WHERE dismissed_at IS NULL
+ORDER BY noted_at DESC, run_id DESC LIMIT %(limit)s
+
+-- name: not_audio.dismiss
+UPDATE not_audio SET dismissed_at = %(now)s
+WHERE run_id = %(run_id)s AND dismissed_at IS NULL
+
+-- name: not_audio.noted
+SELECT run_id FROM not_audio WHERE run_id = %(run_id)s
+
+-- name: not_audio.forget
+-- A noted run replayed and reviewed after all (its file holds audio now): an export
+-- again. Its project as the event named it, or no row.
+DELETE FROM not_audio WHERE run_id = %(run_id)s
+RETURNING project

@@ -76,7 +76,8 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
         FROM project_exports WHERE :agent IS NULL OR agent = :agent
     ) x
     LEFT JOIN removed_projects d ON d.project = x.project
-    WHERE d.project IS NULL OR x.accepted_at > d.removed_at
+    WHERE (d.project IS NULL OR x.accepted_at > d.removed_at)
+      AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)
 ) WHERE n = 1
 ORDER BY accepted_at DESC, run_id DESC LIMIT :limit
 
@@ -93,6 +94,7 @@ SELECT run_id, project, agent, status, accepted_at, completed_at, result, archiv
 ) x
 WHERE accepted_at > COALESCE((SELECT removed_at FROM removed_projects
                               WHERE project = :project), -1)
+  AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = x.run_id)  -- no export
   AND (:agent IS NULL OR agent = :agent)
   AND (:status IS NULL OR status = :status)
   AND (:before_run_id IS NULL OR (accepted_at, run_id) < (
@@ -172,11 +174,14 @@ INSERT INTO removed_projects (project, removed_at) VALUES (:project, :now)
 ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
--- Each run's project, in the transaction that stores its event (Schema.keeps: the
--- event's payload.project_id, NFC), one statement for the batch's events (:rows,
--- each run's [run_id, project, source, accepted_at]).
-INSERT INTO run_projects (run_id, project)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:rows)
+-- Each run's project, in the transaction that stores its event, one statement for
+-- the batch's events (:rows, each run's [run_id, what the review keeps, source,
+-- accepted_at]; Schema.keeps: an object of the event's payload.project_id, NFC, and
+-- for a render the size and SHA-256 its admission read).
+INSERT INTO run_projects (run_id, project, size, sha256)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1].project'),
+       json_extract(value, '$[1].size'), json_extract(value, '$[1].sha256')
+FROM json_each(:rows)
 WHERE true
 ON CONFLICT (run_id) DO NOTHING
 
@@ -191,8 +196,8 @@ SELECT project, run_id, accepted_at, exports FROM (
                               ORDER BY accepted_at DESC, run_id DESC) AS n
     FROM (
         SELECT COALESCE((SELECT a.project FROM project_aliases a
-                         WHERE a.name = json_extract(k.value, '$[1]')),
-                        json_extract(k.value, '$[1]')) AS project,
+                         WHERE a.name = json_extract(k.value, '$[1].project')),
+                        json_extract(k.value, '$[1].project')) AS project,
                json_extract(k.value, '$[0]') AS run_id,
                json_extract(k.value, '$[3]') AS accepted_at
         FROM json_each(:rows) k
@@ -205,6 +210,11 @@ ON CONFLICT (project) DO UPDATE SET
                   THEN excluded.run_id ELSE run_id END,
     accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)
                        THEN excluded.accepted_at ELSE accepted_at END
+
+-- name: admitted_digest
+-- The size and SHA-256 of the bytes a render's admission read (no row, or NULLs: not
+-- known).
+SELECT size, sha256 FROM run_projects WHERE run_id = :run_id
 
 -- name: forget_runs
 -- Run by retention after keep_exports (Schema.forget), as the runs go.
@@ -254,3 +264,29 @@ DELETE FROM project_summary WHERE project = :project
 -- A project's summary from the definition of its latest export (project_latest).
 INSERT INTO project_summary (project, run_id, accepted_at, exports)
 SELECT project, run_id, accepted_at, exports FROM project_latest WHERE project = :project
+
+-- name: not_audio.note
+-- A run whose review found no audio in its file (mix_unreadable): no export of its
+-- project from now on (version 7). Its project as the event named it, or no row.
+INSERT INTO not_audio (run_id, project, noted_at)
+SELECT run_id, project, :now FROM run_projects WHERE run_id = :run_id
+ON CONFLICT (run_id) DO NOTHING
+RETURNING project
+
+-- name: not_audio.shown
+-- The files that could not be reviewed and are not dismissed, newest first.
+SELECT run_id FROM not_audio WHERE dismissed_at IS NULL
+ORDER BY noted_at DESC, run_id DESC LIMIT :limit
+
+-- name: not_audio.dismiss
+UPDATE not_audio SET dismissed_at = :now
+WHERE run_id = :run_id AND dismissed_at IS NULL
+
+-- name: not_audio.noted
+SELECT run_id FROM not_audio WHERE run_id = :run_id
+
+-- name: not_audio.forget
+-- A noted run replayed and reviewed after all (its file holds audio now): an export
+-- again. Its project as the event named it, or no row.
+DELETE FROM not_audio WHERE run_id = :run_id
+RETURNING project

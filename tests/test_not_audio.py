@@ -113,3 +113,38 @@ def test_a_render_in_a_watched_folder_that_holds_no_audio_leaves_the_latest_as_i
     assert [(e["project"], e["run_id"]) for e in latest] == [("take", first["run_id"])]
     below = server.client.get("/").text.partition("Couldn't review")[2]
     assert below.count(f'data-run-id="{broken}"') == 1
+
+
+def test_a_stop_before_the_note_loses_no_note(server_factory: Any, tmp_path: Path) -> None:
+    """The noting follows the failure's commit: a server stopped in between (here: the
+    note taken back while it is stopped, the summary as it was before the note) notes
+    it at its next start, so the file is still no export of its project."""
+    import sqlite3
+
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    mix = tmp_path / "Heroes Rite.wav"
+    render(mix, song_audio(Song(lufs=-20.0)), time.time() - 60)
+    sent = agentbox(server, "send", str(mix), "--wait", "--json")
+    assert sent.returncode == 0, sent.stderr
+    export = json.loads(sent.stdout.split("\n", 1)[1])["run_id"]
+    notes = tmp_path / "notes.wav"
+    notes.write_text("a text file, named as a render\n")
+    by_cli = agentbox(server, "send", str(notes), "--project", PROJECT, "--json")
+    failed = json.loads(by_cli.stdout)["run_id"]
+    assert server.wait_terminal(failed, timeout=120)["error_code"] == "mix_unreadable"
+
+    def latest() -> list[str]:
+        found = server.client.get("/exports", params={"project": PROJECT}).json()["exports"]
+        return [e["run_id"] for e in found]
+    wait_until(lambda: latest() == [export], 30, "the failure to be noted")
+    server.stop()
+    with sqlite3.connect(Path(server.env["AGENTBOX_DATA_DIR"]) / "agentbox.sqlite3") as db:
+        db.execute("DELETE FROM not_audio")  # as if the server died before the note
+        db.execute("DELETE FROM project_summary")
+        db.execute("INSERT INTO project_summary SELECT project, run_id, accepted_at, exports "
+                   "FROM project_latest")
+        assert db.execute("SELECT run_id FROM project_summary").fetchall() == [(failed,)]
+    server.start()
+    assert latest() == [export]  # noted again as the review started, before it answered
+    assert [e["run_id"] for e in server.client.get("/exports").json()["exports"]] == [export]
+    assert failed in server.client.get("/").text  # listed as couldn't review

@@ -220,6 +220,13 @@ class History:
             return None if row is None else _resummarise(db, row)
         return await self.tables.write(forget)
 
+    async def missed_not_audio(self) -> list[tuple[str, str, bool]]:
+        """Runs whose noting a stop left undone: (run_id, agent, whether it failed as
+        no audio: else it was noted and has been reviewed since)."""
+        rows = await self.tables.slow_rows("not_audio.missed")
+        return [(str(row["run_id"]), str(row["agent"]), row["status"] != "succeeded")
+                for row in rows]
+
     async def not_audio(self, limit: int = 50) -> list[str]:
         """The runs of files that could not be reviewed as audio, not dismissed, newest
         first."""

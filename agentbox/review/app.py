@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agentbox.archive import Archive
     from agentbox.config import Settings
     from agentbox.review.analysis import Analysis
+    from agentbox.review.web.not_audio import NotAudio
     from agentbox.review.web.pages import ReviewPages
 
 
@@ -47,6 +48,7 @@ class ReviewApp(App):
         self.analysis: Analysis | None = None
         self.archive: Archive | None = None
         self.web: ReviewPages | None = None
+        self._not_audio: NotAudio | None = None
         self._routes: list[BaseRoute] = []
 
     def agents(self) -> Mapping[str, Sequence[str]]:
@@ -100,6 +102,7 @@ class ReviewApp(App):
         not_audio = NotAudio(history, pages.access, pages.csrf, self._reviews, host.clock,
                              pages)
         host.on_transition(not_audio.on_transition)
+        self._not_audio = not_audio
         self._routes = [
             Route("/", web.home, methods=["GET"]),
             Route("/exports", drops.or_read(web.exports), methods=["GET", "POST"]),
@@ -136,6 +139,8 @@ class ReviewApp(App):
     async def start(self) -> None:
         assert self.archive is not None and self.analysis is not None
         await self.archive.open()
+        if self._not_audio is not None:
+            await self._not_audio.catch_up()
         if self.host is not None and any(
                 spec.name == MIX_REVIEW
                 for spec in self.host.registry.for_event_type("session.exported")):

@@ -150,6 +150,7 @@ async def test_a_file_that_is_not_audio_leaves_its_project_and_is_dismissed(
     assert await found.note_not_audio(a2, T0 + 30) == "Night Drive"
     assert await found.note_not_audio(n1, T0 + 31) == "notes"
     assert await found.note_not_audio(n1, T0 + 32) is None  # noted once
+    assert await found.missed_not_audio() == []  # no run failed as no audio, unnoted
     assert await agrees(found) == [("Night Drive", a1, 1)]
     assert [e.run_id for e in await found.project_exports("Night Drive")] == [a1]
     assert await found.not_audio() == [n1, a2]

@@ -55,6 +55,14 @@ class NotAudio:
         self._noting.add(task)
         task.add_done_callback(self._noting.discard)
 
+    async def catch_up(self) -> None:
+        """At start: note what a stop between a review's end and its noting left
+        undone (the noting follows the outcome's commit), so that a crash in between
+        loses no note."""
+        for run_id, agent, failed in await self.history.missed_not_audio():
+            if self.reviews(agent):
+                await self._note(run_id, failed)
+
     async def _note(self, run_id: str, failed: bool) -> None:
         try:
             if failed:

@@ -290,3 +290,14 @@ SELECT run_id FROM not_audio WHERE run_id = :run_id
 -- again. Its project as the event named it, or no row.
 DELETE FROM not_audio WHERE run_id = :run_id
 RETURNING project
+
+-- name: not_audio.missed
+-- What a stop between a review's end and its noting left unsaid (the noting follows
+-- the outcome's commit): the review runs that failed as no audio and are not noted,
+-- and the noted ones reviewed after all.
+SELECT r.run_id, r.agent, r.status FROM runs r JOIN run_projects p ON p.run_id = r.run_id
+WHERE r.status = 'failed_permanent' AND r.error_code = 'mix_unreadable'
+  AND NOT EXISTS (SELECT 1 FROM not_audio n WHERE n.run_id = r.run_id)
+UNION ALL
+SELECT r.run_id, r.agent, r.status FROM not_audio n JOIN runs r ON r.run_id = n.run_id
+WHERE r.status = 'succeeded'

@@ -8,6 +8,7 @@ box refuses such a file before anything is sent."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -25,19 +26,27 @@ pytestmark = pytest.mark.slow  # a server and its analysis process, Chromium
 PROJECT = "Heroes Rite"
 
 
-def test_a_file_that_is_not_audio_is_no_export_of_its_project_and_is_dismissed(
-        server_factory: Any, tmp_path: Path) -> None:
-    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+def an_export_and_a_text_file(server: Any, tmp_path: Path
+                              ) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """A project's first export, reviewed, then a text file named as a render sent
+    into it by the CLI: the export's run and the send's outcome."""
     mix = tmp_path / "Heroes Rite.wav"
     render(mix, song_audio(Song(lufs=-20.0)), time.time() - 60)
     sent = agentbox(server, "send", str(mix), "--wait", "--json")
     assert sent.returncode == 0, sent.stderr
     export = json.loads(sent.stdout.split("\n", 1)[1])["run_id"]
-
     notes = tmp_path / "notes.wav"
     notes.write_text("a text file, named as a render\n")
     by_cli = agentbox(server, "send", str(notes), "--project", PROJECT, "--json")
     assert by_cli.returncode == 0, by_cli.stderr
+    return export, by_cli
+
+
+def test_a_file_that_is_not_audio_is_no_export_of_its_project_and_is_dismissed(
+        server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    export, by_cli = an_export_and_a_text_file(server, tmp_path)
+    notes = tmp_path / "notes.wav"
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
     by_event = server.post(make_event(payload={"project_id": PROJECT,
@@ -122,14 +131,7 @@ def test_a_stop_before_the_note_loses_no_note(server_factory: Any, tmp_path: Pat
     import sqlite3
 
     server = server_factory({"AGENTBOX_AGENTS": ""}).start()
-    mix = tmp_path / "Heroes Rite.wav"
-    render(mix, song_audio(Song(lufs=-20.0)), time.time() - 60)
-    sent = agentbox(server, "send", str(mix), "--wait", "--json")
-    assert sent.returncode == 0, sent.stderr
-    export = json.loads(sent.stdout.split("\n", 1)[1])["run_id"]
-    notes = tmp_path / "notes.wav"
-    notes.write_text("a text file, named as a render\n")
-    by_cli = agentbox(server, "send", str(notes), "--project", PROJECT, "--json")
+    export, by_cli = an_export_and_a_text_file(server, tmp_path)
     failed = json.loads(by_cli.stdout)["run_id"]
     assert server.wait_terminal(failed, timeout=120)["error_code"] == "mix_unreadable"
 

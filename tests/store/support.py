@@ -3,8 +3,10 @@ bodies, and short forms of the store's calls."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import sqlite3
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -160,3 +162,12 @@ def failed(next_at: float, error: str = "http_500", pause: str | None = None) ->
     return DeliveryResult("pending", error, 500, next_at, pause)
 
 
+def raw_rows(engine: Any, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of `sql`, read straight from the engine's database (no store)."""
+    if hasattr(engine, "path"):
+        with contextlib.closing(sqlite3.connect(engine.path)) as conn:
+            return conn.execute(sql).fetchall()
+    import psycopg
+
+    with psycopg.connect(engine.url, autocommit=True) as conn:
+        return conn.execute(sql).fetchall()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import sqlite3
@@ -40,6 +39,7 @@ from tests.store.support import (
     ingest,
     ingest_and_claim,
     ms,
+    raw_rows,
     retryable,
 )
 
@@ -197,14 +197,6 @@ def test_runs_by_state_are_counted_once_when_a_store_is_migrated(
     assert aio(reopened.stats())["runs"]["accepted"] == 2 and problems(engine) == []
 
 
-def raw(engine: Engine, sql: str) -> list[tuple[Any, ...]]:
-    if hasattr(engine, "path"):
-        with contextlib.closing(sqlite3.connect(engine.path)) as conn:
-            return conn.execute(sql).fetchall()
-    import psycopg
-
-    with psycopg.connect(engine.url, autocommit=True) as conn:  # type: ignore[attr-defined]
-        return conn.execute(sql).fetchall()
 
 
 def test_each_state_is_one_kept_row_once_its_writers_are_gone(
@@ -223,16 +215,16 @@ def test_each_state_is_one_kept_row_once_its_writers_are_gone(
 
     aio(write())
     if not hasattr(engine, "path"):  # PostgreSQL: the closed store's backends end
-        writers = {row[0] for row in raw(engine, "SELECT writer FROM run_counts")} - {0}
+        writers = {row[0] for row in raw_rows(engine, "SELECT writer FROM run_counts")} - {0}
         assert writers  # the closed store's writer kept rows of its own
         ask = ("SELECT count(*) FROM pg_stat_activity WHERE pid IN "
                f"({', '.join(str(int(w)) for w in writers)})")
         deadline = time.monotonic() + 30
-        while raw(engine, ask)[0][0] and time.monotonic() < deadline:
+        while raw_rows(engine, ask)[0][0] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert raw(engine, ask)[0][0] == 0, "the closed store's backends are still there"
+        assert raw_rows(engine, ask)[0][0] == 0, "the closed store's backends are still there"
     second = make_store()
-    rows = raw(engine, "SELECT status, runs FROM run_counts")
+    rows = raw_rows(engine, "SELECT status, runs FROM run_counts")
     assert sorted(status for status, _ in rows) == sorted({status for status, _ in rows})
     assert {status: runs for status, runs in rows if runs} == {"accepted": 2, "succeeded": 1}
     assert aio(second.stats())["runs"] == counted(engine) and problems(engine) == []

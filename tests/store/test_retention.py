@@ -46,6 +46,7 @@ from tests.store.support import (
     claim_one,
     history,
     ingest,
+    raw_rows,
     retryable,
 )
 
@@ -99,14 +100,6 @@ class Snapshot:
     history: dict[str, int]
 
 
-def raw_rows(engine: Engine, sql: str) -> list[tuple[Any, ...]]:
-    if hasattr(engine, "path"):
-        with contextlib.closing(sqlite3.connect(engine.path)) as conn:
-            return conn.execute(sql).fetchall()
-    import psycopg
-
-    with psycopg.connect(engine.url, autocommit=True) as conn:  # type: ignore[attr-defined]
-        return conn.execute(sql).fetchall()
 
 
 def snapshot(engine: Engine) -> Snapshot:

@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from agentbox import cli, client, config
 from agentbox.engine.agents import RENAMED_AGENTS
 from agentbox.review.contract import AGENTS
 from agentbox.terminal import mix_review_agents
 from tests.conftest import ROOT, Server, make_event
+from tests.test_client import tone
 
 # The command's main, then the modules it had imported, as JSON in the file named first.
 PROBE = """
@@ -84,6 +86,33 @@ def test_runs_and_show_import_what_they_print(server: Server) -> None:
     modules, said = imported(server.env, server.home, "show", run_id, "--url", server.url)
     assert f"run {run_id}  succeeded" in said, said
     assert not under(modules, *NEVER)
+
+
+# What a stored review that tells its verdict is printed without: the review's model
+# (pydantic's MixReview), the judge and the modules it judges by, the apps' answers
+# `runs` does not read, wcwidth for a table of ASCII names.
+JUDGING = ("agentbox.review.model", "agentbox.review.judge", "agentbox.review.tonal",
+           "agentbox.review.genres", "agentbox.review.profiles", "agentbox.review.delivery")
+
+
+def test_runs_and_show_of_real_reviews_build_no_review_model(
+        server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    mix = tone(tmp_path / "night-drive.wav")
+    event = make_event(payload={"project_id": "night drive", "mix_url": str(mix)})
+    run_id = server.post(event).json()["run_id"]
+    assert server.wait_terminal(run_id, timeout=90)["status"] == "succeeded"
+    assert server.run(run_id)["result"]["verdict"] in ("pass", "warn", "fail")
+    modules, said = imported(server.env, server.home, "runs", "--url", server.url)
+    row = next(line for line in said.splitlines() if run_id[4:14] in line)
+    assert "night-drive.wav" in row and "LUFS" in said, said
+    assert not under(modules, *NEVER, *JUDGING, "wcwidth", "agentbox.desktop.answers",
+                     "agentbox.review.answers")
+    modules, said = imported(server.env, server.home, "show", "night drive", "--url",
+                             server.url)
+    assert f"run {run_id}  succeeded" in said and "night-drive.wav: " in said, said
+    assert not under(modules, *NEVER, *JUDGING[1:], "agentbox.desktop.answers")
+    assert "agentbox.review.answers" in modules  # a project's name: its latest export read
 
 
 def test_the_names_the_cli_and_the_terminal_keep_are_the_ones_they_stand_for() -> None:

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from agentbox.review.figures import finite
-from agentbox.review.stage import FIRST_FIXES, STAGES
-from agentbox.review.words import SEVERITIES, VERDICTS
+from agentbox.review.words import FIRST_FIXES, SEVERITIES, STAGES, VERDICTS
 
 if TYPE_CHECKING:
     from agentbox.review.model import MixReview

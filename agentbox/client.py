@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
@@ -51,11 +51,6 @@ from pydantic import BaseModel, ValidationError
 
 from agentbox import config as cfg
 from agentbox import ownership, proof
-
-# The apps' answers, read into their models; importable from here too, as they were
-# from agentbox.models before the apps owned them.
-from agentbox.desktop.answers import WatchedFolderOut as WatchedFolderOut
-from agentbox.desktop.answers import WatchState
 from agentbox.logs import one_line
 from agentbox.models import (
     Accepted,
@@ -69,17 +64,36 @@ from agentbox.models import (
     RunList,
     RunView,
 )
-from agentbox.review.answers import (
-    ExportList,
-    ProjectChanged,
-    ReferenceList,
-    ReferenceOut,
-    ReferenceRemoved,
-)
-from agentbox.review.answers import ExportView as ExportView
-from agentbox.review.answers import OctaveBandOut as OctaveBandOut
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
+
+# The apps' answers, read into their models; importable from here too, as they were
+# from agentbox.models before the apps owned them. Each is imported where it is read
+# or named (module __getattr__): `agentbox runs` and `show` build none of them.
+APP_ANSWERS = {name: "agentbox.desktop.answers" for name in ("WatchedFolderOut", "WatchState")}
+APP_ANSWERS.update({name: "agentbox.review.answers" for name in (
+    "ExportList", "ExportView", "OctaveBandOut", "ProjectChanged", "ReferenceList",
+    "ReferenceOut", "ReferenceRemoved")})
+if TYPE_CHECKING:
+    from agentbox.desktop.answers import WatchedFolderOut as WatchedFolderOut
+    from agentbox.desktop.answers import WatchState as WatchState
+    from agentbox.review.answers import ExportList as ExportList
+    from agentbox.review.answers import ExportView as ExportView
+    from agentbox.review.answers import OctaveBandOut as OctaveBandOut
+    from agentbox.review.answers import ProjectChanged as ProjectChanged
+    from agentbox.review.answers import ReferenceList as ReferenceList
+    from agentbox.review.answers import ReferenceOut as ReferenceOut
+    from agentbox.review.answers import ReferenceRemoved as ReferenceRemoved
+else:
+    def __getattr__(name: str) -> Any:
+        """An app's answer model, imported when it is first named."""
+        if name not in APP_ANSWERS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
+
+        found = getattr(importlib.import_module(APP_ANSWERS[name]), name)
+        globals()[name] = found
+        return found
 
 DEFAULT_URL = f"http://{cfg.DEFAULT_HOST}:{cfg.DEFAULT_PORT}"
 URL_ENV = "AGENTBOX_URL"  # the client's agentbox, between the config file and `url`
@@ -753,6 +767,8 @@ class Client:
         return self._tidy(project, "remove", {})
 
     def _tidy(self, project: str, action: str, body: dict[str, str]) -> ProjectChanged:
+        from agentbox.review.answers import ProjectChanged
+
         return self._read(ProjectChanged, self._call(
             "POST", f"/projects/{segment(project_name(project))}/{action}", json=body,
             headers=self._admin_headers()))
@@ -763,6 +779,8 @@ class Client:
         project named in any form: NFC is the one kept); without one, each project's
         latest, a page of them (`cursor`: the `.next_cursor` of the page before).
         NotFound for a project with no export."""
+        from agentbox.review.answers import ExportList
+
         params: dict[str, Any] = {"limit": limit}
         if project is not None:
             params["project"] = project
@@ -774,10 +792,14 @@ class Client:
 
     def references(self) -> ReferenceList:
         """GET /references: `.references`, every project's reference track."""
+        from agentbox.review.answers import ReferenceList
+
         return self._read(ReferenceList, self._get("/references"))
 
     def reference(self, project: str) -> ReferenceOut:
         """A project's reference track and what was measured of it. NotFound: none."""
+        from agentbox.review.answers import ReferenceOut
+
         return self._read(ReferenceOut, self._get(f"/projects/{segment(project)}/reference"))
 
     def add_reference(self, path: str | os.PathLike[str], project: str) -> ReferenceOut:
@@ -785,6 +807,8 @@ class Client:
         measured once by agentbox): the reference as agentbox now keeps it. Refused
         (413 reference_too_large, 422 reference_unreadable) says why not;
         FileUnreadable, no file there to send. Needs the admin token."""
+        from agentbox.review.answers import ReferenceOut
+
         file = Path(path)
         try:
             body = open(file, "rb")  # noqa: SIM115 - closed below, around the request
@@ -801,6 +825,8 @@ class Client:
     def remove_reference(self, project: str) -> ReferenceRemoved:
         """The project no longer has a reference track: `.removed`, the one it had.
         NotFound: it had none. Needs the admin token."""
+        from agentbox.review.answers import ReferenceRemoved
+
         return self._read(ReferenceRemoved, self._call(
             "DELETE", f"/projects/{segment(project)}/reference",
             headers=self._admin_headers()))
@@ -888,16 +914,22 @@ class Client:
 
     def watch_state(self) -> WatchState:
         """`GET /watch`: whether the server's watched folders are paused, and each one."""
+        from agentbox.desktop.answers import WatchState
+
         return self._read(WatchState, self._get("/watch"))
 
     def pause_watch(self) -> WatchState:
         """`POST /watch/pause` (admin): renders are found but not sent until resumed;
         the pause outlives a restart of the server."""
+        from agentbox.desktop.answers import WatchState
+
         return self._read(WatchState, self._call("POST", "/watch/pause",
                                                  headers=self._admin_headers()))
 
     def resume_watch(self) -> WatchState:
         """`POST /watch/resume` (admin): what was written meanwhile is sent, newest last."""
+        from agentbox.desktop.answers import WatchState
+
         return self._read(WatchState, self._call("POST", "/watch/resume",
                                                  headers=self._admin_headers()))
 

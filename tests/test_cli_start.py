@@ -10,12 +10,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from agentbox import cli, client, config
 from agentbox.engine.agents import RENAMED_AGENTS
+from agentbox.review import stage, words
 from agentbox.review.contract import AGENTS
 from agentbox.terminal import mix_review_agents
 from tests.conftest import ROOT, Server, make_event
+from tests.test_client import tone
 
 # The command's main, then the modules it had imported, as JSON in the file named first.
 PROBE = """
@@ -86,12 +89,41 @@ def test_runs_and_show_import_what_they_print(server: Server) -> None:
     assert not under(modules, *NEVER)
 
 
+# What a stored review that tells its verdict is printed without: the review's model
+# (pydantic's MixReview) and its stages, the judge and the modules it judges by, the
+# apps' answers `runs` does not read, wcwidth for a table of ASCII names.
+MODEL = ("agentbox.review.model", "agentbox.review.stage")
+JUDGING = ("agentbox.review.judge", "agentbox.review.tonal", "agentbox.review.genres",
+           "agentbox.review.profiles", "agentbox.review.delivery")
+
+
+def test_runs_and_show_of_real_reviews_build_no_review_model(
+        server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()  # the built-in mix review
+    mix = tone(tmp_path / "night-drive.wav")
+    event = make_event(payload={"project_id": "night drive", "mix_url": str(mix)})
+    run_id = server.post(event).json()["run_id"]
+    assert server.wait_terminal(run_id, timeout=90)["status"] == "succeeded"
+    assert server.run(run_id)["result"]["verdict"] in ("pass", "warn", "fail")
+    modules, said = imported(server.env, server.home, "runs", "--url", server.url)
+    row = next(line for line in said.splitlines() if run_id[4:14] in line)
+    assert "night-drive.wav" in row and "LUFS" in said, said
+    assert not under(modules, *NEVER, *MODEL, *JUDGING, "wcwidth", "agentbox.desktop.answers",
+                     "agentbox.review.answers")
+    modules, said = imported(server.env, server.home, "show", "night drive", "--url",
+                             server.url)
+    assert f"run {run_id}  succeeded" in said and "night-drive.wav: " in said, said
+    assert not under(modules, *NEVER, *JUDGING, "agentbox.desktop.answers")
+    assert "agentbox.review.answers" in modules  # a project's name: its latest export read
+
+
 def test_the_names_the_cli_and_the_terminal_keep_are_the_ones_they_stand_for() -> None:
     """What the commands name without importing its home: the help's defaults, the
-    mix review's agent names."""
+    mix review's agent names, the review's stages."""
     assert (cli.DEFAULT_HOST, cli.DEFAULT_PORT) == (config.DEFAULT_HOST, config.DEFAULT_PORT)
     assert (cli.DEFAULT_URL, cli.URL_ENV) == (client.DEFAULT_URL, client.URL_ENV)
     assert cli.FOLLOW_FIRST_SECONDS == client.FOLLOW_FIRST_SECONDS
+    assert words.STAGES == stage.STAGES == tuple(stage.StageName)
     names = frozenset(AGENTS["session.exported"])
     assert mix_review_agents() == names | {old for old, new in RENAMED_AGENTS.items()
                                            if new in names}

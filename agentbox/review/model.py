@@ -12,9 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentbox.review.stage import StageName
-
-SEVERITIES = ("fix", "consider", "info")  # what to fix first, first
-VERDICTS = ("pass", "warn", "fail")
+from agentbox.review.words import SEVERITIES as SEVERITIES  # named here as before
+from agentbox.review.words import VERDICTS as VERDICTS
 
 
 class Model(BaseModel):

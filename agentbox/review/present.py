@@ -6,6 +6,10 @@ written by an older or newer agentbox (fewer or more fields) still reads: what i
 missing is left out. The verdict and the notes are the judge's, as stored; a
 review stored before reviews carried a verdict is given one here, once, by the
 same judge (agentbox.review.judge), never by a rule of its own.
+
+A review that tells its verdict is read without the review's model or the judge
+(pydantic and the judging modules are imported for one that does not): `agentbox
+runs` and `show` print a stored review without building them.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from agentbox.review.figures import finite
-from agentbox.review.judge import judge, profile_of
-from agentbox.review.model import SEVERITIES, VERDICTS, MixReview, as_review
-from agentbox.review.stage import FIRST_FIXES, STAGES
+from agentbox.review.words import FIRST_FIXES, SEVERITIES, STAGES, VERDICTS
+
+if TYPE_CHECKING:
+    from agentbox.review.model import MixReview
 
 # Old results name their delivery targets only; these are their titles.
 TARGET_TITLES = {"streaming": "Streaming (Spotify, YouTube, Tidal)",
@@ -181,6 +186,8 @@ def _verdict(doc: Mapping[str, Any]) -> str | None:
     given = doc.get("verdict")
     if given in VERDICTS:
         return str(given)
+    from agentbox.review.model import as_review  # a review stored without a verdict
+
     model = as_review(dict(doc))
     return None if model is None else judged_verdict(model)
 
@@ -188,6 +195,8 @@ def _verdict(doc: Mapping[str, Any]) -> str | None:
 def judged_verdict(model: MixReview) -> str:
     """The judge's verdict on a review stored without one, at its stage (a review
     that old has none: it was judged as a master, against its profile)."""
+    from agentbox.review.judge import judge, profile_of
+
     return judge(model.metrics, profile_of(model.profile), model.stage).verdict
 
 

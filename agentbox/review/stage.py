@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.review.figures import tenths
+from agentbox.review.words import FIRST_FIXES
 
 # What a master looks like to `auto`: its true peak close to full scale (a limiter's
 # ceiling), its loudness at or above the quietest streaming normalisation (Apple
@@ -272,9 +273,6 @@ def split(stage: StageName, clues: list[Clue], before: Before | None) -> str:
         f", as {before.called} of the project was")
     return (f"Judged as a {stage.value}{held}, but the evidence is split: "
             f"{_weighed(clues)}. The verdict holds under both readings.")
-
-
-FIRST_FIXES = " The first fix as a mix: "  # where both_readings adds to the split sentence
 
 
 def both_readings(reason: str, as_mix: str, as_master: str) -> str:

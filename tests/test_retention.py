@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,8 +284,12 @@ def test_an_export_whose_run_retention_removed_keeps_its_review_without_a_dead_l
         return server.wait_terminal(answer.json()["run_id"], timeout=90)
 
     reviewed = export(tone(tmp_path / "first.wav", seconds=2.0))
-    broken = tmp_path / "never-rendered.wav"  # there (a file not there is refused at once)
-    broken.write_text("not audio")
+    # a render cut short, written an hour ago: a failed export (a file that is not
+    # audio at all is no export: docs/review.md, "Not audio, not a project")
+    broken = tone(tmp_path / "cut-short.wav", seconds=2.0)
+    broken.write_bytes(broken.read_bytes()[:20_000])
+    an_hour_ago = time.time() - 3600
+    os.utime(broken, (an_hour_ago, an_hour_ago))
     failed = export(broken)
     assert (reviewed["status"], failed["status"]) == ("succeeded", "failed_permanent")
     review = Review.of(reviewed["result"])

@@ -29,10 +29,12 @@ def test_the_studio_bench_builds_both_stores_and_times_every_page(tmp_path: Path
     assert done.returncode == 0, done.stderr[-3000:]
     medians = json.loads(done.stdout.strip().splitlines()[-1])["medians_ms"]
     pages = {"home page", "GET /exports", "GET /exports?project=", "runs: q=an event id",
-             "runs: q=a project", "a review's page"}
+             "runs: q=a project", "runs: q=a project of 2", "runs: a page of 50",
+             "a review's page"}
     assert set(medians) == {"small", "large"}
     assert all(set(found) == pages for found in medians.values())
     assert all(value > 0 for found in medians.values() for value in found.values())
     stores = json.loads((tmp_path / "stores.json").read_text())
     assert (stores["small"]["runs"], stores["small"]["projects"]) == (1 * 2 + 1 * 1, 3)
-    assert (stores["large"]["runs"], stores["large"]["projects"]) == (3 * 2 + 1 * 2, 4)
+    # and "Demo", a project of as many exports as the small store's have (--small-exports)
+    assert (stores["large"]["runs"], stores["large"]["projects"]) == (3 * 2 + 1 * 2 + 1, 5)

@@ -41,9 +41,11 @@ class Gated(Generic[T]):
 
 
 class Rest(Generic[T]):
-    """The steps of an awaitable after its first (taken by `within`), through the gate."""
+    """The steps of an awaitable after its first (taken by `within`), through the gate
+    if there is one (`hold`)."""
 
-    def __init__(self, steps: Generator[Any, None, T], waits_on: Any, hold: Hold) -> None:
+    def __init__(self, steps: Generator[Any, None, T], waits_on: Any,
+                 hold: Hold | None) -> None:
         self._steps, self._waits_on, self._hold = steps, waits_on, hold
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -51,14 +53,15 @@ class Rest(Generic[T]):
 
 
 def gated(steps: Generator[Any, None, T], waits_on: Any,
-          hold: Hold) -> Generator[Any, None, T]:
+          hold: Hold | None) -> Generator[Any, None, T]:
     """Hand the task what `steps` waits on; before resuming it, wait while `hold()`
-    answers a future; pass on what the task throws (what `await` itself does)."""
+    answers a future (no gate without `hold`); pass on what the task throws (what
+    `await` itself does)."""
     try:
         while True:
             try:
                 yield waits_on
-                while (gate := hold()) is not None:
+                while hold is not None and (gate := hold()) is not None:
                     yield from gate.__await__()
             except GeneratorExit:
                 steps.close()

@@ -11,8 +11,8 @@ dispatcher (a run's) would otherwise each set and cancel a timer per event.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Generator
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from agentbox.engine.gate import Hold, Rest
 
@@ -31,32 +31,5 @@ async def within(seconds: float, awaitable: Awaitable[T], hold: Hold | None = No
         value: T = done.value
         return value  # finished without waiting: nothing could have cut it off
     async with asyncio.timeout_at(deadline):
-        if hold is not None:
-            return await Rest(steps, waits_on, hold)
-        return await _Resumed(steps, waits_on)
+        return await Rest(steps, waits_on, hold)
 
-
-class _Resumed(Generic[T]):
-    """The rest of an awaitable whose first step was taken: it hands the task what
-    that step waits on, then passes on to it what the task sends or throws (what
-    `await` itself does, from the second step on)."""
-
-    def __init__(self, steps: Generator[Any, None, T], waits_on: Any) -> None:
-        self._steps, self._waits_on = steps, waits_on
-
-    def __await__(self) -> Generator[Any, None, T]:
-        steps, waits_on = self._steps, self._waits_on
-        try:
-            while True:
-                try:
-                    yield waits_on
-                except GeneratorExit:
-                    steps.close()
-                    raise
-                except BaseException as exc:  # a cancellation, the timeout's among them
-                    waits_on = steps.throw(exc)
-                else:
-                    waits_on = steps.send(None)
-        except StopIteration as done:  # the awaitable returned
-            value: T = done.value
-            return value

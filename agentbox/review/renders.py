@@ -28,12 +28,10 @@ duplicate, whichever door each came by.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
+from agentbox.archive import blobs
 from agentbox.archive.history import ADMITTED, History
 from agentbox.archive.records import ProjectExport
 from agentbox.engine.agents import Known
@@ -41,7 +39,6 @@ from agentbox.events import Event
 from agentbox.review.contract import MIX_REVIEW
 
 NEW_RENDER_EVENT = "session.exported"  # the event a render arrives as, from every door
-CHUNK_BYTES = 1 << 20
 LOOK_BACK = 20  # exports read to find the latest render past a project's re-judgments
 
 _history: History | None = None  # the review's, given at the app's setup (`know`)
@@ -75,19 +72,6 @@ async def latest_render(history: History, project: str) -> ProjectExport | None:
     return None
 
 
-def digest(path: Path) -> tuple[int, str]:
-    """The size and SHA-256 of a regular file's bytes, as read (blocking: call it in a
-    thread); OSError when it is no regular file (a pipe's read could wait for ever)."""
-    found, size = hashlib.sha256(), 0
-    if not stat.S_ISREG(os.stat(path).st_mode):  # before the open, which would wait
-        raise OSError(f"{path} is not a regular file")
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
-            found.update(chunk)
-            size += len(chunk)
-    return size, found.hexdigest()
-
-
 async def latest_digest(history: History, latest: ProjectExport) -> tuple[int, str] | None:
     """The size and SHA-256 of the latest export's bytes: as its review heard them, or
     as its admission read them (its review not done yet), or None (not known)."""
@@ -95,13 +79,15 @@ async def latest_digest(history: History, latest: ProjectExport) -> tuple[int, s
 
 
 async def read(path: Path) -> tuple[int, str] | None:
-    """The size and SHA-256 of a file's bytes (None: it cannot be read, or is no
-    regular file, a pipe say, whose read could wait for ever; the review says what
-    is wrong with it)."""
+    """The size and SHA-256 of a file's bytes, read as the review reads them
+    (`blobs.fingerprint`: the regular file itself, never a pipe whose read could wait
+    for ever, nor what a link points to). None: it cannot be read, or was written to
+    while it was read; the review says what is wrong with it."""
     try:
-        return await asyncio.to_thread(digest, path)
+        found = await asyncio.to_thread(blobs.fingerprint, path)
     except OSError:
         return None
+    return found.size, found.sha256
 
 
 def project_of(event: Event) -> str | None:

@@ -109,6 +109,13 @@ def page_token_ok(request: Request, given: str, csrf: str) -> bool:
         given.encode(), csrf.encode())
 
 
+def posted_form(request: Request) -> bool:
+    """Whether an action was posted by a page's form (its answer a page or a redirect),
+    not by a program (JSON)."""
+    return request.headers.get("content-type", "").startswith(
+        "application/x-www-form-urlencoded")
+
+
 async def page_form(request: Request, csrf: str) -> FormData | Response:
     """A page form's fields when it was posted from this site with the page's CSRF
     token (`csrf`), else the refusal: 403 csrf_failed."""

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from agentbox.archive.history import History
-from agentbox.http.access import Access, page_form, token_required
-from agentbox.http.errors import error_response
+from agentbox.http.access import Access, page_form, posted_form, token_required
 from agentbox.http.pages import StatusPages
+from agentbox.review.web.rejudge import Refusal, refused_answer
 from agentbox.runs import RunStatus
 from agentbox.store import Transition
 
@@ -74,8 +74,7 @@ class NotAudio:
 
     async def dismiss(self, request: Request) -> Response:
         """`POST /runs/{run_id}/dismiss`: no longer listed as couldn't review."""
-        from_form = request.headers.get("content-type", "").startswith(
-            "application/x-www-form-urlencoded")
+        from_form = posted_form(request)
         if from_form:
             form = await page_form(request, self.csrf)
             if isinstance(form, Response):
@@ -84,10 +83,9 @@ class NotAudio:
             return token_required()
         run_id = request.path_params["run_id"][:200]
         if not await self.history.dismiss_not_audio(run_id, self.clock()):
-            message = "No file that could not be reviewed is listed under this run."
-            if from_form and self.pages is not None:
-                return self.pages.error(404, message)
-            return error_response(404, "not_listed", message)
+            return refused_answer(Refusal(404, "not_listed", "No file that could not be "
+                                          "reviewed is listed under this run."),
+                                  self.pages if from_form else None)
         if from_form:
             return RedirectResponse("/", status_code=303)
         return JSONResponse({"run_id": run_id, "dismissed": True})

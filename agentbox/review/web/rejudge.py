@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from agentbox.archive import Archive, Gone
 from agentbox.archive.history import History
 from agentbox.events import SCHEMA_VERSION
-from agentbox.http.access import Access, page_form, small_body, token_required
+from agentbox.http.access import Access, page_form, posted_form, small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
 from agentbox.http.receiver import Rejected
@@ -67,8 +67,7 @@ class RejudgeRoutes:
     async def rejudge(self, request: Request) -> Response:
         """The form's post (a redirect to the new review's page) or the CLI's (JSON:
         the new run's id and where to follow it)."""
-        from_form = request.headers.get("content-type", "").startswith(
-            "application/x-www-form-urlencoded")
+        from_form = posted_form(request)
         asked = await (self._form(request) if from_form else self._json(request))
         if isinstance(asked, Response):
             return asked

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from agentbox.archive import Archive
 from agentbox.archive.history import History
-from agentbox.http.access import Access, page_form, small_body, token_required
+from agentbox.http.access import Access, page_form, posted_form, small_body, token_required
 from agentbox.http.errors import error_response
 from agentbox.http.pages import StatusPages
 from agentbox.review.contract import ProjectName
@@ -58,8 +58,7 @@ class TidyRoutes:
         return await self._act(request, self._remove)
 
     async def _act(self, request: Request, action: Action) -> Response:
-        from_form = request.headers.get("content-type", "").startswith(
-            "application/x-www-form-urlencoded")
+        from_form = posted_form(request)
         asked = await (self._form(request) if from_form else self._json(request))
         if isinstance(asked, Response):
             return asked

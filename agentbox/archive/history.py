@@ -310,7 +310,7 @@ class History:
 
 def _summarise(db: AppDb, *projects: str) -> None:
     """Make the kept summary of `projects` again (a new export keeps it by itself:
-    version 4's trigger), in the transaction that changed what they show."""
+    keep_runs' statement, version 8), in the transaction that changed what they show."""
     for project in projects:
         db.run("summary.forget", {"project": project})
     for project in projects:

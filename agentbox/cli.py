@@ -23,7 +23,7 @@ from agentbox.signing import RECEIVER_PATH
 if TYPE_CHECKING:
     from agentbox import config as cfg
     from agentbox.client import AgentboxError, Client, Refused
-    from agentbox.models import Accepted, Answer, RunDetail, RunView
+    from agentbox.models import Accepted, Answer, RunDetail
     from agentbox.review.answers import ReferenceOut
 
 # The commands import what they use when they run (the client, the settings, the
@@ -978,17 +978,18 @@ def runs(url: str | None, status: str | None, limit: int, as_json: bool,
     what became of the export), loudness, true peak and range, and a short id that
     `agentbox show` takes."""
     with _client_errors(), _client(url, config_file) as box:
-        found = box.runs(limit, status).runs
+        found = box.runs_json(limit, status)
     _print_runs(found, as_json, "no runs yet" if status is None else f"no {status} runs")
 
 
-def _print_runs(found: list[RunView], as_json: bool, empty: str,
-                table: Callable[[list[RunView]], list[str]] | None = None) -> None:
-    """The runs found, as JSON or a table (terminal.runs_table, unless another)."""
+def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str,
+                table: Callable[[list[dict[str, Any]]], list[str]] | None = None) -> None:
+    """The runs found, as sent, as JSON or a table (terminal.runs_table, unless
+    another): no model built, so listing never imports pydantic."""
     from agentbox import terminal
 
     if as_json:
-        click.echo(_indented(list(found)))
+        click.echo(json.dumps(found, indent=2))
     elif not found:
         click.echo(empty)
     else:
@@ -1006,7 +1007,7 @@ def dead_letters(url: str | None, limit: int, as_json: bool, config_file: Path |
     from agentbox import terminal
 
     with _client_errors(), _client(url, config_file) as box:
-        found = box.runs(limit, "dead_lettered", discarded="false").runs
+        found = box.runs_json(limit, "dead_lettered", discarded="false")
     _print_runs(found, as_json, "no dead letters waiting for a decision", terminal.why_table)
 
 

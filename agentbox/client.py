@@ -47,36 +47,39 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
 import httpx
-from pydantic import BaseModel, ValidationError
 
 from agentbox import config as cfg
 from agentbox import ownership, proof
 from agentbox.logs import one_line
-from agentbox.models import (
-    Accepted,
-    Answer,
-    Destinations,
-    LoginLink,
-    Notifications,
-    Pruned,
-    Resumed,
-    RunDetail,
-    RunList,
-    RunView,
-)
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
 
-# The apps' answers, read into their models; importable from here too, as they were
-# from agentbox.models before the apps owned them. Each is imported where it is read
-# or named (module __getattr__): `agentbox runs` and `show` build none of them.
-APP_ANSWERS = {name: "agentbox.desktop.answers" for name in ("WatchedFolderOut", "WatchState")}
-APP_ANSWERS.update({name: "agentbox.review.answers" for name in (
+# The answers' models, importable from here too (the apps' as they were from
+# agentbox.models before the apps owned them). Each is imported where it is read or
+# named (module __getattr__): pydantic's import alone took half of what `agentbox
+# runs` took, which reads its runs as sent (`runs_json`) and builds no model.
+ANSWERS = {name: "agentbox.models" for name in (
+    "Accepted", "Answer", "Destinations", "LoginLink", "Notifications", "Pruned", "Resumed",
+    "RunDetail", "RunList", "RunView")}
+ANSWERS.update({name: "agentbox.desktop.answers" for name in ("WatchedFolderOut", "WatchState")})
+ANSWERS.update({name: "agentbox.review.answers" for name in (
     "ExportList", "ExportView", "OctaveBandOut", "ProjectChanged", "ReferenceList",
     "ReferenceOut", "ReferenceRemoved")})
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from agentbox.desktop.answers import WatchedFolderOut as WatchedFolderOut
     from agentbox.desktop.answers import WatchState as WatchState
+    from agentbox.models import Accepted as Accepted
+    from agentbox.models import Answer as Answer
+    from agentbox.models import Destinations as Destinations
+    from agentbox.models import LoginLink as LoginLink
+    from agentbox.models import Notifications as Notifications
+    from agentbox.models import Pruned as Pruned
+    from agentbox.models import Resumed as Resumed
+    from agentbox.models import RunDetail as RunDetail
+    from agentbox.models import RunList as RunList
+    from agentbox.models import RunView as RunView
     from agentbox.review.answers import ExportList as ExportList
     from agentbox.review.answers import ExportView as ExportView
     from agentbox.review.answers import OctaveBandOut as OctaveBandOut
@@ -86,12 +89,12 @@ if TYPE_CHECKING:
     from agentbox.review.answers import ReferenceRemoved as ReferenceRemoved
 else:
     def __getattr__(name: str) -> Any:
-        """An app's answer model, imported when it is first named."""
-        if name not in APP_ANSWERS:
+        """An answer's model, imported when it is first named."""
+        if name not in ANSWERS:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         import importlib
 
-        found = getattr(importlib.import_module(APP_ANSWERS[name]), name)
+        found = getattr(importlib.import_module(ANSWERS[name]), name)
         globals()[name] = found
         return found
 
@@ -128,12 +131,14 @@ RUN_ID = re.compile(r"run_[A-Za-z0-9_]{1,252}")
 BARE_PREFIX = re.compile(r"[0-9a-f]{1,252}")
 
 Progress = Callable[[str], None]
-Model = TypeVar("Model", bound=Answer)
-Result = TypeVar("Result", bound=BaseModel)  # an agent's result model (Client.run's result=)
+Model = TypeVar("Model", bound="Answer")
+Result = TypeVar("Result", bound="BaseModel")  # an agent's result model (Client.run's result=)
 
 
 def _detail(result: type[BaseModel] | None) -> type[RunDetail[Any]]:
     """RunDetail, or RunDetail[result]: a run whose result is read into that model."""
+    from agentbox.models import RunDetail
+
     return RunDetail if result is None else cast(Any, RunDetail)[result]
 
 
@@ -435,6 +440,47 @@ def export_event(path: Path, event_id: str, project: str | None = None,
     return build_event("session.exported", source, event_id, payload)
 
 
+# RunView's fields: the JSON types each may hold, and whether an answer must carry it
+# (tests/test_client_library.py holds the table to the model). What `runs_json`
+# checks a listing by, where `runs` builds a model of each run.
+_TEXT, _TEXT_OR_NULL, _NUMBER, _ANY = (str,), (str, type(None)), (int,), (object,)
+RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "run_id": (_TEXT, True), "status": (_TEXT, True), "event_id": (_TEXT, True),
+    "event_type": (_TEXT, True), "source": (_TEXT, True), "agent": (_TEXT, True),
+    "idempotency_key": (_TEXT, True), "webhook_id": (_TEXT_OR_NULL, False),
+    "accepted_at": (_TEXT, True), "started_at": (_TEXT_OR_NULL, True),
+    "updated_at": (_TEXT, True), "completed_at": (_TEXT_OR_NULL, True),
+    "attempt": (_NUMBER, True), "retry_count": (_NUMBER, True),
+    "next_attempt_at": (_TEXT_OR_NULL, True), "result": (_ANY, True),
+    "error_code": (_TEXT_OR_NULL, True), "error_message": (_TEXT_OR_NULL, True),
+    "replays": (_NUMBER, True), "correlation_id": (_TEXT_OR_NULL, True),
+    "causation_id": (_TEXT_OR_NULL, True), "hop": (_NUMBER, True),
+    "terminal": ((bool,), True), "file": (_TEXT_OR_NULL, False)}
+RUN_STATES = frozenset({"accepted", "processing", "succeeded", "failed_retryable",
+                        "failed_permanent", "dead_lettered"})
+
+
+def listed_runs(answer: Any) -> list[dict[str, Any]] | None:
+    """A GET /runs answer's runs as sent, when each has RunView's fields with their
+    types (an app's added fields too, unchecked); None when not."""
+    runs = answer.get("runs") if isinstance(answer, dict) else None
+    if not isinstance(runs, list):
+        return None
+    for run in runs:
+        if not isinstance(run, dict):
+            return None
+        for name, (types, required) in RUN_FIELDS.items():
+            if name not in run:
+                if required:
+                    return None
+            elif not isinstance(run[name], types) or (
+                    isinstance(run[name], bool) and bool not in types and object not in types):
+                return None
+        if run["status"] not in RUN_STATES:
+            return None
+    return runs
+
+
 def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidRunId(f"{one_line(run_id)[:80]!r} is not a run id (they look like "
@@ -595,6 +641,8 @@ class Client:
 
     def post_event(self, body: bytes) -> Accepted:
         """One try: the answer, or Unreachable (worth trying again), or Refused."""
+        from agentbox.models import Accepted
+
         headers = {"Content-Type": "application/json",
                    **sign_headers(self.signing_secret(), body, int(time.time()))}
         try:
@@ -661,8 +709,24 @@ class Client:
              **filters: str) -> RunList:
         """GET /runs: `.runs`, newest first. `filters`: the API's other query
         parameters (correlation_id=..., discarded="false", prefix=...)."""
+        from agentbox.models import RunList
+
         params = {"limit": limit, **({"status": status} if status else {}), **filters}
         return self._read(RunList, self._get("/runs", params=params))
+
+    def runs_json(self, limit: int = 50, status: str | None = None,
+                  **filters: str) -> list[dict[str, Any]]:
+        """`runs`, each run the JSON object agentbox sent: checked for RunView's
+        fields and their types, no model built (what `agentbox runs` lists, without
+        pydantic's import). UnexpectedAnswer, as `runs`, for an answer of another shape."""
+        params = {"limit": limit, **({"status": status} if status else {}), **filters}
+        answer = self._get("/runs", params=params)
+        listed = listed_runs(answer)
+        if listed is None:  # the model says what is amiss (or reads what it may)
+            from agentbox.models import RunList
+
+            listed = [run.as_json() for run in self._read(RunList, answer).runs]
+        return listed
 
     @overload
     def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,
@@ -721,6 +785,8 @@ class Client:
         """A one-time login link to the page (it opens a session in one browser, once,
         within minutes), showing `next_path` (e.g. a review's page) once logged in.
         Needs the admin token."""
+        from agentbox.models import LoginLink
+
         url = self._read(LoginLink, self._call("POST", "/login-links",
                                                 headers=self._admin_headers())).url
         return url if next_path is None else f"{url}&next={quote(next_path, safe='/')}"
@@ -740,6 +806,8 @@ class Client:
     def replay(self, run_id: str) -> RunView:
         """Send a dead-lettered or permanently failed run back to the queue (same
         run id): the run, accepted again. Needs the admin token."""
+        from agentbox.models import RunView
+
         return self._read(RunView, self._call(
             "POST", f"/runs/{segment(check_run_id(run_id))}/replay",
             headers=self._admin_headers()))
@@ -748,6 +816,8 @@ class Client:
         """A new review of the same audio `run_id`'s review heard, judged at `stage`
         ("mix" or "master"), beside the first: the new run, accepted (asked again,
         the same one). Needs the admin token."""
+        from agentbox.models import Accepted
+
         return self._read(Accepted, self._call(
             "POST", f"/runs/{segment(check_run_id(run_id))}/rejudge",
             json={"stage": stage}, headers=self._admin_headers()))
@@ -835,21 +905,29 @@ class Client:
 
     def callbacks(self, limit: int = 20, state: str | None = None) -> Notifications:
         """GET /callbacks: `.callbacks`, the newest notifications."""
+        from agentbox.models import Notifications
+
         params = {"limit": limit, **({"state": state} if state else {})}
         return self._read(Notifications, self._get("/callbacks", params=params))
 
     def destinations(self) -> Destinations:
         """GET /callbacks/destinations: `.destinations`."""
+        from agentbox.models import Destinations
+
         return self._read(Destinations, self._get("/callbacks/destinations"))
 
     def resume_destination(self, destination: str) -> Resumed:
         """Resume a paused callback destination (an origin). Needs the admin token."""
+        from agentbox.models import Resumed
+
         return self._read(Resumed, self._call("POST", "/callbacks/destinations/resume",
                                               headers=self._admin_headers(),
                                               json={"destination": destination}))
 
     def prune(self, dry_run: bool = False) -> Pruned:
         """A retention pass by the server now (or what it would remove). Admin."""
+        from agentbox.models import Pruned
+
         return self._read(Pruned, self._call("POST", "/prune", headers=self._admin_headers(),
                                              json={"dry_run": dry_run}, timeout=None))
 
@@ -875,6 +953,8 @@ class Client:
 
     def _read(self, model: type[Model], answer: Any) -> Model:
         """An answer as its model; JSON of another shape is not agentbox's answer."""
+        from pydantic import ValidationError
+
         try:
             return model.model_validate(answer)
         except ValidationError as exc:

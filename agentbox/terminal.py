@@ -14,14 +14,21 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from agentbox.logs import one_line
-from agentbox.models import RunDetail, RunView
 from agentbox.review import digest, present
 from agentbox.review.figures import local_time, tenths
 from agentbox.review.names import FORMER_MIX_REVIEW, MIX_REVIEW
+
+if TYPE_CHECKING:
+    from agentbox.models import RunDetail, RunView
+
+# A run as the terminal reads it: a model the client built, or the JSON object
+# agentbox sent (`Client.runs_json`: what `agentbox runs` lists, building no model).
+# Both are read by name: run["status"], run.get("result").
+Run: TypeAlias = "Mapping[str, Any] | RunView"
 
 WIDTH = 100  # `agentbox runs` fits a terminal this wide
 SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
@@ -49,14 +56,14 @@ def mix_review_agents() -> frozenset[str]:
     return MIX_REVIEW_AGENTS
 
 
-def reviews(run: RunView) -> bool:
+def reviews(run: Run) -> bool:
     """Whether `run` is the mix review's (told in a musician's words)."""
-    return run.agent in mix_review_agents()
+    return run["agent"] in mix_review_agents()
 
 
-def outcome(run: RunView) -> present.ExportState:
+def outcome(run: Run) -> present.ExportState:
     """What became of an export with no verdict (yet), in a musician's words."""
-    return present.outcome(run.status, run.error_code, run.error_message)
+    return present.outcome(run["status"], run.get("error_code"), run.get("error_message"))
 
 
 def told(run: RunView, name: str | None = None) -> list[str]:
@@ -93,28 +100,28 @@ MIN_SHRUNK = 12
 NAMES = ("PROJECT", "FILE")  # cut in the middle; a sentence, at its end
 
 
-def verdict_word(run: RunView) -> str:
+def verdict_word(run: Run) -> str:
     """The review's verdict (pass, warn, fail), else what became of the export, in a
     word or two; another agent's run: its state in a word."""
-    if run.status == "succeeded":
-        found = present.read(run.result)
+    if run["status"] == "succeeded":
+        found = present.read(run.get("result"))
         if found is not None and found.verdict:
             return found.verdict
     if reviews(run):
         return OUTCOME_WORDS[outcome(run).kind]
-    return STATE_WORDS.get(run.status, line(run.status))
+    return STATE_WORDS.get(run["status"], line(run["status"]))
 
 
-def why(run: RunView) -> str:
+def why(run: Run) -> str:
     """Why a run failed, as its readers need it: a musician's words for the review."""
     if reviews(run):
         return line(outcome(run).text)
-    code, message = run.error_code, run.error_message
-    return line(f"{code}: {message}" if code else STATE_WORDS.get(run.status, ""))
+    code, message = run.get("error_code"), run.get("error_message")
+    return line(f"{code}: {message}" if code else STATE_WORDS.get(run["status"], ""))
 
 
-def figure(run: RunView, key: str, signed: bool = False) -> str:
-    found = present.read(run.result)
+def figure(run: Run, key: str, signed: bool = False) -> str:
+    found = present.read(run.get("result"))
     value = found.figure(key) if found is not None else None
     if value is None:
         return "-"
@@ -139,28 +146,28 @@ def _common(a: str, b: str) -> int:
                 min(len(a), len(b)))
 
 
-def runs_table(found: Sequence[RunView]) -> list[str]:
+def runs_table(found: Sequence[Mapping[str, Any]]) -> list[str]:
     """`agentbox runs`: newest first, when, project, file, the verdict (or what became
-    of the export) and the headline figures, and a short id; WIDTH columns at most."""
-    ids = short_ids([run.run_id for run in found])
+    of the export) and the headline figures, and a short id; WIDTH columns at most.
+    Each run as agentbox sent it (Client.runs_json)."""
+    ids = short_ids([run["run_id"] for run in found])
     rows = [(*_where(run), verdict_word(run),
              figure(run, "integrated_lufs"), figure(run, "true_peak_dbtp", signed=True),
-             figure(run, "loudness_range_lu"), ids[run.run_id]) for run in found]
+             figure(run, "loudness_range_lu"), ids[run["run_id"]]) for run in found]
     return table(RUN_COLUMNS, rows, right=("LUFS", "PEAK", "LRA"))
 
 
-def why_table(found: Sequence[RunView]) -> list[str]:
+def why_table(found: Sequence[Mapping[str, Any]]) -> list[str]:
     """`agentbox dead-letters`: when, project, file, why it failed, a short id."""
-    ids = short_ids([run.run_id for run in found])
-    rows = [(*_where(run), why(run), ids[run.run_id]) for run in found]
+    ids = short_ids([run["run_id"] for run in found])
+    rows = [(*_where(run), why(run), ids[run["run_id"]]) for run in found]
     return table(WHY_COLUMNS, rows)
 
 
-def _where(run: RunView) -> tuple[str, str, str]:
+def _where(run: Mapping[str, Any]) -> tuple[str, str, str]:
     """A row's WHEN, PROJECT and FILE."""
-    seen = run.as_json()
-    return (line(local_time(run.accepted_at)), digest.project_of(seen) or "-",
-            digest.file_name(seen) or "-")
+    return (line(local_time(run["accepted_at"])), digest.project_of(run) or "-",
+            digest.file_name(run) or "-")
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],

@@ -11,14 +11,14 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args, get_origin
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentbox import proof
+from agentbox import client, proof
 from agentbox.client import (
     RUN_ID,
     START_HINT,
@@ -37,8 +37,9 @@ from agentbox.client import (
     check_run_id,
     segment,
 )
-from agentbox.models import RunDetail
+from agentbox.models import RunDetail, RunList, RunState, RunView
 from tests.conftest import SECRET, Server, free_port, make_event
+from tests.support.runs import QUIET
 
 SCRIPT = """
 import json, sys
@@ -321,6 +322,67 @@ def test_json_of_another_shape_is_not_agentbox_s_answer() -> None:
     assert isinstance(odd.value, NotAgentbox) and isinstance(odd.value, AgentboxError)
     assert "not agentbox's RunList (runs.0.status: Field required)" in str(odd.value)
     assert odd.value.answer == {"runs": [{"run_id": "run_1"}]}
+
+
+def test_runs_read_as_sent_refuse_json_of_another_shape_as_the_models_do() -> None:
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{served.server_address[1]}",
+                    admin_token=RECORDER_TOKEN) as box, \
+                pytest.raises(UnexpectedAnswer) as odd:
+            box.runs_json()
+    finally:
+        served.shutdown()
+        served.server_close()
+    assert "not agentbox's RunList (runs.0.status: Field required)" in str(odd.value)
+
+
+def test_the_fields_runs_json_checks_are_the_run_view_s() -> None:
+    """client.RUN_FIELDS, which `runs_json` checks an answer by without pydantic, names
+    RunView's fields, those it requires, and each one's types."""
+    fields = RunView.model_fields
+    assert set(client.RUN_FIELDS) == set(fields)
+    for name, (types, required) in client.RUN_FIELDS.items():
+        assert required == fields[name].is_required(), name
+        annotation = fields[name].annotation
+        if annotation is Any:
+            assert types == (object,), name
+            continue
+        if get_origin(annotation) is Literal:  # the run's state: text, one of RUN_STATES
+            listed = {type(value) for value in get_args(annotation)}
+        else:
+            listed = set(get_args(annotation)) if get_args(annotation) else {annotation}
+        assert listed == set(types), name
+    assert set(get_args(RunState)) == client.RUN_STATES
+
+
+# A run as GET /runs lists it (an app's field, `project`, among them).
+QUIET_VIEW = {key: value for key, value in QUIET.items() if key != "callbacks"}
+
+
+def json_values() -> st.SearchStrategy[Any]:
+    scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) \
+        | st.text(max_size=3)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=2)
+                        | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(sorted(RunView.model_fields)),
+                               json_values() | st.sampled_from(["succeeded", "retrying"]),
+                               max_size=3),
+       dropped=st.sets(st.sampled_from(sorted(RunView.model_fields)), max_size=2))
+def test_a_listing_runs_json_takes_as_sent_is_one_the_model_reads_alike(
+        changes: dict[str, Any], dropped: set[str]) -> None:
+    """What the check without pydantic passes, the model reads, to the same JSON; what
+    it refuses goes to the model, which says what is amiss (or reads it)."""
+    run = {key: value for key, value in {**QUIET_VIEW, **changes}.items()
+           if key not in dropped}
+    answer = {"runs": [run]}
+    listed = client.listed_runs(answer)
+    if listed is not None:
+        assert [r.as_json() for r in RunList.model_validate(answer).runs] == listed
 
 
 def test_a_newer_agentbox_s_field_is_kept_and_given_back() -> None:

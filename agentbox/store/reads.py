@@ -7,7 +7,7 @@ import abc
 import asyncio
 import json
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,11 +242,15 @@ class Reads(abc.ABC):
     async def _count_runs(self) -> dict[str, Any]:
         counts = {s.value: 0 for s in RunStatus}
         rows = await self._rows(self.sql["status_counts"])
-        for row in rows:
-            counts[row["status"]] = row["runs"]
+        counts.update(self.runs_by_state(rows))
         oldest = rows[0]["oldest_waiting"] if rows else None
         return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
                 "active": sum(counts[s] for s in ACTIVE)}
+
+    def runs_by_state(self, rows: Sequence[Mapping[str, Any]]) -> Mapping[str, int]:
+        """The runs by state, from `status_counts`' rows (a row per state: PostgreSQL's
+        run_counts); a store that keeps them itself (SQLite's writer) answers its own."""
+        return {row["status"]: row["runs"] for row in rows}
 
     async def notifications(self, run_id: str) -> list[NotificationView]:
         return [notification_view(row)

@@ -19,6 +19,7 @@ import re
 import shutil
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -195,6 +196,11 @@ class SqliteStore(SqlStore):
         self._page_size = 4096  # the database's, read at open
         self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
+        # The runs by state (version 11): counted at open, then changed by what each
+        # committed transaction changed (`_counting`, told by the writer's triggers as
+        # its statements run, undone with a savepoint's or a transaction's rollback).
+        self.run_counts: Counter[str] = Counter()
+        self._counting: Counter[str] = Counter()
 
     @property
     def description(self) -> str:
@@ -270,7 +276,9 @@ class SqliteStore(SqlStore):
         conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         conn.execute(f"PRAGMA journal_size_limit = {WAL_WARN_BYTES}")
         self._page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        conn.execute(SQL["fold_run_counts"])
+        self.run_counts = Counter(dict(conn.execute(SQL["fold_run_counts"]).fetchall()))
+        conn.create_function("agentbox_run_counted", 2, self._counted)
+        conn.executescript(SQL["fold_run_counts.triggers"])
         self._conn = conn
         self._identity = _file_identity(self.path)
         active: int = conn.execute(SQL["count_active"]).fetchone()[0]
@@ -353,6 +361,7 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         changes = conn.total_changes
+        self._counting.clear()
         state = Batch(self._active, self.keeps, gather=True)
         db = SqliteDb(conn)
         durable = any(queued.durable for queued in batch)
@@ -375,6 +384,7 @@ class SqliteStore(SqlStore):
                 results = None  # an app's statement failed: each operation alone says whose
             if results is None:  # an operation failed after writing: undo it alone
                 conn.execute("ROLLBACK")
+                self._counting.clear()
                 conn.execute("BEGIN IMMEDIATE")
                 state = Batch(self._active, self.keeps)
                 results = [self._run_op(db, state, queued.op) for queued in batch]
@@ -384,8 +394,10 @@ class SqliteStore(SqlStore):
                 conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:
             _rollback(conn)
+            self._counting.clear()
             error = self._refused(_storage_reason(exc))
             return [(False, error)] * len(batch)
+        self.run_counts.update(self._counting)
         if durable:  # a claim fits where an event may not: only durable writes vouch
             self._took_writes()
         if conn.total_changes != changes:
@@ -407,6 +419,7 @@ class SqliteStore(SqlStore):
 
     async def _abandon(self) -> None:
         _rollback(self._conn)
+        self._counting.clear()
 
     def _same_file(self) -> bool:
         """Is the database file still the one we opened? Deleted or replaced under us,
@@ -437,6 +450,17 @@ class SqliteStore(SqlStore):
         if self.healthy and self._identity is not None:
             self._same_file()
 
+    def runs_by_state(self, rows: Sequence[Mapping[str, Any]]) -> Mapping[str, int]:
+        return self.run_counts
+
+    def _counted(self, was: str | None, now: str | None) -> None:
+        """A run's state changed in the writer's transaction (its TEMP triggers): kept
+        in `_counting` until the transaction commits."""
+        if was is not None:
+            self._counting[was] -= 1
+        if now is not None:
+            self._counting[now] += 1
+
     @staticmethod
     def _run_ops(db: SqliteDb, state: Batch,
                  batch: list[Queued]) -> list[tuple[bool, Any]] | None:
@@ -461,10 +485,9 @@ class SqliteStore(SqlStore):
             results.append((True, value))
         return results
 
-    @staticmethod
-    def _run_op(db: SqliteDb, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
+    def _run_op(self, db: SqliteDb, state: Batch, op: Operation[Any]) -> tuple[bool, Any]:
         conn = db.conn
-        active_before = state.active
+        active_before, counted_before = state.active, self._counting.copy()
         conn.execute("SAVEPOINT op")
         try:
             value = op(db, state)
@@ -474,6 +497,8 @@ class SqliteStore(SqlStore):
             conn.execute("ROLLBACK TO op")  # a refusal or a bug: undo this operation only
             conn.execute("RELEASE op")
             state.active = active_before
+            self._counting.clear()
+            self._counting.update(counted_before)
             return False, exc
         conn.execute("RELEASE op")
         return True, value

@@ -230,6 +230,29 @@ async def test_an_operation_failing_after_it_wrote_is_undone_alone(store: Store,
 
 
 
+@async_test
+async def test_a_state_change_undone_with_its_operation_is_not_counted(
+        store: Store, aio: Any) -> None:
+    """The runs by state follow what commits: an operation that moves a run to another
+    state and then fails (its batch sent round again, a savepoint each) leaves the
+    counts as they were, its neighbours' runs counted."""
+    held = (await ingest_and_claim(store, "held")).run_id
+
+    def moves_then_fails(db: Any, state: Any) -> None:
+        db.run("replay", {"run_id": held, "now": T0 + 1})  # processing -> accepted
+        raise ValueError("failed after writing")
+
+    write = store._write  # type: ignore[attr-defined]  # the writer's queue, as a store op
+    first, bad, second = await asyncio.gather(
+        ingest(store, "e1"), write(moves_then_fails), ingest(store, "e2"),
+        return_exceptions=True)
+    assert isinstance(bad, ValueError | StorageUnavailable)
+    assert isinstance(first, IngestResult) and isinstance(second, IngestResult)
+    assert await status_of(store, held) == "processing"
+    runs = (await store.stats())["runs"]
+    assert {state: n for state, n in runs.items() if n} == {"processing": 1, "accepted": 2}
+
+
 # -- admission -----------------------------------------------------------------------------
 
 

@@ -6,9 +6,22 @@
 SELECT count(*) FROM runs WHERE status IN ('accepted', 'processing', 'failed_retryable')
 
 -- name: fold_run_counts
--- At start-up: the kept counts of states no run is in go (version 10's run_counts; one
--- writer keeps them here, so there is nothing else to fold).
-DELETE FROM run_counts WHERE runs = 0
+-- At open: the runs by state, counted into the writer (SqliteStore.run_counts, version
+-- 11), then kept by its connection's triggers below.
+SELECT status, count(*) FROM runs GROUP BY status
+
+-- name: fold_run_counts.triggers
+-- Each change of a run's state, told to the writer (SqliteStore._counted) as the
+-- statement makes it, whichever statement that is (ingest, claim, outcome, lease
+-- recovery, replay, retention's removal). TEMP: this connection's alone, never
+-- stored, so another program that opens the file writes runs without them.
+CREATE TEMP TRIGGER IF NOT EXISTS run_counted_insert AFTER INSERT ON main.runs
+BEGIN SELECT agentbox_run_counted(NULL, NEW.status); END;
+CREATE TEMP TRIGGER IF NOT EXISTS run_counted_update AFTER UPDATE OF status ON main.runs
+WHEN OLD.status IS NOT NEW.status
+BEGIN SELECT agentbox_run_counted(OLD.status, NEW.status); END;
+CREATE TEMP TRIGGER IF NOT EXISTS run_counted_delete AFTER DELETE ON main.runs
+BEGIN SELECT agentbox_run_counted(OLD.status, NULL); END;
 
 -- name: runs_of_key
 SELECT r.run_id, r.agent, r.status FROM idempotency_keys k

@@ -9,7 +9,6 @@ row, PostgreSQL a whole batch's events in one statement.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -33,7 +32,7 @@ from agentbox.store.records import (
     Transition,
 )
 from agentbox.store.subscriptions import queue_event, routed
-from agentbox.store.writer import Batch, Db, answer
+from agentbox.store.writer import Batch, Db, Kept, answer
 
 LOOP_DETECTED = "loop_detected"
 
@@ -93,11 +92,6 @@ class Ingest:
                                    status=RunStatus.ACCEPTED))
         return NewEvent(env=self.event.envelope, body=self.body, expires_at=self.expires_at,
                         runs=tuple(runs), webhook_id=self.webhook_id)
-
-
-# A run an app keeps a value of: run_id, the value (what JSON holds), its event's
-# source, its acceptance.
-Kept = tuple[str, Any, str, float]
 
 
 def ingest_batch(db: Db, state: Batch, items: Sequence[Ingest]) -> list[tuple[bool, Any]]:
@@ -181,7 +175,7 @@ def _kept_by_apps(db: Db, state: Batch, stored: Sequence[tuple[Event, NewEvent]]
         if state.kept is not None:
             state.kept[index] += rows
         else:
-            _write_kept(db, state.keeps[index][1], rows)
+            db.keep_runs(state.keeps[index][1], rows)
 
 
 def write_kept(db: Db, state: Batch) -> None:
@@ -193,17 +187,8 @@ def write_kept(db: Db, state: Batch) -> None:
         return
     for (_, statements), rows in zip(state.keeps, state.kept, strict=True):
         if rows:
-            _write_kept(db, statements, rows)
+            db.keep_runs(statements, rows)
     state.kept = [[] for _ in state.keeps]
-
-
-def _write_kept(db: Db, statements: Sequence[str], rows: list[Kept]) -> None:
-    """An app's statements for `rows`, given as one JSON array (`:rows`): a statement
-    reads it in one pass, where lists joined by position cost a pass per row on
-    SQLite."""
-    params = {"rows": json.dumps(rows, separators=(",", ":"))}
-    for statement in statements:
-        db.run_text(statement, params)
 
 
 def _route(db: Db, state: Batch, item: Ingest) -> None:

@@ -82,7 +82,7 @@ from agentbox.store.schema import (
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Db, Queued, log
+from agentbox.store.writer import Batch, Db, Kept, Queued, log
 
 SQL = load("postgres")
 
@@ -125,6 +125,13 @@ class PgDb:
 
     def array(self, values: Sequence[Any], /) -> list[Any]:
         return list(values)
+
+    def keep_runs(self, statements: Sequence[str], rows: Sequence[Kept], /) -> None:
+        """Each statement once for all the runs, set-wise: `%(rows)s`, one JSON array
+        of [run_id, value, source, accepted_at]."""
+        params = {"rows": json.dumps(rows, separators=(",", ":"))}
+        for statement in statements:
+            self.conn.execute(statement, params)
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
         """One statement for the batch's events: `store_events` (queries/postgres/ingest.sql)."""

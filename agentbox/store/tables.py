@@ -54,8 +54,10 @@ class Schema:
 
     `keeps(event)`: a value the app keeps of each event stored (what JSON holds), or
     None; its statements `keep_runs` and `keep_runs.<name>` run in the ingest's
-    transaction, once for its events, with `:rows` (a JSON array: per run of an
-    event that gave a value, [run_id, value, source, accepted_at]). `run_fields`:
+    transaction for the runs of the events that gave one (Db.keep_runs: on SQLite
+    once per run, with :run_id, :source, :accepted_at and :value or the object's
+    fields by name; on PostgreSQL once, with %(rows)s, a JSON array of [run_id,
+    value, source, accepted_at]). `run_fields`:
     fields the app adds to a run's view, each the statement `run_field.<name>` (an
     expression over the run `r`). `filters`: the run search's
     filters the app brings, each the statement `search_runs.<name>` (a condition on

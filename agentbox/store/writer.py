@@ -53,6 +53,11 @@ class Cursor(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
+# A run an app keeps a value of: run_id, the value (what JSON holds), its event's
+# source, its acceptance.
+Kept = tuple[str, Any, str, float]
+
+
 class Db(Protocol):
     """An engine's connection as the operations see it: named statements with
     keyword parameters, and the two writes of the hot path, which each engine
@@ -68,6 +73,12 @@ class Db(Protocol):
 
     def array(self, values: Sequence[Any], /) -> Any:
         """A list as this engine's statements take one as a parameter."""
+        ...
+
+    def keep_runs(self, statements: Sequence[str], rows: Sequence[Kept], /) -> None:
+        """An app's `keep_runs` statements (store/tables.py's Schema.keeps) for these
+        runs, each engine its way: SQLite runs each once per run, PostgreSQL once for
+        them all (docs/apps.md)."""
         ...
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:

@@ -174,38 +174,23 @@ INSERT INTO removed_projects (project, removed_at) VALUES (:project, :now)
 ON CONFLICT (project) DO UPDATE SET removed_at = excluded.removed_at
 
 -- name: keep_runs
--- Each run's project, in the transaction that stores its event, one statement for
--- the batch's events (:rows, each run's [run_id, what the review keeps, source,
--- accepted_at]; Schema.keeps: an object of the event's payload.project_id, NFC, and
--- for a render the size and SHA-256 its admission read).
+-- Each run's project, in the transaction that stores its event, once per run (its
+-- :run_id; Schema.keeps kept an object: :project, the event's payload.project_id,
+-- NFC, and for a render :size and :sha256, the bytes its admission read).
 INSERT INTO run_projects (run_id, project, size, sha256)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1].project'),
-       json_extract(value, '$[1].size'), json_extract(value, '$[1].sha256')
-FROM json_each(:rows)
-WHERE true
+VALUES (:run_id, :project, :size, :sha256)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: keep_runs.summary
--- The batch's exports in the kept summary (version 4), one row per project by the
--- name it goes by now: counted, and its latest if it came after the one the summary
--- holds. A re-judgment (source agentbox.rejudge) is no export of its own (version 5).
+-- The export in the kept summary (version 4), one row per project by the name it goes
+-- by now: counted, and the latest if it came after the one the summary holds. A
+-- re-judgment (source agentbox.rejudge) is no export of its own (version 5).
 INSERT INTO project_summary (project, run_id, accepted_at, exports)
-SELECT project, run_id, accepted_at, exports FROM (
-    SELECT project, run_id, accepted_at, count(*) OVER (PARTITION BY project) AS exports,
-           row_number() OVER (PARTITION BY project
-                              ORDER BY accepted_at DESC, run_id DESC) AS n
-    FROM (
-        SELECT COALESCE((SELECT a.project FROM project_aliases a
-                         WHERE a.name = json_extract(k.value, '$[1].project')),
-                        json_extract(k.value, '$[1].project')) AS project,
-               json_extract(k.value, '$[0]') AS run_id,
-               json_extract(k.value, '$[3]') AS accepted_at
-        FROM json_each(:rows) k
-        WHERE json_extract(k.value, '$[2]') IS NOT 'agentbox.rejudge'
-    )
-) WHERE n = 1
+SELECT COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = :project), :project),
+       :run_id, :accepted_at, 1
+WHERE :source IS NOT 'agentbox.rejudge'
 ON CONFLICT (project) DO UPDATE SET
-    exports = exports + excluded.exports,
+    exports = exports + 1,
     run_id = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)
                   THEN excluded.run_id ELSE run_id END,
     accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)

@@ -92,18 +92,20 @@ def _by_position(sql: str) -> tuple[str, tuple[str, ...]]:
     return _PARAMETER.sub(number, sql), tuple(names)
 
 
+# The parameters the engine gives every `keep_runs` statement: their place in a Kept.
+_KEPT_PLACES = {"run_id": 0, "value": 1, "source": 2, "accepted_at": 3}
+
+
 def _kept_values(row: Kept, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """The values of `names` for one run an app keeps a value of (`keep_runs`)."""
-    run_id, value, source, accepted_at = row
-    fields = value if isinstance(value, dict) else {}
-    given = {"run_id": run_id, "source": source, "accepted_at": accepted_at,
-             "value": json.dumps(value) if isinstance(value, dict | list) else value}
-    return tuple(given[name] if name in given else _bindable(fields.get(name))
+    """The values of `names` for one run an app keeps a value of (`keep_runs`): the
+    engine's four, else a field of the kept object (None where it has none)."""
+    fields = row[1] if isinstance(row[1], dict) else {}
+    return tuple(_bindable(row[_KEPT_PLACES[name]] if name in _KEPT_PLACES else fields.get(name))
                  for name in names)
 
 
 def _bindable(value: Any) -> Any:
-    """A field of a kept object as SQLite takes it: a list or an object as JSON text."""
+    """A value as SQLite takes it: a list or an object as JSON text."""
     return json.dumps(value) if isinstance(value, dict | list) else value
 
 

@@ -78,10 +78,16 @@ def positional(name: str, order: str) -> str:
     return _PARAMETER.sub(lambda found: f"?{names.index(found[1]) + 1}", sql)
 
 
+# The parameters the engine gives every `keep_runs` statement: their place in a Kept.
+_KEPT_PLACES = {"run_id": 0, "value": 1, "source": 2, "accepted_at": 3}
+
+
 @functools.lru_cache(maxsize=64)
-def _by_position(sql: str) -> tuple[str, tuple[str, ...]]:
-    """An app's statement with its named parameters bound by position, and their
-    names in that order (its text is the cache's key: an app's statements are few)."""
+def _by_position(sql: str) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """An app's statement with its named parameters bound by position, and where
+    each one's value is found: (its place in a Kept, or -1 for a field of the kept
+    object, its name), in that order (the text is the cache's key: an app's
+    statements are few)."""
     names: list[str] = []
 
     def number(found: re.Match[str]) -> str:
@@ -89,24 +95,20 @@ def _by_position(sql: str) -> tuple[str, tuple[str, ...]]:
             names.append(found[1])
         return f"?{names.index(found[1]) + 1}"
 
-    return _PARAMETER.sub(number, sql), tuple(names)
+    sql = _PARAMETER.sub(number, sql)
+    return sql, tuple((_KEPT_PLACES.get(name, -1), name) for name in names)
 
 
-# The parameters the engine gives every `keep_runs` statement: their place in a Kept.
-_KEPT_PLACES = {"run_id": 0, "value": 1, "source": 2, "accepted_at": 3}
-
-
-def _kept_values(row: Kept, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """The values of `names` for one run an app keeps a value of (`keep_runs`): the
-    engine's four, else a field of the kept object (None where it has none)."""
+def _kept_values(row: Kept, plan: tuple[tuple[int, str], ...]) -> tuple[Any, ...]:
+    """The values a `keep_runs` statement takes for one run: the engine's four, else
+    a field of the kept object (None where it has none); a list or an object as
+    JSON text."""
     fields = row[1] if isinstance(row[1], dict) else {}
-    return tuple(_bindable(row[_KEPT_PLACES[name]] if name in _KEPT_PLACES else fields.get(name))
-                 for name in names)
-
-
-def _bindable(value: Any) -> Any:
-    """A value as SQLite takes it: a list or an object as JSON text."""
-    return json.dumps(value) if isinstance(value, dict | list) else value
+    values = [row[place] if place >= 0 else fields.get(name) for place, name in plan]
+    for i, value in enumerate(values):
+        if isinstance(value, dict | list):
+            values[i] = json.dumps(value)
+    return tuple(values)
 
 
 # The hot path's statements, bound by position.
@@ -150,8 +152,8 @@ class SqliteDb:
         Row by row costs SQLite less than one pass over a JSON array of the runs: no
         text to parse, no table-valued function to start."""
         for statement in statements:
-            sql, names = _by_position(statement)
-            self.conn.executemany(sql, [_kept_values(row, names) for row in rows])
+            sql, plan = _by_position(statement)
+            self.conn.executemany(sql, [_kept_values(row, plan) for row in rows])
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
         """Row by row: the event, its key (nothing kept when the key is taken), its runs."""
@@ -242,7 +244,7 @@ class SqliteStore(SqlStore):
         # committed transaction changed (`_counting`, told by the writer's triggers as
         # its statements run, undone with a savepoint's or a transaction's rollback).
         self.run_counts: Counter[str] = Counter()
-        self._counting: Counter[str] = Counter()
+        self._counting: dict[str, int] = {}
 
     @property
     def description(self) -> str:
@@ -498,10 +500,11 @@ class SqliteStore(SqlStore):
     def _counted(self, was: str | None, now: str | None) -> None:
         """A run's state changed in the writer's transaction (its TEMP triggers): kept
         in `_counting` until the transaction commits."""
+        counting = self._counting  # a dict: a Counter reads a missing key in Python
         if was is not None:
-            self._counting[was] -= 1
+            counting[was] = counting.get(was, 0) - 1
         if now is not None:
-            self._counting[now] += 1
+            counting[now] = counting.get(now, 0) + 1
 
     @staticmethod
     def _run_ops(db: SqliteDb, state: Batch,

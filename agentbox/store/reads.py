@@ -242,12 +242,12 @@ class Reads(abc.ABC):
     async def _count_runs(self) -> dict[str, Any]:
         counts = {s.value: 0 for s in RunStatus}
         rows = await self._rows(self.sql["status_counts"])
-        counts.update(self.runs_by_state(rows))
+        counts.update(self._runs_by_state(rows))
         oldest = rows[0]["oldest_waiting"] if rows else None
         return {"runs": counts, "oldest_waiting_accepted_at": iso(oldest),
                 "active": sum(counts[s] for s in ACTIVE)}
 
-    def runs_by_state(self, rows: Sequence[Mapping[str, Any]]) -> Mapping[str, int]:
+    def _runs_by_state(self, rows: Sequence[Mapping[str, Any]]) -> Mapping[str, int]:
         """The runs by state, from `status_counts`' rows (a row per state: PostgreSQL's
         run_counts); a store that keeps them itself (SQLite's writer) answers its own."""
         return {row["status"]: row["runs"] for row in rows}

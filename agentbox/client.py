@@ -697,13 +697,23 @@ class Client:
                              "message": f"No run id starts with {one_line(ref)[:100]!r}."})
 
     def _latest_export(self, project: str, history: bool) -> RunDetail:
+        """The project's latest export; for a project with none (each file it was
+        sent could not be reviewed: no audio, no export), its latest run, as
+        `agentbox runs` lists it under that project."""
         try:
-            latest = self.exports(project, limit=1).exports[0]
-        except NotFound:
-            raise NotFound(404, {"error_code": "not_found", "message": (
-                f"No run id starts with {one_line(project)[:100]!r}, and no project "
-                "has that name.")}) from None
-        return self.run(latest.run_id, history=history)
+            export = self.exports(project, limit=1).exports[0]
+        except NotFound:  # no export (the export's run gone by retention is another 404)
+            export = None
+        if export is not None:
+            return self.run(export.run_id, history=history)
+        # Checked by its `project`: an agentbox without the review ignores the filter.
+        latest = [run for run in self.runs(1, project=project).runs
+                  if run.get("project") == project]
+        if latest:
+            return self.run(latest[0].run_id, history=history)
+        raise NotFound(404, {"error_code": "not_found", "message": (
+            f"No run id starts with {one_line(project)[:100]!r}, and no project "
+            "has that name.")})
 
     def runs(self, limit: int = 50, status: str | None = None,
              **filters: str) -> RunList:

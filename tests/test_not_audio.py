@@ -99,6 +99,26 @@ def test_a_file_that_is_not_audio_is_no_export_of_its_project_and_is_dismissed(
     assert [e["run_id"] for e in listed()] == [export]  # dismissed: still no export
 
 
+def test_show_names_a_project_whose_only_file_was_not_audio_by_that_file(
+        server_factory: Any, tmp_path: Path) -> None:
+    """`agentbox runs` lists such a file under its project; `agentbox show PROJECT`
+    finds it there (its latest run: the project has no export), and a name no run
+    carries is still not found."""
+    server = server_factory({"AGENTBOX_AGENTS": ""}).start()
+    notes = tmp_path / "notes.wav"
+    notes.write_text("a text file, named as a render\n")
+    sent = agentbox(server, "send", str(notes), "--project", "Junk", "--wait")
+    assert sent.returncode == 4, sent.stderr  # the run failed: not audio
+    listed = agentbox(server, "runs")
+    assert any("Junk" in line and "couldn't review" in line
+               for line in listed.stdout.splitlines()), listed.stdout
+    shown = agentbox(server, "show", "Junk")
+    assert shown.returncode == 0, shown.stderr
+    assert "notes.wav: couldn't review" in shown.stdout and "mix_unreadable" in shown.stdout
+    missing = agentbox(server, "show", "No Such Project")
+    assert missing.returncode == 1 and "no project has that name" in missing.stderr
+
+
 def test_a_render_in_a_watched_folder_that_holds_no_audio_leaves_the_latest_as_it_was(
         server_factory: Any, tmp_path: Path) -> None:
     """The server's watched folder: a render written again as nothing a DAW could play

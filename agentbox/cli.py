@@ -983,9 +983,11 @@ def runs(url: str | None, status: str | None, limit: int, as_json: bool,
 
 
 def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str,
-                table: Callable[[list[dict[str, Any]]], list[str]] | None = None) -> None:
+                table: Callable[[list[dict[str, Any]], int], list[str]] | None = None
+                ) -> None:
     """The runs found, as sent, as JSON or a table (terminal.runs_table, unless
-    another): no model built, so listing never imports pydantic."""
+    another) as wide as the terminal: no model built, so listing never imports
+    pydantic."""
     from agentbox import terminal
 
     if as_json:
@@ -993,7 +995,8 @@ def _print_runs(found: list[dict[str, Any]], as_json: bool, empty: str,
     elif not found:
         click.echo(empty)
     else:
-        click.echo("\n".join((table or terminal.runs_table)(found)))
+        width = terminal.terminal_width(sys.stdout.isatty())
+        click.echo("\n".join((table or terminal.runs_table)(found, width)))
 
 
 @main.command("dead-letters")

@@ -12,7 +12,9 @@ at the end. Another agent's run is told in its own terms.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 # Both are read by name: run["status"], run.get("result").
 Run: TypeAlias = "Mapping[str, Any] | RunView"
 
-WIDTH = 100  # `agentbox runs` fits a terminal this wide
+WIDTH = 100  # `agentbox runs` fits a terminal this wide (a narrower one: its own width)
 SHORT_ID_DIGITS = 10  # at least: run ids 256 ms apart differ in them
 MIX_REVIEW_AGENTS = frozenset({MIX_REVIEW, FORMER_MIX_REVIEW})
 
@@ -95,8 +97,10 @@ OUTCOME_WORDS = {"reviewing": "reviewing…", "waiting": "render unfinished",
                  "failed": "couldn't review", "done": "no review"}
 RUN_COLUMNS = ("WHEN", "PROJECT", "FILE", "REVIEW", "LUFS", "PEAK", "LRA", "ID")
 WHY_COLUMNS = ("WHEN", "PROJECT", "FILE", "WHY", "ID")
-SHRINKING = ("FILE", "PROJECT", "WHY")  # cut short (…) to fit WIDTH, the widest first
-MIN_SHRUNK = 12
+SHRINKING = ("FILE", "PROJECT", "WHY")  # cut short (…) to fit the width, the widest first
+# Narrower, a name is cut too short to tell apart: 80 columns (a terminal's default
+# on macOS and Windows) leave the names of `agentbox runs` 9 columns each.
+MIN_SHRUNK = 8
 NAMES = ("PROJECT", "FILE")  # cut in the middle; a sentence, at its end
 
 
@@ -146,22 +150,22 @@ def _common(a: str, b: str) -> int:
                 min(len(a), len(b)))
 
 
-def runs_table(found: Sequence[Mapping[str, Any]]) -> list[str]:
+def runs_table(found: Sequence[Mapping[str, Any]], width: int = WIDTH) -> list[str]:
     """`agentbox runs`: newest first, when, project, file, the verdict (or what became
-    of the export) and the headline figures, and a short id; WIDTH columns at most.
+    of the export) and the headline figures, and a short id; `width` columns at most.
     Each run as agentbox sent it (Client.runs_json)."""
     ids = short_ids([run["run_id"] for run in found])
     rows = [(*_where(run), verdict_word(run),
              figure(run, "integrated_lufs"), figure(run, "true_peak_dbtp", signed=True),
              figure(run, "loudness_range_lu"), ids[run["run_id"]]) for run in found]
-    return table(RUN_COLUMNS, rows, right=("LUFS", "PEAK", "LRA"))
+    return table(RUN_COLUMNS, rows, right=("LUFS", "PEAK", "LRA"), width=width)
 
 
-def why_table(found: Sequence[Mapping[str, Any]]) -> list[str]:
+def why_table(found: Sequence[Mapping[str, Any]], width: int = WIDTH) -> list[str]:
     """`agentbox dead-letters`: when, project, file, why it failed, a short id."""
     ids = short_ids([run["run_id"] for run in found])
     rows = [(*_where(run), why(run), ids[run["run_id"]]) for run in found]
-    return table(WHY_COLUMNS, rows)
+    return table(WHY_COLUMNS, rows, width=width)
 
 
 def _where(run: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -171,20 +175,20 @@ def _where(run: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]],
-          right: tuple[str, ...] = ()) -> list[str]:
-    """Columns two spaces apart, the widest cut short (…) until the lines fit WIDTH
+          right: tuple[str, ...] = (), width: int = WIDTH) -> list[str]:
+    """Columns two spaces apart, the widest cut short (…) until the lines fit `width`
     columns of a terminal (where an emoji or a CJK character takes two)."""
     widths = [max(columns(row[i]) for row in [header, *rows]) for i in range(len(header))]
     shrinking = [header.index(name) for name in SHRINKING if name in header]
-    while sum(widths) + 2 * (len(widths) - 1) > WIDTH:
+    while sum(widths) + 2 * (len(widths) - 1) > width:
         widest = max(shrinking, key=lambda i: widths[i])
         if widths[widest] <= MIN_SHRUNK:
             break
         widths[widest] -= 1
 
     def cells(row: tuple[str, ...]) -> str:
-        return "  ".join(_fit(cell, width, header[i], header[i] in right)
-                         for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(_fit(cell, room, header[i], header[i] in right)
+                         for i, (cell, room) in enumerate(zip(row, widths, strict=True)))
 
     return [cells(header).rstrip(), *(cells(row).rstrip() for row in rows)]
 
@@ -264,6 +268,14 @@ def _hang(text: str, width: int) -> str:
     indent = len(text) - len(text.lstrip(" "))
     gaps = [gap.end() for gap in COLUMN_GAP.finditer(text, indent, int(width * HANGING_SHARE))]
     return " " * (gaps[-1] if gaps else indent + 2)
+
+
+def terminal_width(interactive: bool) -> int:
+    """How wide `agentbox runs` may print: a terminal's own width up to WIDTH (COLUMNS
+    when set), WIDTH into a pipe or a file, so that what a script reads stays put."""
+    if not interactive and "COLUMNS" not in os.environ:
+        return WIDTH
+    return max(1, min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns))
 
 
 def needs_pager(lines: list[str], height: int, interactive: bool) -> bool:

@@ -152,7 +152,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from agentbox.models import RunDetail  # noqa: E402
 from agentbox.review.figures import local_time  # noqa: E402
-from agentbox.terminal import columns, runs_table, short_ids, why_table  # noqa: E402
+from agentbox.terminal import (  # noqa: E402
+    columns,
+    runs_table,
+    short_ids,
+    terminal_width,
+    why_table,
+)
 from tests.support.runs import made_run  # noqa: E402
 
 REVIEW_AGENT = "agentbox.review.agent:mix_review"
@@ -192,6 +198,31 @@ def test_runs_fit_a_hundred_columns_with_people_s_words() -> None:
     why = why_table(found[3:])
     assert "couldn't review: the file is empty — export" in why[1]
     assert "boom: it broke" in why[2] and max(map(len, why)) <= 100
+
+
+def test_a_terminal_of_eighty_columns_gets_a_table_of_eighty() -> None:
+    """macOS's and Windows' terminals open 80 columns wide: the names are cut to fit
+    (in the middle, so a name's end still tells it apart), the figures are whole."""
+    review = {"verdict": "pass", "metrics": {"integrated_lufs": -14.04,
+                                             "true_peak_dbtp": -1.2, "loudness_range_lu": 6.0}}
+    long = "A Very Long Project Name That Goes On (final final mix, v12)"
+    found = [made_up("run_01a244c7add23235bf0f74bd7ba92cfb", result=review, project=long),
+             made_up("run_01a244c70000aaaabf0f74bd7ba92cfb", status="failed_permanent",
+                     error_code="mix_unreadable", error_message="the file is empty (0 bytes)")]
+    lines = runs_table(found, width=80)
+    assert max(map(columns, lines)) <= 80, lines
+    assert "-14.0  -1.2  6.0" in lines[1] and "v12)" in lines[1] and "…" in lines[1]
+    assert max(map(columns, why_table(found, width=80))) <= 80
+
+
+def test_the_width_is_the_terminal_s_and_a_pipe_s_stays_put(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert terminal_width(False) == 100  # into a pipe or a file: what a script reads
+    monkeypatch.setenv("COLUMNS", "72")
+    assert terminal_width(False) == terminal_width(True) == 72
+    monkeypatch.setenv("COLUMNS", "200")
+    assert terminal_width(True) == 100  # never wider than the table needs
 
 
 def test_a_name_with_wide_characters_keeps_the_columns_in_line() -> None:

@@ -68,3 +68,31 @@ async def test_a_bad_page_query_is_422(box: InProcess, query: dict[str, str]) ->
     response = await box.client.get("/subscriptions", headers=AUTH, params=query)
     assert response.status_code == 422, response.text
     assert response.json()["error_code"] == "invalid_query"
+
+
+@pytest.mark.parametrize("body", [b"\r", b"  \n", b"null", b"[]", b"{"])
+async def test_a_refresh_whose_body_is_no_json_object_is_422_and_changes_nothing(
+        tmp_path: Any, body: bytes) -> None:
+    """No body at all is a refresh with the default time to live; blanks, or JSON
+    that is no object, are refused (schemathesis sent a lone carriage return, and it
+    was taken for no body)."""
+    async with in_process(tmp_path, AGENTBOX_SUBSCRIPTION_ALLOWED=ORIGIN) as box:
+        made = (await subscribe(box)).json()
+        path = f"/subscriptions/{made['id']}/refresh"
+        json_type = {**AUTH, "Content-Type": "application/json"}
+        refused = await box.client.post(path, headers=json_type, content=body)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error_code"] == "invalid_request"
+        assert (await listed(box))["subscriptions"][0]["expires_at"] == made["expires_at"]
+        assert (await box.client.post(path, headers=AUTH)).status_code == 200
+
+
+@pytest.mark.parametrize("body", [b"\r", b" ", b"[]"])
+async def test_a_prune_whose_body_is_no_json_object_is_422(tmp_path: Any,
+                                                           body: bytes) -> None:
+    async with in_process(tmp_path) as box:
+        refused = await box.client.post("/prune", content=body, headers={
+            **AUTH, "Content-Type": "application/json"})
+        assert refused.status_code == 422, refused.text
+        dry = await box.client.post("/prune", headers=AUTH, json={"dry_run": True})
+        assert dry.status_code == 200, dry.text

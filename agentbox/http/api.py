@@ -222,7 +222,7 @@ class RunsApi:
             return token_required()
         try:
             raw = await small_body(request)
-            body = json.loads(raw) if raw.strip() else {}
+            body = json.loads(raw) if raw else {}  # blanks are no JSON: 422
             dry_run = body.get("dry_run", False) if isinstance(body, dict) else None
             if not isinstance(dry_run, bool):
                 raise ValueError

@@ -215,7 +215,7 @@ async def _json_object(request: Request, expected: str, empty_ok: bool = False
     """The request's JSON object; else Invalid, saying what the route takes (`expected`)."""
     try:
         raw = await small_body(request)
-        if empty_ok and not raw.strip():
+        if empty_ok and not raw:  # no body; a body of blanks is no JSON (422)
             return {}
         fields = json.loads(raw)
     except (ValueError, RecursionError, ClientDisconnect, UnicodeDecodeError):

@@ -75,6 +75,11 @@ def positional(name: str, order: str) -> str:
     sql = SQL[name]
     if sorted(set(_PARAMETER.findall(sql))) != sorted(names) or len(set(names)) != len(names):
         raise AssertionError(f"{name} takes {sorted(set(_PARAMETER.findall(sql)))}, not {names}")
+    return _numbered(sql, names)
+
+
+def _numbered(sql: str, names: Sequence[str]) -> str:
+    """`sql` with each named parameter `:name` as `?N`, N its place in `names`."""
     return _PARAMETER.sub(lambda found: f"?{names.index(found[1]) + 1}", sql)
 
 
@@ -88,15 +93,8 @@ def _by_position(sql: str) -> tuple[str, tuple[tuple[int, str], ...]]:
     each one's value is found: (its place in a Kept, or -1 for a field of the kept
     object, its name), in that order (the text is the cache's key: an app's
     statements are few)."""
-    names: list[str] = []
-
-    def number(found: re.Match[str]) -> str:
-        if found[1] not in names:
-            names.append(found[1])
-        return f"?{names.index(found[1]) + 1}"
-
-    sql = _PARAMETER.sub(number, sql)
-    return sql, tuple((_KEPT_PLACES.get(name, -1), name) for name in names)
+    names = list(dict.fromkeys(_PARAMETER.findall(sql)))  # each once, in order
+    return _numbered(sql, names), tuple((_KEPT_PLACES.get(name, -1), name) for name in names)
 
 
 def _kept_values(row: Kept, plan: tuple[tuple[int, str], ...]) -> tuple[Any, ...]:
@@ -405,7 +403,7 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         changes = conn.total_changes
-        self._counting.clear()
+        self._counting.clear()  # what a failed batch before left is none of this one's
         state = Batch(self._active, self.keeps, gather=True)
         db = SqliteDb(conn)
         durable = any(queued.durable for queued in batch)
@@ -438,7 +436,6 @@ class SqliteStore(SqlStore):
                 conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:
             _rollback(conn)
-            self._counting.clear()
             error = self._refused(_storage_reason(exc))
             return [(False, error)] * len(batch)
         self.run_counts.update(self._counting)
@@ -463,7 +460,6 @@ class SqliteStore(SqlStore):
 
     async def _abandon(self) -> None:
         _rollback(self._conn)
-        self._counting.clear()
 
     def _same_file(self) -> bool:
         """Is the database file still the one we opened? Deleted or replaced under us,

@@ -51,6 +51,7 @@ import httpx
 from agentbox import config as cfg
 from agentbox import ownership, proof
 from agentbox.logs import one_line
+from agentbox.runs import RunStatus
 from agentbox.signing import RECEIVER_PATH as RECEIVER_PATH  # its name here too, as before
 from agentbox.signing import sign_headers
 
@@ -456,8 +457,7 @@ RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "replays": (_NUMBER, True), "correlation_id": (_TEXT_OR_NULL, True),
     "causation_id": (_TEXT_OR_NULL, True), "hop": (_NUMBER, True),
     "terminal": ((bool,), True), "file": (_TEXT_OR_NULL, False)}
-RUN_STATES = frozenset({"accepted", "processing", "succeeded", "failed_retryable",
-                        "failed_permanent", "dead_lettered"})
+RUN_STATES = frozenset(status.value for status in RunStatus)
 
 
 def listed_runs(answer: Any) -> list[dict[str, Any]] | None:
@@ -721,22 +721,25 @@ class Client:
         parameters (correlation_id=..., discarded="false", prefix=...)."""
         from agentbox.models import RunList
 
-        params = {"limit": limit, **({"status": status} if status else {}), **filters}
-        return self._read(RunList, self._get("/runs", params=params))
+        return self._read(RunList, self._runs_answer(limit, status, filters))
 
     def runs_json(self, limit: int = 50, status: str | None = None,
                   **filters: str) -> list[dict[str, Any]]:
         """`runs`, each run the JSON object agentbox sent: checked for RunView's
         fields and their types, no model built (what `agentbox runs` lists, without
         pydantic's import). UnexpectedAnswer, as `runs`, for an answer of another shape."""
-        params = {"limit": limit, **({"status": status} if status else {}), **filters}
-        answer = self._get("/runs", params=params)
+        answer = self._runs_answer(limit, status, filters)
         listed = listed_runs(answer)
         if listed is None:  # the model says what is amiss (or reads what it may)
             from agentbox.models import RunList
 
             listed = [run.as_json() for run in self._read(RunList, answer).runs]
         return listed
+
+    def _runs_answer(self, limit: int, status: str | None, filters: Mapping[str, str]) -> Any:
+        """GET /runs's JSON answer, as `runs` and `runs_json` ask it."""
+        params = {"limit": limit, **({"status": status} if status else {}), **filters}
+        return self._get("/runs", params=params)
 
     @overload
     def follow(self, run_id: str, timeout: float = DEFAULT_FOLLOW_SECONDS, *,

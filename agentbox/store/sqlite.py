@@ -21,8 +21,9 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,26 +88,70 @@ def _numbered(sql: str, names: Sequence[str]) -> str:
 _KEPT_PLACES = {"run_id": 0, "value": 1, "source": 2, "accepted_at": 3}
 
 
+@dataclass(frozen=True)
+class _Keeping:
+    """An app's `keep_runs` statement as the writer runs it: its text with the named
+    parameters bound by position, `bind` (a run's values, in that order), and, for a
+    statement that takes `:runs`, that parameter's place and those of `:run_id` and
+    `:accepted_at` (which pick the latest run of a group: `_kept_rows`)."""
+
+    sql: str
+    bind: Callable[[Kept], list[Any]]
+    runs: int = -1
+    latest: tuple[int, ...] = ()
+
+
+def _text(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, dict | list) else value
+
+
 @functools.lru_cache(maxsize=64)
-def _by_position(sql: str) -> tuple[str, tuple[tuple[int, str], ...]]:
-    """An app's statement with its named parameters bound by position, and where
-    each one's value is found: (its place in a Kept, or -1 for a field of the kept
-    object, its name), in that order (the text is the cache's key: an app's
-    statements are few)."""
+def _keeping(sql: str) -> _Keeping:
+    """An app's statement, made ready once (its text is the cache's key: an app's
+    statements are few). Its values for a run: the engine's four, a field of the
+    kept object by name (None where it has none), a list or an object as JSON text;
+    `:runs` 1. `bind` is written for the statement's parameters (as
+    collections.namedtuple writes its class): a run's values are one call, where a
+    loop over the parameters cost more than SQLite's insert."""
     names = list(dict.fromkeys(_PARAMETER.findall(sql)))  # each once, in order
-    return _numbered(sql, names), tuple((_KEPT_PLACES.get(name, -1), name) for name in names)
+    places = [_KEPT_PLACES.get(name) for name in names]
+    values = ["1" if name == "runs" else
+              f"row[{place}]" if place in (0, 2, 3) else
+              "_text(row[1])" if place == 1 else f"_text(fields.get({name!r}))"
+              for name, place in zip(names, places, strict=True)]
+    source = ("def bind(row):\n"
+              "    fields = row[1] if isinstance(row[1], dict) else _NOTHING\n"
+              f"    return [{', '.join(values)}]\n")
+    scope: dict[str, Any] = {"_text": _text, "_NOTHING": {}}
+    exec(source, scope)
+    if "runs" not in names:
+        return _Keeping(_numbered(sql, names), scope["bind"])
+    return _Keeping(_numbered(sql, names), scope["bind"], names.index("runs"),
+                    tuple(i for i, place in enumerate(places) if place in (0, 3)))
 
 
-def _kept_values(row: Kept, plan: tuple[tuple[int, str], ...]) -> tuple[Any, ...]:
-    """The values a `keep_runs` statement takes for one run: the engine's four, else
-    a field of the kept object (None where it has none); a list or an object as
-    JSON text."""
-    fields = row[1] if isinstance(row[1], dict) else {}
-    values = [row[place] if place >= 0 else fields.get(name) for place, name in plan]
-    for i, value in enumerate(values):
-        if isinstance(value, dict | list):
-            values[i] = json.dumps(value)
-    return tuple(values)
+def _kept_rows(rows: Sequence[Kept], keeping: _Keeping) -> list[list[Any]]:
+    """A `keep_runs` statement's rows: one per run; or, when it takes `:runs`, one
+    per distinct set of its other values (all but `:run_id` and `:accepted_at`),
+    that of the latest of those runs (by `accepted_at`, then `run_id`) with `:runs`
+    their number: a statement that counts (the review's summary of a project) then
+    runs once per project a transaction names, not once per export."""
+    bind = keeping.bind
+    if keeping.runs < 0:
+        return [bind(row) for row in rows]
+    runs, skip = keeping.runs, {keeping.runs, *keeping.latest}
+    groups: dict[tuple[Any, ...], tuple[tuple[float, str], list[Any]]] = {}
+    for row in rows:
+        values = bind(row)
+        key = tuple(value for i, value in enumerate(values) if i not in skip)
+        held = groups.get(key)
+        if held is not None:
+            values[runs] = held[1][runs] + 1
+            if (row[3], row[0]) < held[0]:
+                held[1][runs] = values[runs]
+                continue
+        groups[key] = ((row[3], row[0]), values)
+    return [values for _, values in groups.values()]
 
 
 # The hot path's statements, bound by position.
@@ -146,12 +191,13 @@ class SqliteDb:
     def keep_runs(self, statements: Sequence[str], rows: Sequence[Kept], /) -> None:
         """Each statement once per run (executemany): `:run_id`, `:source`,
         `:accepted_at`, and what the app kept, `:value`, or each field of an object by
-        its name (`:project`; a field the object lacks is NULL), bound by position.
+        its name (`:project`; a field the object lacks is NULL), bound by position;
+        a statement that takes `:runs` once per set of its other values (`_kept_rows`).
         Row by row costs SQLite less than one pass over a JSON array of the runs: no
         text to parse, no table-valued function to start."""
         for statement in statements:
-            sql, plan = _by_position(statement)
-            self.conn.executemany(sql, [_kept_values(row, plan) for row in rows])
+            keeping = _keeping(statement)
+            self.conn.executemany(keeping.sql, _kept_rows(rows, keeping))
 
     def store_events(self, items: Sequence[NewEvent], now: float) -> list[bool]:
         """Row by row: the event, its key (nothing kept when the key is taken), its runs."""

@@ -56,7 +56,8 @@ class Schema:
     None; its statements `keep_runs` and `keep_runs.<name>` run in the ingest's
     transaction for the runs of the events that gave one (Db.keep_runs: on SQLite
     once per run, with :run_id, :source, :accepted_at and :value or the object's
-    fields by name; on PostgreSQL once, with %(rows)s, a JSON array of [run_id,
+    fields by name, or, taking :runs, once per set of its other values, bound to the
+    latest run; on PostgreSQL once, with %(rows)s, a JSON array of [run_id,
     value, source, accepted_at]). `run_fields`:
     fields the app adds to a run's view, each the statement `run_field.<name>` (an
     expression over the run `r`). `filters`: the run search's

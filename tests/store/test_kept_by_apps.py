@@ -12,8 +12,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentbox.store import Store
+from agentbox.store.sqlite import _keeping, _kept_rows
 from tests.store.conftest import Engine
 from tests.store.support import T0, ingest, raw_rows
 from tests.support.keeper import SCHEMA
@@ -62,3 +65,45 @@ def test_a_duplicate_keeps_nothing_more(engine: Engine, keeping: Store,
     first = aio(ingest(keeping, "object-2"))
     again = aio(ingest(keeping, "object-2"))
     assert again.duplicate and list(kept_rows(engine)) == [first.runs[0].run_id]
+
+
+def test_a_statement_that_takes_runs_counts_a_transaction_s_runs_once_per_name(
+        engine: Engine, keeping: Store, aio: Callable[..., Any]) -> None:
+    """`:runs` (SQLite): the statement runs once per distinct set of its other values,
+    bound to the latest of those runs (by accepted_at, then run id); PostgreSQL's
+    statement counts set-wise. Either way the counts and the latest are the same."""
+    async def write(ids: list[str], now: float) -> list[Any]:
+        return await asyncio.gather(*(ingest(keeping, i, now=now) for i in ids))
+
+    first = aio(write(["object-a", "quote-a", "object-b", "scalar-a", "object-c"], T0))
+    later = aio(write(["object-d"], T0 + 5))
+    earlier = aio(write(["quote-b"], T0 - 5))  # counted, but not the latest
+    counts = {row[0]: tuple(row[1:]) for row in raw_rows(
+        engine, "SELECT name, runs, latest, accepted_at FROM kept_counts")}
+    objects = [r.runs[0].run_id for r in first if r.runs[0].run_id in kept_rows(engine)
+               and kept_rows(engine)[r.runs[0].run_id][1] == "n/n"]
+    assert len(objects) == 3
+    assert counts["n"] == (4, later[0].runs[0].run_id, T0 + 5)
+    quote = first[1].runs[0].run_id
+    assert counts["it's"] == (2, quote, T0)
+    assert earlier[0].runs[0].run_id != quote and set(counts) == {"n", "it's"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.sampled_from(["s", "t"]),
+                          st.sampled_from([1.0, 2.0, 3.0])), max_size=12))
+def test_grouped_rows_are_one_per_set_of_values_with_the_latest_run_and_the_count(
+        given_rows: list[tuple[str | None, str, float]]) -> None:
+    """SQLite's `:runs` grouping (sqlite._kept_rows), against counting each run."""
+    keeping = _keeping("INSERT INTO t VALUES (:name, :source, :runs, :run_id, :accepted_at)")
+    rows = [(f"run_{i:03d}", {"name": name}, source, accepted_at)
+            for i, (name, source, accepted_at) in enumerate(given_rows)]
+    expected: dict[tuple[Any, ...], list[Any]] = {}
+    for run_id, value, source, accepted_at in rows:
+        key = (value["name"], source)
+        count, latest = expected.get(key, (0, (0.0, "")))
+        expected[key] = [count + 1, max(latest, (accepted_at, run_id))]
+    grouped = _kept_rows(rows, keeping)
+    assert {(name, source): [runs, (accepted_at, run_id)]
+            for name, source, runs, run_id, accepted_at in grouped} == expected
+    assert len(grouped) == len(expected)

@@ -182,15 +182,17 @@ VALUES (:run_id, :project, :size, :sha256)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: keep_runs.summary
--- The export in the kept summary (version 4), one row per project by the name it goes
--- by now: counted, and the latest if it came after the one the summary holds. A
--- re-judgment (source agentbox.rejudge) is no export of its own (version 5).
+-- The exports in the kept summary (version 4), one row per project by the name it goes
+-- by now: counted, and the latest if it came after the one the summary holds. Run once
+-- per project and source a transaction names (it takes :runs, their number; :run_id
+-- and :accepted_at are the latest of them). A re-judgment (source agentbox.rejudge) is
+-- no export of its own (version 5).
 INSERT INTO project_summary (project, run_id, accepted_at, exports)
 SELECT COALESCE((SELECT a.project FROM project_aliases a WHERE a.name = :project), :project),
-       :run_id, :accepted_at, 1
+       :run_id, :accepted_at, :runs
 WHERE :source IS NOT 'agentbox.rejudge'
 ON CONFLICT (project) DO UPDATE SET
-    exports = exports + 1,
+    exports = exports + excluded.exports,
     run_id = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)
                   THEN excluded.run_id ELSE run_id END,
     accepted_at = CASE WHEN (excluded.accepted_at, excluded.run_id) > (accepted_at, run_id)

@@ -50,6 +50,7 @@ class ReviewApp(App):
         self.web: ReviewPages | None = None
         self._not_audio: NotAudio | None = None
         self._routes: list[BaseRoute] = []
+        self._is_review: dict[str, bool] = {}  # by agent name: the registry never changes
 
     def agents(self) -> Mapping[str, Sequence[str]]:
         return AGENTS
@@ -129,12 +130,16 @@ class ReviewApp(App):
         return api()
 
     def _reviews(self, agent: str) -> bool:
-        """Whether `agent` (a run's, by name) is the mix review: told in a musician's words."""
-        from agentbox.review.agent import mix_review
+        """Whether `agent` (a run's, by name) is the mix review: told in a musician's
+        words. Asked of every run's every change of state: known once per name."""
+        known = self._is_review.get(agent)
+        if known is None:
+            from agentbox.review.agent import mix_review
 
-        assert self.host is not None
-        spec = self.host.registry.get(agent)
-        return spec is not None and spec.function is mix_review
+            assert self.host is not None
+            spec = self.host.registry.get(agent)
+            known = self._is_review[agent] = spec is not None and spec.function is mix_review
+        return known
 
     async def start(self) -> None:
         assert self.archive is not None and self.analysis is not None

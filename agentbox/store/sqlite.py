@@ -169,12 +169,15 @@ _FINISHED_EVENT = positional("finish_runs.event", "event_pk")
 
 
 class SqliteDb:
-    """The writer's connection as the operations see it (`writer.Db`)."""
+    """The writer's connection as the operations see it (`writer.Db`). `counting`:
+    the transaction's changes of runs' states (SqliteStore._counting), which the runs
+    it stores add to themselves (a trigger per row cost more than the insert)."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "counting")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, counting: dict[str, int]) -> None:
         self.conn = conn
+        self.counting = counting
 
     def run(self, name: str, params: Mapping[str, Any] | None = None, /) -> sqlite3.Cursor:
         return self.conn.execute(SQL[name], params or {})
@@ -215,7 +218,9 @@ class SqliteDb:
         if claimed is None:
             self.run("store_events.undo", {"event_pk": event_pk})
             return False
+        counting = self.counting
         for run in item.runs:  # mostly one: execute() costs less than executemany() here
+            counting[run.status] = counting.get(run.status, 0) + 1
             if run.status == "accepted":  # the hot path's statement binds the fewest values
                 conn.execute(_RUN, (run.run_id, event_pk, run.ordinal, run.agent, now))
             elif run.status == "processing":
@@ -451,7 +456,7 @@ class SqliteStore(SqlStore):
         changes = conn.total_changes
         self._counting.clear()  # what a failed batch before left is none of this one's
         state = Batch(self._active, self.keeps, gather=True)
-        db = SqliteDb(conn)
+        db = SqliteDb(conn, self._counting)
         durable = any(queued.durable for queued in batch)
         if not self._same_file():
             assert self.last_error is not None

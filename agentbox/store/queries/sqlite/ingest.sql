@@ -12,11 +12,11 @@ SELECT status, count(*) FROM runs GROUP BY status
 
 -- name: fold_run_counts.triggers
 -- Each change of a run's state, told to the writer (SqliteStore._counted) as the
--- statement makes it, whichever statement that is (ingest, claim, outcome, lease
--- recovery, replay, retention's removal). TEMP: this connection's alone, never
--- stored, so another program that opens the file writes runs without them.
-CREATE TEMP TRIGGER IF NOT EXISTS run_counted_insert AFTER INSERT ON main.runs
-BEGIN SELECT agentbox_run_counted(NULL, NEW.status); END;
+-- statement makes it, whichever statement that is (claim, outcome, lease recovery,
+-- replay, retention's removal). A run stored is counted by the ingest itself
+-- (SqliteDb._store_event: the writer's only INSERT INTO runs), where a trigger cost
+-- some 8,000 instructions a row. TEMP: this connection's alone, never stored, so
+-- another program that opens the file writes runs without them.
 CREATE TEMP TRIGGER IF NOT EXISTS run_counted_update AFTER UPDATE OF status ON main.runs
 WHEN OLD.status IS NOT NEW.status
 BEGIN SELECT agentbox_run_counted(OLD.status, NEW.status); END;

@@ -41,22 +41,12 @@ import uuid
 from pathlib import Path
 
 import httpx
+from bench import free_port
+from store_cost import FEW, MANY, checkouts_of, report
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-FEW, MANY = 200, 1200  # events: their difference is what one event costs
 SECRET = "serve-cost-" + uuid.uuid4().hex
 ADMIN_TOKEN = "serve-cost-admin-" + uuid.uuid4().hex
 START_SECONDS = 900  # a start under callgrind is some fifty times slower than native
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def environment(checkout: Path, data: Path) -> dict[str, str]:
@@ -177,10 +167,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="copy each callgrind profile into this "
                         "folder (callgrind_annotate reads them: where the instructions go)")
     args = parser.parse_args()
-    checkouts = [ROOT, *(path.resolve() for path in args.against)]
+    checkouts = checkouts_of(args.against, "serve_cost")
     for checkout in checkouts:
-        if not (checkout / "agentbox" / "store" / "sqlite.py").is_file():
-            raise SystemExit(f"serve_cost: {checkout} is no checkout of agentbox")
         if not (checkout / "scripts" / "bench_apps.py").is_file():
             raise SystemExit(f"serve_cost: {checkout} has no scripts/bench_apps.py")
     if shutil.which("valgrind") is None:
@@ -191,13 +179,9 @@ def main() -> None:
             few, many = (measured(checkout, n, args.concurrency, args.keep) for n in (FEW, MANY))
             costs[checkout].append((many - few) / (MANY - FEW))
             print(f"  round {turn + 1}: {costs[checkout][-1]:>12,.0f}  {checkout}", flush=True)
-    first = min(costs[ROOT])
-    print(f"instructions per event end to end, {args.concurrency} sent at once "
-          "(received, stored, run, succeeded; the least of the rounds):")
-    for checkout, found in costs.items():
-        name = "this checkout" if checkout == ROOT else str(checkout)
-        ratio = "" if checkout == ROOT else f"   this checkout / it: {first / min(found):.3f}"
-        print(f"  {min(found):>12,.0f}  {name}{ratio}")
+    report({checkout: min(found) for checkout, found in costs.items()},
+           f"instructions per event end to end, {args.concurrency} sent at once (received, "
+           "stored, run, succeeded; the least of the rounds):")
 
 
 if __name__ == "__main__":

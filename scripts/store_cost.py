@@ -114,10 +114,7 @@ def main() -> None:
         sys.path.insert(0, str(args.work))
         work(args.batch, args.events)
         return
-    checkouts = [ROOT, *(path.resolve() for path in args.against)]
-    for checkout in checkouts:
-        if not (checkout / "agentbox" / "store" / "sqlite.py").is_file():
-            raise SystemExit(f"store_cost: {checkout} is no checkout of agentbox")
+    checkouts = checkouts_of(args.against, "store_cost")
     if not args.time and shutil.which("valgrind") is None:
         raise SystemExit("store_cost: counting instructions needs valgrind (apt install "
                          "valgrind); or measure CPU time with --time")
@@ -133,8 +130,23 @@ def main() -> None:
             few, many = (measured(checkout, args.batch, n, True) for n in (FEW, MANY))
             costs[checkout] = (many - few) / (MANY - FEW)
     unit = "CPU µs" if args.time else "instructions"
+    report(costs, f"{unit} per event, {args.batch} events a transaction (stored, claimed, "
+                  "succeeded):")
+
+
+def checkouts_of(against: list[Path], script: str) -> list[Path]:
+    """This checkout, then each `--against` folder: refused unless it holds agentbox."""
+    checkouts = [ROOT, *(path.resolve() for path in against)]
+    for checkout in checkouts:
+        if not (checkout / "agentbox" / "store" / "sqlite.py").is_file():
+            raise SystemExit(f"{script}: {checkout} is no checkout of agentbox")
+    return checkouts
+
+
+def report(costs: dict[Path, float], heading: str) -> None:
+    """Each checkout's cost per event, and this checkout's over each other's."""
     first = costs[ROOT]
-    print(f"{unit} per event, {args.batch} events a transaction (stored, claimed, succeeded):")
+    print(heading)
     for checkout, cost in costs.items():
         name = "this checkout" if checkout == ROOT else str(checkout)
         ratio = "" if checkout == ROOT else f"   this checkout / it: {first / cost:.3f}"

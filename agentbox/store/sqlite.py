@@ -65,7 +65,15 @@ log = get_logger("store")
 # version 1's tables already; its statements only add what is missing.
 MIGRATIONS: tuple[str, ...] = tuple(migrations("sqlite"))
 
-_PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+# A named parameter (group 1), or what holds text that is none: a string literal, a
+# quoted name, a comment (matched whole, so that a `:word` inside them is skipped).
+_PARAMETER = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/"""
+                        r"|(?<![:\w]):([A-Za-z_]\w*)", re.DOTALL)
+
+
+def _parameters(sql: str) -> list[str]:
+    """The named parameters of `sql` as they come, none from a literal or a comment."""
+    return [found[1] for found in _PARAMETER.finditer(sql) if found[1]]
 
 
 def positional(name: str, order: str) -> str:
@@ -74,14 +82,16 @@ def positional(name: str, order: str) -> str:
     keeps the names; this checks that `order` names each of them once."""
     names = order.split()
     sql = SQL[name]
-    if sorted(set(_PARAMETER.findall(sql))) != sorted(names) or len(set(names)) != len(names):
-        raise AssertionError(f"{name} takes {sorted(set(_PARAMETER.findall(sql)))}, not {names}")
+    if sorted(set(_parameters(sql))) != sorted(names) or len(set(names)) != len(names):
+        raise AssertionError(f"{name} takes {sorted(set(_parameters(sql)))}, not {names}")
     return _numbered(sql, names)
 
 
 def _numbered(sql: str, names: Sequence[str]) -> str:
-    """`sql` with each named parameter `:name` as `?N`, N its place in `names`."""
-    return _PARAMETER.sub(lambda found: f"?{names.index(found[1]) + 1}", sql)
+    """`sql` with each named parameter `:name` as `?N`, N its place in `names` (a
+    literal or a comment left as it is)."""
+    return _PARAMETER.sub(
+        lambda found: f"?{names.index(found[1]) + 1}" if found[1] else found[0], sql)
 
 
 # The parameters the engine gives every `keep_runs` statement: their place in a Kept.
@@ -113,7 +123,7 @@ def _keeping(sql: str) -> _Keeping:
     `:runs` 1. `bind` is written for the statement's parameters (as
     collections.namedtuple writes its class): a run's values are one call, where a
     loop over the parameters cost more than SQLite's insert."""
-    names = list(dict.fromkeys(_PARAMETER.findall(sql)))  # each once, in order
+    names = list(dict.fromkeys(_parameters(sql)))  # each once, in order
     places = [_KEPT_PLACES.get(name) for name in names]
     values = ["1" if name == "runs" else
               f"row[{place}]" if place in (0, 2, 3) else

@@ -8,9 +8,10 @@ UPDATE kept_values SET name = :name || '/' || :name WHERE run_id = :run_id AND :
 
 -- name: keep_runs.count
 -- Takes :runs: run once per name (and source) a transaction names, bound to the latest
--- of its runs, :runs their number.
+-- of its runs, :runs their number. (:ghost, named in a comment, is no parameter, nor is
+-- ':x' in a literal below: the statement fails to bind if either is taken for one.)
 INSERT INTO kept_counts (name, runs, latest, accepted_at)
-SELECT :name, :runs, :run_id, :accepted_at WHERE :name IS NOT NULL
+SELECT :name, :runs, :run_id, :accepted_at WHERE :name IS NOT NULL AND ':x' <> '' /* :y */
 ON CONFLICT (name) DO UPDATE SET
     runs = runs + excluded.runs,
     latest = CASE WHEN (excluded.accepted_at, excluded.latest) > (accepted_at, latest)

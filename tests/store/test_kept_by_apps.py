@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentbox.store import Store
-from agentbox.store.sqlite import _keeping, _kept_rows
+from agentbox.store.sqlite import _keeping, _kept_rows, _numbered, _parameters
 from tests.store.conftest import Engine
 from tests.store.support import T0, ingest, raw_rows
 from tests.support.keeper import SCHEMA
@@ -107,3 +108,34 @@ def test_grouped_rows_are_one_per_set_of_values_with_the_latest_run_and_the_coun
     assert {(name, source): [runs, (accepted_at, run_id)]
             for name, source, runs, run_id, accepted_at in grouped} == expected
     assert len(grouped) == len(expected)
+
+
+_NAMES = st.sampled_from(["a", "b", "run_id", "x1"])
+_TEXT = st.text(alphabet=":'\"ab -*/", max_size=8)
+_ITEMS = st.lists(st.one_of(
+    st.tuples(st.just("parameter"), _NAMES),
+    st.tuples(st.just("literal"), _TEXT.map(lambda text: text.replace("\n", " ")))),
+    min_size=1, max_size=6)
+_COMMENTS = st.sampled_from(["", " /* :c 'x */ ", " -- :d ' \n", "\n-- :a\n"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ITEMS, st.lists(_COMMENTS, min_size=7, max_size=7))
+def test_named_parameters_are_found_outside_literals_and_comments_alone(
+        items: list[tuple[str, str]], comments: list[str]) -> None:
+    """The writer's statements are bound by position (sqlite._numbered): SQLite, given
+    the numbered text, answers each parameter's value and each literal as written."""
+    columns, expected = [], []
+    for kind, value in items:
+        if kind == "parameter":
+            columns.append(f":{value}")
+            expected.append(f"value of {value}")
+        else:
+            columns.append("'" + value.replace("'", "''") + "'")
+            expected.append(value)
+    sql = "SELECT " + ", ".join(f"{comments[i]}{column}" for i, column in enumerate(columns))
+    names = list(dict.fromkeys(_parameters(sql)))
+    assert names == list(dict.fromkeys(v for k, v in items if k == "parameter"))
+    with sqlite3.connect(":memory:") as conn:
+        row = conn.execute(_numbered(sql, names), [f"value of {n}" for n in names]).fetchone()
+    assert list(row) == expected

@@ -43,6 +43,7 @@ Serial = Callable[[Event], str | None]
 Service = TypeVar("Service")
 AgentFunction = TypeVar("AgentFunction", bound=Callable[..., Any])
 EMIT_SOURCE = "agentbox"  # the source of events agents emit
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)  # json.dumps(allow_nan=False), made once
 # Agents that moved: a configuration, or a run stored before the move, may name them
 # by their old import string; both names find the same agent. Apps add theirs
 # (`rename_agent`) as their module is imported.
@@ -249,7 +250,7 @@ class AgentSpec:
         if not isinstance(value, dict):
             raise InvalidAgentOutput(f"returned {type(value).__name__}, not a model or a dict")
         try:
-            result: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+            result: dict[str, Any] = json.loads(_STRICT_JSON.encode(value))
         except (TypeError, ValueError) as exc:
             raise InvalidAgentOutput(f"result is not JSON: {exc}") from None
         return result

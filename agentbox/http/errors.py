@@ -10,6 +10,10 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
+# As json.dumps(ensure_ascii=False, allow_nan=False, separators=(",", ":")) encodes,
+# made once (json.dumps makes one per call when given any option).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
 
 def error_body(code: str, message: str,
                errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -29,8 +33,7 @@ def error_response(
 async def send_json(send: Send, status: int, body: dict[str, Any],
                     headers: dict[str, str] | None = None) -> None:
     """A JSON response, encoded as Starlette's JSONResponse encodes it."""
-    content = json.dumps(body, ensure_ascii=False, allow_nan=False,
-                         separators=(",", ":")).encode()
+    content = _ENCODER.encode(body).encode()
     raw = [(b"content-length", str(len(content)).encode()),
            (b"content-type", b"application/json")]
     raw += [(name.lower().encode("latin-1"), value.encode("latin-1"))

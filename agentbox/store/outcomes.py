@@ -19,6 +19,9 @@ from agentbox.store.records import Callback, Finish, Outcome, Transition
 from agentbox.store.subscriptions import change_agent_subscriptions
 from agentbox.store.writer import Batch, Db, answer
 
+# A result as the store keeps it: compact, keys sorted (json.dumps's options, made once).
+_RESULT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
 
 class FinishRun(Finish):
     """The operation: record one attempt's outcome. A batch's run together
@@ -42,8 +45,7 @@ def finish(run_id: str, owner: str, attempt: int, outcome: Outcome, *, now: floa
     # A retry with no time given is due at once, never stranded without one.
     next_attempt_at = (outcome.next_attempt_at or now
                        if target is RunStatus.FAILED_RETRYABLE else None)
-    result_json = None if outcome.result is None else json.dumps(
-        outcome.result, separators=(",", ":"), sort_keys=True)
+    result_json = None if outcome.result is None else _RESULT_JSON.encode(outcome.result)
     return FinishRun(run_id=run_id, owner=owner, attempt=attempt, target=target,
                      next_attempt_at=next_attempt_at, result_json=result_json,
                      outcome=outcome, now=now, notify_due=notify_due)

@@ -167,9 +167,11 @@ class Verifier:
         self._timestamp_header, self._signature_header = timestamp_header, signature_header
         self._either = standard_first
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> str | None:
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float,
+               present: Sequence[_HeaderSet] | None = None) -> str | None:
         """Raise SignatureError unless some secret signed this exact body recently;
         return the id of the Standard Webhooks set that verified (None for the hex one).
+        `present`: what `check_headers` answered for the same headers (read once).
 
         Incoming events: an X-Webhook-Signature decides alone; without one, either
         complete Standard Webhooks set (``webhook-*`` or Svix's ``svix-*``) may verify,
@@ -177,7 +179,7 @@ class Verifier:
         (`standard_first`): any set present may verify, the Standard Webhooks ones
         first (they carry every active secret, the hex one the first)."""
         refusal: SignatureError | None = None
-        for check in self._present(headers):
+        for check in self._present(headers) if present is None else present:
             try:
                 return self._check(check, body, now)
             except SignatureError as exc:
@@ -186,13 +188,15 @@ class Verifier:
                     break
         raise refusal or self._missing()
 
-    def check_headers(self, headers: Mapping[str, str], now: float) -> None:
+    def check_headers(self, headers: Mapping[str, str], now: float) -> list[_HeaderSet]:
         """Raise SignatureError when the headers alone refuse the request (no signature,
         a stale or malformed timestamp, no webhook-id), before its body is read: a
         sender without the secret cannot make agentbox wait for a body it declared.
-        The signature itself is checked by `verify`, on the body."""
+        The signature itself is checked by `verify`, on the body, given the header
+        sets this answers."""
         refusal: SignatureError | None = None
-        for check in self._present(headers):
+        present = self._present(headers)
+        for check in present:
             try:
                 self._fresh(check, now)
             except SignatureError as exc:
@@ -200,7 +204,7 @@ class Verifier:
                 if check.decides:
                     break
             else:
-                return
+                return present
         raise refusal or self._missing()
 
     def _present(self, headers: Mapping[str, str]) -> list[_HeaderSet]:

@@ -159,12 +159,12 @@ class Receiver:
         try:
             # From the headers first: an unsigned or stale request is refused before
             # its body is read, so it cannot hold a connection for the body's timeout.
-            self.verifier.check_headers(headers, self.wall_clock())
+            present = self.verifier.check_headers(headers, self.wall_clock())
         except SignatureError as exc:
             raise await _refused_unread(exc, headers, receive) from None
         body = await self._read_body(headers, receive)
         try:
-            verified_id = self.verifier.verify(headers, body, self.wall_clock())
+            verified_id = self.verifier.verify(headers, body, self.wall_clock(), present)
         except SignatureError as exc:
             raise Rejected(401, exc.code, exc.message) from None
         return await self.take(body, _webhook_id(verified_id, headers))

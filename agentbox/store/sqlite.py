@@ -133,11 +133,10 @@ def _keeping(sql: str) -> _Keeping:
               "    fields = row[1] if isinstance(row[1], dict) else _NOTHING\n"
               f"    return [{', '.join(values)}]\n")
     scope: dict[str, Any] = {"_text": _text, "_NOTHING": {}}
-    exec(source, scope)
-    if "runs" not in names:
-        return _Keeping(_numbered(sql, names), scope["bind"])
-    return _Keeping(_numbered(sql, names), scope["bind"], names.index("runs"),
-                    tuple(i for i, place in enumerate(places) if place in (0, 3)))
+    exec(source, scope)  # the names are the regex's identifiers, each quoted by repr
+    runs = names.index("runs") if "runs" in names else -1
+    latest = tuple(i for i, place in enumerate(places) if place in (0, 3)) if runs >= 0 else ()
+    return _Keeping(_numbered(sql, names), scope["bind"], runs, latest)
 
 
 def _kept_rows(rows: Sequence[Kept], keeping: _Keeping) -> list[list[Any]]:
@@ -300,8 +299,9 @@ class SqliteStore(SqlStore):
         self._lock_file: portable.HeldLock | None = None
         self._identity: tuple[int, int] | None = None  # the database file we opened
         # The runs by state (version 11): counted at open, then changed by what each
-        # committed transaction changed (`_counting`, told by the writer's triggers as
-        # its statements run, undone with a savepoint's or a transaction's rollback).
+        # committed transaction changed (`_counting`: the runs the ingest stores, and
+        # every other change as the writer's triggers tell it; undone with a
+        # savepoint's or a transaction's rollback).
         self.run_counts: Counter[str] = Counter()
         self._counting: dict[str, int] = {}
 

@@ -62,20 +62,48 @@ def write_events(work: Path, name: str, count: int) -> Path:
     path = work / f"events-{name}.tsv"
     key = SECRET.encode()
     ts = str(int(time.time()))
-    head = '{"schema_version":"v1","event_id":"'
     unique = f"{name}-{uuid.uuid4().hex[:6]}"
     with open(path, "w") as f:
         for i in range(count):
-            event_id = f"{unique}-{i}"
-            body = (
-                f'{head}{event_id}","idempotency_key":"bench:session.exported:{event_id}",'
-                '"event_type":"session.exported","source":"bench",'
-                '"timestamp":"2026-07-27T15:42:00Z","payload":{"project_id":"bench",'
-                '"mix_url":"/tmp/bench.wav"}}'
-            )
+            body = event_body(f"{unique}-{i}")
             signature = hmac.new(key, f"{ts}.{body}".encode(), hashlib.sha256).hexdigest()
             f.write(f"{ts}\t{signature}\t{body}\n")
     return path
+
+
+def event_body(event_id: str) -> str:
+    """The bench's event: a `session.exported` of the project "bench", with this id."""
+    return (
+        f'{{"schema_version":"v1","event_id":"{event_id}",'
+        f'"idempotency_key":"bench:session.exported:{event_id}",'
+        '"event_type":"session.exported","source":"bench",'
+        '"timestamp":"2026-07-27T15:42:00Z","payload":{"project_id":"bench",'
+        '"mix_url":"/tmp/bench.wav"}}'
+    )
+
+
+def server_environment(data_dir: Path, scripts: Path, log_level: str = "info",
+                       database_url: str | None = None, floor: str = "",
+                       settings: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every agentbox the bench measures runs in: its data in
+    `data_dir`, the no-op agent of `scripts`/bench_apps.py on `session.exported`."""
+    return {
+        **os.environ,
+        # A copy of the package first on PYTHONPATH is what an A/B measures.
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                    str(scripts)])),
+        "XDG_CONFIG_HOME": str(data_dir / "config"),
+        "AGENTBOX_DATA_DIR": str(data_dir),
+        "AGENTBOX_WEBHOOK_SECRET": SECRET,
+        "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN,
+        "BENCH_SECRET": SECRET,
+        "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
+        "AGENTBOX_MAX_PENDING": "10000000",
+        "AGENTBOX_LOG_LEVEL": log_level,
+        **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
+        "BENCH_FLOOR": floor,
+        **(settings or {}),
+    }
 
 
 # -- servers ----------------------------------------------------------------------
@@ -96,23 +124,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
-        env = {
-            **os.environ,
-            # A copy of the package first on PYTHONPATH is what an A/B measures.
-            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                        str(scripts)])),
-            "XDG_CONFIG_HOME": str(data_dir / "config"),
-            "AGENTBOX_DATA_DIR": str(data_dir),
-            "AGENTBOX_WEBHOOK_SECRET": SECRET,
-            "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN,
-            "BENCH_SECRET": SECRET,
-            "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
-            "AGENTBOX_MAX_PENDING": "10000000",
-            "AGENTBOX_LOG_LEVEL": self.log_level,
-            **({"AGENTBOX_DATABASE_URL": database_url} if database_url else {}),
-            "BENCH_FLOOR": floor,
-            **(settings or {}),
-        }
+        env = server_environment(data_dir, scripts, self.log_level, database_url, floor,
+                                 settings)
         if kind == "ceiling":
             cmd = [sys.executable, "-m", "uvicorn", "bench_apps:ceiling_app", "--host",
                    "127.0.0.1", "--port", str(self.port), "--loop", "uvloop", "--http",

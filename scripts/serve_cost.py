@@ -40,43 +40,26 @@ import time
 import uuid
 from pathlib import Path
 
+import bench
 import httpx
-from bench import free_port
 from store_cost import FEW, MANY, checkouts_of, report
 
-SECRET = "serve-cost-" + uuid.uuid4().hex
-ADMIN_TOKEN = "serve-cost-admin-" + uuid.uuid4().hex
 START_SECONDS = 900  # a start under callgrind is some fifty times slower than native
 
 
 def environment(checkout: Path, data: Path) -> dict[str, str]:
-    """The server's environment: `checkout`'s agentbox first on the path, and its
-    scripts (the bench's no-op agent, scripts/bench_apps.py)."""
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "scripts")]),
-        "XDG_CONFIG_HOME": str(data / "config"),
-        "AGENTBOX_DATA_DIR": str(data),
-        "AGENTBOX_WEBHOOK_SECRET": SECRET,
-        "AGENTBOX_ADMIN_TOKEN": ADMIN_TOKEN,
-        "BENCH_SECRET": SECRET,
-        "AGENTBOX_AGENTS": "session.exported=bench_apps:noop",
-        "AGENTBOX_MAX_PENDING": "10000000",
-        "AGENTBOX_LOG_LEVEL": "info",
-    }
+    """The bench's server environment (bench.server_environment), with `checkout`'s
+    agentbox first on the path."""
+    env = bench.server_environment(data, checkout / "scripts")
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
+    return env
 
 
 def signed(i: int, tag: str) -> tuple[dict[str, str], bytes]:
     """Event `i`'s headers and body, as scripts/bench sends them, signed now."""
-    event_id = f"{tag}-{i}"
-    body = (
-        f'{{"schema_version":"v1","event_id":"{event_id}",'
-        f'"idempotency_key":"bench:session.exported:{event_id}",'
-        '"event_type":"session.exported","source":"bench",'
-        '"timestamp":"2026-07-27T15:42:00Z","payload":{"project_id":"bench",'
-        '"mix_url":"/tmp/bench.wav"}}').encode()
+    body = bench.event_body(f"{tag}-{i}").encode()
     ts = str(int(time.time()))
-    signature = hmac.new(SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256)
+    signature = hmac.new(bench.SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256)
     return {"Content-Type": "application/json", "X-Webhook-Timestamp": ts,
             "X-Webhook-Signature": signature.hexdigest()}, body
 
@@ -115,7 +98,7 @@ def measured(checkout: Path, events: int, concurrency: int, keep: Path | None = 
         if not Path(found.strip()).is_relative_to(checkout):
             raise SystemExit(f"serve_cost: {checkout}'s agentbox is not the one imported "
                              f"({found.strip()})")
-        port, out = free_port(), data / "callgrind.out"
+        port, out = bench.free_port(), data / "callgrind.out"
         log_path = data / "server.log"
         url = f"http://127.0.0.1:{port}"
         with open(log_path, "wb") as log:

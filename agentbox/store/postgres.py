@@ -82,7 +82,7 @@ from agentbox.store.schema import (
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Db, Kept, Queued, log
+from agentbox.store.writer import Batch, Db, Kept, Queued, log, on_thread
 
 SQL = load("postgres")
 
@@ -330,8 +330,7 @@ class PostgresStore(SqlStore):
         order = sorted(range(len(batch)), key=lambda i: (batch[i].order == "", batch[i].order))
         ordered = [batch[i] for i in order]
         try:
-            results, state = await loop.run_in_executor(self._executor, self._commit_sync,
-                                                        ordered)
+            results, state = await on_thread(loop, self._executor, self._commit_sync, ordered)
         except psycopg.Error as exc:
             error = self._refused(f"storage unavailable: {self._reason(exc)}")
             return [(False, error)] * len(batch)

@@ -37,7 +37,19 @@ from agentbox.store.schema import migrate_line_sqlite, migrate_sqlite, migration
 from agentbox.store.sqlstore import SqlStore
 from agentbox.store.tables import Schema
 from agentbox.store.verify import integrity_problems
-from agentbox.store.writer import Batch, Db, Kept, Operation, Queued
+from agentbox.store.writer import Batch, Db, Kept, Operation, Queued, on_thread
+
+# A None or bytes parameter (the ingest alone binds a dozen an event) has no adapter,
+# so sqlite3 looks for one each time the slow way: a failed attribute lookup on its
+# PrepareProtocol type, which formats an AttributeError (some 3,000 instructions a
+# parameter: 2 % of an event's cost end to end, scripts/serve_cost.py). An adapter
+# that answers the value as it is (C callables: no Python frame) binds the same NULL
+# or BLOB. Only where the process registered none of its own (an agent's), so theirs
+# stays theirs; the registry is sqlite3's, for the whole process.
+_AS_IT_IS: dict[type, Callable[[Any], Any]] = {type(None): {}.get, bytes: bytes}
+for _type, _as_it_is in _AS_IT_IS.items():
+    if (_type, sqlite3.PrepareProtocol) not in sqlite3.adapters:
+        sqlite3.register_adapter(_type, _as_it_is)
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # A WAL that grew past this size without starting over (under load it starts over
@@ -479,8 +491,8 @@ class SqliteStore(SqlStore):
             if any(getattr(queued.op, "background", False) for queued in batch):
                 # A step of retention takes milliseconds: on the writer's thread, the
                 # event loop goes on serving meanwhile.
-                results = await loop.run_in_executor(
-                    self._executor, self._run_ops, db, state, batch)
+                results = await on_thread(loop, self._executor, self._run_ops, db, state,
+                                          batch)
             else:
                 results = self._run_ops(db, state, batch)
             if results is not None and not _wrote_kept(db, state):
@@ -492,7 +504,7 @@ class SqliteStore(SqlStore):
                 state = Batch(self._active, self.keeps)
                 results = [self._run_op(db, state, queued.op) for queued in batch]
             if durable:
-                await loop.run_in_executor(self._executor, conn.execute, "COMMIT")
+                await on_thread(loop, self._executor, conn.execute, "COMMIT")
             else:
                 conn.execute("COMMIT")  # no fsync: a write to the page cache
         except sqlite3.Error as exc:

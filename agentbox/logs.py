@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextvars
 import io
-import json
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
+
+from agentbox.jsontext import encoder
 
 if TYPE_CHECKING:
     import asyncio
@@ -43,7 +44,7 @@ class JsonFormatter(logging.Formatter):
             line["run_id"] = run_id  # a warning or a library's line, in an agent's run
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return _ENCODER.encode(line)
+        return _ENCODE(line)
 
     def head(self, created: float, level: str, logger: str, msg: str) -> dict[str, Any]:
         """A line's first fields; its own follow them."""
@@ -57,7 +58,7 @@ class JsonFormatter(logging.Formatter):
         return {"ts": f"{stamp}.{msecs:03d}Z", "level": level, "logger": logger, "msg": msg}
 
 
-_ENCODER = json.JSONEncoder(default=str, ensure_ascii=True)  # as json.dumps(default=str)
+_ENCODE = encoder(default=str, ensure_ascii=True)  # as json.dumps(default=str)
 
 
 class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
@@ -85,13 +86,11 @@ class JsonLines(logging.StreamHandler):  # type: ignore[type-arg]
         try:
             line = self.formatter.head(time.time(), "info", logger, msg)
             line.update(fields)
-            text = _ENCODER.encode(line) + self.terminator
-            import asyncio  # here: a client that logs nothing starts without it
-
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # not on a loop's thread: at once
-                loop = None
+            text = _ENCODE(line) + self.terminator
+            # No loop running in this thread (or no asyncio at all): at once. (Not an
+            # import: a client that logs nothing starts without asyncio.)
+            asyncio = sys.modules.get("asyncio")
+            loop = None if asyncio is None else asyncio._get_running_loop()
             with self.lock:  # type: ignore[union-attr]
                 # (A loop closed before its turn was over never writes: the next
                 # loop's turn does.)
@@ -276,7 +275,7 @@ def refusal_line(sentence: str, status: int, log_format: str) -> str:
     if text_lines(log_format):
         return f"agentbox: {sentence}"
     head = JsonFormatter().head(time.time(), "error", f"{LOGGER_NAME}.server", sentence)
-    return _ENCODER.encode({**head, "exit_status": status})
+    return _ENCODE({**head, "exit_status": status})
 
 
 class OutputLines(io.TextIOBase):

@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from agentbox.jsontext import encoder
+
 SCHEMA_VERSION = "v1"
 MAX_HOPS_FIELD = 1000
 
@@ -98,6 +100,7 @@ PAYLOAD_MODELS: dict[str, type[BaseModel]] = {}
 
 _REGISTERED: dict[str, type[BaseModel]] = {}  # event type -> the model as its author wrote it
 _EVENT_TYPE = re.compile(_TOKEN)
+_PAYLOAD_JSON = encoder()  # json.dumps, for the payload's strict check (parse_event)
 
 
 def _nested_models(model: type[BaseModel], seen: set[type] | None = None) -> list[type[BaseModel]]:
@@ -219,7 +222,7 @@ def parse_event(body: bytes) -> Event:
         )
     try:
         # Round-trip through JSON so that strict mode judges JSON types, not Python ones.
-        payload = model.model_validate_json(json.dumps(envelope.payload), strict=True)
+        payload = model.model_validate_json(_PAYLOAD_JSON(envelope.payload), strict=True)
     except ValidationError as exc:
         raise InvalidEvent(_field_errors(exc, prefix=("payload",))) from None
     return Event(envelope, payload)

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # The rooms, by the first part under agentbox. (the package itself: "agentbox").
 CORE = {"events", "runs", "signing", "config", "logs", "addresses", "portable", "manual", "models",
-        "files", "bundled", "proof", "ownership"}
+        "files", "bundled", "proof", "ownership", "jsontext"}
 ROOMS = {"http", "engine", "review", "desktop", "store", "archive"}
 # The app hook (agentbox/apps.py: App, Host): above the engine and the HTTP core,
 # which it lends to the apps; the server (http/app.py) assembles the apps through it.
@@ -40,7 +40,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "http": {"engine", "store", "apps"} | CORE,
     "apps": {"http", "engine", "store"} | CORE,
     "engine": {"store"} | CORE,
-    "store": {"events", "runs", "logs", "portable", "signing", "addresses", "models"},
+    "store": {"events", "runs", "logs", "portable", "signing", "addresses", "models",
+              "jsontext"},
     # The review is an app: the agent API, the app hook and the pages it stands on.
     "review": {"engine", "store", "archive", "http", "apps"} | CORE,
     # The archive of exports keeps the review's files and records (its own tables).

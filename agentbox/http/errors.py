@@ -4,15 +4,16 @@ an invalid event, the field `errors`."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
+from agentbox.jsontext import encoder
+
 # As json.dumps(ensure_ascii=False, allow_nan=False, separators=(",", ":")) encodes,
 # made once (json.dumps makes one per call when given any option).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_ENCODE = encoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def error_body(code: str, message: str,
@@ -33,7 +34,7 @@ def error_response(
 async def send_json(send: Send, status: int, body: dict[str, Any],
                     headers: dict[str, str] | None = None) -> None:
     """A JSON response, encoded as Starlette's JSONResponse encodes it."""
-    content = _ENCODER.encode(body).encode()
+    content = _ENCODE(body).encode()
     raw = [(b"content-length", str(len(content)).encode()),
            (b"content-type", b"application/json")]
     raw += [(name.lower().encode("latin-1"), value.encode("latin-1"))

@@ -8,10 +8,10 @@ PostgreSQL a whole batch in one statement.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from agentbox.jsontext import encoder
 from agentbox.runs import InvalidTransition, RunStatus, check_transition
 from agentbox.store.ingest import store_emitted
 from agentbox.store.outbox import queue_callback
@@ -20,7 +20,7 @@ from agentbox.store.subscriptions import change_agent_subscriptions
 from agentbox.store.writer import Batch, Db, answer
 
 # A result as the store keeps it: compact, keys sorted (json.dumps's options, made once).
-_RESULT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+_RESULT_JSON = encoder(separators=(",", ":"), sort_keys=True)
 
 
 class FinishRun(Finish):
@@ -45,7 +45,7 @@ def finish(run_id: str, owner: str, attempt: int, outcome: Outcome, *, now: floa
     # A retry with no time given is due at once, never stranded without one.
     next_attempt_at = (outcome.next_attempt_at or now
                        if target is RunStatus.FAILED_RETRYABLE else None)
-    result_json = None if outcome.result is None else _RESULT_JSON.encode(outcome.result)
+    result_json = None if outcome.result is None else _RESULT_JSON(outcome.result)
     return FinishRun(run_id=run_id, owner=owner, attempt=attempt, target=target,
                      next_attempt_at=next_attempt_at, result_json=result_json,
                      outcome=outcome, now=now, notify_due=notify_due)

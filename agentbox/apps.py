@@ -226,11 +226,14 @@ def load_apps(settings: Settings) -> list[App]:
         raise ConfigError(f"{where}: two apps are named alike ({', '.join(names)})")
     for i, app in enumerate(apps):
         for needed in app.requires:
-            if needed not in names[:i]:
-                later = " (it is listed after it: list it before)" if needed in names else ""
+            if needed in names[i + 1:]:
                 raise ConfigError(f"the app {app.name!r} requires the app {needed!r}, which "
-                                  f"{where} does not run{later}; add {needed!r}'s app to "
-                                  f"{where} before {app.name!r}")
+                                  f"{where} lists after it: list the app {needed!r} "
+                                  f"before {app.name!r}")
+            if needed not in names:
+                raise ConfigError(f"the app {app.name!r} requires the app {needed!r}, which "
+                                  f"{where} does not run: add the app {needed!r} to "
+                                  f"{where}, before {app.name!r}")
     return apps
 
 

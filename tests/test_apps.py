@@ -80,11 +80,56 @@ def test_the_manuals_app_runs_beside_the_review(
     assert page.status_code == 200 and page.headers["x-frame-options"] == "DENY"
     assert f'data-run-id="{runs[COPY]}"' in page.text
     assert str(mix) in page.text and "succeeded" in page.text
+    assert f'<td class="mono">{copy}</td>' in page.text  # the Copy column: the copy's path
     assert '<a href="/backup" id="nav-backup" aria-current="page">Backup</a>' in page.text
     # the review's pages are as they were beside it, the backup one click away
     home = server.client.get("/").text
     assert 'data-project="Backed up"' in home and 'id="nav-backup"' in home
     assert '<a href="/" id="nav-projects" aria-current="page">Projects</a>' in home
+
+
+def test_the_manuals_app_settings_are_listed_and_checked(backup_app: Path,
+                                                         tmp_path: Path) -> None:
+    """Its settings module, which its app module imports, registers its section:
+    `agentbox config` lists it, where each was set, and refuses what does not fit."""
+    from click.testing import CliRunner
+
+    from agentbox.cli import main
+
+    path = tmp_path / "agentbox.toml"
+    path.write_text("[backup]\nbackup_listed = 5\n", encoding="utf-8")
+    shown = CliRunner().invoke(main, ["config", "--config", str(path)],
+                               env={"AGENTBOX_APPS": APPS, "AGENTBOX_BACKUP_LISTED": None})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    backup = lines.index("[backup]")
+    assert f"backup_listed = 5  # backup.backup_listed in {path}" in lines[backup:]
+    assert 'backup_folder = "backup"  # default' in lines[backup:]
+    refused = CliRunner().invoke(main, ["config", "--config", str(path)],
+                                 env={"AGENTBOX_APPS": APPS, "AGENTBOX_BACKUP_LISTED": "0"})
+    assert refused.exit_code == 2
+    assert "AGENTBOX_BACKUP_LISTED must be a positive number (got 0)" in refused.output
+
+
+def test_an_apps_package_without_its_init_file_still_gives_its_tables(
+        tmp_path: Path) -> None:
+    """A package with no __init__.py (a namespace package: a reader left it out) still
+    gives its migrations and its statements, where its path took one name a step."""
+    from agentbox.store import Schema
+
+    folder = tmp_path / "nsbackup" / "tables" / "sqlite"
+    folder.mkdir(parents=True)
+    (folder / "001_one.sql").write_text("CREATE TABLE one (x);\n", encoding="utf-8")
+    (folder / "queries.sql").write_text("-- name: ones\nSELECT x FROM one\n",
+                                        encoding="utf-8")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        schema = Schema(line="nsbackup", package="nsbackup")
+        assert schema.migrations("sqlite") == ["CREATE TABLE one (x);"]
+        assert schema.statements("sqlite")["ones"].strip() == "SELECT x FROM one"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("nsbackup", None)
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgres"])
@@ -142,7 +187,8 @@ def test_an_app_without_the_app_it_requires_is_refused_in_words_that_name_it(
     assert "AGENTBOX_AGENTS" not in said and "unknown event type" not in said
     late = in_process_settings(tmp_path, AGENTBOX_APPS=f"{EXPORT_LOG}:app,"
                                                       "agentbox.review.app:app")
-    with pytest.raises(ConfigError, match="listed after it"):
+    with pytest.raises(ConfigError, match="AGENTBOX_APPS lists after it: list the app "
+                                          "'review' before 'exportlog'"):
         load_apps(late)
     assert [app.name for app in load_apps(in_process_settings(
         tmp_path, AGENTBOX_APPS=f"agentbox.review.app:app,{EXPORT_LOG}:app"))] == [

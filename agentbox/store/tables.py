@@ -84,7 +84,8 @@ class Schema:
 
     def migrations(self, engine: str) -> list[str]:
         """The line's versions for `engine` (`sqlite`, `postgres`), version 1 first."""
-        folder = files(self.package).joinpath(self.folder, engine)
+        # One name a step: a namespace package's path (no __init__.py) takes one.
+        folder = files(self.package).joinpath(self.folder).joinpath(engine)
         numbered = sorted((int(found[1]), entry) for entry in folder.iterdir()
                           if (found := _VERSION.fullmatch(entry.name)))
         numbers = [number for number, _ in numbered]
@@ -95,7 +96,7 @@ class Schema:
 
     def statements(self, engine: str) -> dict[str, str]:
         """The line's named statements for `engine` (its queries.sql)."""
-        entry = files(self.package).joinpath(self.folder, engine, "queries.sql")
+        entry = files(self.package).joinpath(self.folder).joinpath(engine).joinpath("queries.sql")
         return parse(entry.read_text(encoding="utf-8")) if entry.is_file() else {}
 
 

@@ -43,18 +43,14 @@ def files(topic: str) -> dict[str, str]:
 
 
 def write(topic: str, root: Path) -> list[Path]:
-    """The topic's files under `root`, each package with an __init__.py; the paths."""
+    """The topic's files under `root`, and nothing else (a package's __init__.py only
+    where the manual gives it, as a reader would have it); the paths."""
     written = []
     for name, text in files(topic).items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
-    for path in written:
-        if path.suffix == ".py":
-            init = path.parent / "__init__.py"
-            if not init.exists():
-                init.write_text("", encoding="utf-8")
     return written
 
 

@@ -55,4 +55,5 @@ def test_it_writes_what_json_writes(options: dict[str, Any], value: Any) -> None
 def test_an_object_json_cannot_write_is_said_as_json_says_it() -> None:
     with pytest.raises(TypeError, match="not JSON serializable"):
         encoder()({"at": object()})
-    assert encoder(default=str)({"n": math.pi, "at": b"x"}) == '{"n": 3.141592653589793, "at": "b\'x\'"}'
+    assert (encoder(default=str)({"n": math.pi, "at": b"x"})
+            == '{"n": 3.141592653589793, "at": "b\'x\'"}')

@@ -471,18 +471,27 @@ def show_config(config_file: Path | None) -> None:
     variable, the flag) or `default`. Secrets are never shown. A configuration `serve`
     would refuse is refused here the same way (exit status 2)."""
     from agentbox import config as cfg
+    from agentbox.apps import load_apps
 
     try:
         settings = cfg.load_settings(config_file)
-        cfg.check_apps(settings)  # the apps' settings are known once they are imported
+        # The apps imported (their settings are known then) and checked as serve does:
+        # names, what each requires, the settings' own checks.
+        running = {app.name for app in load_apps(settings)}
     except cfg.ConfigError as exc:
         _refuse(str(exc), EXIT_USAGE)
+    kept = {"webhook_secret": cfg.WEBHOOK_SECRET_FILE, "callback_secret": cfg.CALLBACK_SECRET_FILE}
     for section, rows in cfg.listing(settings):
         if section:
-            click.echo(f"\n[{section}]")
+            idle = "" if section in running else \
+                f"  # not used: {cfg.env_name('apps')} does not run the app {section!r}"
+            click.echo(f"\n[{section}]{idle}")
         for name, value, where in rows:
             shown = (("(set, not shown)" if value else "(not set)") if cfg.is_secret(name)
                      else _setting_value(value))
+            if not value and name in kept and (settings.config_dir / kept[name]).is_file():
+                # serve reads (or made) it there
+                shown, where = "(set, not shown)", str(settings.config_dir / kept[name])
             click.echo(f"{name} = {shown}  # {where}")
 
 

@@ -70,6 +70,22 @@ def test_the_variables_are_as_they_were(tmp_path: Path) -> None:
     assert settings.of(DesktopSettings) == DesktopSettings(False, (WatchedFolder(Path("/w")),))
 
 
+def test_the_analysis_processes_are_the_reviews_setting_in_the_words_of_before(
+        tmp_path: Path) -> None:
+    """AGENTBOX_ANALYSIS_PROCESSES, read as it always was (empty: the default), is the
+    review's setting now: the file may give it, and a wrong one is refused in the
+    sentence it always had, by `config` and serve alike."""
+    assert load_settings(config_file(tmp_path, "[review]\nanalysis_processes = 2\n"),
+                         {}).of(ReviewSettings).analysis_processes == 2
+    path = config_file(tmp_path, "")
+    for given, expected in (("3", 3), ("", 1), (" 4 ", 4)):
+        settings = load_settings(path, {"AGENTBOX_ANALYSIS_PROCESSES": given})
+        assert settings.of(ReviewSettings).analysis_processes == expected
+    for bad in ("0", "x", "1.5", "-2", "\u0663"):
+        assert refused(path, {"AGENTBOX_ANALYSIS_PROCESSES": bad}) == \
+            "AGENTBOX_ANALYSIS_PROCESSES must be a whole number, 1 or more"
+
+
 def test_a_key_at_the_top_of_the_file_still_counts(tmp_path: Path) -> None:
     path = config_file(tmp_path, 'mix_profile = "club"\narchive = false\nnotify = false\n'
                                  "archive_keep_per_project = 5\n")
@@ -195,6 +211,33 @@ def test_agentbox_config_refuses_what_serve_would(tmp_path: Path) -> None:
     shown = CliRunner().invoke(main, ["config", "--config", str(path)])
     assert shown.exit_code == 2
     assert f"review.mix_profile in {path}: 'loud' is not a profile" in shown.output
+
+
+def test_agentbox_config_refuses_an_app_missing_what_it_requires(tmp_path: Path) -> None:
+    """As serve does: the export log (written from docs/apps.md) without the review
+    whose event it takes is refused by `config` too, in words that name the app."""
+    path = config_file(tmp_path, "")
+    shown = CliRunner().invoke(main, ["config", "--config", str(path)],
+                               env={"AGENTBOX_APPS": "tests.support.export_log.app:app"})
+    assert shown.exit_code == 2, shown.output
+    assert "the app 'exportlog' requires the app 'review', which AGENTBOX_APPS does not " \
+        "run" in shown.output
+
+
+def test_agentbox_config_says_a_kept_secret_is_set_and_an_idle_apps_section_unused(
+        tmp_path: Path) -> None:
+    """The secret serve made (config_dir/webhook_secret) is set, where it is kept; an
+    app's section in the file while AGENTBOX_APPS does not run the app says so."""
+    path = config_file(tmp_path, f'config_dir = "{tmp_path / "cfg"}"\n[desktop]\nnotify = false\n')
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "webhook_secret").write_text("whsec_" + "k" * 40 + "\n")
+    shown = CliRunner().invoke(main, ["config", "--config", str(path)], env={
+        "AGENTBOX_APPS": "", "AGENTBOX_WEBHOOK_SECRET": None, "AGENTBOX_CONFIG_DIR": None})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert f"webhook_secret = (set, not shown)  # {tmp_path / 'cfg' / 'webhook_secret'}" in lines
+    assert "k" * 40 not in shown.output
+    assert "[desktop]  # not used: AGENTBOX_APPS does not run the app 'desktop'" in lines
 
 
 @pytest.mark.slow  # agentbox serve in a process of its own

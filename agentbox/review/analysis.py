@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agentbox import portable
-from agentbox.config import ConfigError
 from agentbox.engine.agents import (
     AgentContext,
     AttemptGivenBack,
@@ -29,6 +28,7 @@ from agentbox.engine.agents import (
     RetryableAgentError,
 )
 from agentbox.review.model import FileInfo
+from agentbox.review.settings import DEFAULT_ANALYSIS_PROCESSES, parse_processes
 
 if TYPE_CHECKING:
     from agentbox.archive.blobs import Keep
@@ -55,20 +55,18 @@ TRUNCATED_RESERVE_SECONDS = 30.0
 # one that dies is replaced at the next review.
 WARM_SECONDS = 600.0  # an idle analysis process exits after this
 REUSE_MARGIN_SECONDS = 30.0  # one about to exit is not handed a review
-DEFAULT_ANALYSIS_PROCESSES = 1
 SINGLE_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                            "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 BUSY_NAME, IDLE_NAME = "agentbox-analysis", "agentbox-analysis-idle"
 
 
 def analysis_processes() -> int:
-    """AGENTBOX_ANALYSIS_PROCESSES, else DEFAULT_ANALYSIS_PROCESSES (1)."""
+    """AGENTBOX_ANALYSIS_PROCESSES, else DEFAULT_ANALYSIS_PROCESSES (1), for a caller
+    without the settings (the server's review reads its setting, `analysis_processes`
+    of ReviewSettings, which the file may give too)."""
     raw = os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", "").strip()
-    if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ConfigError("AGENTBOX_ANALYSIS_PROCESSES must be a whole number, 1 or more")
-        return int(raw)
-    return DEFAULT_ANALYSIS_PROCESSES
+    return parse_processes(raw, "AGENTBOX_ANALYSIS_PROCESSES") if raw \
+        else DEFAULT_ANALYSIS_PROCESSES
 
 
 # -- the pool ----------------------------------------------------------------------------------

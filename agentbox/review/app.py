@@ -72,9 +72,8 @@ class ReviewApp(App):
         self.host = host
         # For the receiver's admission check.
         confine_mixes(host.settings.of(ReviewSettings).mix_roots)
-        # Refuses a bad AGENTBOX_ANALYSIS_PROCESSES now, not at the first mix; starts
-        # no process until `start` warms one.
-        self.analysis = Analysis.configured()
+        # Starts no process until `start` warms one.
+        self.analysis = Analysis(host.settings.of(ReviewSettings).analysis_processes)
         history = History(host.tables(SCHEMA))
         renders.know(history)  # what counts as a render, for the receiver's admission
         self.archive = archive = Archive(host.settings, history, host.clock)

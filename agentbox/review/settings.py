@@ -48,6 +48,22 @@ def parse_mix_roots(value: Any, where: str = env_name("mix_roots")) -> tuple[Pat
     return tuple(roots)
 
 
+DEFAULT_ANALYSIS_PROCESSES = 1
+
+
+def parse_processes(value: Any, where: str) -> int:
+    """How many analyses may run at once: a whole number, 1 or more (empty: the
+    default, as the variable always read it)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} must be a whole number, 1 or more")
+    text = str(value).strip()
+    if not text:
+        return DEFAULT_ANALYSIS_PROCESSES
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{where} must be a whole number, 1 or more")
+    return int(text)
+
+
 def _optional_text(value: Any, where: str) -> str:
     return str(value)  # as before sections: whatever it is, as text (checked by name)
 
@@ -64,6 +80,8 @@ class ReviewSettings:
     # Folders a mix_url must be in (empty: any file the user can read): a signed
     # sender can otherwise have any such file reviewed, and then played on the page.
     mix_roots: tuple[Path, ...] = setting((), parse_mix_roots)
+    # Analyses at once, each in its own low-priority process (AGENTBOX_ANALYSIS_PROCESSES).
+    analysis_processes: int = setting(DEFAULT_ANALYSIS_PROCESSES, parse_processes)
 
     def check(self, named: Callable[[str], str]) -> None:
         if self.mix_profile is not None and self.mix_profile not in PROFILES:

@@ -145,7 +145,7 @@ def test_settings_given_as_they_are(tmp_path: Path) -> None:
     settings = Settings().with_app(ReviewSettings(mix_profile="club"))
     assert settings.of(ReviewSettings).mix_profile == "club"
     assert settings.of(DesktopSettings) == DesktopSettings()  # the rest at their defaults
-    assert Settings().of(ReviewSettings).mix_profile is None
+    assert Settings().of(ReviewSettings).mix_profile == "streaming"  # as config shows it
 
 
 def test_the_core_settings_hold_no_app_setting() -> None:

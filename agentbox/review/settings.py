@@ -22,7 +22,7 @@ from agentbox.config import (
     parse_text,
     setting,
 )
-from agentbox.review.profiles import PROFILES
+from agentbox.review.profiles import DEFAULT_PROFILE, PROFILES
 from agentbox.review.stage import AUTO, CONFIG_STAGES
 
 __all__ = ["ArchiveSettings", "ReviewSettings", "parse_mix_roots"]
@@ -71,7 +71,8 @@ def _optional_text(value: Any, where: str) -> str:
 @app_settings("review")
 @dataclass(frozen=True)
 class ReviewSettings:
-    mix_profile: str | None = setting(None, _optional_text)  # None: the profile's default
+    # The profile a master is judged against (an event's own `profile` comes first).
+    mix_profile: str | None = setting(DEFAULT_PROFILE, _optional_text)
     # The stage a review judges when neither the event, its project nor its watch folder
     # says: auto (from the file), mix or master.
     mix_stage: str = setting(AUTO, parse_stage)

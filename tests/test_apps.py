@@ -83,6 +83,12 @@ def test_the_manuals_app_runs_beside_the_review(
     assert f'<td class="mono">{copy}</td>' in page.text  # the Copy column: the copy's path
     assert '<a href="/backup" id="nav-backup" aria-current="page">Backup</a>' in page.text
     # the review's pages are as they were beside it, the backup one click away
+    # The same bytes again: the review knows them, and the answer is the event's runs,
+    # the copy's too, as an idempotency key it knows is answered.
+    again = server.post(make_event(project_id="Backed up", payload={
+        "project_id": "Backed up", "mix_url": str(mix)}))
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert {run["agent"]: run["run_id"] for run in again.json()["runs"]} == runs
     home = server.client.get("/").text
     assert 'data-project="Backed up"' in home and 'id="nav-backup"' in home
     assert '<a href="/" id="nav-projects" aria-current="page">Projects</a>' in home

@@ -50,6 +50,8 @@ SECRET_CHECK_SECONDS = 1.0
 ADMISSION_RETRY_AFTER_SECONDS = 5
 STORAGE_RETRY_AFTER_SECONDS = 30
 MAX_WEBHOOK_ID_CHARS = 256  # a sender's webhook-id is kept up to this many characters
+# The runs a duplicate's answer lists at most (an event has one run per agent).
+KNOWN_RUNS = 100
 # A request refused from its headers: a body this small, there within this time, is
 # read and dropped before the answer (see _refused_unread); a larger one is not.
 DRAIN_BYTES = 64 * 1024
@@ -196,13 +198,19 @@ class Receiver:
 
     async def _known(self, event: Event, run_id: str, body: bytes,
                      webhook_id: str | None) -> IngestResult:
-        """An event an agent already has (`Known`): its run, answered as a duplicate;
-        nothing stored."""
+        """An event an agent already has (`Known`): the runs of the event that run
+        belongs to (each agent's, as an idempotency key it knows is answered), as a
+        duplicate; nothing stored."""
         run = await self.store.get_run(run_id)
         if run is None:  # gone meanwhile (removed): taken as new after all
             return await self._store(event, body, webhook_id)
-        known = RunRef(run_id=run.run_id, agent=run.agent, status=run.status)
-        result = IngestResult(runs=[known], duplicate=True)
+        order = {spec.name: i for i, spec in
+                 enumerate(self.registry.for_event_type(event.envelope.event_type))}
+        found = await self.store.search_runs(text=run.event_id, limit=KNOWN_RUNS)
+        runs = sorted((r for r in found if r.event_id == run.event_id),
+                      key=lambda r: (order.get(r.agent, len(order)), r.run_id)) or [run]
+        result = IngestResult(runs=[RunRef(run_id=r.run_id, agent=r.agent, status=r.status)
+                                    for r in runs], duplicate=True)
         self._stored(event, result)
         return result
 

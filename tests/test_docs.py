@@ -88,10 +88,13 @@ def documented_settings() -> dict[str, str]:
 
 
 def app_sections() -> dict[str, set[str]]:
-    """The default apps' settings, by section (importing the apps registers them)."""
+    """The default apps' settings, by section (importing the apps registers them; an
+    app a test imported in this process, such as the manual's, is not agentbox's)."""
     config.import_apps(config.DEFAULT_APPS)
     found: dict[str, set[str]] = {}
     for kind in config.registered_settings():
+        if kind.__module__.split(".")[0] != "agentbox":
+            continue
         found.setdefault(config.section_of(kind), set()).update(
             field.name for field in dataclasses.fields(kind))
     return found

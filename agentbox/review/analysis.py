@@ -64,9 +64,8 @@ def analysis_processes() -> int:
     """AGENTBOX_ANALYSIS_PROCESSES, else DEFAULT_ANALYSIS_PROCESSES (1), for a caller
     without the settings (the server's review reads its setting, `analysis_processes`
     of ReviewSettings, which the file may give too)."""
-    raw = os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", "").strip()
-    return parse_processes(raw, "AGENTBOX_ANALYSIS_PROCESSES") if raw \
-        else DEFAULT_ANALYSIS_PROCESSES
+    return parse_processes(os.environ.get("AGENTBOX_ANALYSIS_PROCESSES", ""),
+                           "AGENTBOX_ANALYSIS_PROCESSES")
 
 
 # -- the pool ----------------------------------------------------------------------------------

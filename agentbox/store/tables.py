@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentbox.store.queries import parse
 
 if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
     from agentbox.events import Event
     from agentbox.store.writer import Cursor, Db
 
@@ -84,8 +86,7 @@ class Schema:
 
     def migrations(self, engine: str) -> list[str]:
         """The line's versions for `engine` (`sqlite`, `postgres`), version 1 first."""
-        # One name a step: a namespace package's path (no __init__.py) takes one.
-        folder = files(self.package).joinpath(self.folder).joinpath(engine)
+        folder = self._files(engine)
         numbered = sorted((int(found[1]), entry) for entry in folder.iterdir()
                           if (found := _VERSION.fullmatch(entry.name)))
         numbers = [number for number, _ in numbered]
@@ -96,8 +97,13 @@ class Schema:
 
     def statements(self, engine: str) -> dict[str, str]:
         """The line's named statements for `engine` (its queries.sql)."""
-        entry = files(self.package).joinpath(self.folder).joinpath(engine).joinpath("queries.sql")
+        entry = self._files(engine).joinpath("queries.sql")
         return parse(entry.read_text(encoding="utf-8")) if entry.is_file() else {}
+
+    def _files(self, engine: str) -> Traversable:
+        """The line's folder for `engine`, in its package. One name a step: a namespace
+        package's path (no __init__.py) takes one."""
+        return files(self.package).joinpath(self.folder).joinpath(engine)
 
 
 class Reader(Protocol):
